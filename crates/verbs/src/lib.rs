@@ -1,0 +1,27 @@
+//! Provider-neutral verbs for Lightpath.
+//!
+//! This crate is the contract between everything above the transport (streams, collectives,
+//! tools) and every provider below it (the soft RoCE v2 engine, rdma-core's libibverbs, shared
+//! memory). It holds the plain data types of the verbs model — GIDs, MTUs, access flags, work
+//! requests, work completions, queue-pair states and attributes, errors — whose numeric values
+//! follow libibverbs so that a provider wrapping the C library converts them without surprises.
+//!
+//! Integers that come from C or from the network are converted with checked constructors
+//! (`from_raw` returning `Option`), never transmuted.
+#![forbid(unsafe_code)]
+
+mod access;
+mod error;
+mod gid;
+mod mtu;
+mod qp;
+mod wc;
+mod wr;
+
+pub use access::AccessFlags;
+pub use error::{Error, Result};
+pub use gid::Gid;
+pub use mtu::Mtu;
+pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
+pub use wc::{WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};

@@ -1,0 +1,85 @@
+//! Path MTU: the payload bytes per packet, as the InfiniBand MTU enumeration.
+
+use std::fmt;
+
+/// An IB path MTU (payload bytes per packet, excluding every header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    /// 256 bytes (`IBV_MTU_256` = 1).
+    Mtu256,
+    /// 512 bytes (`IBV_MTU_512` = 2).
+    Mtu512,
+    /// 1024 bytes (`IBV_MTU_1024` = 3), the usual RoCE value on a 1500-byte link.
+    Mtu1024,
+    /// 2048 bytes (`IBV_MTU_2048` = 4).
+    Mtu2048,
+    /// 4096 bytes (`IBV_MTU_4096` = 5).
+    Mtu4096,
+}
+
+impl Mtu {
+    /// Every MTU, smallest first.
+    pub const ALL: [Mtu; 5] = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096];
+
+    /// Payload bytes per packet.
+    pub fn bytes(self) -> u32 {
+        256 << self.to_enum_index()
+    }
+
+    /// From a byte count; only the five IB values are accepted.
+    pub fn from_bytes(bytes: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.bytes() == bytes)
+    }
+
+    /// The libibverbs `ibv_mtu` value (1 = 256 … 5 = 4096).
+    pub fn to_ibv(self) -> u32 {
+        self.to_enum_index() + 1
+    }
+
+    /// From the libibverbs `ibv_mtu` value, refusing anything outside 1..=5.
+    pub fn from_ibv(value: u32) -> Option<Self> {
+        Self::ALL.get(value.checked_sub(1)? as usize).copied()
+    }
+
+    /// The largest MTU not above `bytes` (e.g. what fits a link of a given payload size), or
+    /// `None` below 256.
+    pub fn largest_fitting(bytes: u32) -> Option<Self> {
+        Self::ALL.into_iter().rev().find(|m| m.bytes() <= bytes)
+    }
+
+    fn to_enum_index(self) -> u32 {
+        match self {
+            Mtu::Mtu256 => 0,
+            Mtu::Mtu512 => 1,
+            Mtu::Mtu1024 => 2,
+            Mtu::Mtu2048 => 3,
+            Mtu::Mtu4096 => 4,
+        }
+    }
+}
+
+impl fmt::Display for Mtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values() {
+        assert_eq!(Mtu::Mtu256.bytes(), 256);
+        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+        assert_eq!(Mtu::Mtu1024.to_ibv(), 3);
+        assert_eq!(Mtu::from_ibv(5), Some(Mtu::Mtu4096));
+        assert_eq!(Mtu::from_ibv(0), None);
+        assert_eq!(Mtu::from_ibv(6), None);
+        assert_eq!(Mtu::from_bytes(2048), Some(Mtu::Mtu2048));
+        assert_eq!(Mtu::from_bytes(1500), None);
+        // rxe: a 1500-byte link gives 1420 usable bytes, hence 1024.
+        assert_eq!(Mtu::largest_fitting(1420), Some(Mtu::Mtu1024));
+        assert_eq!(Mtu::largest_fitting(100), None);
+    }
+}
