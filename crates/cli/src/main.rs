@@ -1,1 +1,42 @@
-fn main() {}
+//! `lightpath`: the command-line tool of the Lightpath RDMA stack.
+//!
+//! Each subcommand lives in its own module with a clap `Args` struct and a `run` function;
+//! this file only dispatches.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod decode;
+mod sim;
+
+/// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
+#[derive(Debug, Parser)]
+#[command(name = "lightpath", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Decode RoCE v2 packets (hex or pcap) and check their ICRC.
+    Decode(decode::Args),
+    /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
+    Sim(sim::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Decode(args) => decode::run(args),
+        Command::Sim(args) => sim::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("lightpath: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
