@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod decode;
+mod perf;
 mod sim;
 
 /// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Decode RoCE v2 packets (hex or pcap) and check their ICRC.
     Decode(decode::Args),
+    /// perftest-style latency and bandwidth tests between two lightpath processes.
+    Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),
 }
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Decode(args) => decode::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Perf(args) => perf::run(args),
     };
     match result {
         Ok(code) => code,

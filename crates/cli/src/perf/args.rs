@@ -1,0 +1,177 @@
+//! Command-line options of `lightpath perf`, modelled on perftest's.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// The perftest-style tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PerfTest {
+    /// SEND ping-pong; one-way latency.
+    SendLat,
+    /// RDMA WRITE ping-pong; one-way latency.
+    WriteLat,
+    /// RDMA READ; round-trip latency.
+    ReadLat,
+    /// Atomic fetch-and-add; round-trip latency.
+    AtomicLat,
+    /// Streamed SENDs; bandwidth.
+    SendBw,
+    /// Streamed RDMA WRITEs; bandwidth.
+    WriteBw,
+    /// Streamed RDMA READs; bandwidth.
+    ReadBw,
+}
+
+impl PerfTest {
+    /// Whether the test measures latency (else bandwidth).
+    pub fn is_latency(self) -> bool {
+        matches!(self, PerfTest::SendLat | PerfTest::WriteLat | PerfTest::ReadLat | PerfTest::AtomicLat)
+    }
+
+    /// Whether a latency test reports the whole round trip (a READ or atomic cannot be halved).
+    pub fn reports_round_trip(self) -> bool {
+        matches!(self, PerfTest::ReadLat | PerfTest::AtomicLat)
+    }
+
+    /// The name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            PerfTest::SendLat => "send_lat",
+            PerfTest::WriteLat => "write_lat",
+            PerfTest::ReadLat => "read_lat",
+            PerfTest::AtomicLat => "atomic_lat",
+            PerfTest::SendBw => "send_bw",
+            PerfTest::WriteBw => "write_bw",
+            PerfTest::ReadBw => "read_bw",
+        }
+    }
+}
+
+impl fmt::Display for PerfTest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which transport carries the test's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// The same message pattern over kernel TCP (the baseline).
+    Tcp,
+}
+
+impl ProviderKind {
+    /// The name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Tcp => "tcp",
+        }
+    }
+}
+
+/// Largest message `--all` reaches and the largest accepted size: 8 MiB (rxe's limit).
+pub const MAX_SIZE: usize = 8 << 20;
+
+/// Options of `lightpath perf`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The test to run.
+    #[arg(value_enum)]
+    pub test: PerfTest,
+    /// Server to connect to (host name or address). Without it, this process is the server.
+    pub server: Option<String>,
+    /// Data transport.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub provider: ProviderKind,
+    /// Device name (provider-specific).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// GID index of the device to use.
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u8>,
+    /// Message size in bytes (default 2 for latency tests, 65536 for bandwidth tests).
+    #[arg(short = 's', long)]
+    pub size: Option<usize>,
+    /// Iterations per size (default 1000 for latency tests, 5000 for bandwidth tests).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Local address: of the out-of-band TCP socket and, for soft, of the UDP endpoint.
+    #[arg(long)]
+    pub bind: Option<IpAddr>,
+    /// Out-of-band TCP port.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Path MTU for RDMA providers (256, 512, 1024, 2048 or 4096).
+    #[arg(short = 'm', long)]
+    pub mtu: Option<u32>,
+    /// Run every size from 2 bytes to 8 MiB (powers of two).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Requests kept in flight by bandwidth tests.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Print one JSON object per size (client) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Args {
+    /// Checks option combinations before anything is opened.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(size) = self.size {
+            if size > MAX_SIZE {
+                bail!("message size {size} is above the 8 MiB maximum");
+            }
+            if size == 0 {
+                bail!("message size must be at least 1 byte");
+            }
+        }
+        if self.test == PerfTest::AtomicLat && self.size.is_some_and(|s| s != 8) {
+            bail!("atomic_lat always uses 8-byte operands; drop -s");
+        }
+        if self.iters == Some(0) {
+            bail!("at least one iteration is needed");
+        }
+        if let Some(mtu) = self.mtu {
+            if lightpath_verbs::Mtu::from_bytes(mtu).is_none() {
+                bail!("MTU {mtu} is not one of 256, 512, 1024, 2048, 4096");
+            }
+        }
+        if self.tx_depth == 0 {
+            bail!("tx depth must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Message sizes to run, in order.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.test == PerfTest::AtomicLat {
+            return vec![8];
+        }
+        if self.all {
+            return (1..=23).map(|shift| 1usize << shift).collect();
+        }
+        vec![self.size.unwrap_or(if self.test.is_latency() { 2 } else { 65536 })]
+    }
+
+    /// Iterations for one size: `-n` if given, else perftest's defaults (1000 for latency, 5000
+    /// for bandwidth) — except that `--all` without `-n` caps the bytes moved per size (256 MiB
+    /// for latency tests, 2 GiB for bandwidth tests, at least 16 iterations) so that the 8 MiB
+    /// steps finish in seconds rather than minutes.
+    pub fn iterations_for(&self, size: usize) -> u64 {
+        if let Some(iters) = self.iters {
+            return iters;
+        }
+        let (default, budget) = if self.test.is_latency() { (1000, 256u64 << 20) } else { (5000, 2u64 << 30) };
+        if !self.all {
+            return default;
+        }
+        (budget / size.max(1) as u64).clamp(16, default)
+    }
+}

@@ -1,0 +1,249 @@
+//! The kernel-TCP baseline: each test's message pattern over one TCP connection (the control
+//! connection itself, after the handshake), so RDMA numbers have a side-by-side reference.
+//!
+//! | test | client → server | server → client | reported |
+//! |---|---|---|---|
+//! | send_lat, write_lat | `size` bytes | the same `size` bytes | round trip / 2 |
+//! | read_lat | 8-byte request | `size` bytes | round trip |
+//! | atomic_lat | 16-byte fetch-and-add request | 8-byte old value | round trip |
+//! | send_bw, write_bw | `iters` × `size` bytes | 4-byte CRC of the last message | bytes / time to the CRC |
+//! | read_bw | `iters` 8-byte requests, ≤ tx_depth in flight | `iters` × `size` bytes | bytes / time |
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::args::{Args, PerfTest, ProviderKind};
+use super::control::{self, Answer, Hello};
+use super::pattern;
+use super::progress::Progress;
+use super::report::{Reporter, SizeResult};
+use super::session;
+use super::stats::{BandwidthSummary, LatencySummary};
+
+/// Unmeasured iterations before each latency measurement.
+fn warmup(iters: u64) -> u64 {
+    (iters / 10).clamp(1, 100)
+}
+
+/// Runs the server or the client side.
+pub fn run(args: &Args) -> Result<()> {
+    match &args.server {
+        None => serve(args),
+        Some(server) => client(args, server),
+    }
+}
+
+fn serve(args: &Args) -> Result<()> {
+    let mut stream = session::accept_one(args)?;
+    let hello: Hello = control::recv(&mut stream)?;
+    if let Err(reason) = control::check_hello(&hello, args.test, ProviderKind::Tcp) {
+        control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
+        bail!("refused the client: {reason}");
+    }
+    control::send(&mut stream, &Answer::Accept { endpoint: None })?;
+    for &(size, iters) in &hello.plan {
+        serve_size(&mut stream, hello.test, size, iters)
+            .with_context(|| format!("{} over tcp, {size} bytes", hello.test))?;
+    }
+    Ok(())
+}
+
+fn client(args: &Args, server: &str) -> Result<()> {
+    let mut stream = session::connect(args, server)?;
+    let plan: Vec<(usize, u64)> = args.sizes().into_iter().map(|s| (s, args.iterations_for(s))).collect();
+    let hello = Hello {
+        magic: control::MAGIC.into(),
+        version: control::VERSION,
+        test: args.test,
+        provider: ProviderKind::Tcp,
+        plan: plan.clone(),
+        tx_depth: args.tx_depth,
+        endpoint: None,
+    };
+    control::send(&mut stream, &hello)?;
+    match control::recv::<Answer>(&mut stream)? {
+        Answer::Accept { .. } => {}
+        Answer::Reject { reason } => bail!("the server refused: {reason}"),
+    }
+    let mut reporter = Reporter::new(args.json);
+    for (size, iters) in plan {
+        let result = run_size(&mut stream, args.test, size, iters, args.tx_depth)
+            .with_context(|| format!("{} over tcp, {size} bytes", args.test))?;
+        reporter.print(&result);
+    }
+    Ok(())
+}
+
+fn serve_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64) -> Result<()> {
+    match test {
+        PerfTest::SendLat | PerfTest::WriteLat => {
+            let mut buf = vec![0u8; size];
+            for _ in 0..iters + warmup(iters) {
+                stream.read_exact(&mut buf)?;
+                stream.write_all(&buf)?;
+            }
+        }
+        PerfTest::ReadLat | PerfTest::ReadBw => {
+            let data = pattern::make(size, size as u32);
+            let mut request = [0u8; 8];
+            let total = if test == PerfTest::ReadLat { iters + warmup(iters) } else { iters };
+            for _ in 0..total {
+                stream.read_exact(&mut request)?;
+                ensure!(u64::from_be_bytes(request) == size as u64, "read request for the wrong size");
+                stream.write_all(&data)?;
+            }
+        }
+        PerfTest::AtomicLat => {
+            let mut counter = 0u64;
+            let mut request = [0u8; 16];
+            for _ in 0..iters + warmup(iters) {
+                stream.read_exact(&mut request)?;
+                let add = u64::from_be_bytes(request[8..].try_into().expect("8 bytes"));
+                stream.write_all(&counter.to_be_bytes())?;
+                counter = counter.wrapping_add(add);
+            }
+        }
+        PerfTest::SendBw | PerfTest::WriteBw => {
+            let mut buf = vec![0u8; size];
+            for _ in 0..iters {
+                stream.read_exact(&mut buf)?;
+            }
+            stream.write_all(&pattern::checksum(&buf).to_be_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+fn run_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64, depth: u32) -> Result<SizeResult> {
+    let mut progress = Progress::new(format!("{test} {size} B"), iters);
+    let result = match test {
+        PerfTest::SendLat | PerfTest::WriteLat | PerfTest::ReadLat | PerfTest::AtomicLat => {
+            let mut samples = Vec::with_capacity(iters as usize);
+            let mut exchange = LatencyExchange::new(test, size);
+            for i in 0..iters + warmup(iters) {
+                let start = Instant::now();
+                exchange.once(stream)?;
+                if i >= warmup(iters) {
+                    samples.push(start.elapsed().as_nanos() as u64);
+                    progress.update(samples.len() as u64);
+                }
+            }
+            exchange.verify(iters + warmup(iters))?;
+            let divisor = if test.reports_round_trip() { 1 } else { 2 };
+            let lat = LatencySummary::from_nanos(&mut samples, divisor).expect("at least one iteration");
+            SizeResult::latency(test, ProviderKind::Tcp, size, iters, lat)
+        }
+        PerfTest::SendBw | PerfTest::WriteBw => {
+            let data = pattern::make(size, size as u32);
+            let start = Instant::now();
+            for i in 0..iters {
+                stream.write_all(&data)?;
+                progress.update(i + 1);
+            }
+            let mut crc = [0u8; 4];
+            stream.read_exact(&mut crc)?;
+            let elapsed = start.elapsed();
+            ensure!(
+                u32::from_be_bytes(crc) == pattern::checksum(&data),
+                "payload checksum mismatch: the server received different bytes"
+            );
+            let bw = BandwidthSummary::new(size as u64 * iters, iters, elapsed);
+            SizeResult::bandwidth(test, ProviderKind::Tcp, size, iters, bw)
+        }
+        PerfTest::ReadBw => {
+            let start = Instant::now();
+            let last = read_stream(stream, size, iters, depth, &mut progress)?;
+            let elapsed = start.elapsed();
+            ensure!(
+                pattern::checksum(&last) == pattern::checksum(&pattern::make(size, size as u32)),
+                "payload checksum mismatch: the data read differs from the server's buffer"
+            );
+            let bw = BandwidthSummary::new(size as u64 * iters, iters, elapsed);
+            SizeResult::bandwidth(test, ProviderKind::Tcp, size, iters, bw)
+        }
+    };
+    progress.finish();
+    Ok(result)
+}
+
+/// One latency round trip of a TCP test, with what is needed to verify the answers.
+struct LatencyExchange {
+    test: PerfTest,
+    message: Vec<u8>,
+    reply: Vec<u8>,
+    last_old_value: Option<u64>,
+}
+
+impl LatencyExchange {
+    fn new(test: PerfTest, size: usize) -> Self {
+        let (message, reply) = match test {
+            PerfTest::ReadLat => ((size as u64).to_be_bytes().to_vec(), vec![0u8; size]),
+            PerfTest::AtomicLat => {
+                let mut request = vec![0u8; 16];
+                request[8..].copy_from_slice(&1u64.to_be_bytes());
+                (request, vec![0u8; 8])
+            }
+            _ => (pattern::make(size, size as u32), vec![0u8; size]),
+        };
+        Self { test, message, reply, last_old_value: None }
+    }
+
+    #[inline]
+    fn once(&mut self, stream: &mut TcpStream) -> Result<()> {
+        stream.write_all(&self.message)?;
+        stream.read_exact(&mut self.reply)?;
+        if self.test == PerfTest::AtomicLat {
+            let old = u64::from_be_bytes(self.reply[..8].try_into().expect("8 bytes"));
+            ensure!(
+                self.last_old_value.is_none_or(|prev| old == prev + 1),
+                "fetch-and-add returned {old} after {:?}",
+                self.last_old_value
+            );
+            self.last_old_value = Some(old);
+        }
+        Ok(())
+    }
+
+    fn verify(&self, rounds: u64) -> Result<()> {
+        match self.test {
+            PerfTest::ReadLat => ensure!(
+                self.reply == pattern::make(self.reply.len(), self.reply.len() as u32),
+                "read_lat: the data read differs from the server's buffer"
+            ),
+            PerfTest::AtomicLat => {
+                ensure!(self.last_old_value == Some(rounds - 1), "fetch-and-add count is off")
+            }
+            _ => ensure!(self.reply == self.message, "the echoed message differs from the one sent"),
+        }
+        Ok(())
+    }
+}
+
+/// Issues `iters` read requests with at most `depth` in flight and returns the last response.
+fn read_stream(stream: &mut TcpStream, size: usize, iters: u64, depth: u32, progress: &mut Progress) -> Result<Vec<u8>> {
+    let mut writer = stream.try_clone()?;
+    let (credit_tx, credit_rx) = mpsc::channel::<()>();
+    let requester = std::thread::spawn(move || -> std::io::Result<()> {
+        let request = (size as u64).to_be_bytes();
+        for i in 0..iters {
+            if i >= u64::from(depth) && credit_rx.recv().is_err() {
+                break;
+            }
+            writer.write_all(&request)?;
+        }
+        Ok(())
+    });
+    let mut buf = vec![0u8; size];
+    for i in 0..iters {
+        stream.read_exact(&mut buf)?;
+        // The requester may already have finished; a closed channel is fine.
+        let _ = credit_tx.send(());
+        progress.update(i + 1);
+    }
+    requester.join().map_err(|_| anyhow::anyhow!("request thread panicked"))??;
+    Ok(buf)
+}
