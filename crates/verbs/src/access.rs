@@ -34,6 +34,11 @@ impl AccessFlags {
         self.0
     }
 
+    /// The flags of both `self` and `other` (a `const` form of `|`).
+    pub const fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
     /// Whether every flag in `other` is set in `self`.
     pub fn contains(self, other: Self) -> bool {
         self.0 & other.0 == other.0

@@ -11,17 +11,24 @@
 #![forbid(unsafe_code)]
 
 mod access;
+pub mod conformance;
+mod device;
 mod error;
 mod gid;
 mod mtu;
+mod provider;
 mod qp;
 mod wc;
 mod wr;
 
 pub use access::AccessFlags;
+pub use device::{DeviceAttr, PortAttr, PortState, QpEndpoint, RemoteRegion};
 pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mtu::Mtu;
+pub use provider::{
+    CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain, Provider, QpOf, QueuePair,
+};
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};

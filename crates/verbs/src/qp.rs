@@ -192,7 +192,9 @@ impl QpAttr {
             (_, Reset) | (_, Err) => &[],
             (Reset, Init) => &["port_num", "pkey_index", "access"],
             (Init, Init) => &[],
-            (Init, Rtr) => &["av", "path_mtu", "dest_qp_num", "rq_psn", "max_dest_rd_atomic", "min_rnr_timer"],
+            (Init, Rtr) => {
+                &["av", "path_mtu", "dest_qp_num", "rq_psn", "max_dest_rd_atomic", "min_rnr_timer"]
+            }
             (Rtr, Rts) => &["timeout", "retry_cnt", "rnr_retry", "sq_psn", "max_rd_atomic"],
             (Rts, Rts) | (Rts, Sqd) | (Sqd, Rts) | (Sqd, Sqd) => &[],
             _ => return None,

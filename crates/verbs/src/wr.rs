@@ -140,7 +140,12 @@ impl<'a> SendWr<'a> {
 
     /// A signaled request whose payload is copied at post time.
     pub fn inline(wr_id: u64, op: SendOp, bytes: &'a [u8]) -> Self {
-        Self { wr_id, op, payload: SendPayload::Inline(bytes), flags: SendFlags::SIGNALED | SendFlags::INLINE }
+        Self {
+            wr_id,
+            op,
+            payload: SendPayload::Inline(bytes),
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        }
     }
 
     /// Replaces the flags.

@@ -1,0 +1,67 @@
+//! Cases: errors detected locally or by the responder's receive queue (bad lkey, receive buffer
+//! too small, receiver not ready).
+
+use crate::conformance::harness::{pattern, read_region, wait_n, wait_state, Pair, PairOptions};
+use crate::conformance::ConformanceFixture;
+use crate::{AccessFlags, MemoryRegion, QpState, QueuePair, SendOp, SendWr, Sge, WcStatus};
+
+/// A SEND whose scatter/gather entry has an lkey that names no region, or that runs past the
+/// end of a real region, completes with `LocProtErr` and sends nothing.
+pub fn local_protection_error<F: ConformanceFixture>() {
+    for bad_entry in [BadEntry::UnknownKey, BadEntry::PastTheEnd] {
+        let pair = Pair::connected::<F>();
+        let local = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+        let inbox = pair.b.alloc(8192, AccessFlags::LOCAL_WRITE);
+        pair.b.post_recv(1, &inbox, 0, 8192);
+        let sge = match bad_entry {
+            BadEntry::UnknownKey => Sge { lkey: local.lkey() ^ 0x00FF_FF00, ..local.sge(0, 64) },
+            BadEntry::PastTheEnd => local.sge(4000, 200),
+        };
+        pair.a.qp.post_send(&SendWr::new(7, SendOp::Send, &[sge])).expect("post_send");
+        let wc = wait_n(&pair.a.cq, 1)[0];
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::LocProtErr), "{bad_entry:?}: {wc:?}");
+        wait_state(&pair.a.qp, QpState::Err);
+        assert_eq!(read_region(&inbox, 0, 8192), vec![0u8; 8192], "{bad_entry:?}: data reached the peer");
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum BadEntry {
+    UnknownKey,
+    PastTheEnd,
+}
+
+/// A SEND larger than the receive posted for it: the requester gets `RemInvReqErr`; the
+/// receiver reports `LocLenErr` (IBA) or `RemInvReqErr` (Linux rxe).
+pub fn recv_buffer_too_small<F: ConformanceFixture>() {
+    let pair = Pair::connected::<F>();
+    let src = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+    let inbox = pair.b.alloc(4096, AccessFlags::LOCAL_WRITE);
+    src.write(0, &pattern(100, 4)).expect("fill");
+    pair.b.post_recv(1, &inbox, 0, 16);
+    pair.a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 100)])).expect("post_send");
+
+    let sent = wait_n(&pair.a.cq, 1)[0];
+    assert_eq!((sent.wr_id, sent.status), (2, WcStatus::RemInvReqErr), "{sent:?}");
+    let received = wait_n(&pair.b.cq, 1)[0];
+    assert_eq!(received.wr_id, 1, "{received:?}");
+    assert!(
+        matches!(received.status, WcStatus::LocLenErr | WcStatus::RemInvReqErr),
+        "receiver status {received:?}"
+    );
+    wait_state(&pair.a.qp, QpState::Err);
+    assert_eq!(read_region(&inbox, 16, 4080), vec![0u8; 4080], "bytes past the receive buffer were written");
+}
+
+/// With `rnr_retry` 0 and no receive posted, a SEND ends in `RnrRetryExcErr`; the receiver's
+/// queue pair is not harmed (RNR is flow control, not an error there).
+pub fn rnr_retry_exceeded<F: ConformanceFixture>() {
+    let options = PairOptions { rnr_retry: 0, ..PairOptions::default() };
+    let pair = Pair::connected_with::<F>(&options);
+    let src = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+    pair.a.qp.post_send(&SendWr::new(3, SendOp::Send, &[src.sge(0, 32)])).expect("post_send");
+    let wc = wait_n(&pair.a.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::RnrRetryExcErr), "{wc:?}");
+    wait_state(&pair.a.qp, QpState::Err);
+    assert_eq!(pair.b.qp.state().expect("state"), QpState::Rts);
+}

@@ -1,0 +1,253 @@
+//! The provider traits: one verbs API, many implementations.
+//!
+//! Everything above the transport (the stream layer, collectives, the LD_PRELOAD library, tools)
+//! is written against these traits; each provider implements them: the soft provider (the
+//! RoCE v2 engine over UDP sockets), the ibverbs provider (rdma-core's libibverbs loaded at run
+//! time) and the shm provider (shared memory between processes). A single suite of conformance
+//! tests ([`crate::conformance`]) is run against every provider, as rustls runs one test suite
+//! against each of its crypto providers.
+//!
+//! # Design choices
+//!
+//! **Static dispatch.** Each trait names the concrete object types of its provider through
+//! associated types ([`Device::Pd`], [`ProtectionDomain::Qp`], …), so code generic over a
+//! [`Device`] is monomorphised per provider: `post_send`, `post_recv` and `poll` are plain
+//! direct calls that the compiler can inline, with no vtable on the hot path. Code that wants to
+//! pick a provider at run time wraps the generic code in its own enum or `dyn` layer *above* the
+//! hot loop. The aliases [`PdOf`], [`CqOf`], [`MrOf`] and [`QpOf`] keep generic signatures short.
+//!
+//! **Shared objects, `&self` everywhere.** Verbs objects are shared between threads (one thread
+//! posts, another polls, a third waits on the completion fd), so every method takes `&self` and
+//! every object is `Send + Sync`; providers use interior mutability (a lock around a software
+//! engine, or the C library's own locking).
+//!
+//! **Teardown by ownership.** A provider object keeps alive everything it depends on: a queue
+//! pair holds its protection domain and both completion queues, a memory region its protection
+//! domain, and all of them the device. Dropping is destroying, and it is safe in any order: a
+//! completion queue dropped by the application while a queue pair still uses it is only
+//! released when that queue pair goes. Nothing can be used after it is freed, and there is no
+//! `destroy` that can fail with `Busy` at a bad moment.
+//!
+//! **Memory is owned by the library.** [`ProtectionDomain::alloc_mr`] returns a region the
+//! provider allocated and pinned itself (page aligned, registered with the device). Its bytes
+//! are reached through copying accessors ([`MemoryRegion::read`], [`MemoryRegion::write`]), never
+//! through a long-lived `&[u8]`: a remote peer may write into the region at any time, as a NIC
+//! does by DMA, so handing out a Rust reference to those bytes would let safe code observe a data
+//! race. The completion that reports an incoming SEND, WRITE with immediate or READ response is
+//! the application's signal that the bytes it names have arrived. Providers may add scoped,
+//! lock-protected slice access of their own (the soft provider does). Registering memory the
+//! application already owns is offered only where the provider can pin it safely: the buffer
+//! is moved into the region ([`ProtectionDomain::reg_vec`]), so it cannot be freed or resized
+//! while the device may still touch it.
+//!
+//! **Completion readiness as a file descriptor.** [`CompletionQueue::notify_fd`] exposes a file
+//! descriptor that epoll/poll/tokio's `AsyncFd` can wait on, armed and acknowledged like a
+//! libibverbs completion channel: `request_notify`, poll the queue empty, wait for the fd, then
+//! `take_notify` and poll again. [`CompletionQueue::wait`] packages that loop with a timeout for
+//! blocking callers.
+//!
+//! **Errors.** A verbs call that is refused returns [`crate::Error`] and changes nothing; a work
+//! request that was accepted always ends in exactly one [`crate::WorkCompletion`] if it was
+//! signaled or failed (errors complete even unsignaled requests), whose
+//! [`crate::WcStatus`] says how it ended.
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use crate::{
+    AccessFlags, DeviceAttr, Error, Gid, PortAttr, QpAttr, QpCaps, QpEndpoint, QpState, RecvWr, RemoteRegion,
+    Result, SendWr, Sge, WorkCompletion,
+};
+
+/// A family of devices (one per provider): lists them and opens one by name.
+pub trait Provider: Send + Sync {
+    /// The device type this provider opens.
+    type Device: Device;
+
+    /// A short name for the provider ("soft", "ibverbs", "shm").
+    fn name(&self) -> &'static str;
+
+    /// Names of the devices that [`Provider::open`] accepts right now.
+    fn devices(&self) -> Result<Vec<String>>;
+
+    /// Opens the device called `name`.
+    fn open(&self, name: &str) -> Result<Self::Device>;
+}
+
+/// An open RDMA device: the root of every other object.
+pub trait Device: Send + Sync + Sized {
+    /// The protection domain type; its completion queues are this device's.
+    type Pd: ProtectionDomain<Cq = Self::Cq>;
+    /// The completion queue type.
+    type Cq: CompletionQueue;
+
+    /// The device name (as `ibv_devices` would print it, or the provider's equivalent).
+    fn name(&self) -> &str;
+
+    /// Device-wide limits.
+    fn query(&self) -> Result<DeviceAttr>;
+
+    /// State and MTU of port `port_num` (1-based); unknown ports are refused.
+    fn query_port(&self, port_num: u8) -> Result<PortAttr>;
+
+    /// The GID table of port `port_num`: entry `i` is GID index `i` (unset entries are
+    /// [`Gid::ZERO`]).
+    fn gids(&self, port_num: u8) -> Result<Vec<Gid>>;
+
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<Self::Pd>;
+
+    /// Creates a completion queue with room for at least `min_entries` completions (the
+    /// provider may round up; [`CompletionQueue::capacity`] says how many).
+    fn create_cq(&self, min_entries: u32) -> Result<Self::Cq>;
+}
+
+/// A protection domain: memory regions and the queue pairs that may use them.
+pub trait ProtectionDomain: Send + Sync {
+    /// The memory region type.
+    type Mr: MemoryRegion;
+    /// The completion queue type (the device's).
+    type Cq: CompletionQueue;
+    /// The queue pair type.
+    type Qp: QueuePair;
+
+    /// Allocates and registers a zero-filled, provider-owned region of `len` bytes with the
+    /// given access. Access combinations verbs forbids (remote write or remote atomic without
+    /// local write, see [`AccessFlags::is_valid_for_mr`]) are refused with
+    /// [`Error::InvalidAttribute`].
+    fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Self::Mr>;
+
+    /// Registers memory the application owns by moving it into a region, where the provider can
+    /// pin it safely. The default refuses with [`Error::Unsupported`].
+    fn reg_vec(&self, memory: Vec<u8>, access: AccessFlags) -> Result<Self::Mr> {
+        let _ = (memory, access);
+        Err(Error::Unsupported("registering application memory"))
+    }
+
+    /// Creates a reliable-connected queue pair in state RESET whose send and receive
+    /// completions go to `send_cq` and `recv_cq` (which may be the same queue).
+    fn create_qp(&self, send_cq: &Self::Cq, recv_cq: &Self::Cq, caps: QpCaps) -> Result<Self::Qp>;
+}
+
+/// A registered memory region.
+///
+/// Addresses are the provider's virtual addresses for the region: an [`Sge`] or a remote
+/// access names bytes by `addr() + offset`.
+pub trait MemoryRegion: Send + Sync {
+    /// Virtual address of the first byte.
+    fn addr(&self) -> u64;
+
+    /// Length in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether the region has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The local key (for scatter/gather entries).
+    fn lkey(&self) -> u32;
+
+    /// The remote key (for a peer's RDMA operations).
+    fn rkey(&self) -> u32;
+
+    /// The access this region grants.
+    fn access(&self) -> AccessFlags;
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the region. Refused with
+    /// [`Error::InvalidAttribute`] if the range is not inside the region.
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies `src` into the region at `offset`. Refused with [`Error::InvalidAttribute`] if
+    /// the range is not inside the region.
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()>;
+
+    /// Reads the host-order `u64` at `offset` (as atomics leave it).
+    fn read_u64(&self, offset: usize) -> Result<u64> {
+        let mut bytes = [0u8; 8];
+        self.read(offset, &mut bytes)?;
+        Ok(u64::from_ne_bytes(bytes))
+    }
+
+    /// Writes a host-order `u64` at `offset` (as atomics expect it).
+    fn write_u64(&self, offset: usize, value: u64) -> Result<()> {
+        self.write(offset, &value.to_ne_bytes())
+    }
+
+    /// A scatter/gather entry for `len` bytes at `offset`. Not checked against the region's
+    /// bounds: the provider checks when the request is executed, as hardware does.
+    fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge { addr: self.addr().wrapping_add(offset as u64), length: len, lkey: self.lkey() }
+    }
+
+    /// The region as a peer addresses it (address, length, rkey).
+    fn remote(&self) -> RemoteRegion {
+        RemoteRegion { addr: self.addr(), len: self.len() as u64, rkey: self.rkey() }
+    }
+}
+
+/// A completion queue.
+pub trait CompletionQueue: Send + Sync {
+    /// How many completions the queue holds.
+    fn capacity(&self) -> u32;
+
+    /// Moves up to `out.len()` completions into `out`, oldest first, and returns how many.
+    /// Never blocks. Providers without a progress thread do their network work here.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// Like [`CompletionQueue::poll`] but blocks until at least one completion is available or
+    /// `timeout` has passed; returns 0 on timeout.
+    fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize>;
+
+    /// A file descriptor that becomes readable after [`CompletionQueue::request_notify`] once a
+    /// completion is added, for epoll/poll/`AsyncFd`; `None` if the provider has none.
+    ///
+    /// Protocol (as with a libibverbs completion channel): call `request_notify`, then `poll`
+    /// until it returns 0 (to catch completions that raced the request), then wait for the fd;
+    /// when it is readable call `take_notify`, poll, and repeat.
+    fn notify_fd(&self) -> Option<RawFd>;
+
+    /// Arms the queue: the next completion added makes `notify_fd` readable (once).
+    fn request_notify(&self) -> Result<()>;
+
+    /// Consumes a pending notification without blocking; returns whether one was pending.
+    fn take_notify(&self) -> Result<bool>;
+}
+
+/// A reliable-connected queue pair.
+pub trait QueuePair: Send + Sync {
+    /// The queue pair number.
+    fn qpn(&self) -> u32;
+
+    /// What the peer needs to address this queue pair (the GID it sends from and its number).
+    fn endpoint(&self) -> QpEndpoint;
+
+    /// The sizes the provider actually granted (they may exceed the requested ones).
+    fn caps(&self) -> QpCaps;
+
+    /// The current state.
+    fn state(&self) -> Result<QpState>;
+
+    /// Applies `attr` (a state transition and its attributes). Transitions verbs does not
+    /// allow, missing or out-of-range attributes are refused without changing anything.
+    fn modify(&self, attr: &QpAttr) -> Result<()>;
+
+    /// Posts a send work request. Refused with [`Error::InvalidState`] before RTS, with
+    /// [`Error::QueueFull`] when `max_send_wr` requests are outstanding, and with
+    /// [`Error::TooLarge`] for too many scatter/gather entries or oversized inline data. Local
+    /// key problems are reported by the completion, not here.
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
+
+    /// Posts a receive work request. Refused with [`Error::InvalidState`] in RESET and with
+    /// [`Error::QueueFull`] when `max_recv_wr` receives are posted.
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+}
+
+/// The protection domain type of device `D`.
+pub type PdOf<D> = <D as Device>::Pd;
+/// The completion queue type of device `D`.
+pub type CqOf<D> = <D as Device>::Cq;
+/// The memory region type of device `D`.
+pub type MrOf<D> = <<D as Device>::Pd as ProtectionDomain>::Mr;
+/// The queue pair type of device `D`.
+pub type QpOf<D> = <<D as Device>::Pd as ProtectionDomain>::Qp;
