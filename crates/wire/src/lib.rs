@@ -18,6 +18,7 @@ mod field;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod capture;
 pub mod deth;
 pub mod error;
 pub mod ethernet;
