@@ -1,0 +1,375 @@
+//! The engine: one RoCE v2 device with one local address. It owns the memory-region table,
+//! the completion queues and the queue pairs, routes received datagrams to queue pairs,
+//! schedules transmissions round-robin across queue pairs, and keeps the timer heap.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use lightpath_verbs::{
+    AccessFlags, Error, Gid, QpAttr, QpCaps, QpState, RecvWr, Result, SendWr, WorkCompletion,
+};
+use lightpath_wire::icrc::{self, Endpoints};
+use lightpath_wire::{Error as WireError, Transport, TransportRepr};
+
+use crate::config::EngineConfig;
+use crate::cq::{CqHandle, CqTable};
+use crate::event::{Ctx, EngineEvent, Transmit};
+use crate::memory::{MrKeys, MrTable, RegionMemory};
+use crate::qp::{Qp, QpTable};
+use crate::stats::EngineStats;
+use crate::time::Time;
+
+/// Largest datagram the engine emits: BTH + 28 bytes of extension headers + 4096 payload + 4 ICRC.
+pub const MAX_DATAGRAM: usize = 4096 + 12 + 28 + 4 + 4;
+
+/// A sans-I/O RoCE v2 RC transport engine. See the crate documentation for the contract.
+pub struct Engine {
+    config: EngineConfig,
+    local_ip: IpAddr,
+    stats: EngineStats,
+    mrs: MrTable,
+    cqs: CqTable,
+    qps: QpTable,
+    /// Queue pairs that may have a packet to send, served round-robin.
+    ready: VecDeque<u32>,
+    /// (deadline, QPN); entries may be stale (see `reschedule_timer`).
+    timers: BinaryHeap<Reverse<(Time, u32)>>,
+    events: VecDeque<EngineEvent>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("gid", &self.config.gid)
+            .field("qps", &self.qps.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine with no resources yet.
+    pub fn new(config: EngineConfig) -> Engine {
+        Engine {
+            local_ip: config.gid.to_ip(),
+            stats: EngineStats::default(),
+            mrs: MrTable::new(config.max_mrs),
+            cqs: CqTable::new(config.max_cqs, config.max_cqe),
+            qps: QpTable::new(config.max_qps),
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            events: VecDeque::new(),
+            config,
+        }
+    }
+
+    /// The engine's address.
+    pub fn gid(&self) -> Gid {
+        self.config.gid
+    }
+
+    /// The configuration the engine was created with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    fn ctx(&mut self) -> (&mut QpTable, Ctx<'_>) {
+        (
+            &mut self.qps,
+            Ctx { mrs: &mut self.mrs, cqs: &mut self.cqs, stats: &mut self.stats, events: &mut self.events },
+        )
+    }
+
+    // ---- memory regions ----
+
+    /// Registers `memory` as a region starting at virtual address `addr`.
+    pub fn reg_mr(
+        &mut self,
+        memory: Arc<dyn RegionMemory>,
+        addr: u64,
+        access: AccessFlags,
+    ) -> Result<MrKeys> {
+        self.mrs.register(memory, addr, access)
+    }
+
+    /// Deregisters the region with local key `lkey`. Requests still using it fail with a
+    /// protection error when they next touch it.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        self.mrs.deregister(lkey)
+    }
+
+    // ---- completion queues ----
+
+    /// Creates a completion queue holding up to `capacity` completions.
+    pub fn create_cq(&mut self, capacity: u32) -> Result<CqHandle> {
+        self.cqs.create(capacity)
+    }
+
+    /// Destroys a completion queue; `Busy` while a queue pair uses it.
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
+        self.cqs.destroy(cq)
+    }
+
+    /// Moves up to `out.len()` completions out of `cq`, oldest first.
+    pub fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> usize {
+        self.cqs.poll(cq, out)
+    }
+
+    /// Completions waiting in `cq` (0 for an unknown CQ).
+    pub fn cq_len(&self, cq: CqHandle) -> usize {
+        self.cqs.get(cq).map_or(0, |cq| cq.len())
+    }
+
+    // ---- queue pairs ----
+
+    /// Creates an RC queue pair in RESET and returns its QPN.
+    pub fn create_qp(&mut self, send_cq: CqHandle, recv_cq: CqHandle, caps: QpCaps) -> Result<u32> {
+        if !self.cqs.exists(send_cq) || !self.cqs.exists(recv_cq) {
+            return Err(Error::NotFound("completion queue"));
+        }
+        Qp::check_caps(&caps)?;
+        let qpn = self.qps.allocate()?;
+        self.qps.insert(Qp::new(qpn, send_cq, recv_cq, caps, self.local_ip));
+        self.cqs.add_user(send_cq);
+        self.cqs.add_user(recv_cq);
+        Ok(qpn)
+    }
+
+    /// Changes a queue pair's state and attributes.
+    pub fn modify_qp(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<()> {
+        let gid = self.config.gid;
+        let (qps, mut ctx) = self.ctx();
+        let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
+        qp.modify(&mut ctx, attr, gid)?;
+        self.after_qp_work(now, qpn);
+        Ok(())
+    }
+
+    /// The queue pair's current state.
+    pub fn qp_state(&self, qpn: u32) -> Result<QpState> {
+        self.qps.get(qpn).map(|qp| qp.state).ok_or(Error::NotFound("queue pair"))
+    }
+
+    /// Destroys a queue pair. Outstanding work is discarded without completions.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        let qp = self.qps.remove(qpn).ok_or(Error::NotFound("queue pair"))?;
+        self.cqs.remove_user(qp.send_cq);
+        self.cqs.remove_user(qp.recv_cq);
+        self.tidy_timer_top();
+        Ok(())
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&mut self, now: Time, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+        let (qps, mut ctx) = self.ctx();
+        let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
+        qp.post_send(&mut ctx, wr)?;
+        self.after_qp_work(now, qpn);
+        Ok(())
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        let (qps, mut ctx) = self.ctx();
+        let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
+        qp.post_recv(&mut ctx, wr)
+    }
+
+    // ---- the sans-I/O surface ----
+
+    /// A UDP payload (BTH … ICRC) arrived from IP `from` (UDP source port `src_port`) to the
+    /// local IP `to`. Every datagram is either processed or counted as one kind of drop.
+    pub fn handle_datagram(&mut self, now: Time, from: IpAddr, to: IpAddr, src_port: u16, datagram: &[u8]) {
+        self.stats.rx_datagrams += 1;
+        let repr = match TransportRepr::parse(datagram) {
+            Ok(repr) => repr,
+            Err(WireError::UnknownOpcode(_)) => {
+                self.stats.drops_unsupported += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.drops_malformed += 1;
+                return;
+            }
+        };
+        let bth = repr.header.bth;
+        let info = match bth.opcode.info() {
+            Some(info) if bth.opcode.transport() == Transport::Rc => info,
+            _ => {
+                self.stats.drops_unsupported += 1;
+                return;
+            }
+        };
+        // P_Key: the low 15 bits must be the default partition (rxe).
+        if bth.pkey & 0x7FFF != 0x7FFF {
+            self.stats.drops_malformed += 1;
+            return;
+        }
+        if to != self.local_ip {
+            self.stats.drops_wrong_peer += 1;
+            return;
+        }
+        let Some(qp) = self.qps.get(bth.dest_qpn) else {
+            self.stats.drops_unknown_qp += 1;
+            return;
+        };
+        let accepted = if info.is_request() {
+            matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        } else {
+            matches!(qp.state, QpState::Rts | QpState::Sqd)
+        };
+        if !accepted {
+            self.stats.drops_bad_state += 1;
+            return;
+        }
+        if from != qp.params.peer_ip {
+            self.stats.drops_wrong_peer += 1;
+            return;
+        }
+        if self.config.verify_icrc {
+            let endpoints = Endpoints { src: from, dst: to, src_port, dst_port: self.config.roce_port };
+            if !icrc::verify(&endpoints, datagram) {
+                self.stats.drops_icrc += 1;
+                return;
+            }
+        }
+        let qpn = bth.dest_qpn;
+        let (qps, mut ctx) = self.ctx();
+        let Some(qp) = qps.get_mut(qpn) else { return };
+        if info.is_request() {
+            qp.handle_request(&mut ctx, &repr.header, info, repr.payload);
+        } else {
+            qp.handle_response(&mut ctx, now, &repr.header, info.kind, info.position, repr.payload);
+        }
+        self.after_qp_work(now, qpn);
+    }
+
+    /// Writes the next datagram to send into `buf` (which must hold [`MAX_DATAGRAM`] bytes;
+    /// a smaller buffer gets nothing) and says where it goes. The ICRC is sealed.
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        if buf.len() < MAX_DATAGRAM {
+            return None;
+        }
+        while let Some(qpn) = self.ready.pop_front() {
+            let (qps, mut ctx) = self.ctx();
+            let Some(qp) = qps.get_mut(qpn) else { continue };
+            qp.in_ready_list = false;
+            let produced = qp.produce(&mut ctx, now, buf);
+            let (dst, src_port, local_ip) = (qp.params.peer_ip, qp.params.src_port, qp.params.local_ip);
+            self.after_qp_work(now, qpn);
+            let Some(len) = produced else { continue };
+            let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port: self.config.roce_port };
+            if icrc::seal(&endpoints, &mut buf[..len]).is_err() {
+                self.stats.drops_malformed += 1;
+                continue;
+            }
+            self.stats.tx_datagrams += 1;
+            return Some(Transmit { dst, src_port, len });
+        }
+        None
+    }
+
+    /// When `handle_timeout` must next be called (it may be called earlier; a spurious call
+    /// does nothing).
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.peek().map(|Reverse((deadline, _))| *deadline)
+    }
+
+    /// Fires every timer due at `now` (retransmissions, RNR waits).
+    pub fn handle_timeout(&mut self, now: Time) {
+        while let Some(&Reverse((deadline, qpn))) = self.timers.peek() {
+            if deadline > now {
+                break;
+            }
+            self.timers.pop();
+            let (qps, mut ctx) = self.ctx();
+            let Some(qp) = qps.get_mut(qpn) else { continue };
+            if qp.timer_queued != Some(deadline) {
+                continue; // superseded by an earlier entry for the same queue pair
+            }
+            qp.timer_queued = None;
+            qp.handle_timeout(&mut ctx, now);
+            self.after_qp_work(now, qpn);
+        }
+    }
+
+    /// The next notification for the driver.
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        let event = self.events.pop_front()?;
+        match event {
+            EngineEvent::Completion(cq) => self.cqs.event_delivered(cq),
+            EngineEvent::QpError { qpn } => {
+                if let Some(qp) = self.qps.get_mut(qpn) {
+                    qp.error_event_pending = false;
+                }
+            }
+        }
+        Some(event)
+    }
+
+    /// After a queue pair did something: put it on the ready list if it has output, and make
+    /// sure the timer heap holds its earliest deadline.
+    fn after_qp_work(&mut self, _now: Time, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(qpn) else { return };
+        if !qp.in_ready_list && qp.wants_transmit() {
+            qp.in_ready_list = true;
+            self.ready.push_back(qpn);
+        }
+        if let Some(deadline) = qp.next_deadline() {
+            // Only an earlier deadline needs a new entry: a later one is found when the
+            // current entry fires early and is rescheduled.
+            if qp.timer_queued.is_none_or(|queued| deadline < queued) {
+                qp.timer_queued = Some(deadline);
+                self.timers.push(Reverse((deadline, qpn)));
+                self.compact_timers_if_needed();
+            }
+        }
+        self.tidy_timer_top();
+    }
+
+    /// Keeps the heap's top exact, so `poll_timeout` never asks for a pointless wake-up:
+    /// entries of destroyed queue pairs or superseded deadlines are dropped, and a deadline
+    /// that moved later (the retransmit timer re-armed by an ACK) is pushed at its new time.
+    fn tidy_timer_top(&mut self) {
+        while let Some(&Reverse((deadline, qpn))) = self.timers.peek() {
+            let Some(qp) = self.qps.get_mut(qpn) else {
+                self.timers.pop();
+                continue;
+            };
+            if qp.timer_queued != Some(deadline) {
+                self.timers.pop();
+                continue;
+            }
+            match qp.next_deadline() {
+                Some(actual) if actual <= deadline => return,
+                actual => {
+                    self.timers.pop();
+                    qp.timer_queued = actual;
+                    if let Some(actual) = actual {
+                        self.timers.push(Reverse((actual, qpn)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stale heap entries are skipped lazily; if they pile up, rebuild the heap from the
+    /// queue pairs so its size stays proportional to the number of queue pairs.
+    fn compact_timers_if_needed(&mut self) {
+        if self.timers.len() <= 4 * self.qps.len() as usize + 64 {
+            return;
+        }
+        self.timers = self
+            .qps
+            .iter()
+            .filter_map(|qp| qp.timer_queued.map(|deadline| Reverse((deadline, qp.qpn))))
+            .collect();
+    }
+}

@@ -1,0 +1,57 @@
+//! What the engine hands back to its driver besides datagrams: [`Transmit`] descriptors and
+//! [`EngineEvent`] notifications, plus the per-call context the queue-pair code uses to post
+//! completions and events.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+use lightpath_verbs::WorkCompletion;
+
+use crate::cq::{CqHandle, CqTable, Pushed};
+use crate::memory::MrTable;
+use crate::stats::EngineStats;
+
+/// A datagram written by `poll_transmit`: send `len` bytes of the buffer to `dst` at the
+/// configured RoCE port, from the engine's address and UDP port `src_port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The peer's IP address.
+    pub dst: IpAddr,
+    /// UDP source port (flow entropy, as rxe chooses it).
+    pub src_port: u16,
+    /// Bytes written at the start of the buffer (BTH … ICRC).
+    pub len: usize,
+}
+
+/// Notifications for the driver, so it can wake whoever waits.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// A completion queue gained entries (at most one pending event per CQ).
+    Completion(CqHandle),
+    /// A queue pair entered the error state on its own (retry exhaustion, NAK, protection
+    /// error…), not because the application asked.
+    QpError {
+        /// The queue pair.
+        qpn: u32,
+    },
+}
+
+/// The engine-wide state a queue pair touches while it works.
+pub(crate) struct Ctx<'a> {
+    pub(crate) mrs: &'a mut MrTable,
+    pub(crate) cqs: &'a mut CqTable,
+    pub(crate) stats: &'a mut EngineStats,
+    pub(crate) events: &'a mut VecDeque<EngineEvent>,
+}
+
+impl Ctx<'_> {
+    /// Posts a completion to `cq` and queues a notification if the CQ had none pending.
+    pub(crate) fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
+        match self.cqs.push(cq, wc) {
+            Pushed::StoredNotify => self.events.push_back(EngineEvent::Completion(cq)),
+            Pushed::Stored => {}
+            Pushed::Overflow | Pushed::Missing => self.stats.cq_overflows += 1,
+        }
+    }
+}

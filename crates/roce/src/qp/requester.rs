@@ -1,0 +1,301 @@
+//! The requester: accepts send work requests and turns them into request packets, in order,
+//! within the 128-PSN window and the `max_rd_atomic` limit, resuming mid-message after a
+//! go-back-N rewind (SEND/WRITE continue with MIDDLE/LAST; a READ is reissued for the
+//! remaining sub-range).
+//!
+//! Payload bytes are copied exactly once, from registered memory (or the WQE's inline copy)
+//! straight into the datagram buffer.
+
+use lightpath_verbs::{Error, QpState, Result, SendFlags, SendOp, SendPayload, SendWr, WcStatus};
+use lightpath_wire::{AtomicEthRepr, Opcode, Position, Psn, RethRepr};
+
+use super::packet::{header, packet_count, position, request_opcode};
+use super::timers::ack_timeout_nanos;
+use super::{Qp, MAX_MESSAGE};
+use crate::event::Ctx;
+use crate::sgl;
+use crate::time::Time;
+
+/// The requester stops once its next PSN is this far past the oldest unacknowledged one
+/// (rxe's `RXE_MAX_UNACKED_PSNS`).
+pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+/// AckReq is set on the last packet of every message and, in long messages, on every this
+/// many packets, so a peer that only ACKs AckReq packets (rxe) keeps our window moving.
+pub(crate) const ACK_REQ_INTERVAL: u32 = 64;
+
+/// Requester and completer position in the PSN space.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// PSN of the next request packet.
+    pub(crate) next_psn: Psn,
+    /// The send WQE that packet belongs to.
+    pub(crate) next_wqe: u64,
+    /// Its PSN offset inside that WQE.
+    pub(crate) next_pkt: u32,
+    /// Oldest PSN not yet acknowledged.
+    pub(crate) una: Psn,
+    /// One past the highest PSN ever sent (anything before it that is sent again is a
+    /// retransmission; responses beyond it answer nothing we asked).
+    pub(crate) sent_high: Psn,
+    /// Packets sent since the last one with AckReq.
+    pub(crate) since_ack_req: u32,
+    /// READ/atomic WQEs transmitted and not yet completed.
+    pub(crate) rd_atomic_outstanding: u32,
+    /// Transport retries left (timeouts, sequence NAKs, gaps in READ responses).
+    pub(crate) retry_left: u8,
+    /// RNR retries left (ignored when `rnr_retry` is 7, which means infinite).
+    pub(crate) rnr_left: u8,
+    /// The PSN to resume from when the RNR timer fires.
+    pub(crate) rnr_resume: Option<Psn>,
+    /// The PSN of the last go-back-N rewind, until progress is made: a second NAK or gap
+    /// for the same PSN is the same loss, not a new one.
+    pub(crate) rewound_at: Option<Psn>,
+}
+
+impl Requester {
+    pub(crate) fn start(sq_psn: u32, retry_cnt: u8, rnr_retry: u8) -> Self {
+        let psn = Psn::new(sq_psn);
+        Self {
+            next_psn: psn,
+            una: psn,
+            sent_high: psn,
+            retry_left: retry_cnt,
+            rnr_left: rnr_retry,
+            ..Self::default()
+        }
+    }
+}
+
+impl Qp {
+    /// `post_send`: checks the request and queues it (or flushes it at once in ERR).
+    pub(crate) fn post_send(&mut self, ctx: &mut Ctx<'_>, wr: &SendWr<'_>) -> Result<()> {
+        match self.state {
+            QpState::Rts | QpState::Sqd | QpState::Err => {}
+            state => return Err(Error::InvalidState(state)),
+        }
+        let length = wr.payload.len();
+        if length > MAX_MESSAGE {
+            return Err(Error::TooLarge("message longer than 2^31 bytes"));
+        }
+        match wr.payload {
+            SendPayload::Sges(sges) if sges.len() > self.caps.max_send_sge as usize => {
+                return Err(Error::TooLarge("more scatter/gather entries than max_send_sge"));
+            }
+            SendPayload::Inline(bytes) if bytes.len() > self.caps.max_inline_data as usize => {
+                return Err(Error::TooLarge("inline data longer than max_inline_data"));
+            }
+            _ => {}
+        }
+        if wr.op.is_read_or_atomic() {
+            if matches!(wr.payload, SendPayload::Inline(_)) {
+                return Err(Error::InvalidAttribute(
+                    "READ and atomics need scatter/gather entries, not inline data",
+                ));
+            }
+            if wr.op.is_atomic() && length != 8 {
+                return Err(Error::InvalidAttribute("atomics need exactly 8 bytes of local buffer"));
+            }
+            if self.state != QpState::Err && self.params.max_rd_atomic == 0 {
+                return Err(Error::InvalidAttribute("max_rd_atomic is 0: READ and atomics are disabled"));
+            }
+        }
+        if self.sq.is_full() {
+            return Err(Error::QueueFull);
+        }
+        let wqe = self.sq.next_free();
+        wqe.wr_id = wr.wr_id;
+        wqe.op = Some(wr.op);
+        wqe.signaled = wr.flags.contains(SendFlags::SIGNALED);
+        wqe.solicited = wr.flags.contains(SendFlags::SOLICITED);
+        wqe.fence = wr.flags.contains(SendFlags::FENCE);
+        wqe.length = length as u32;
+        wqe.error = None;
+        wqe.sges.clear();
+        wqe.inline_data.clear();
+        match wr.payload {
+            SendPayload::Sges(sges) => {
+                wqe.inline = false;
+                wqe.sges.extend_from_slice(sges);
+            }
+            SendPayload::Inline(bytes) => {
+                wqe.inline = true;
+                wqe.inline_data.extend_from_slice(bytes);
+            }
+        }
+        self.sq.commit();
+        if self.state == QpState::Err {
+            self.flush_send_queue(ctx);
+        }
+        Ok(())
+    }
+
+    /// Whether the requester has a packet to send now.
+    pub(crate) fn requester_ready(&self) -> bool {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.timers.rnr.is_some() {
+            return false;
+        }
+        let index = self.req.next_wqe;
+        if index >= self.sq.tail || self.req.next_psn.distance_from(self.req.una) >= MAX_UNACKED_PSNS {
+            return false;
+        }
+        if index < self.sq.started {
+            return true; // a retransmission: only the window limits it
+        }
+        if self.state == QpState::Sqd {
+            return false; // draining: no new WQE starts
+        }
+        let wqe = self.sq.get(index);
+        if wqe.fence && self.req.rd_atomic_outstanding > 0 {
+            return false;
+        }
+        !(wqe.is_read_or_atomic() && self.req.rd_atomic_outstanding >= u32::from(self.params.max_rd_atomic))
+    }
+
+    /// Assigns PSNs to the next new WQE and checks its local buffers. On a local protection
+    /// error the WQE fails and the queue pair enters ERR.
+    fn start_wqe(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let index = self.sq.started;
+        let next_psn = self.req.next_psn;
+        let pmtu = self.params.pmtu;
+        let wqe = self.sq.get_mut(index);
+        let op = wqe.op();
+        wqe.first_psn = next_psn;
+        wqe.psn_count = if op.is_atomic() { 1 } else { packet_count(u64::from(wqe.length), pmtu) };
+        let checked =
+            if wqe.inline { Ok(()) } else { sgl::validate(ctx.mrs, &wqe.sges, op.is_read_or_atomic()) };
+        self.sq.started += 1;
+        if op.is_read_or_atomic() {
+            self.req.rd_atomic_outstanding += 1;
+        }
+        if checked.is_err() {
+            self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
+            self.enter_error(ctx, true);
+            return false;
+        }
+        true
+    }
+
+    /// Writes the next request packet into `buf`.
+    pub(crate) fn produce_request(&mut self, ctx: &mut Ctx<'_>, now: Time, buf: &mut [u8]) -> Option<usize> {
+        if !self.requester_ready() {
+            return None;
+        }
+        if self.req.next_wqe == self.sq.started && !self.start_wqe(ctx) {
+            return None;
+        }
+        let index = self.req.next_wqe;
+        let psn = self.req.next_psn;
+        let pmtu = u64::from(self.params.pmtu);
+        let dest_qpn = self.params.dest_qpn;
+        let wqe = self.sq.get(index);
+        let op = wqe.op();
+        let k = self.req.next_pkt;
+        let offset = u64::from(k) * pmtu;
+        let length = u64::from(wqe.length);
+
+        let (len, ack_req, advance) = match op {
+            SendOp::Read { remote_addr, rkey } => {
+                let mut h = header(Opcode::RC_RDMA_READ_REQUEST, dest_qpn, psn, true, false);
+                let remaining = length.saturating_sub(offset);
+                h.reth =
+                    Some(RethRepr { va: remote_addr.wrapping_add(offset), rkey, dma_len: remaining as u32 });
+                h.emit(0, buf).ok()?;
+                (h.datagram_len(0), true, wqe.psn_count - k)
+            }
+            SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+                let mut h = header(Opcode::RC_COMPARE_SWAP, dest_qpn, psn, true, false);
+                h.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare });
+                h.emit(0, buf).ok()?;
+                (h.datagram_len(0), true, 1)
+            }
+            SendOp::FetchAdd { remote_addr, rkey, add } => {
+                let mut h = header(Opcode::RC_FETCH_ADD, dest_qpn, psn, true, false);
+                h.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 });
+                h.emit(0, buf).ok()?;
+                (h.datagram_len(0), true, 1)
+            }
+            _ => {
+                let count = wqe.psn_count;
+                let pos = position(k, count);
+                let last = matches!(pos, Position::Last | Position::Only);
+                let payload_len = (length - offset.min(length)).min(pmtu) as usize;
+                let ack_req = last || self.req.since_ack_req + 1 >= ACK_REQ_INTERVAL;
+                let solicited = last && wqe.solicited && !matches!(op, SendOp::Write { .. });
+                let mut h = header(request_opcode(op, pos), dest_qpn, psn, ack_req, solicited);
+                match op {
+                    SendOp::Write { remote_addr, rkey } | SendOp::WriteWithImm { remote_addr, rkey, .. }
+                        if matches!(pos, Position::First | Position::Only) =>
+                    {
+                        h.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: wqe.length });
+                    }
+                    _ => {}
+                }
+                if last {
+                    match op {
+                        SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } => h.imm = Some(imm),
+                        SendOp::SendWithInv { rkey } => h.ieth = Some(rkey),
+                        _ => {}
+                    }
+                }
+                let header_len = h.emit(payload_len, buf).ok()?;
+                let payload = &mut buf[header_len..header_len + payload_len];
+                let copied = if wqe.inline {
+                    let start = offset as usize;
+                    match wqe.inline_data.get(start..start + payload_len) {
+                        Some(bytes) => {
+                            payload.copy_from_slice(bytes);
+                            Ok(())
+                        }
+                        None => Err(crate::memory::LocalProtectionError),
+                    }
+                } else {
+                    sgl::gather(ctx.mrs, &wqe.sges, offset, payload)
+                };
+                if copied.is_err() {
+                    // The region was deregistered (or shrank) after the WQE started.
+                    self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
+                    self.enter_error(ctx, true);
+                    return None;
+                }
+                (h.datagram_len(payload_len), ack_req, 1)
+            }
+        };
+
+        if psn.is_before(self.req.sent_high) {
+            ctx.stats.retransmits += 1;
+        }
+        self.req.next_psn = psn.add(advance);
+        if self.req.next_psn.is_after(self.req.sent_high) {
+            self.req.sent_high = self.req.next_psn;
+        }
+        self.req.since_ack_req = if ack_req { 0 } else { self.req.since_ack_req + 1 };
+        let count = self.sq.get(index).psn_count;
+        if op.is_read_or_atomic() || k + 1 >= count {
+            self.req.next_wqe += 1;
+            self.req.next_pkt = 0;
+        } else {
+            self.req.next_pkt += 1;
+        }
+        if self.timers.retransmit.is_none() {
+            self.timers.retransmit =
+                ack_timeout_nanos(self.params.timeout).map(|nanos| now.plus_nanos(nanos));
+        }
+        Some(len)
+    }
+
+    /// Go-back-N: the next packet sent will be the one with PSN `psn` (which must lie between
+    /// the oldest unacknowledged PSN and the send frontier).
+    pub(crate) fn rewind_to(&mut self, psn: Psn) {
+        match self.sq.find_started(psn) {
+            Some(index) => {
+                self.req.next_wqe = index;
+                self.req.next_pkt = psn.distance_from(self.sq.get(index).first_psn) as u32;
+            }
+            None => {
+                self.req.next_wqe = self.sq.started;
+                self.req.next_pkt = 0;
+            }
+        }
+        self.req.next_psn = psn;
+    }
+}

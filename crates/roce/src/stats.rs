@@ -1,0 +1,52 @@
+//! Engine counters. Every datagram the engine refuses is counted under exactly one `drops_*`
+//! reason, so a driver (or the simulator) can account for every byte it handed in.
+
+/// Counters, including a count for every kind of dropped datagram.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams handed to `handle_datagram`.
+    pub rx_datagrams: u64,
+    /// Datagrams returned by `poll_transmit`.
+    pub tx_datagrams: u64,
+    /// Not a parseable RoCE v2 RC packet (truncated, bad lengths, unknown opcode, bad P_Key…).
+    pub drops_malformed: u64,
+    /// The ICRC did not match.
+    pub drops_icrc: u64,
+    /// No queue pair with the destination QPN.
+    pub drops_unknown_qp: u64,
+    /// The queue pair's state does not accept this packet (e.g. a request before RTR).
+    pub drops_bad_state: u64,
+    /// Source or destination IP does not match the queue pair's path.
+    pub drops_wrong_peer: u64,
+    /// A valid RoCE opcode this engine does not serve (UD, UC, CNP, FLUSH, …).
+    pub drops_unsupported: u64,
+    /// A response (ACK, read response, atomic ACK) that matches no outstanding request, or
+    /// does not fit the request it names.
+    pub drops_unexpected_response: u64,
+    /// Requests dropped silently after a PSN sequence NAK, until the gap is filled.
+    pub drops_out_of_sequence: u64,
+    /// Duplicate READ/atomic requests with no matching responder resource (rxe drops these).
+    pub drops_stale_duplicate: u64,
+    /// Requests dropped because the responder's output queue was full (the requester retries).
+    pub drops_responder_busy: u64,
+    /// Responses older than anything outstanding (duplicate ACKs and the like), ignored.
+    pub stale_responses: u64,
+    /// Duplicate requests (answered without re-executing SEND/WRITE/atomics).
+    pub duplicates: u64,
+    /// Request packets sent again (go-back-N after a timeout, NAK or RNR NAK).
+    pub retransmits: u64,
+    /// Retransmit-timer expiries that found requests outstanding.
+    pub timeouts: u64,
+    /// ACKs sent (not counting NAKs).
+    pub acks_sent: u64,
+    /// NAKs sent (sequence error, invalid request, remote access and operational errors).
+    pub naks_sent: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// NAKs received (all kinds except RNR).
+    pub naks_received: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Completions dropped because their completion queue was full.
+    pub cq_overflows: u64,
+}
