@@ -1,0 +1,466 @@
+#!/bin/bash
+# Lightpath <-> Linux rxe interoperability suite: the one entry point for CI and people.
+#
+#   interop/run-suite.sh [options]
+#
+# Boots one Debian VM with SoftRoCE (rxe0, 10.78.0.2) under qemu, reachable from a network
+# namespace where the Lightpath side runs on 10.78.0.1, and runs every case in that one VM
+# session while tcpdump captures UDP/4791 on the tap. Prints a summary table and
+# "interop: N passed, N failed, N skipped" (skipped = NOT RUN).
+#
+# Options:
+#   --only REGEX     run only the cases whose id matches REGEX (see --list)
+#   --list           print the case ids and exit
+#   --results DIR    where logs, the capture and the vectors go
+#                    (default: $LIGHTPATH_VM_CACHE/results/<date-time>, plus a "latest" link)
+#   --pp-iters N     ibv_rc_pingpong / lightpath pingpong iterations (default 100)
+#   --op-iters N     verbs_peer / interop-peer iterations per operation (default 5)
+#
+# Environment:
+#   LIGHTPATH_BIN                the lightpath binary; default: cargo build --release -p
+#                                lightpath-cli, then <target>/release/lightpath
+#   LIGHTPATH_INTEROP_REQUIRED=1 a missing prerequisite fails (exit 1) instead of
+#                                "SKIPPED: <reason>" and exit 0
+#   LIGHTPATH_VM_CACHE           image cache (default ~/.cache/lightpath/rxe-vm)
+#   LIGHTPATH_NETNS              namespace name (default lp-interop)
+#
+# Exit code: 0 if no case failed (NOT RUN cases do not fail the suite), 1 otherwise.
+set -uo pipefail
+interop=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$interop")
+# shellcheck source=vm/lib.sh
+source "$interop/vm/lib.sh"
+
+only="" list=0 results="" pp_iters=100 op_iters=5
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --only) only=$2; shift 2 ;;
+        --list) list=1; shift ;;
+        --results) results=$2; shift 2 ;;
+        --pp-iters) pp_iters=$2; shift 2 ;;
+        --op-iters) op_iters=$2; shift 2 ;;
+        -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "run-suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+suite_start=$SECONDS
+skip() {
+    echo "SKIPPED: $*"
+    if [ "${LIGHTPATH_INTEROP_REQUIRED:-0}" = 1 ]; then
+        echo "run-suite.sh: LIGHTPATH_INTEROP_REQUIRED=1, so a missing prerequisite is a failure" >&2
+        exit 1
+    fi
+    exit 0
+}
+
+# ------------------------------------------------------------------------------ the cases
+# Each case: "id|direction|function args...". Ids are stable: use them with --only.
+pp_sizes=(64 4096 10000)
+pp_mtus=(256 1024 4096)
+ops=(send send_imm write write_imm read cmp_swap fetch_add)
+cases=()
+cases+=("lightpath-build|host|case_build_lightpath")
+for s in "${pp_sizes[@]}"; do for m in "${pp_mtus[@]}"; do
+    cases+=("pingpong-loopback-s$s-m$m|rxe -> rxe (loopback)|case_pingpong_loopback $s $m")
+done; done
+for op in "${ops[@]}"; do
+    cases+=("verbs_peer-loopback-$op|rxe -> rxe (loopback)|case_peer_loopback $op")
+done
+for op in "${ops[@]}"; do
+    cases+=("verbs_peer-fault-$op|rxe -> rxe, fault injected: must FAIL|case_peer_fault $op")
+done
+for s in "${pp_sizes[@]}"; do for m in "${pp_mtus[@]}"; do
+    cases+=("pingpong-lp-server-s$s-m$m|rxe client -> Lightpath server|case_pingpong_lp_server $s $m")
+    cases+=("pingpong-lp-client-s$s-m$m|Lightpath client -> rxe server|case_pingpong_lp_client $s $m")
+done; done
+for op in "${ops[@]}"; do
+    cases+=("interop-peer-lp-server-$op|rxe requester -> Lightpath responder|case_peer_lp_server $op")
+    cases+=("interop-peer-lp-client-$op|Lightpath requester -> rxe responder|case_peer_lp_client $op")
+done
+cases+=("capture-icrc-independent|both (tap capture)|case_capture_independent")
+cases+=("capture-lightpath-decode|both (tap capture)|case_capture_decode")
+
+selected=()
+for c in "${cases[@]}"; do
+    id=${c%%|*}
+    if [ -z "$only" ] || [[ "$id" =~ $only ]]; then selected+=("$c"); fi
+done
+if [ "$list" = 1 ]; then
+    for c in "${selected[@]}"; do
+        IFS='|' read -r id dir _ <<< "$c"
+        printf '%-40s %s\n' "$id" "$dir"
+    done
+    exit 0
+fi
+[ ${#selected[@]} -gt 0 ] || { echo "run-suite.sh: no case matches --only '$only'" >&2; exit 2; }
+
+# ------------------------------------------------------------------------------ prerequisites
+[ "$(id -u)" = 0 ] || skip "not running as root (needed for a network namespace, a tap device and qemu)"
+[ -c /dev/net/tun ] || skip "/dev/net/tun is missing (no TUN/TAP support in this kernel or container)"
+command -v ip > /dev/null || command -v apt-get > /dev/null || skip "neither iproute2 (ip) nor apt-get is available"
+for tool in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap mkfs.ext4:e2fsprogs \
+    tcpdump:tcpdump; do
+    if ! command -v "${tool%%:*}" > /dev/null && ! command -v apt-get > /dev/null; then
+        skip "${tool%%:*} is missing and apt-get is not available to install ${tool#*:}"
+    fi
+done
+probe_ns=lp-probe-$$
+if command -v ip > /dev/null; then
+    ip netns add "$probe_ns" 2> /dev/null || skip "cannot create a network namespace (ip netns add failed)"
+    ip netns del "$probe_ns"
+fi
+
+if [ -z "$results" ]; then
+    results=$LPVM_CACHE/results/$(date +%Y%m%d-%H%M%S)
+    mkdir -p "$results"
+    ln -sfn "$(basename "$results")" "$LPVM_CACHE/results/latest"
+    # keep the last 5 result directories
+    ls -1d "$LPVM_CACHE"/results/2* 2> /dev/null | head -n -5 | xargs -r rm -rf
+fi
+mkdir -p "$results/cases" || { echo "run-suite.sh: cannot create $results" >&2; exit 2; }
+results=$(cd "$results" && pwd)
+echo "interop: results in $results"
+
+t=$SECONDS
+if ! "$interop/vm/build-image.sh" > "$results/build-image.log" 2>&1; then
+    tail -n 15 "$results/build-image.log"
+    skip "the VM image could not be built (see $results/build-image.log): $(tail -n 1 "$results/build-image.log")"
+fi
+image_seconds=$((SECONDS - t))
+echo "interop: VM image ready in ${image_seconds}s ($(tail -n 1 "$results/build-image.log" | sed 's/^\[[^]]*\] //'))"
+
+# ------------------------------------------------------------------------------ bookkeeping
+summary=$results/summary.tsv
+: > "$summary"
+n_pass=0 n_fail=0 n_notrun=0
+# record ID DIRECTION RESULT SECONDS NOTE
+record() {
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$summary"
+    case "$3" in
+        PASS) n_pass=$((n_pass + 1)) ;;
+        FAIL) n_fail=$((n_fail + 1)) ;;
+        *) n_notrun=$((n_notrun + 1)) ;;
+    esac
+    printf '  %-36s %-6s %6ss  %s\n' "$1" "$3" "$4" "$5"
+}
+
+# A case function runs in the current shell with $case_dir set. It returns 0 (PASS), 1 (FAIL)
+# or 77 (NOT RUN); it may write a one-line note to $case_dir/note.
+NOT_RUN=77
+note() { echo "$*" > "$case_dir/note"; }
+next_port=20000
+take_port() { next_port=$((next_port + 1)); port=$next_port; }
+
+run_case() {
+    local id=$1 direction=$2 fn=$3 rc=0 t0 seconds result
+    shift 3
+    case_dir=$results/cases/$id
+    mkdir -p "$case_dir"
+    rm -f "$case_dir/note"
+    t0=$(lpvm_now)
+    "$fn" "$@" > "$case_dir/case.log" 2>&1 || rc=$?
+    seconds=$(lpvm_elapsed "$t0")
+    case $rc in
+        0) result=PASS ;;
+        "$NOT_RUN") result="NOT RUN" ;;
+        *) result=FAIL ;;
+    esac
+    local text=""
+    [ -s "$case_dir/note" ] && text=$(head -n 1 "$case_dir/note")
+    [ "$result" = FAIL ] && [ -z "$text" ] && text="see $case_dir/case.log"
+    record "$id" "$direction" "$result" "$seconds" "$text"
+}
+
+# ------------------------------------------------------------------------------ lightpath binary
+LP="" lp_missing_reason=""
+case_build_lightpath() {
+    if [ -n "${LIGHTPATH_BIN:-}" ]; then
+        LP=$LIGHTPATH_BIN
+        [ -x "$LP" ] || { note "LIGHTPATH_BIN=$LP is not an executable file"; LP=""; lp_missing_reason="LIGHTPATH_BIN is not executable"; return 1; }
+        note "using LIGHTPATH_BIN=$LP"
+        return 0
+    fi
+    if ! command -v cargo > /dev/null; then
+        lp_missing_reason="cargo is not installed and LIGHTPATH_BIN is not set"
+        note "$lp_missing_reason"
+        return $NOT_RUN
+    fi
+    local target=${CARGO_TARGET_DIR:-$repo/target}
+    case "$target" in /*) ;; *) target=$repo/$target ;; esac
+    echo "cargo build --release -p lightpath-cli (target $target)"
+    if ! (cd "$repo" && cargo build --release -p lightpath-cli); then
+        lp_missing_reason="cargo build --release -p lightpath-cli failed"
+        note "$lp_missing_reason"
+        return 1
+    fi
+    LP=$target/release/lightpath
+    note "built $LP"
+}
+
+# Succeeds if the lightpath binary has subcommand $1; otherwise notes why the case cannot run.
+need_lightpath() {
+    if [ -z "$LP" ]; then
+        note "NOT RUN: no lightpath binary (${lp_missing_reason:-build case not selected and LIGHTPATH_BIN not set})"
+        return 1
+    fi
+    if ! "$LP" "$1" --help > /dev/null 2>&1; then
+        note "NOT RUN: lightpath has no \`$1\` subcommand yet"
+        return 1
+    fi
+}
+
+# ------------------------------------------------------------------------------ case functions
+G="" # the guest's IPv4-mapped GID index, found after boot
+VP=/shared/bin/verbs_peer
+T_CASE=180
+lp_traffic=0 # cases that put Lightpath <-> rxe traffic on the wire
+
+case_pingpong_loopback() {
+    local s=$1 m=$2 port
+    take_port
+    local common="ibv_rc_pingpong -d rxe0 -g $G -p $port -m $m -s $s -n $pp_iters -c"
+    lpvm_job "pp-$s-$m-$port" "lp_pair $port '$common' '$common $LPVM_VM_IP'" $T_CASE
+}
+
+case_peer_loopback() {
+    local op=$1 port
+    take_port
+    local common="$VP -o $op -n $op_iters -m 1024 -p $port -t 120"
+    lpvm_job "vp-$op-$port" "lp_pair $port '$common' '$common $LPVM_VM_IP'" $T_CASE
+}
+
+# The client makes a deliberate mistake (-x): both sides must report FAIL (exit 1), not
+# a setup error (2) and not PASS. Proves the checks of verbs_peer can fail.
+case_peer_fault() {
+    local op=$1 port out
+    take_port
+    local common="$VP -o $op -n 2 -m 1024 -p $port -t 30"
+    out=$(lpvm_job "vpx-$op-$port" "lp_pair $port '$common' '$common -x $LPVM_VM_IP'" $T_CASE)
+    echo "$out"
+    if echo "$out" | grep -q '^server rc=1 client rc=1$'; then
+        note "both sides reported FAIL, as they must"
+        return 0
+    fi
+    note "expected both sides to FAIL with exit code 1: $(echo "$out" | tail -n 1)"
+    return 1
+}
+
+# Lightpath serves (host namespace), ibv_rc_pingpong connects from the VM.
+case_pingpong_lp_server() {
+    local s=$1 m=$2 port host_rc=0 vm_rc=0 pid
+    need_lightpath pingpong || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    lpvm_ns_start "$case_dir/lightpath.log" $T_CASE "$LP" pingpong --bind "$LPVM_HOST_IP" \
+        -p "$port" -m "$m" -s "$s" -n "$pp_iters"
+    pid=$LPVM_BG_PID
+    if ! lpvm_ns_wait_listening "$port" 30; then
+        note "lightpath pingpong never listened on TCP $port (see lightpath.log)"
+        kill "$pid" 2> /dev/null
+        return 1
+    fi
+    lpvm_job "pps-$s-$m-$port" "ibv_rc_pingpong -d rxe0 -g $G -p $port -m $m -s $s -n $pp_iters $LPVM_HOST_IP" \
+        $T_CASE > "$case_dir/rxe.log" 2>&1 || vm_rc=$?
+    wait "$pid" || host_rc=$?
+    sed 's/^/[rxe] /' "$case_dir/rxe.log"
+    sed 's/^/[lightpath] /' "$case_dir/lightpath.log"
+    [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
+    note "ibv_rc_pingpong rc=$vm_rc, lightpath rc=$host_rc"
+    return 1
+}
+
+# ibv_rc_pingpong serves in the VM, Lightpath connects from the host namespace.
+case_pingpong_lp_client() {
+    local s=$1 m=$2 port host_rc=0 vm_rc=0 id
+    need_lightpath pingpong || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    id=ppc-$s-$m-$port
+    lpvm_job_start "$id" "lp_serve $port ibv_rc_pingpong -d rxe0 -g $G -p $port -m $m -s $s -n $pp_iters" $T_CASE
+    if ! lpvm_job_wait_listening "$id" 30; then
+        note "ibv_rc_pingpong in the VM never listened on TCP $port"
+        lpvm_job_wait "$id" 60
+        cat "$LPVM_SHARE/jobs/$id.log"
+        return 1
+    fi
+    lpvm_ns timeout --kill-after=3 $T_CASE "$LP" pingpong --bind "$LPVM_HOST_IP" \
+        -p "$port" -m "$m" -s "$s" -n "$pp_iters" "$LPVM_VM_IP" > "$case_dir/lightpath.log" 2>&1 || host_rc=$?
+    lpvm_job_wait "$id" $((T_CASE + 30)) || vm_rc=$?
+    cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/rxe.log" 2> /dev/null
+    sed 's/^/[rxe] /' "$case_dir/rxe.log"
+    sed 's/^/[lightpath] /' "$case_dir/lightpath.log"
+    [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
+    note "ibv_rc_pingpong rc=$vm_rc, lightpath rc=$host_rc"
+    return 1
+}
+
+# Lightpath is the responder (server, host namespace); verbs_peer requests from the VM.
+case_peer_lp_server() {
+    local op=$1 port host_rc=0 vm_rc=0 pid
+    need_lightpath interop-peer || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    lpvm_ns_start "$case_dir/lightpath.log" $T_CASE "$LP" interop-peer --bind "$LPVM_HOST_IP" \
+        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 120
+    pid=$LPVM_BG_PID
+    if ! lpvm_ns_wait_listening "$port" 30; then
+        note "lightpath interop-peer never listened on TCP $port (see lightpath.log)"
+        kill "$pid" 2> /dev/null
+        return 1
+    fi
+    lpvm_job "vps-$op-$port" "$VP -o $op -n $op_iters -m 1024 -p $port -t 120 $LPVM_HOST_IP" \
+        $T_CASE > "$case_dir/rxe.log" 2>&1 || vm_rc=$?
+    wait "$pid" || host_rc=$?
+    sed 's/^/[rxe] /' "$case_dir/rxe.log"
+    sed 's/^/[lightpath] /' "$case_dir/lightpath.log"
+    [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
+    note "verbs_peer rc=$vm_rc, lightpath rc=$host_rc: $(grep -h -m1 'FAIL' "$case_dir/rxe.log" "$case_dir/lightpath.log" | head -n 1)"
+    return 1
+}
+
+# verbs_peer is the responder (server, VM); Lightpath requests from the host namespace.
+case_peer_lp_client() {
+    local op=$1 port host_rc=0 vm_rc=0 id
+    need_lightpath interop-peer || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    id=vpc-$op-$port
+    lpvm_job_start "$id" "lp_serve $port $VP -o $op -n $op_iters -m 1024 -p $port -t 120" $T_CASE
+    if ! lpvm_job_wait_listening "$id" 30; then
+        note "verbs_peer in the VM never listened on TCP $port"
+        lpvm_job_wait "$id" 60
+        cat "$LPVM_SHARE/jobs/$id.log"
+        return 1
+    fi
+    lpvm_ns timeout --kill-after=3 $T_CASE "$LP" interop-peer --bind "$LPVM_HOST_IP" \
+        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 120 "$LPVM_VM_IP" > "$case_dir/lightpath.log" 2>&1 || host_rc=$?
+    lpvm_job_wait "$id" $((T_CASE + 30)) || vm_rc=$?
+    cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/rxe.log" 2> /dev/null
+    sed 's/^/[rxe] /' "$case_dir/rxe.log"
+    sed 's/^/[lightpath] /' "$case_dir/lightpath.log"
+    [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
+    note "verbs_peer rc=$vm_rc, lightpath rc=$host_rc: $(grep -h -m1 'FAIL' "$case_dir/rxe.log" "$case_dir/lightpath.log" | head -n 1)"
+    return 1
+}
+
+pcap=""
+# Our own ICRC check of every packet on the tap (interop/tools/pcap_roce.py), plus the vectors.
+case_capture_independent() {
+    if [ "$lp_traffic" = 0 ] || [ ! -s "$pcap" ]; then
+        note "NOT RUN: no Lightpath <-> rxe traffic was exchanged (no lightpath case ran)"
+        return $NOT_RUN
+    fi
+    command -v python3 > /dev/null || { note "NOT RUN: python3 is not installed"; return $NOT_RUN; }
+    local rc=0
+    python3 "$interop/tools/pcap_roce.py" "$pcap" --json --vectors "$results/vectors" \
+        > "$case_dir/icrc.json" || rc=$?
+    python3 "$interop/tools/pcap_roce.py" "$pcap" | tee "$case_dir/icrc.txt"
+    python3 - "$case_dir/icrc.json" "$LPVM_HOST_IP" "$LPVM_VM_IP" > "$case_dir/verdict" << 'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+by = s["by_source"]
+ours, rxe = by.get(sys.argv[2], {}).get("packets", 0), by.get(sys.argv[3], {}).get("packets", 0)
+print(f"{s['packets']} packets ({ours} from Lightpath, {rxe} from rxe), {s['icrc_bad']} bad ICRCs")
+sys.exit(0 if s["icrc_bad"] == 0 and ours > 0 and rxe > 0 else 1)
+EOF
+    local verdict_rc=$?
+    note "$(cat "$case_dir/verdict"); vectors in $results/vectors"
+    [ "$rc" = 0 ] && [ "$verdict_rc" = 0 ]
+}
+
+# `lightpath decode --pcap FILE --json` must report a good ICRC for every packet, and see the
+# same number of RoCE packets as the independent checker.
+case_capture_decode() {
+    if [ "$lp_traffic" = 0 ] || [ ! -s "$pcap" ]; then
+        note "NOT RUN: no Lightpath <-> rxe traffic was exchanged (no lightpath case ran)"
+        return $NOT_RUN
+    fi
+    [ -n "$LP" ] || { note "NOT RUN: no lightpath binary"; return $NOT_RUN; }
+    if ! "$LP" decode --help 2>&1 | grep -q -- '--pcap' || ! "$LP" decode --help 2>&1 | grep -q -- '--json'; then
+        note "NOT RUN: lightpath decode has no --pcap/--json options yet"
+        return $NOT_RUN
+    fi
+    command -v python3 > /dev/null || { note "NOT RUN: python3 is not installed"; return $NOT_RUN; }
+    local rc=0
+    "$LP" decode --pcap "$pcap" --json > "$case_dir/decode.json" 2> "$case_dir/decode.stderr" || rc=$?
+    [ "$rc" = 0 ] || { note "lightpath decode exited with $rc: $(head -n 1 "$case_dir/decode.stderr")"; return 1; }
+    local expected
+    expected=$(python3 "$interop/tools/pcap_roce.py" "$pcap" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["packets"])')
+    python3 "$interop/tools/check_decode_json.py" "$case_dir/decode.json" "$expected" > "$case_dir/verdict"
+    rc=$?
+    note "$(tail -n 1 "$case_dir/verdict")"
+    return $rc
+}
+
+# ------------------------------------------------------------------------------ run
+needs_vm=0 needs_lp=0
+for c in "${selected[@]}"; do
+    IFS='|' read -r id _ fn <<< "$c"
+    case "$fn" in case_build_lightpath*) needs_lp=1 ;; *) needs_vm=1 ;; esac
+done
+
+printf '  %-36s %-6s %7s  %s\n' CASE RESULT SECONDS NOTE
+for c in "${selected[@]}"; do
+    IFS='|' read -r id dir fn <<< "$c"
+    [[ "$fn" == case_build_lightpath* ]] && run_case "$id" "$dir" $fn
+done
+# Without the build case selected, still use LIGHTPATH_BIN when given.
+if [ "$needs_lp" = 0 ] && [ -n "${LIGHTPATH_BIN:-}" ] && [ -x "$LIGHTPATH_BIN" ]; then LP=$LIGHTPATH_BIN; fi
+
+boot_seconds=n/a
+if [ "$needs_vm" = 1 ]; then
+    LPVM_MTU=9000 # RoCE MTU 4096 needs it; 256 and 1024 run on it too
+    LPVM_SHARE=$results/share
+    mkdir -p "$LPVM_SHARE/bin"
+    cp "$LPVM_CACHE/bin/verbs_peer" "$LPVM_SHARE/bin/"
+    lpvm_install_guest_helpers
+    trap lpvm_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    lpvm_net_up || skip "cannot create the namespace $LPVM_NETNS with its tap device"
+    pcap=$results/capture.pcap
+    lpvm_pcap_start "$pcap" || echo "interop: tcpdump did not start; the capture cases will not run"
+    if ! lpvm_boot; then
+        echo "interop: the VM did not boot; console: $LPVM_SHARE/console.log"
+        tail -n 20 "$LPVM_SHARE/console.log" 2> /dev/null
+        lpvm_cleanup
+        exit 1
+    fi
+    boot_seconds=$LPVM_BOOT_SECONDS
+    G=$(lpvm_job gid "lp_v4gid_index" 30) || { echo "interop: no IPv4-mapped GID in the VM"; exit 1; }
+    echo "interop: VM up in ${boot_seconds}s (accel $LPVM_ACCEL, link MTU $LPVM_MTU, rxe GID index $G)"
+    for c in "${selected[@]}"; do
+        IFS='|' read -r id dir fn <<< "$c"
+        case "$fn" in case_build_lightpath* | case_capture*) continue ;; esac
+        if ! lpvm_alive; then
+            record "$id" "$dir" FAIL 0 "the VM is gone (see $LPVM_SHARE/console.log)"
+            continue
+        fi
+        run_case "$id" "$dir" $fn
+    done
+    lpvm_job counters "grep -H . /sys/class/infiniband/rxe0/ports/1/hw_counters/* | sed 's|.*/||'" 30 \
+        > "$results/rxe-counters.txt" 2>&1
+    lpvm_job dmesg "dmesg" 30 > "$results/dmesg.txt" 2>&1
+    lpvm_stop
+    lpvm_pcap_stop
+    for c in "${selected[@]}"; do
+        IFS='|' read -r id dir fn <<< "$c"
+        [[ "$fn" == case_capture* ]] && run_case "$id" "$dir" $fn
+    done
+    lpvm_cleanup
+fi
+
+total=$((SECONDS - suite_start))
+{
+    echo
+    echo "Lightpath <-> rxe interop suite, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    printf '%-36s  %-40s  %-7s  %7s  %s\n' CASE DIRECTION RESULT SECONDS NOTE
+    while IFS=$'\t' read -r id dir result seconds text; do
+        printf '%-36s  %-40s  %-7s  %7s  %s\n' "$id" "$dir" "$result" "$seconds" "$text"
+    done < "$summary"
+    echo
+    echo "image ${image_seconds}s, VM boot ${boot_seconds}s, total ${total}s; results: $results"
+} | tee "$results/summary.txt"
+echo "interop: $n_pass passed, $n_fail failed, $n_notrun skipped"
+[ "$n_fail" = 0 ]
