@@ -58,6 +58,8 @@ pub struct CheckResult {
     pub ops: BTreeMap<OpKind, OpCounts>,
     /// Application bytes of successful operations.
     pub bytes_delivered: u64,
+    /// Requests that ended with RETRY_EXC_ERR.
+    pub retry_exhausted: u64,
 }
 
 impl CheckResult {
@@ -122,7 +124,10 @@ impl<'a> DirectionCheck<'a> {
     fn label(&self, index: usize) -> String {
         let op = &self.plan.ops[index];
         let negative = op.negative.map(|n| format!(" ({n:?})")).unwrap_or_default();
-        format!("dir {} ({}->{}) op #{index} {}{negative} len {}", self.d, self.plan.requester, self.plan.responder, op.kind, op.len)
+        format!(
+            "dir {} ({}->{}) op #{index} {}{negative} len {}",
+            self.d, self.plan.requester, self.plan.responder, op.kind, op.len
+        )
     }
 
     /// Whether the transport may legitimately give up on this connection.
@@ -161,18 +166,34 @@ impl<'a> DirectionCheck<'a> {
         for wc in &self.dir.send_wcs {
             let index = (0..n).find(|&i| send_wr_id(self.d, i) == wc.wr_id);
             let Some(index) = index else {
-                result.fail(format!("dir {}: send completion with unknown wr_id {:#x}: {wc:?}", self.d, wc.wr_id));
+                result.fail(format!(
+                    "dir {}: send completion with unknown wr_id {:#x}: {wc:?}",
+                    self.d, wc.wr_id
+                ));
                 continue;
             };
             if wc.qp_num != self.dir.requester_qpn {
-                result.fail(format!("{}: completion names QP {:#x}, not {:#x}", self.label(index), wc.qp_num, self.dir.requester_qpn));
+                result.fail(format!(
+                    "{}: completion names QP {:#x}, not {:#x}",
+                    self.label(index),
+                    wc.qp_num,
+                    self.dir.requester_qpn
+                ));
             }
             if wcs[index].is_some() {
-                result.fail(format!("{}: completed twice ({:?} then {:?})", self.label(index), wcs[index].map(|w| w.status), wc.status));
+                result.fail(format!(
+                    "{}: completed twice ({:?} then {:?})",
+                    self.label(index),
+                    wcs[index].map(|w| w.status),
+                    wc.status
+                ));
                 continue;
             }
             if last_index.is_some_and(|last| index < last) {
-                result.fail(format!("{}: completed after a later request (send completions out of order)", self.label(index)));
+                result.fail(format!(
+                    "{}: completed after a later request (send completions out of order)",
+                    self.label(index)
+                ));
             }
             last_index = Some(index);
             wcs[index] = Some(wc);
@@ -223,29 +244,53 @@ impl<'a> DirectionCheck<'a> {
                         result.fail(format!("{}: succeeded after op #{first} had failed", self.label(i)));
                     }
                     if op.negative.is_some() {
-                        result.fail(format!("{}: succeeded although it must fail with {:?}", self.label(i), op.negative.map(|n| n.expected_status())));
+                        result.fail(format!(
+                            "{}: succeeded although it must fail with {:?}",
+                            self.label(i),
+                            op.negative.map(|n| n.expected_status())
+                        ));
                     }
                     if let (Outcome::Completed(_), false) = (outcome, op.signaled) {
-                        result.fail(format!("{}: unsignaled request reported a successful completion", self.label(i)));
+                        result.fail(format!(
+                            "{}: unsignaled request reported a successful completion",
+                            self.label(i)
+                        ));
                     }
                 }
                 _ if outcome.is_flush() => {
                     if !self.may_fail() {
                         result.fail(format!("{}: flushed in a run where nothing may fail", self.label(i)));
-                    } else if self.config.is_lossless() && negative.is_some_and(|k| failed_at.is_none() && i <= k) {
+                    } else if self.config.is_lossless()
+                        && negative.is_some_and(|k| failed_at.is_none() && i <= k)
+                    {
                         // Lossless: the negative request itself must be the first to fail.
-                        result.fail(format!("{}: flushed before the negative op #{} failed", self.label(i), negative.unwrap_or(0)));
+                        result.fail(format!(
+                            "{}: flushed before the negative op #{} failed",
+                            self.label(i),
+                            negative.unwrap_or(0)
+                        ));
                     }
                     failed_at.get_or_insert(i);
                 }
                 Outcome::Completed(status) => {
                     errors += 1;
-                    if failed_at.is_some() || errors > 1 {
-                        result.fail(format!("{}: error {status:?} after an earlier failure (expected a flush)", self.label(i)));
+                    if status == WcStatus::RetryExcErr {
+                        result.retry_exhausted += 1;
+                    }
+                    if let Some(first) = failed_at.filter(|_| errors == 1) {
+                        result.fail(format!(
+                            "{}: error {status:?} reported after op #{first} had already ended with {:?} (completions must report the first error, then flushes)",
+                            self.label(i),
+                            outcomes[first]
+                        ));
+                    } else if errors > 1 {
+                        result
+                            .fail(format!("{}: a second error {status:?} (expected a flush)", self.label(i)));
                     }
                     failed_at.get_or_insert(i);
                     let expected = op.negative.map(Negative::expected_status);
-                    let allowed = Some(status) == expected || (status == WcStatus::RetryExcErr && self.may_exhaust());
+                    let allowed =
+                        Some(status) == expected || (status == WcStatus::RetryExcErr && self.may_exhaust());
                     if !allowed {
                         let want = match expected {
                             Some(s) => format!("{s:?}"),
@@ -254,7 +299,11 @@ impl<'a> DirectionCheck<'a> {
                         result.fail(format!("{}: completed with {status:?}, expected {want}", self.label(i)));
                     }
                     if self.config.is_lossless() && negative.is_some_and(|k| i < k) && expected.is_none() {
-                        result.fail(format!("{}: failed before the negative op #{}", self.label(i), negative.unwrap_or(0)));
+                        result.fail(format!(
+                            "{}: failed before the negative op #{}",
+                            self.label(i),
+                            negative.unwrap_or(0)
+                        ));
                     }
                 }
                 _ => {}
@@ -262,10 +311,15 @@ impl<'a> DirectionCheck<'a> {
         }
         if self.config.is_black_hole() && self.requester_alive {
             // Nothing ever arrives: the first request must exhaust its retries, the rest flush.
-            let first = outcomes.iter().position(|o| !matches!(o, Outcome::NotPosted | Outcome::RefusedLocally));
+            let first =
+                outcomes.iter().position(|o| !matches!(o, Outcome::NotPosted | Outcome::RefusedLocally));
             if let Some(first) = first {
                 if outcomes[first] != Outcome::Completed(WcStatus::RetryExcErr) {
-                    result.fail(format!("{}: expected RetryExcErr on a black-hole link, got {:?}", self.label(first), outcomes[first]));
+                    result.fail(format!(
+                        "{}: expected RetryExcErr on a black-hole link, got {:?}",
+                        self.label(first),
+                        outcomes[first]
+                    ));
                 }
             }
         }
@@ -286,10 +340,16 @@ impl<'a> DirectionCheck<'a> {
         let mut last: Option<usize> = None;
         for wc in &self.dir.recv_wcs {
             let Some(index) = (0..n).find(|&i| recv_wr_id(self.d, i) == wc.wr_id) else {
-                result.fail(format!("dir {}: receive completion with unknown wr_id {:#x}: {wc:?}", self.d, wc.wr_id));
+                result.fail(format!(
+                    "dir {}: receive completion with unknown wr_id {:#x}: {wc:?}",
+                    self.d, wc.wr_id
+                ));
                 continue;
             };
-            let label = format!("dir {} recv #{index} (for op #{} {})", self.d, self.plan.recvs[index].op, self.plan.ops[self.plan.recvs[index].op].kind);
+            let label = format!(
+                "dir {} recv #{index} (for op #{} {})",
+                self.d, self.plan.recvs[index].op, self.plan.ops[self.plan.recvs[index].op].kind
+            );
             if wcs[index].is_some() {
                 result.fail(format!("{label}: completed twice"));
                 continue;
@@ -298,7 +358,10 @@ impl<'a> DirectionCheck<'a> {
                 result.fail(format!("{label}: receive completions out of order"));
             }
             if wc.qp_num != self.dir.responder_qpn {
-                result.fail(format!("{label}: completion names QP {:#x}, not {:#x}", wc.qp_num, self.dir.responder_qpn));
+                result.fail(format!(
+                    "{label}: completion names QP {:#x}, not {:#x}",
+                    wc.qp_num, self.dir.responder_qpn
+                ));
             }
             last = Some(index);
             wcs[index] = Some(wc);
@@ -308,7 +371,8 @@ impl<'a> DirectionCheck<'a> {
         let mut ok = vec![false; n];
         for (index, recv) in self.plan.recvs.iter().enumerate() {
             let op = &self.plan.ops[recv.op];
-            let label = format!("dir {} recv #{index} (for op #{} {} len {})", self.d, recv.op, op.kind, op.len);
+            let label =
+                format!("dir {} recv #{index} (for op #{} {} len {})", self.d, recv.op, op.kind, op.len);
             if let Some(refusal) = &self.dir.recv_refused[index] {
                 if refusal.qp_state != Some(QpState::Err) {
                     result.fail(format!("{label}: post_recv refused: {}", refusal.error));
@@ -323,7 +387,10 @@ impl<'a> DirectionCheck<'a> {
                         result.fail(format!("{label}: succeeded after an earlier receive failed"));
                     }
                     if negative.is_some_and(|k| recv.op > k) {
-                        result.fail(format!("{label}: completed although op #{} before it must have failed", negative.unwrap_or(0)));
+                        result.fail(format!(
+                            "{label}: completed although op #{} before it must have failed",
+                            negative.unwrap_or(0)
+                        ));
                     }
                     let expected_opcode = op.kind.recv_wc_opcode();
                     if Some(wc.opcode) != expected_opcode {
@@ -337,10 +404,16 @@ impl<'a> DirectionCheck<'a> {
                     }
                     let expected_inv = op.invalidate.and_then(|i| self.dir.invalidated_rkeys.get(i).copied());
                     if wc.invalidated_rkey != expected_inv {
-                        result.fail(format!("{label}: invalidated_rkey {:?}, expected {expected_inv:?}", wc.invalidated_rkey));
+                        result.fail(format!(
+                            "{label}: invalidated_rkey {:?}, expected {expected_inv:?}",
+                            wc.invalidated_rkey
+                        ));
                     }
                     if wc.src_qp != self.dir.requester_qpn {
-                        result.fail(format!("{label}: src_qp {:#x}, expected {:#x}", wc.src_qp, self.dir.requester_qpn));
+                        result.fail(format!(
+                            "{label}: src_qp {:#x}, expected {:#x}",
+                            wc.src_qp, self.dir.requester_qpn
+                        ));
                     }
                 }
                 Some(wc) => {
@@ -353,7 +426,11 @@ impl<'a> DirectionCheck<'a> {
                     let sender_succeeded = outcomes.get(recv.op).is_some_and(|o| o.is_success());
                     let in_error = self.dir.final_states.1 == Some(QpState::Err);
                     let posted = self.dir.recvs_posted[index];
-                    if self.responder_alive && posted && self.obs.abort.is_none() && (sender_succeeded || in_error) {
+                    if self.responder_alive
+                        && posted
+                        && self.obs.abort.is_none()
+                        && (sender_succeeded || in_error)
+                    {
                         result.fail(format!(
                             "{label}: never completed (sender {}, responder QP {:?})",
                             if sender_succeeded { "succeeded" } else { "failed" },
@@ -374,7 +451,15 @@ impl<'a> DirectionCheck<'a> {
     fn facts(&self, outcomes: &[Outcome], recv_ok: &[bool]) -> Vec<OpFacts> {
         let first_failure = outcomes.iter().position(|o| !o.is_success()).unwrap_or(outcomes.len());
         // A successful receive proves its message (and everything before it) executed.
-        let proven = self.plan.recvs.iter().zip(recv_ok).filter(|(_, ok)| **ok).map(|(r, _)| r.op + 1).max().unwrap_or(0);
+        let proven = self
+            .plan
+            .recvs
+            .iter()
+            .zip(recv_ok)
+            .filter(|(_, ok)| **ok)
+            .map(|(r, _)| r.op + 1)
+            .max()
+            .unwrap_or(0);
         let executed_prefix = first_failure.max(proven);
         let negative = self.plan.negative_index().filter(|&k| outcomes[k] != Outcome::RefusedLocally);
         outcomes
@@ -382,7 +467,10 @@ impl<'a> DirectionCheck<'a> {
             .enumerate()
             .map(|(i, outcome)| {
                 let never = negative.is_some_and(|k| i >= k)
-                    || matches!(outcome, Outcome::NotPosted | Outcome::RefusedInError | Outcome::RefusedLocally);
+                    || matches!(
+                        outcome,
+                        Outcome::NotPosted | Outcome::RefusedInError | Outcome::RefusedLocally
+                    );
                 let execution = if never {
                     Execution::Never
                 } else if i < executed_prefix {
@@ -398,12 +486,19 @@ impl<'a> DirectionCheck<'a> {
     /// Checks the completion fields of successful READs and atomics, and counts bytes.
     fn check_results(&self, outcomes: &[Outcome], model: &DirectionModel, result: &mut CheckResult) {
         for (i, op) in self.plan.ops.iter().enumerate() {
-            let Some(wc) = self.dir.send_wcs.iter().find(|wc| wc.wr_id == send_wr_id(self.d, i)) else { continue };
+            let Some(wc) = self.dir.send_wcs.iter().find(|wc| wc.wr_id == send_wr_id(self.d, i)) else {
+                continue;
+            };
             if wc.status != WcStatus::Success {
                 continue;
             }
             if wc.opcode != op.kind.send_wc_opcode() {
-                result.fail(format!("{}: completion opcode {:?}, expected {:?}", self.label(i), wc.opcode, op.kind.send_wc_opcode()));
+                result.fail(format!(
+                    "{}: completion opcode {:?}, expected {:?}",
+                    self.label(i),
+                    wc.opcode,
+                    op.kind.send_wc_opcode()
+                ));
             }
             let expected_len = match op.kind {
                 OpKind::Read => Some(op.len),
@@ -424,13 +519,27 @@ impl<'a> DirectionCheck<'a> {
 
     fn check_memory(&self, model: &DirectionModel, result: &mut CheckResult) {
         let Some(regions) = self.dir.regions.as_ref() else { return };
-        let mut actual = vec![&regions.src, &regions.sink, &regions.target, &regions.recv_area, &regions.no_write, &regions.no_read];
+        let mut actual = vec![
+            &regions.src,
+            &regions.sink,
+            &regions.target,
+            &regions.recv_area,
+            &regions.no_write,
+            &regions.no_read,
+        ];
         actual.extend(regions.invalidatable.iter());
         for (expected, region) in model.regions().into_iter().zip(actual) {
-            let node = if matches!(expected.name, "src" | "sink") { self.plan.requester } else { self.plan.responder };
+            let node = if matches!(expected.name, "src" | "sink") {
+                self.plan.requester
+            } else {
+                self.plan.responder
+            };
             let where_ = format!("dir {} node {node} region {}", self.d, expected.name);
             if region.memory.violations() > 0 {
-                result.fail(format!("{where_}: {} out-of-bounds memory accesses by the engine", region.memory.violations()));
+                result.fail(format!(
+                    "{where_}: {} out-of-bounds memory accesses by the engine",
+                    region.memory.violations()
+                ));
             }
             if !region.memory.guards_intact() {
                 result.fail(format!("{where_}: guard bytes around the region were overwritten"));
@@ -444,11 +553,15 @@ impl<'a> DirectionCheck<'a> {
 
     /// Names the operation whose buffer covers `offset` of region `name`, for reports.
     fn covering_op(&self, name: &str, offset: usize) -> String {
-        let inside = |spans: &[crate::workload::Span]| spans.iter().any(|s| (s.offset..s.offset + s.len).contains(&offset));
+        let inside = |spans: &[crate::workload::Span]| {
+            spans.iter().any(|s| (s.offset..s.offset + s.len).contains(&offset))
+        };
         for op in &self.plan.ops {
             let hit = match name {
                 "sink" => inside(&op.sink),
-                "target" => crate::model::target_offset(op).is_some_and(|o| (o..o + op.len).contains(&offset)),
+                "target" => {
+                    crate::model::target_offset(op).is_some_and(|o| (o..o + op.len).contains(&offset))
+                }
                 "recv" => op.recv.is_some_and(|r| inside(&self.plan.recvs[r].sges)),
                 _ => false,
             };
@@ -467,7 +580,8 @@ impl<'a> DirectionCheck<'a> {
         for (role, state) in [("requester", requester), ("responder", responder)] {
             if let Some(state) = state {
                 if state != QpState::Rts {
-                    result.fail(format!("dir {}: {role} QP ends in {state:?} although nothing failed", self.d));
+                    result
+                        .fail(format!("dir {}: {role} QP ends in {state:?} although nothing failed", self.d));
                 }
             }
         }

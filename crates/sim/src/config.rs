@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use lightpath_verbs::Mtu;
 use crate::faults::ScriptedFault;
 use crate::link::LinkConfig;
 use crate::op::OpKind;
+use lightpath_verbs::Mtu;
 
 /// Which IP version the endpoints' GIDs select.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,9 +165,22 @@ impl SimConfig {
         self.link.loss >= 1.0 || self.link.corrupt >= 1.0
     }
 
-    /// Whether the faults may make a transport legitimately run out of retries.
+    /// Whether the faults may make a transport legitimately run out of retries: nothing gets
+    /// through, a peer dies or is cut off for good, or random loss is high enough that
+    /// `retry_cnt + 1` attempts in a row all fail with a probability above 1e-5 (an attempt
+    /// fails when its request or its response is lost; 20% loss with 7 retries gives 3e-4,
+    /// 5% gives 1e-8).
     pub fn may_exhaust_retries(&self) -> bool {
-        self.is_black_hole() || self.scripted.iter().any(ScriptedFault::can_exhaust_retries)
+        self.is_black_hole()
+            || self.scripted.iter().any(ScriptedFault::can_exhaust_retries)
+            || self.random_exhaustion_probability() > 1e-5
+    }
+
+    /// Probability that `retry_cnt + 1` consecutive attempts are all lost at random.
+    pub fn random_exhaustion_probability(&self) -> f64 {
+        let lost = 1.0 - (1.0 - self.link.loss.clamp(0.0, 1.0)) * (1.0 - self.link.corrupt.clamp(0.0, 1.0));
+        let attempt_fails = 1.0 - (1.0 - lost) * (1.0 - lost);
+        attempt_fails.powi(i32::from(self.qp.retry_cnt) + 1)
     }
 
     /// The node pairs that get a connection.

@@ -42,7 +42,10 @@ pub struct Region {
 
 impl Region {
     fn sges(&self, spans: &[Span]) -> Vec<Sge> {
-        spans.iter().map(|s| Sge { addr: self.addr + s.offset as u64, length: s.len as u32, lkey: self.keys.lkey }).collect()
+        spans
+            .iter()
+            .map(|s| Sge { addr: self.addr + s.offset as u64, length: s.len as u32, lkey: self.keys.lkey })
+            .collect()
     }
 }
 
@@ -180,7 +183,15 @@ pub fn drive(config: &SimConfig, workload: &Workload, seed: u64) -> Observation 
         actions: Vec::new(),
         next_action: 0,
         buf: vec![0; MAX_DATAGRAM],
-        wcs: vec![WorkCompletion::new(0, lightpath_verbs::WcStatus::Success, lightpath_verbs::WcOpcode::Send, 0); 64],
+        wcs: vec![
+            WorkCompletion::new(
+                0,
+                lightpath_verbs::WcStatus::Success,
+                lightpath_verbs::WcOpcode::Send,
+                0
+            );
+            64
+        ],
     };
     match runner.setup(seed) {
         Ok(()) => runner.run(),
@@ -192,8 +203,9 @@ pub fn drive(config: &SimConfig, workload: &Workload, seed: u64) -> Observation 
 impl Runner<'_> {
     fn setup(&mut self, seed: u64) -> Result<(), String> {
         let mut rng = SimRng::stream(seed, DRIVER_STREAM);
-        let mut nodes: Vec<NodeSetup> =
-            (0..self.config.nodes).map(|n| NodeSetup { next_addr: 0x0010_0000_0000 * (n as u64 + 1) }).collect();
+        let mut nodes: Vec<NodeSetup> = (0..self.config.nodes)
+            .map(|n| NodeSetup { next_addr: 0x0010_0000_0000 * (n as u64 + 1) })
+            .collect();
         let all_remote = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
@@ -225,7 +237,11 @@ impl Runner<'_> {
                     .invalidatable
                     .iter()
                     .map(|contents| {
-                        reg(resp, contents, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+                        reg(
+                            resp,
+                            contents,
+                            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+                        )
                     })
                     .collect::<Result<_, _>>()?,
             };
@@ -255,20 +271,25 @@ impl Runner<'_> {
             let mut cq_pairs = [(CqHandle(0), CqHandle(0)); 2];
             for (side, node) in [conn.a, conn.b].into_iter().enumerate() {
                 let engine = &mut self.engines[node];
-                let send_cq = engine.create_cq(4 * max_wr).map_err(|e| format!("create_cq on node {node}: {e}"))?;
-                let recv_cq = engine.create_cq(4 * max_wr).map_err(|e| format!("create_cq on node {node}: {e}"))?;
-                qpns[side] =
-                    engine.create_qp(send_cq, recv_cq, caps).map_err(|e| format!("create_qp on node {node}: {e}"))?;
+                let send_cq =
+                    engine.create_cq(4 * max_wr).map_err(|e| format!("create_cq on node {node}: {e}"))?;
+                let recv_cq =
+                    engine.create_cq(4 * max_wr).map_err(|e| format!("create_cq on node {node}: {e}"))?;
+                qpns[side] = engine
+                    .create_qp(send_cq, recv_cq, caps)
+                    .map_err(|e| format!("create_qp on node {node}: {e}"))?;
                 cq_pairs[side] = (send_cq, recv_cq);
             }
-            let gids = [conn.a, conn.b].map(|n| Gid::from_ip(self.network.address(n).unwrap_or(node_address(n, true))));
+            let gids = [conn.a, conn.b]
+                .map(|n| Gid::from_ip(self.network.address(n).unwrap_or(node_address(n, true))));
             for side in 0..2 {
                 let node = if side == 0 { conn.a } else { conn.b };
                 let peer = 1 - side;
                 let outgoing = &self.workload.directions[2 * c + side];
                 let incoming = &self.workload.directions[2 * c + peer];
                 let qp = &self.config.qp;
-                let mut rtr = QpAttr::to_rtr(AddressVector::new(gids[peer], 0), conn.mtu, qpns[peer], incoming.sq_psn);
+                let mut rtr =
+                    QpAttr::to_rtr(AddressVector::new(gids[peer], 0), conn.mtu, qpns[peer], incoming.sq_psn);
                 rtr.max_dest_rd_atomic = Some(incoming.max_dest_rd_atomic);
                 rtr.min_rnr_timer = Some(qp.min_rnr_timer);
                 let mut rts = QpAttr::to_rts(outgoing.sq_psn);
@@ -352,7 +373,8 @@ impl Runner<'_> {
                 obs.recvs_posted[index] = true;
                 let engine = &mut self.engines[dir.responder];
                 if let Err(e) = engine.post_recv(qpn, &wr) {
-                    obs.recv_refused[index] = Some(Refusal { error: e.to_string(), qp_state: engine.qp_state(qpn).ok() });
+                    obs.recv_refused[index] =
+                        Some(Refusal { error: e.to_string(), qp_state: engine.qp_state(qpn).ok() });
                 }
                 self.flush(dir.responder, now);
             }
@@ -364,7 +386,9 @@ impl Runner<'_> {
                 }
                 let op = &dir.ops[index];
                 let bad_rkey = match op.remote {
-                    Some(remote) if remote.bad_rkey => bad_rkey_for(&self.obs.directions, dir.responder, workload),
+                    Some(remote) if remote.bad_rkey => {
+                        bad_rkey_for(&self.obs.directions, dir.responder, workload)
+                    }
                     _ => 0,
                 };
                 let obs = &mut self.obs.directions[direction];
@@ -408,7 +432,10 @@ impl Runner<'_> {
         loop {
             self.obs.steps += 1;
             if self.obs.steps > self.config.max_steps {
-                self.obs.abort = Some(format!("hang: more than {} driver steps (livelock?) at {now}", self.config.max_steps));
+                self.obs.abort = Some(format!(
+                    "hang: more than {} driver steps (livelock?) at {now}",
+                    self.config.max_steps
+                ));
                 break;
             }
             self.poll_completions();
@@ -462,7 +489,13 @@ impl Runner<'_> {
             }
             while let Some(delivery) = self.network.pop_due(now) {
                 let engine = &mut self.engines[delivery.to];
-                engine.handle_datagram(now_engine(now), delivery.src_ip, delivery.dst_ip, delivery.src_port, &delivery.bytes);
+                engine.handle_datagram(
+                    now_engine(now),
+                    delivery.src_ip,
+                    delivery.dst_ip,
+                    delivery.src_port,
+                    &delivery.bytes,
+                );
                 self.flush(delivery.to, now);
             }
             for node in 0..self.engines.len() {
@@ -485,7 +518,8 @@ impl Runner<'_> {
             let state = |node: usize, qpn: u32| {
                 self.network.is_alive(node, end).then(|| self.engines[node].qp_state(qpn).ok()).flatten()
             };
-            obs.final_states = (state(dir.requester, obs.requester_qpn), state(dir.responder, obs.responder_qpn));
+            obs.final_states =
+                (state(dir.requester, obs.requester_qpn), state(dir.responder, obs.responder_qpn));
         }
         self.obs.alive = (0..self.engines.len()).map(|n| self.network.is_alive(n, end)).collect();
     }
@@ -514,7 +548,9 @@ fn bad_rkey_for(directions: &[DirectionObservation], node: usize, workload: &Wor
     for (dir, obs) in workload.directions.iter().zip(directions) {
         let Some(r) = obs.regions.as_ref() else { continue };
         if dir.responder == node {
-            for region in [&r.target, &r.recv_area, &r.no_write, &r.no_read].into_iter().chain(&r.invalidatable) {
+            for region in
+                [&r.target, &r.recv_area, &r.no_write, &r.no_read].into_iter().chain(&r.invalidatable)
+            {
                 issued.insert(region.keys.rkey);
             }
         }
@@ -541,7 +577,9 @@ fn remote_addr(op: &PlannedOp, regions: &DirectionRegions) -> Option<(u64, u32, 
     let len = region.memory.len() as u64;
     let addr = match remote.offset {
         RemoteOffset::At(offset) => region.addr + offset as u64,
-        RemoteOffset::PastEnd { overhang } => (region.addr + len + overhang as u64).wrapping_sub(op.len as u64),
+        RemoteOffset::PastEnd { overhang } => {
+            (region.addr + len + overhang as u64).wrapping_sub(op.len as u64)
+        }
         RemoteOffset::BeforeStart(bytes) => region.addr.wrapping_sub(bytes as u64),
     };
     Some((addr, region.keys.rkey, remote.bad_rkey))
@@ -570,7 +608,9 @@ fn post_op(
         OpKind::Write => SendOp::Write { remote_addr, rkey },
         OpKind::WriteImm => SendOp::WriteWithImm { remote_addr, rkey, imm: op.imm.unwrap_or(0) },
         OpKind::Read => SendOp::Read { remote_addr, rkey },
-        OpKind::CmpSwap => SendOp::CompareSwap { remote_addr, rkey, compare: atomic.compare, swap: atomic.operand },
+        OpKind::CmpSwap => {
+            SendOp::CompareSwap { remote_addr, rkey, compare: atomic.compare, swap: atomic.operand }
+        }
         OpKind::FetchAdd => SendOp::FetchAdd { remote_addr, rkey, add: atomic.operand },
     };
     let sges: Vec<Sge> = match &op.payload {

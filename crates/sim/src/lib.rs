@@ -83,6 +83,7 @@ pub fn run_seed(config: &SimConfig, seed: u64) -> SeedReport {
         rnr_naks_sent: sum(|s| s.rnr_naks_sent),
         drops_icrc: sum(|s| s.drops_icrc),
         bytes_delivered: result.bytes_delivered,
+        retry_exhausted: result.retry_exhausted,
         virtual_nanos: observation.finished_at.as_nanos(),
         steps: observation.steps,
     };

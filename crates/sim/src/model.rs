@@ -116,7 +116,9 @@ pub struct OpFacts {
 /// The region offset of a valid target access.
 pub fn target_offset(op: &PlannedOp) -> Option<usize> {
     match op.remote {
-        Some(remote) if remote.region == RemoteRegion::Target && !remote.bad_rkey && op.negative.is_none() => {
+        Some(remote)
+            if remote.region == RemoteRegion::Target && !remote.bad_rkey && op.negative.is_none() =>
+        {
             match remote.offset {
                 RemoteOffset::At(offset) => Some(offset),
                 _ => None,
@@ -137,7 +139,11 @@ impl DirectionModel {
             recv_area: ExpectedRegion::new("recv", &plan.recv_area),
             no_write: ExpectedRegion::new("no_write", &plan.no_write),
             no_read: ExpectedRegion::new("no_read", &plan.no_read),
-            invalidatable: plan.invalidatable.iter().map(|b| ExpectedRegion::new("invalidatable", b)).collect(),
+            invalidatable: plan
+                .invalidatable
+                .iter()
+                .map(|b| ExpectedRegion::new("invalidatable", b))
+                .collect(),
             atomic_results: vec![None; plan.ops.len()],
         };
         for (op, fact) in plan.ops.iter().zip(facts) {
@@ -161,8 +167,12 @@ impl DirectionModel {
         let offset = target_offset(op);
         match (op.kind, fact.execution, offset) {
             (_, Execution::Never, _) => {}
-            (OpKind::Write | OpKind::WriteImm, Execution::Certain, Some(offset)) => self.target.set(offset, &op.data),
-            (OpKind::Write | OpKind::WriteImm, Execution::Maybe, Some(offset)) => self.target.forget(offset, op.len),
+            (OpKind::Write | OpKind::WriteImm, Execution::Certain, Some(offset)) => {
+                self.target.set(offset, &op.data)
+            }
+            (OpKind::Write | OpKind::WriteImm, Execution::Maybe, Some(offset)) => {
+                self.target.forget(offset, op.len)
+            }
             (OpKind::Read, _, Some(offset)) => {
                 if fact.succeeded {
                     let data = self.target.bytes[offset..offset + op.len].to_vec();
@@ -210,7 +220,8 @@ impl DirectionModel {
     /// Every expected region with its index among the direction's regions, requester side
     /// first: src, sink, target, recv, no_write, no_read, invalidatable….
     pub fn regions(&self) -> Vec<&ExpectedRegion> {
-        let mut all = vec![&self.src, &self.sink, &self.target, &self.recv_area, &self.no_write, &self.no_read];
+        let mut all =
+            vec![&self.src, &self.sink, &self.target, &self.recv_area, &self.no_write, &self.no_read];
         all.extend(self.invalidatable.iter());
         all
     }

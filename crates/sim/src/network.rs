@@ -248,7 +248,8 @@ impl Network {
             }
             self.stats.delivered += 1;
             self.record(datagram.at, datagram.from, datagram.to, TraceKind::Delivered, &datagram.bytes);
-            let (Some(src_ip), Some(dst_ip)) = (self.address(datagram.from), self.address(datagram.to)) else {
+            let (Some(src_ip), Some(dst_ip)) = (self.address(datagram.from), self.address(datagram.to))
+            else {
                 continue;
             };
             return Some(Delivery {

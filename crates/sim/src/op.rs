@@ -157,10 +157,15 @@ impl Negative {
     /// The negative cases that apply to `kind`.
     pub fn applicable(kind: OpKind) -> &'static [Negative] {
         match kind {
-            OpKind::Write | OpKind::Read => &[Negative::BadRkey, Negative::OutOfBounds, Negative::NoPermission],
-            OpKind::CmpSwap | OpKind::FetchAdd => {
-                &[Negative::BadRkey, Negative::OutOfBounds, Negative::NoPermission, Negative::MisalignedAtomic]
+            OpKind::Write | OpKind::Read => {
+                &[Negative::BadRkey, Negative::OutOfBounds, Negative::NoPermission]
             }
+            OpKind::CmpSwap | OpKind::FetchAdd => &[
+                Negative::BadRkey,
+                Negative::OutOfBounds,
+                Negative::NoPermission,
+                Negative::MisalignedAtomic,
+            ],
             _ => &[],
         }
     }

@@ -59,6 +59,8 @@ pub struct RunStats {
     pub drops_icrc: u64,
     /// Application bytes of successfully completed operations.
     pub bytes_delivered: u64,
+    /// Requests that ended with RETRY_EXC_ERR.
+    pub retry_exhausted: u64,
     /// Virtual nanoseconds until all work finished.
     pub virtual_nanos: u64,
     /// Driver steps.
@@ -79,6 +81,7 @@ impl RunStats {
         self.rnr_naks_sent += other.rnr_naks_sent;
         self.drops_icrc += other.drops_icrc;
         self.bytes_delivered += other.bytes_delivered;
+        self.retry_exhausted += other.retry_exhausted;
         self.virtual_nanos += other.virtual_nanos;
         self.steps += other.steps;
     }
@@ -184,7 +187,8 @@ mod tests {
         good.ops.insert(OpKind::Read, OpCounts { posted: 2, passed: 2, succeeded: 2, ..OpCounts::default() });
         good.stats.bytes_delivered = 1000;
         good.stats.virtual_nanos = 1_000_000;
-        let bad = SeedReport { seed: 2, passed: false, failures: vec!["boom".into()], ..SeedReport::default() };
+        let bad =
+            SeedReport { seed: 2, passed: false, failures: vec!["boom".into()], ..SeedReport::default() };
         let mut summary = Summary::default();
         summary.record(&good);
         summary.record(&bad);

@@ -488,7 +488,11 @@ fn generate_direction(rng: &mut SimRng, config: &SimConfig, shape: &DirectionSha
                 offset
             }
         };
-        op.remote = Some(RemoteRef { region: RemoteRegion::Target, offset: RemoteOffset::At(offset), bad_rkey: false });
+        op.remote = Some(RemoteRef {
+            region: RemoteRegion::Target,
+            offset: RemoteOffset::At(offset),
+            bad_rkey: false,
+        });
     }
     for op in &mut ops {
         if let Some(negative) = op.negative {
@@ -523,7 +527,8 @@ fn generate_direction(rng: &mut SimRng, config: &SimConfig, shape: &DirectionSha
 /// The remote reference of a negative operation.
 fn negative_ref(rng: &mut SimRng, negative: Negative, op: &PlannedOp, base_len: usize) -> RemoteRef {
     let aligned_in = |rng: &mut SimRng, region_len: usize| rng.range_usize(0, (region_len - 8) / 8) * 8;
-    let mut reference = RemoteRef { region: RemoteRegion::Target, offset: RemoteOffset::At(0), bad_rkey: false };
+    let mut reference =
+        RemoteRef { region: RemoteRegion::Target, offset: RemoteOffset::At(0), bad_rkey: false };
     match negative {
         Negative::BadRkey => {
             reference.bad_rkey = true;
@@ -539,8 +544,11 @@ fn negative_ref(rng: &mut SimRng, negative: Negative, op: &PlannedOp, base_len: 
             };
         }
         Negative::NoPermission => {
-            reference.region =
-                if op.kind.writes_remote() && !op.kind.is_atomic() { RemoteRegion::NoWrite } else { RemoteRegion::NoRead };
+            reference.region = if op.kind.writes_remote() && !op.kind.is_atomic() {
+                RemoteRegion::NoWrite
+            } else {
+                RemoteRegion::NoRead
+            };
             reference.offset = RemoteOffset::At(aligned_in(rng, SMALL_REGION - op.len.max(8) + 8));
         }
         Negative::MisalignedAtomic => {
@@ -576,8 +584,11 @@ mod tests {
             for dir in &workload.directions {
                 let mut reads: Vec<(usize, usize)> = Vec::new();
                 for op in &dir.ops {
-                    let Some(RemoteRef { offset: RemoteOffset::At(offset), region: RemoteRegion::Target, .. }) =
-                        op.remote
+                    let Some(RemoteRef {
+                        offset: RemoteOffset::At(offset),
+                        region: RemoteRegion::Target,
+                        ..
+                    }) = op.remote
                     else {
                         continue;
                     };

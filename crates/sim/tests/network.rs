@@ -45,7 +45,8 @@ fn assert_rate(what: &str, observed: u64, n: u64, p: f64) {
 
 #[test]
 fn fault_rates_are_honoured() {
-    let link = LinkConfig { loss: 0.1, duplicate: 0.05, reorder: 0.1, corrupt: 0.05, ..LinkConfig::default() };
+    let link =
+        LinkConfig { loss: 0.1, duplicate: 0.05, reorder: 0.1, corrupt: 0.05, ..LinkConfig::default() };
     let mut network = two_nodes(11, &link, Vec::new());
     let n = 20_000;
     let delivered = send_and_collect(&mut network, n, 64);
@@ -180,7 +181,8 @@ fn scripted_faults_drop_what_they_say() {
     for i in 0..5u8 {
         network.send(SimTime::from_micros(u64::from(i)), 0, v4(2), 1, &[i; 16]);
     }
-    let firsts: Vec<u8> = std::iter::from_fn(|| network.pop_due(SimTime::from_micros(50))).map(|d| d.bytes[0]).collect();
+    let firsts: Vec<u8> =
+        std::iter::from_fn(|| network.pop_due(SimTime::from_micros(50))).map(|d| d.bytes[0]).collect();
     assert_eq!(firsts, vec![0, 1, 3, 4]);
     assert_eq!(network.stats().dropped_scripted, 1);
 
