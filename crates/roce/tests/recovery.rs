@@ -79,7 +79,7 @@ fn go_back_n_after_a_dropped_middle_packet() {
     assert_eq!(naks[0].psn, 0x1000 + 2);
     // The resend restarts mid-message with a MIDDLE packet at the lost PSN.
     let requests: Vec<_> = net.trace.iter().filter(|s| s.from == 0).collect();
-    let resent = requests.iter().skip(10).next().unwrap();
+    let resent = requests[10];
     assert_eq!((resent.opcode, resent.psn), (Opcode::RC_SEND_MIDDLE, 0x1000 + 2));
     assert_eq!(net.engines[0].stats().retransmits, 8);
     assert_eq!(net.engines[1].stats().drops_out_of_sequence, 6);
