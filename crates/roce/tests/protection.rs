@@ -24,6 +24,9 @@ fn outcome(net: &mut Net, c: &Conn) -> Outcome {
     Outcome { requester, nak }
 }
 
+/// Builds the operation under test against the target buffer.
+type OpMaker = fn(&Buf) -> SendOp;
+
 const REMOTE_ACCESS: Syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
 const INVALID_REQUEST: Syndrome = Syndrome::Nak(NakCode::InvalidRequest);
 
@@ -92,7 +95,7 @@ fn out_of_bounds_at_both_ends() {
 #[test]
 fn region_permissions() {
     let local_write = AccessFlags::LOCAL_WRITE;
-    let cases: [(fn(&Buf) -> SendOp, AccessFlags); 3] = [
+    let cases: [(OpMaker, AccessFlags); 3] = [
         (
             |t| SendOp::Write { remote_addr: t.addr, rkey: t.keys.rkey },
             local_write | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
@@ -114,7 +117,7 @@ fn region_permissions() {
 #[test]
 fn queue_pair_permissions_give_invalid_request() {
     let all = rw();
-    let cases: [(fn(&Buf) -> SendOp, AccessFlags); 3] = [
+    let cases: [(OpMaker, AccessFlags); 3] = [
         (
             |t| SendOp::Write { remote_addr: t.addr, rkey: t.keys.rkey },
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
