@@ -59,7 +59,7 @@ macro_rules! conformance_tests {
 #[macro_export]
 macro_rules! __lightpath_conformance_cases {
     (@list $mode:ident $fixture:ty) => {
-        $crate::__lightpath_conformance_cases!(@ $mode $fixture;
+        $crate::__lightpath_conformance_cases! { @ $mode $fixture;
             device_query,
             mr_access_combinations,
             mr_byte_accessors,
@@ -91,7 +91,7 @@ macro_rules! __lightpath_conformance_cases {
             cq_wait_wakes,
             cq_notify,
             teardown_any_order,
-        )
+        }
     };
     (@tests $fixture:ty; $($case:ident),* $(,)?) => {
         $(

@@ -1,0 +1,105 @@
+//! How a soft device is set up: its address, port, MTU, progress mode and limits.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use lightpath_verbs::Mtu;
+
+/// The IANA RoCE v2 UDP port.
+pub const ROCE_PORT: u16 = 4791;
+
+/// Who moves datagrams between the socket and the engine and runs its timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A progress thread owns the work: it sleeps in `poll` on the socket and an eventfd with
+    /// the engine's next timer as timeout, and wakes blocked `wait` callers. Posting threads
+    /// transmit their own packets directly (no thread hop on the send path); they wake the
+    /// progress thread only when a new timer is due earlier than the one it sleeps towards.
+    Thread,
+    /// The application drives the device: every `poll`/`wait` on a completion queue receives
+    /// datagrams, runs due timers and transmits, and `wait` spins for `spin` before it blocks
+    /// in `poll(2)` on the socket (waking a blocked thread costs microseconds). A helper
+    /// thread drives the device only when nobody has done so for `assist_after`, so a peer
+    /// still gets ACKs and retransmissions while the application is busy elsewhere.
+    Polling {
+        /// How long `wait` busy-polls before blocking.
+        spin: Duration,
+        /// Idle time after which the helper thread steps in.
+        assist_after: Duration,
+    },
+}
+
+impl ProgressMode {
+    /// Polling mode with the defaults (spin 50 µs, assist after 1 ms).
+    pub const fn polling() -> Self {
+        ProgressMode::Polling { spin: Duration::from_micros(50), assist_after: Duration::from_millis(1) }
+    }
+}
+
+/// The configuration of one [`SoftDevice`](crate::SoftDevice).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftConfig {
+    /// Local address and UDP port. The address must be a specific (not unspecified) IPv4 or
+    /// IPv6 address: it is the device's GID. The port is both the one the device listens on
+    /// and the destination port of everything it sends, so all peers must use the same port
+    /// (4791 for interoperation with rxe and RNICs).
+    pub local: SocketAddr,
+    /// Name reported by `Device::name` (default: `soft-<ip>` or `soft-<ip>-<port>`).
+    pub name: Option<String>,
+    /// The port's active MTU (default 1024, right for a 1500-byte link).
+    pub mtu: Mtu,
+    /// Who drives the engine.
+    pub mode: ProgressMode,
+    /// Verify the ICRC of received datagrams (default true; see the crate doc for how IPv4
+    /// datagrams, whose IP ID a UDP socket does not report, are checked).
+    pub verify_icrc: bool,
+    /// Try to `mlock` region memory (best effort).
+    pub lock_memory: bool,
+    /// Socket receive buffer to ask for (bytes); bursts beyond it are dropped by the kernel
+    /// and recovered by retransmission.
+    pub recv_buffer: usize,
+    /// Socket send buffer to ask for (bytes).
+    pub send_buffer: usize,
+    /// Most queue pairs.
+    pub max_qps: u32,
+    /// Most memory regions.
+    pub max_mrs: u32,
+    /// Most completion queues.
+    pub max_cqs: u32,
+    /// Largest completion queue.
+    pub max_cqe: u32,
+}
+
+impl SoftConfig {
+    /// Defaults for a device on `ip` at the RoCE port 4791.
+    pub fn new(ip: IpAddr) -> Self {
+        Self::with_addr(SocketAddr::new(ip, ROCE_PORT))
+    }
+
+    /// Defaults for a device bound to `local`.
+    pub fn with_addr(local: SocketAddr) -> Self {
+        Self {
+            local,
+            name: None,
+            mtu: Mtu::Mtu1024,
+            mode: ProgressMode::Thread,
+            verify_icrc: true,
+            lock_memory: true,
+            recv_buffer: 8 << 20,
+            send_buffer: 4 << 20,
+            max_qps: 4096,
+            max_mrs: 65536,
+            max_cqs: 4096,
+            max_cqe: 65536,
+        }
+    }
+
+    /// The device name: the configured one or one derived from the address.
+    pub fn device_name(&self) -> String {
+        match (&self.name, self.local.port()) {
+            (Some(name), _) => name.clone(),
+            (None, ROCE_PORT) => format!("soft-{}", self.local.ip()),
+            (None, port) => format!("soft-{}-{port}", self.local.ip()),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! [`SoftCq`]: a completion queue, with blocking waits and a pollable notification fd.
+
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lightpath_roce::CqHandle;
+use lightpath_verbs::{CompletionQueue, Error, Result, WorkCompletion};
+
+use crate::config::ProgressMode;
+use crate::driver::{CqSignal, DeviceInner};
+use crate::sys;
+
+/// A completion queue of a [`SoftDevice`](crate::SoftDevice). The engine's queue is destroyed
+/// when the last handle and the last queue pair using it are gone.
+#[derive(Clone)]
+pub struct SoftCq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+/// The shared part, held by every queue pair that reports to this queue.
+pub(crate) struct CqInner {
+    pub(crate) device: Arc<DeviceInner>,
+    pub(crate) handle: CqHandle,
+    signal: Arc<CqSignal>,
+    capacity: u32,
+}
+
+impl SoftCq {
+    pub(crate) fn new(device: Arc<DeviceInner>, min_entries: u32) -> Result<Self> {
+        let signal = Arc::new(CqSignal::new().map_err(Error::Io)?);
+        let handle = {
+            let mut core = device.lock();
+            let handle = core.engine.create_cq(min_entries.max(1))?;
+            core.signals.insert(handle, Arc::clone(&signal));
+            handle
+        };
+        Ok(Self { inner: Arc::new(CqInner { device, handle, signal, capacity: min_entries.max(1) }) })
+    }
+
+    /// Polling mode: one round of driving the device, then the queue. Returns completions
+    /// taken and the time to the engine's next timer.
+    fn drive_and_poll(&self, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
+        let device = &self.inner.device;
+        let mut core = device.lock();
+        let mut count = core.engine.poll_cq(self.inner.handle, out);
+        if count == 0 {
+            device.drive(&mut core);
+            device.note_driven();
+            count = core.engine.poll_cq(self.inner.handle, out);
+        }
+        (count, device.until_next_timer(&core))
+    }
+
+    fn wait_thread_mode(&self, out: &mut [WorkCompletion], deadline: Option<Instant>) -> Result<usize> {
+        let _waiter = self.inner.signal.register_waiter();
+        loop {
+            let count = self.inner.device.lock().engine.poll_cq(self.inner.handle, out);
+            if count > 0 {
+                return Ok(count);
+            }
+            let remaining = match deadline {
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(0),
+                },
+                None => None,
+            };
+            sys::wait_readable(&[self.inner.signal.wake.as_fd()], remaining)?;
+            self.inner.signal.wake.take();
+        }
+    }
+
+    fn wait_polling_mode(
+        &self,
+        out: &mut [WorkCompletion],
+        deadline: Option<Instant>,
+        spin: Duration,
+    ) -> Result<usize> {
+        let spin_until = Instant::now() + spin;
+        let _waiter = self.inner.signal.register_waiter();
+        loop {
+            let (count, next_timer) = self.drive_and_poll(out);
+            if count > 0 {
+                return Ok(count);
+            }
+            let now = Instant::now();
+            let remaining = match deadline {
+                Some(deadline) if deadline <= now => return Ok(0),
+                Some(deadline) => Some(deadline - now),
+                None => None,
+            };
+            if now < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            let timeout = match (remaining, next_timer) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            self.inner.device.block_on_socket(&self.inner.signal.wake, timeout)?;
+            self.inner.signal.wake.take();
+        }
+    }
+}
+
+impl std::fmt::Debug for SoftCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftCq")
+            .field("handle", &self.inner.handle)
+            .field("capacity", &self.inner.capacity)
+            .finish()
+    }
+}
+
+impl CompletionQueue for SoftCq {
+    fn capacity(&self) -> u32 {
+        self.inner.capacity
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if self.inner.device.is_polling() {
+            return Ok(self.drive_and_poll(out).0);
+        }
+        Ok(self.inner.device.lock().engine.poll_cq(self.inner.handle, out))
+    }
+
+    fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let deadline = Instant::now().checked_add(timeout);
+        match self.inner.device.config.mode {
+            ProgressMode::Thread => self.wait_thread_mode(out, deadline),
+            ProgressMode::Polling { spin, .. } => self.wait_polling_mode(out, deadline, spin),
+        }
+    }
+
+    /// The eventfd that becomes readable after `request_notify` once a completion arrives.
+    ///
+    /// With the progress thread this works like a completion channel. In polling mode nothing
+    /// runs in the background except the idle helper, so the fd fires when some thread's
+    /// `poll`/`wait` (or the helper, after `assist_after`) processes the arrival; programs
+    /// built around epoll should use [`ProgressMode::Thread`].
+    fn notify_fd(&self) -> Option<RawFd> {
+        Some(self.inner.signal.notify.as_raw_fd())
+    }
+
+    fn request_notify(&self) -> Result<()> {
+        self.inner.signal.arm();
+        Ok(())
+    }
+
+    fn take_notify(&self) -> Result<bool> {
+        Ok(self.inner.signal.take_notify())
+    }
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let mut core = self.device.lock();
+        core.signals.remove(&self.handle);
+        // Every queue pair using this queue held a reference, so none is left: this succeeds.
+        let _ = core.engine.destroy_cq(self.handle);
+    }
+}

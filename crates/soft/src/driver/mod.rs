@@ -1,0 +1,225 @@
+//! The UDP driver around one engine: the state shared by a device's objects and its helper
+//! thread, and the one routine that moves the engine forward (receive, timers, transmit,
+//! notify).
+//!
+//! Locking: one mutex guards the engine together with the socket buffers, the completion-queue
+//! wake-up table and the driver counters ([`Core`]). Every verbs call takes it briefly; socket
+//! system calls happen under it so that datagrams enter and leave the engine in order.
+
+mod progress;
+mod signal;
+mod socket;
+mod stats;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
+use lightpath_verbs::{Error, Gid, Result};
+
+pub(crate) use signal::CqSignal;
+use socket::{RoceSocket, RxBuffers, TxBuffers};
+pub use stats::{DriverStats, SoftStats};
+
+use crate::config::{ProgressMode, SoftConfig};
+use crate::sys::{self, EventFd, BATCH};
+
+/// At most this many receive batches per drive, so one call cannot be held up indefinitely by
+/// a peer that keeps sending.
+const MAX_RX_BATCHES_PER_DRIVE: usize = 8;
+
+/// Sentinel for "the progress thread is awake" in [`Shared::thread_deadline`].
+const AWAKE: u64 = 0;
+
+/// Everything guarded by the device lock.
+pub(crate) struct Core {
+    pub(crate) engine: Engine,
+    pub(crate) signals: HashMap<CqHandle, Arc<CqSignal>>,
+    pub(crate) stats: DriverStats,
+    rx: RxBuffers,
+    tx: TxBuffers,
+}
+
+/// State shared by a device's objects and its helper thread.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    socket: RoceSocket,
+    /// Wakes the progress/helper thread (new earlier timer, or shutdown).
+    waker: EventFd,
+    epoch: Instant,
+    pub(crate) config: SoftConfig,
+    pub(crate) gid: Gid,
+    pub(crate) name: String,
+    stop: AtomicBool,
+    /// Nanoseconds since `epoch` the progress thread sleeps until (`u64::MAX`: no timer;
+    /// [`AWAKE`]: it is running and will look at the engine before sleeping again).
+    thread_deadline: AtomicU64,
+    /// When the device was last driven (polling mode), in nanoseconds since `epoch`.
+    last_driven: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(mut config: SoftConfig) -> Result<Self> {
+        let socket = RoceSocket::bind(config.local, config.recv_buffer, config.send_buffer)?;
+        config.local = socket.local();
+        let gid = Gid::from_ip(config.local.ip());
+        let engine = Engine::new(EngineConfig {
+            gid,
+            roce_port: config.local.port(),
+            verify_icrc: config.verify_icrc,
+            max_qps: config.max_qps,
+            max_mrs: config.max_mrs,
+            max_cqs: config.max_cqs,
+            max_cqe: config.max_cqe,
+        });
+        let core = Core {
+            engine,
+            signals: HashMap::new(),
+            stats: DriverStats::default(),
+            rx: RxBuffers::new(),
+            tx: TxBuffers::new(),
+        };
+        Ok(Self {
+            core: Mutex::new(core),
+            socket,
+            waker: EventFd::new(false)?,
+            epoch: Instant::now(),
+            name: config.device_name(),
+            gid,
+            config,
+            stop: AtomicBool::new(false),
+            thread_deadline: AtomicU64::new(AWAKE),
+            last_driven: AtomicU64::new(0),
+        })
+    }
+
+    /// The bound socket address.
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.socket.local()
+    }
+
+    /// The engine's notion of now.
+    pub(crate) fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic in another thread while it held the lock leaves the engine in whatever state
+        // that call reached; the engine's own invariants are maintained per call, so carry on
+        // rather than poison every later call.
+        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn is_polling(&self) -> bool {
+        matches!(self.config.mode, ProgressMode::Polling { .. })
+    }
+
+    /// After a verbs call changed the engine: send what it produced, wake waiters, and make
+    /// sure the progress thread's sleep ends no later than the engine's next timer.
+    pub(crate) fn after_call(&self, core: &mut Core) {
+        let now = self.now();
+        self.flush(core, now);
+        if let Some(next) = core.engine.poll_timeout() {
+            if next.as_nanos() < self.thread_deadline.load(Ordering::SeqCst) {
+                self.waker.signal(1);
+            }
+        }
+    }
+
+    /// Receives what is waiting, runs due timers, transmits and notifies. Returns how many
+    /// datagrams were received.
+    pub(crate) fn drive(&self, core: &mut Core) -> usize {
+        let now = self.now();
+        let mut received = 0;
+        for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
+            let Core { engine, rx, stats, .. } = &mut *core;
+            let count = rx.receive(&self.socket, engine, now, stats);
+            received += count;
+            if count < BATCH {
+                break;
+            }
+            // Answer a long burst as it goes (ACKs, READ responses) rather than at the end.
+            self.flush(core, now);
+        }
+        if core.engine.poll_timeout().is_some_and(|due| due <= now) {
+            core.engine.handle_timeout(now);
+        }
+        self.flush(core, now);
+        received
+    }
+
+    /// Records that the application just drove the device (polling mode), which keeps the
+    /// helper thread out of the way.
+    pub(crate) fn note_driven(&self) {
+        self.last_driven.store(self.now().as_nanos(), Ordering::SeqCst);
+    }
+
+    /// Transmits everything pending and delivers completion notifications.
+    fn flush(&self, core: &mut Core, now: Time) {
+        let Core { engine, tx, stats, signals, .. } = core;
+        tx.transmit_all(&self.socket, engine, now, stats);
+        while let Some(event) = engine.poll_event() {
+            if let EngineEvent::Completion(cq) = event {
+                if let Some(signal) = signals.get(&cq) {
+                    signal.completion_added();
+                }
+            }
+        }
+    }
+
+    /// Time until the engine's next timer, if any.
+    pub(crate) fn until_next_timer(&self, core: &Core) -> Option<Duration> {
+        core.engine.poll_timeout().map(|due| due.saturating_duration_since(self.now()))
+    }
+
+    /// Blocks until the socket or `extra` is readable, or `timeout` passes.
+    pub(crate) fn block_on_socket(&self, extra: &EventFd, timeout: Option<Duration>) -> io::Result<()> {
+        sys::wait_readable(&[self.socket.as_fd(), extra.as_fd()], timeout).map(drop)
+    }
+
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self) -> SoftStats {
+        let core = self.lock();
+        SoftStats { engine: core.engine.stats().clone(), driver: core.stats.clone() }
+    }
+}
+
+/// The part of a device every object holds: dropping the last one stops the helper thread.
+pub(crate) struct DeviceInner {
+    pub(crate) shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl DeviceInner {
+    /// Binds the socket, builds the engine and starts the helper thread the mode needs.
+    pub(crate) fn start(config: SoftConfig) -> Result<Arc<Self>> {
+        let shared = Arc::new(Shared::new(config)?);
+        let thread = progress::spawn(Arc::clone(&shared)).map_err(Error::Io)?;
+        Ok(Arc::new(Self { shared, thread: Mutex::new(Some(thread)) }))
+    }
+}
+
+impl std::ops::Deref for DeviceInner {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.waker.signal(1);
+        let handle = self.thread.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(handle) = handle {
+            // The thread only ever panics on a bug; there is nothing to do with that here.
+            let _ = handle.join();
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The device's helper thread: the progress thread in [`ProgressMode::Thread`], or the idle
+//! assistant in [`ProgressMode::Polling`].
+
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{Shared, AWAKE};
+use crate::config::ProgressMode;
+use crate::sys::{self, BATCH};
+
+pub(super) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+    let name = format!("lp-{}", shared.name);
+    std::thread::Builder::new().name(name).spawn(move || match shared.config.mode {
+        ProgressMode::Thread => run_progress(&shared),
+        ProgressMode::Polling { assist_after, .. } => run_assist(&shared, assist_after),
+    })
+}
+
+/// Drives the device whenever the socket has datagrams, a timer is due, or a posting thread
+/// moved the next timer earlier.
+fn run_progress(shared: &Shared) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let (received, timeout) = {
+            let mut core = shared.lock();
+            let received = shared.drive(&mut core);
+            let timeout = shared.until_next_timer(&core);
+            let deadline = core.engine.poll_timeout().map_or(u64::MAX, |t| t.as_nanos().max(AWAKE + 1));
+            // Published under the lock: a posting thread that takes the lock after us compares
+            // its new timer against this value and wakes us if it is earlier.
+            shared.thread_deadline.store(deadline, Ordering::SeqCst);
+            (received, timeout)
+        };
+        if received < BATCH {
+            // A failed poll would spin this loop; back off briefly instead of giving up.
+            if sys::wait_readable(&[shared.socket.as_fd(), shared.waker.as_fd()], timeout).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            shared.waker.take();
+        }
+        shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
+    }
+}
+
+/// Steps in when the application has not driven the device for `assist_after`, so ACKs,
+/// responses and retransmissions keep flowing while the application is busy elsewhere.
+fn run_assist(shared: &Shared, assist_after: Duration) {
+    let assist_nanos = u64::try_from(assist_after.as_nanos()).unwrap_or(u64::MAX);
+    while !shared.stop.load(Ordering::SeqCst) {
+        let _ = sys::wait_readable(&[shared.waker.as_fd()], Some(assist_after));
+        shared.waker.take();
+        let last = shared.last_driven.load(Ordering::SeqCst);
+        if shared.now().as_nanos().saturating_sub(last) < assist_nanos {
+            continue;
+        }
+        // The application is idle: act as the progress thread until it drives again.
+        while !shared.stop.load(Ordering::SeqCst) && shared.last_driven.load(Ordering::SeqCst) == last {
+            let timeout = {
+                let mut core = shared.lock();
+                shared.drive(&mut core);
+                core.stats.assists += 1;
+                shared.until_next_timer(&core)
+            };
+            let cap = timeout.map_or(assist_after, |t| t.min(assist_after));
+            if sys::wait_readable(&[shared.socket.as_fd(), shared.waker.as_fd()], Some(cap)).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            shared.waker.take();
+        }
+    }
+}

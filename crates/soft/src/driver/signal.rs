@@ -1,0 +1,65 @@
+//! Per-completion-queue wake-up state: the user-visible notification fd (armed by
+//! `request_notify`, one shot) and the internal fd blocked `wait` callers sleep on.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::sys::EventFd;
+
+/// How completions on one queue wake whoever waits for them.
+#[derive(Debug)]
+pub(crate) struct CqSignal {
+    /// Readable after `request_notify` once a completion is added (what `notify_fd` returns).
+    pub(crate) notify: EventFd,
+    armed: AtomicBool,
+    /// Semaphore eventfd blocked waiters sleep on; each waiter takes one unit when it wakes.
+    pub(crate) wake: EventFd,
+    waiters: AtomicU32,
+}
+
+impl CqSignal {
+    pub(crate) fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            notify: EventFd::new(false)?,
+            armed: AtomicBool::new(false),
+            wake: EventFd::new(true)?,
+            waiters: AtomicU32::new(0),
+        })
+    }
+
+    /// Called (with the engine locked) whenever the queue gained entries.
+    pub(crate) fn completion_added(&self) {
+        if self.armed.swap(false, Ordering::AcqRel) {
+            self.notify.signal(1);
+        }
+        // The waiter count is raised before a waiter checks the queue (both under the engine
+        // lock for the check), so a waiter either sees the entries or is counted here.
+        let waiters = self.waiters.load(Ordering::SeqCst);
+        if waiters > 0 {
+            self.wake.signal(u64::from(waiters));
+        }
+    }
+
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// Consumes a pending user notification.
+    pub(crate) fn take_notify(&self) -> bool {
+        self.notify.take() > 0
+    }
+
+    /// Registers a blocked waiter until the guard is dropped.
+    pub(crate) fn register_waiter(&self) -> WaiterGuard<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        WaiterGuard(self)
+    }
+}
+
+/// Keeps a waiter counted while it exists.
+pub(crate) struct WaiterGuard<'a>(&'a CqSignal);
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}

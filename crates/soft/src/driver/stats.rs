@@ -1,0 +1,45 @@
+//! Counters of the UDP driver (the engine keeps its own, including every kind of drop).
+
+use lightpath_roce::EngineStats;
+
+/// What the driver saw on the socket, beyond what the engine counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// `recvmmsg` calls that returned at least one datagram.
+    pub rx_batches: u64,
+    /// `sendmmsg` calls.
+    pub tx_batches: u64,
+    /// Datagrams longer than any RoCE packet can be (cut by the kernel), dropped.
+    pub drops_oversized: u64,
+    /// Datagrams from an address family the socket should not see, dropped.
+    pub drops_bad_source: u64,
+    /// Datagrams the engine emitted that could not be sent (no route, wrong address family).
+    pub tx_errors: u64,
+    /// Socket receive errors.
+    pub rx_errors: u64,
+    /// Times the polling-mode helper thread drove the device because the application did not.
+    pub assists: u64,
+}
+
+/// A snapshot of a soft device's counters.
+#[derive(Clone, Debug, Default)]
+pub struct SoftStats {
+    /// The engine's counters (datagrams in and out, drops by reason, retransmissions, …).
+    pub engine: EngineStats,
+    /// The UDP driver's counters.
+    pub driver: DriverStats,
+}
+
+impl SoftStats {
+    /// Every received datagram the device dropped, whatever the reason.
+    pub fn total_drops(&self) -> u64 {
+        let e = &self.engine;
+        e.drops_malformed
+            + e.drops_icrc
+            + e.drops_unknown_qp
+            + e.drops_bad_state
+            + e.drops_wrong_peer
+            + self.driver.drops_oversized
+            + self.driver.drops_bad_source
+    }
+}

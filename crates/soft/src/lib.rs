@@ -1,0 +1,61 @@
+//! The soft provider: Lightpath's RoCE v2 engine (`lightpath-roce`) driven over ordinary UDP
+//! sockets, behind the provider-neutral verbs traits of `lightpath-verbs`.
+//!
+//! One [`SoftDevice`] is one engine with one UDP socket bound to one local address and port
+//! (4791 by default; several devices on one host use 127.0.0.1, 127.0.0.2, … or distinct
+//! ports, and every peer must use the same port because RoCE always sends to the RoCE port).
+//! Its one GID (index 0) is the bound address: `::ffff:a.b.c.d` for IPv4, the address itself
+//! for IPv6.
+//!
+//! # On the wire
+//!
+//! The socket is unconnected and has `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so the kernel sends
+//! every IPv4 datagram with DF set and IP ID 0, which lets the engine compute the ICRC before
+//! sending (RoCE digest §5.1a); Linux rxe accepted such datagrams in every run of §11. On
+//! receive the engine verifies the ICRC: exactly for IPv6, and for IPv4 — whose ID and flags a
+//! UDP socket does not report — by solving for those 19 bits over GF(2), which accepts a
+//! corrupted datagram with probability around 2^-13 instead of 2^-32. Datagrams move in batches
+//! of up to 32 per `sendmmsg`/`recvmmsg`. The UDP source port of every datagram is the bound
+//! port (the engine's per-QP entropy port cannot be chosen per datagram on one socket; rxe
+//! accepts any source port).
+//!
+//! # Progress
+//!
+//! By default a progress thread owns the socket's receive side and the engine's timers; it
+//! sleeps in `ppoll` until a datagram, a timer or an eventfd wake-up. Posting threads transmit
+//! their own packets. In [`ProgressMode::Polling`], `poll`/`wait` on a completion queue drive
+//! the engine themselves (receive, timers, transmit), spinning before they block, and a helper
+//! thread steps in only when the application has not driven the device for a while.
+//!
+//! # Memory
+//!
+//! Regions are allocated by the provider (page aligned, zero-filled, `mlock`ed best effort) or
+//! moved in from a `Vec<u8>`; see [`memory`] for the aliasing model. The one other place with
+//! `unsafe` code is the small `sys` module of system calls.
+//!
+//! # Limits
+//!
+//! Protection domains group and keep objects alive but do not isolate keys from each other
+//! (the engine has one region table per device). The device has one port and one GID.
+
+pub mod config;
+mod cq;
+mod device;
+mod driver;
+pub mod memory;
+mod mr;
+mod pd;
+mod provider;
+mod qp;
+mod sys;
+
+pub use config::{ProgressMode, SoftConfig, ROCE_PORT};
+pub use cq::SoftCq;
+pub use device::SoftDevice;
+pub use driver::{DriverStats, SoftStats};
+pub use mr::SoftMr;
+pub use pd::SoftPd;
+pub use provider::{parse_device_name, SoftProvider};
+pub use qp::SoftQp;
+
+pub use lightpath_roce::EngineStats;

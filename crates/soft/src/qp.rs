@@ -1,0 +1,103 @@
+//! [`SoftQp`]: a reliable-connected queue pair of the engine.
+
+use std::sync::Arc;
+
+use lightpath_verbs::{Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr};
+
+use crate::cq::{CqInner, SoftCq};
+use crate::pd::SoftPd;
+
+/// A queue pair of a [`SoftDevice`](crate::SoftDevice). It holds its protection domain and both
+/// completion queues alive; dropping it destroys the engine's queue pair (outstanding requests
+/// are discarded without completions, as `ibv_destroy_qp` does).
+pub struct SoftQp {
+    pd: SoftPd,
+    // Kept only to hold the queues alive for as long as the engine may complete into them.
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+    qpn: u32,
+    caps: QpCaps,
+}
+
+impl SoftQp {
+    pub(crate) fn create(pd: SoftPd, send_cq: &SoftCq, recv_cq: &SoftCq, caps: QpCaps) -> Result<Self> {
+        let same_device = |cq: &SoftCq| Arc::ptr_eq(&cq.inner.device, &pd.device);
+        if !same_device(send_cq) || !same_device(recv_cq) {
+            return Err(Error::InvalidAttribute("completion queue belongs to another device"));
+        }
+        let qpn = pd.device.lock().engine.create_qp(send_cq.inner.handle, recv_cq.inner.handle, caps)?;
+        Ok(Self { pd, _send_cq: Arc::clone(&send_cq.inner), _recv_cq: Arc::clone(&recv_cq.inner), qpn, caps })
+    }
+}
+
+impl std::fmt::Debug for SoftQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftQp").field("device", &self.pd.device.name).field("qpn", &self.qpn).finish()
+    }
+}
+
+/// The soft device has one port (1) and one GID (index 0); refuse anything else up front.
+fn check_addressing(attr: &QpAttr) -> Result<()> {
+    if attr.port_num.is_some_and(|port| port != 1) {
+        return Err(Error::InvalidAttribute("port_num: a soft device has one port, number 1"));
+    }
+    if let Some(av) = attr.av {
+        if av.sgid_index != 0 {
+            return Err(Error::InvalidAttribute("sgid_index: a soft device has one GID, index 0"));
+        }
+        if av.port_num != 1 {
+            return Err(Error::InvalidAttribute("av.port_num: a soft device has one port, number 1"));
+        }
+    }
+    Ok(())
+}
+
+impl QueuePair for SoftQp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint { gid: self.pd.device.gid, gid_index: 0, qpn: self.qpn }
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn state(&self) -> Result<QpState> {
+        self.pd.device.lock().engine.qp_state(self.qpn)
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<()> {
+        check_addressing(attr)?;
+        let device = &self.pd.device;
+        let mut core = device.lock();
+        let result = core.engine.modify_qp(device.now(), self.qpn, attr);
+        device.after_call(&mut core);
+        result
+    }
+
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let device = &self.pd.device;
+        let mut core = device.lock();
+        let result = core.engine.post_send(device.now(), self.qpn, wr);
+        device.after_call(&mut core);
+        result
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let device = &self.pd.device;
+        let mut core = device.lock();
+        let result = core.engine.post_recv(self.qpn, wr);
+        // A receive posted in ERR completes (flushed) at once; deliver that notification.
+        device.after_call(&mut core);
+        result
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        let _ = self.pd.device.lock().engine.destroy_qp(self.qpn);
+    }
+}

@@ -1,0 +1,30 @@
+//! The operating-system calls the soft provider needs that `std` does not offer: socket options
+//! (path-MTU discovery, buffer sizes), batched datagram I/O (`sendmmsg`/`recvmmsg`), eventfds,
+//! `ppoll`, `mlock` and `getifaddrs`. Every `unsafe` block of the crate outside the page allocator lives here,
+//! behind safe functions, each with a `// SAFETY:` note.
+
+mod eventfd;
+mod ifaddrs;
+mod mlock;
+mod mmsg;
+mod poll;
+mod sockaddr;
+mod sockopt;
+
+pub(crate) use eventfd::EventFd;
+pub(crate) use ifaddrs::interface_addrs;
+pub(crate) use mlock::{mlock, munlock};
+pub(crate) use mmsg::{recv_batch, send_batch, Received, BATCH};
+pub(crate) use poll::wait_readable;
+pub(crate) use sockopt::{set_buffer_sizes, set_pmtu_discovery_do};
+
+use std::io;
+
+/// Turns a `-1` return into the thread's `errno` as an error.
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
