@@ -159,6 +159,7 @@ struct options {
     uint32_t iters;       /* -n */
     int tcp_port;         /* -p */
     int timeout_s;        /* -t */
+    int retry_cnt;        /* -R: transport retries (rxe treats 7 as infinite) */
     enum op op;           /* -o */
     bool verbose;         /* -v */
     bool inject_fault;    /* -x: requester makes one deliberate mistake (checks the checks) */
@@ -180,7 +181,7 @@ struct endpoint {
 
 static struct options opt = {
     .device = NULL, .ib_port = 1, .gid_index = -1, .mtu = 1024, .size = 0, .iters = 5,
-    .tcp_port = DEFAULT_TCP_PORT, .timeout_s = 60, .op = OP_SEND, .verbose = false, .inject_fault = false,
+    .tcp_port = DEFAULT_TCP_PORT, .timeout_s = 60, .retry_cnt = 7, .op = OP_SEND, .verbose = false, .inject_fault = false,
     .server = NULL,
 };
 
@@ -269,6 +270,7 @@ static void usage(FILE *f)
         "  -d DEV   RDMA device (default: the first one)   -i PORT  its port (default 1)\n"
         "  -p PORT  TCP port of the out-of-band exchange (default %d)\n"
         "  -t SEC   overall timeout (default 60)           -v       verbose\n"
+        "  -R N     QP retry_cnt 0..7 (default 7; note rxe treats 7 as infinite)\n"
         "  -x       client only: make one deliberate mistake in iteration 0 (wrong byte,\n"
         "           address, immediate or operand), so the run must FAIL: tests the checks\n"
         "Exit code: 0 PASS (both sides), 1 FAIL, 2 setup or usage error.\n"
@@ -289,7 +291,7 @@ static unsigned long parse_number(const char *s, const char *what)
 static void parse_args(int argc, char **argv)
 {
     int c;
-    while ((c = getopt(argc, argv, "o:s:n:m:g:d:i:p:t:vxh")) != -1) {
+    while ((c = getopt(argc, argv, "o:s:n:m:g:d:i:p:t:R:vxh")) != -1) {
         switch (c) {
         case 'o':
             if (!op_from_name(optarg, &opt.op))
@@ -303,6 +305,7 @@ static void parse_args(int argc, char **argv)
         case 'i': opt.ib_port = (int)parse_number(optarg, "port"); break;
         case 'p': opt.tcp_port = (int)parse_number(optarg, "TCP port"); break;
         case 't': opt.timeout_s = (int)parse_number(optarg, "timeout"); break;
+        case 'R': opt.retry_cnt = (int)parse_number(optarg, "retry count"); break;
         case 'v': opt.verbose = true; break;
         case 'x': opt.inject_fault = true; break;
         case 'h': usage(stdout); exit(0);
@@ -325,6 +328,8 @@ static void parse_args(int argc, char **argv)
     } else if (opt.size == 0) {
         opt.size = op_default_size(opt.op);
     }
+    if (opt.retry_cnt < 0 || opt.retry_cnt > 7)
+        die("-R must be 0..7");
     if (opt.iters == 0 || opt.iters > 0xFFFF)
         die("-n must be 1..65535");
     if (opt.size > (1u << 30) || (uint64_t)opt.size * opt.iters > (1ull << 31))
@@ -569,7 +574,7 @@ static void connect_qp(struct ctx *c, const struct endpoint *local, const struct
     if (ibv_modify_qp(c->qp, &rtr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         die("modify QP to RTR failed: %s", strerror(errno));
-    struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+    struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = (uint8_t)opt.retry_cnt,
         .rnr_retry = 7, .sq_psn = local->psn, .max_rd_atomic = 16};
     if (ibv_modify_qp(c->qp, &rts, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
             IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))

@@ -5,7 +5,8 @@
 
 Accepted shapes: a JSON array of packet objects, an object with a "packets" array, or one
 JSON object per line. Each packet must carry an ICRC verdict, as `"icrc_ok": true|false` or
-`"icrc": {"ok"|"valid": true|false}` or `"icrc": "ok"|"bad"`. Passes (exit 0) only if there
+`"icrc": {"ok"|"valid": true|false}`, `"icrc": {"status": "ok"|"bad"}` (what lightpath
+decode prints today) or `"icrc": "ok"|"bad"`; "unchecked" counts as no verdict. Passes (exit 0) only if there
 are EXPECTED_PACKETS packets (what interop/tools/pcap_roce.py counted) and every verdict is
 good. The last line printed is the one-line verdict.
 """
@@ -40,6 +41,7 @@ def icrc_verdict(packet):
         for key in ("ok", "valid"):
             if isinstance(icrc.get(key), bool):
                 return icrc[key]
+        icrc = icrc.get("status")
     if isinstance(icrc, str):
         word = icrc.lower()
         if word in ("ok", "valid", "good"):

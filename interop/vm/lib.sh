@@ -92,8 +92,9 @@ lpvm_set_mtu() {
 
 lpvm_pcap_start() {
     local file=$1
-    lpvm_ns tcpdump -i "$LPVM_TAP" -U --immediate-mode -s 0 -w "$file" udp port 4791 \
-        > "$file.tcpdump.log" 2>&1 &
+    # not through lpvm_ns: a backgrounded function is a subshell, and $! would be its pid
+    ip netns exec "$LPVM_NETNS" tcpdump -Z root -i "$LPVM_TAP" -U --immediate-mode -s 0 -w "$file" \
+        udp port 4791 > "$file.tcpdump.log" 2>&1 {LPVM_LOCK_FD}>&- &
     LPVM_PCAP_PID=$!
     local i
     for i in $(seq 50); do
@@ -135,7 +136,7 @@ lpvm_boot() {
     [ "$LPVM_NORXE" = 1 ] && append+=" lp.norxe=1"
     append+=" ${LIGHTPATH_VM_APPEND:-}"
     t0=$(lpvm_now)
-    lpvm_ns "$qemu" -name lightpath-interop -accel "$accel_opts" -cpu "$cpu" \
+    ip netns exec "$LPVM_NETNS" "$qemu" -name lightpath-interop -accel "$accel_opts" -cpu "$cpu" \
         -m "$LPVM_MEM" -smp "$LPVM_SMP" -nodefaults -no-user-config -nographic -no-reboot \
         -monitor none -serial "file:$LPVM_SHARE/console.log" \
         -kernel "$kernel" -initrd "$LPVM_CACHE/initrd.img" -append "$append" \
@@ -144,7 +145,7 @@ lpvm_boot() {
         -device virtio-9p-pci,fsdev=share0,mount_tag=lpshare \
         -netdev "tap,id=net0,ifname=$LPVM_TAP,script=no,downscript=no" \
         -device "virtio-net-pci,netdev=net0,mac=$LPVM_MAC" \
-        > "$LPVM_SHARE/qemu.log" 2>&1 &
+        > "$LPVM_SHARE/qemu.log" 2>&1 {LPVM_LOCK_FD}>&- &
     LPVM_QEMU_PID=$!
     while :; do
         if [ -e "$LPVM_SHARE/state/ready" ]; then break; fi
@@ -231,7 +232,7 @@ lpvm_ns_wait_listening() {
 lpvm_ns_start() { # LOGFILE TIMEOUT CMD...
     local logfile=$1 limit=$2
     shift 2
-    ip netns exec "$LPVM_NETNS" timeout --kill-after=3 "$limit" "$@" > "$logfile" 2>&1 < /dev/null &
+    ip netns exec "$LPVM_NETNS" timeout --kill-after=3 "$limit" "$@" > "$logfile" 2>&1 < /dev/null {LPVM_LOCK_FD}>&- &
     LPVM_BG_PID=$!
     LPVM_BG_PIDS+=("$LPVM_BG_PID")
 }
