@@ -31,7 +31,8 @@ pub struct SoftStats {
 }
 
 impl SoftStats {
-    /// Every received datagram the device dropped, whatever the reason.
+    /// Every received datagram the device dropped, whatever the reason (hostile or broken
+    /// input, and the out-of-sequence and stale packets of normal loss recovery).
     pub fn total_drops(&self) -> u64 {
         let e = &self.engine;
         e.drops_malformed
@@ -39,6 +40,11 @@ impl SoftStats {
             + e.drops_unknown_qp
             + e.drops_bad_state
             + e.drops_wrong_peer
+            + e.drops_unsupported
+            + e.drops_unexpected_response
+            + e.drops_out_of_sequence
+            + e.drops_stale_duplicate
+            + e.drops_responder_busy
             + self.driver.drops_oversized
             + self.driver.drops_bad_source
     }
