@@ -174,6 +174,14 @@ impl SimConfig {
         self.is_black_hole()
             || self.scripted.iter().any(ScriptedFault::can_exhaust_retries)
             || self.random_exhaustion_probability() > 1e-5
+            || self.link_mtu_too_small()
+    }
+
+    /// Whether full-sized packets of some connection exceed the link MTU (and so never
+    /// arrive): IP header (up to 40) + UDP (8) + BTH and extension headers (up to 40) + ICRC.
+    pub fn link_mtu_too_small(&self) -> bool {
+        let largest_path_mtu = self.qp.mtu.map_or(Mtu::Mtu4096.bytes(), Mtu::bytes) as usize;
+        largest_path_mtu + 40 + 8 + 40 + 4 > self.link.mtu
     }
 
     /// Probability that `retry_cnt + 1` consecutive attempts are all lost at random.

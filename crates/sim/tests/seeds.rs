@@ -1,0 +1,139 @@
+//! Thousands of seeds of random workloads over clean and faulty networks: every invariant of
+//! `lightpath_sim::check` must hold for every seed.
+
+mod common;
+
+use common::{assert_all_pass, assert_meaningful};
+use lightpath_sim::{AddressFamily, OpKind, SimConfig};
+use lightpath_verbs::Mtu;
+
+fn config() -> SimConfig {
+    SimConfig::default()
+}
+
+/// Faulty networks without deliberate errors: every request must succeed (or, at 20% loss,
+/// rarely exhaust its retries).
+fn lossy(loss: f64, dup: f64, reorder: f64, corrupt: f64) -> SimConfig {
+    let mut config = config();
+    config.link.loss = loss;
+    config.link.duplicate = dup;
+    config.link.reorder = reorder;
+    config.link.corrupt = corrupt;
+    config.workload.negative = 0.0;
+    config
+}
+
+#[test]
+fn clean_network_mixed_operations_with_negative_cases() {
+    let mut config = config();
+    config.workload.negative = 0.25;
+    let summary = assert_all_pass("clean", &config, 0, 600);
+    assert_meaningful("clean", &summary, 3000);
+    for kind in OpKind::ALL {
+        assert!(summary.ops[&kind].posted > 100, "{kind} barely exercised");
+    }
+    let negatives: u64 = summary.ops.values().map(|c| c.negative).sum();
+    assert!(negatives > 50, "only {negatives} negative cases");
+    assert_eq!(summary.stats.retry_exhausted, 0);
+    assert!(summary.stats.rnr_naks_sent > 0, "late receives never provoked an RNR NAK");
+}
+
+#[test]
+fn clean_network_each_operation_alone() {
+    for (i, kind) in OpKind::ALL.into_iter().enumerate() {
+        let mut config = config();
+        config.workload.ops = vec![kind];
+        let summary = assert_all_pass(kind.name(), &config, 1000 * i as u64, 100);
+        assert_eq!(summary.ops.len(), 1);
+        assert!(summary.ops[&kind].succeeded > 300, "{kind}: {:?}", summary.ops[&kind]);
+    }
+}
+
+#[test]
+fn loss_5_percent() {
+    let summary = assert_all_pass("loss 5%", &lossy(0.05, 0.0, 0.0, 0.0), 0, 400);
+    assert_meaningful("loss 5%", &summary, 2000);
+    assert!(summary.stats.retransmits > 0 && summary.stats.packets_dropped > 0);
+    assert_eq!(summary.stats.retry_exhausted, 0);
+}
+
+#[test]
+fn loss_20_percent() {
+    let mut config = lossy(0.2, 0.0, 0.0, 0.0);
+    // Go-back-N over 20% loss costs about a window per loss; keep messages moderate.
+    config.workload.max_message = 64 * 1024;
+    config.workload.big_message = 0.0;
+    let summary = assert_all_pass("loss 20%", &config, 0, 200);
+    assert_meaningful("loss 20%", &summary, 1000);
+    // Seven retries in a row all lost is rare (p ≈ 3e-4 per stall): a few at most.
+    assert!(
+        summary.stats.retry_exhausted <= 4,
+        "{} requests ran out of retries",
+        summary.stats.retry_exhausted
+    );
+}
+
+#[test]
+fn duplication_10_percent() {
+    let mut config = lossy(0.0, 0.1, 0.0, 0.0);
+    config.workload.negative = 0.2;
+    let summary = assert_all_pass("dup 10%", &config, 0, 400);
+    assert_meaningful("dup 10%", &summary, 2000);
+    assert!(summary.stats.packets_duplicated > 0);
+}
+
+#[test]
+fn reordering_5_percent() {
+    let summary = assert_all_pass("reorder 5%", &lossy(0.0, 0.0, 0.05, 0.0), 0, 300);
+    assert_meaningful("reorder 5%", &summary, 1500);
+    assert!(summary.stats.packets_reordered > 0);
+}
+
+#[test]
+fn corruption_5_percent_is_caught_by_the_icrc() {
+    let summary = assert_all_pass("corrupt 5%", &lossy(0.0, 0.0, 0.0, 0.05), 0, 300);
+    assert_meaningful("corrupt 5%", &summary, 1500);
+    assert!(summary.stats.packets_corrupted > 0);
+    // Every damaged datagram that reached a live engine was dropped for its ICRC (the rest
+    // of the counters would show up as data mismatches).
+    assert!(summary.stats.drops_icrc > 0);
+}
+
+#[test]
+fn everything_at_once() {
+    let summary = assert_all_pass("all faults 5%", &lossy(0.05, 0.05, 0.05, 0.05), 0, 300);
+    assert_meaningful("all faults 5%", &summary, 1500);
+}
+
+#[test]
+fn mtu_256_and_4096() {
+    for (mtu, first) in [(Mtu::Mtu256, 0), (Mtu::Mtu4096, 5000)] {
+        let mut config = config();
+        config.qp.mtu = Some(mtu);
+        config.workload.max_message = 256 * 1024;
+        let summary = assert_all_pass("fixed MTU clean", &config, first, 150);
+        assert_meaningful("fixed MTU clean", &summary, 700);
+        let mut config = lossy(0.05, 0.02, 0.02, 0.0);
+        config.qp.mtu = Some(mtu);
+        config.workload.max_message = 256 * 1024;
+        let summary = assert_all_pass("fixed MTU lossy", &config, first, 150);
+        assert_meaningful("fixed MTU lossy", &summary, 700);
+    }
+}
+
+#[test]
+fn ipv4_and_ipv6_gids() {
+    for family in [AddressFamily::V4, AddressFamily::V6] {
+        let mut config = lossy(0.02, 0.0, 0.0, 0.0);
+        config.family = family;
+        assert_all_pass("address family", &config, 0, 100);
+    }
+}
+
+#[test]
+fn three_node_ring() {
+    let mut config = lossy(0.03, 0.01, 0.01, 0.0);
+    config.nodes = 3;
+    let summary = assert_all_pass("3-node ring", &config, 0, 150);
+    assert_meaningful("3-node ring", &summary, 1500);
+}
