@@ -33,6 +33,11 @@
 //! moved in from a `Vec<u8>`; see [`memory`] for the aliasing model. The one other place with
 //! `unsafe` code is the small `sys` module of system calls.
 //!
+//! # Connecting
+//!
+//! [`connect`] (re-exported from `lightpath-verbs`) exchanges queue-pair numbers, PSNs,
+//! GIDs, MTUs and region keys over TCP and brings both queue pairs to RTS.
+//!
 //! # Limits
 //!
 //! Protection domains group and keep objects alive but do not isolate keys from each other
@@ -59,3 +64,6 @@ pub use provider::{parse_device_name, SoftProvider};
 pub use qp::SoftQp;
 
 pub use lightpath_roce::EngineStats;
+/// Out-of-band connection set-up (TCP exchange of QPN, PSN, GID, MTU and region keys), usable
+/// with soft queue pairs; see the module for the message format.
+pub use lightpath_verbs::connect;

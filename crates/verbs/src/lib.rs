@@ -12,6 +12,7 @@
 
 mod access;
 pub mod conformance;
+pub mod connect;
 mod device;
 mod error;
 mod gid;
