@@ -62,6 +62,8 @@ impl fmt::Display for PerfTest {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
+    /// Lightpath's userspace RoCE v2 engine over UDP (runs anywhere).
+    Soft,
     /// The same message pattern over kernel TCP (the baseline).
     Tcp,
 }
@@ -70,6 +72,7 @@ impl ProviderKind {
     /// The name on the command line and in JSON.
     pub fn name(self) -> &'static str {
         match self {
+            ProviderKind::Soft => "soft",
             ProviderKind::Tcp => "tcp",
         }
     }
@@ -87,7 +90,7 @@ pub struct Args {
     /// Server to connect to (host name or address). Without it, this process is the server.
     pub server: Option<String>,
     /// Data transport.
-    #[arg(long, value_enum, default_value = "tcp")]
+    #[arg(long, value_enum, default_value = "soft")]
     pub provider: ProviderKind,
     /// Device name (provider-specific).
     #[arg(short = 'd', long = "ib-dev")]
@@ -107,6 +110,9 @@ pub struct Args {
     /// Out-of-band TCP port.
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub port: u16,
+    /// UDP port of the soft provider's RoCE endpoint (both sides must agree).
+    #[arg(long, default_value_t = 4791)]
+    pub udp_port: u16,
     /// Path MTU for RDMA providers (256, 512, 1024, 2048 or 4096).
     #[arg(short = 'm', long)]
     pub mtu: Option<u32>,

@@ -13,8 +13,10 @@ mod args;
 mod control;
 mod pattern;
 mod progress;
+mod rdma;
 mod report;
 mod session;
+mod soft;
 mod stats;
 mod tcp;
 
@@ -26,6 +28,7 @@ pub use args::{Args, ProviderKind};
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     args.validate()?;
     match args.provider {
+        ProviderKind::Soft => soft::run(&args)?,
         ProviderKind::Tcp => tcp::run(&args)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,122 @@
+//! `lightpath perf --provider soft`: opens a soft RoCE v2 device for the run and hands it to the
+//! provider-neutral verbs tests in [`super::rdma`].
+//!
+//! Addresses: the server's UDP endpoint is the address the client reached it at (or `--bind`);
+//! the client's is its side of the control connection (or `--bind`). On one host both would be
+//! the same loopback address, and two soft devices cannot share an address and port, so a client
+//! that would collide with its server moves to 127.0.0.2 (any 127/8 address is loopback on
+//! Linux). The UDP port is the RoCE port, 4791, unless `--udp-port` says otherwise (both sides
+//! must agree). The path MTU defaults to 4096 on loopback (no link limit) and 1024 elsewhere
+//! (right for a 1500-byte Ethernet link).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use anyhow::{bail, Context, Result};
+use lightpath_soft::{ProgressMode, SoftConfig, SoftDevice};
+use lightpath_verbs::Mtu;
+
+use super::args::{Args, ProviderKind};
+use super::control::{self, Answer, Hello};
+use super::rdma::{self, RdmaEndpoint, Side};
+use super::report::Reporter;
+use super::session;
+
+/// Runs the server or the client side.
+pub fn run(args: &Args) -> Result<()> {
+    match &args.server {
+        None => serve(args),
+        Some(server) => client(args, server),
+    }
+}
+
+fn default_mtu(args: &Args, ip: IpAddr) -> Mtu {
+    match args.mtu.and_then(Mtu::from_bytes) {
+        Some(mtu) => mtu,
+        None if ip.is_loopback() => Mtu::Mtu4096,
+        None => Mtu::Mtu1024,
+    }
+}
+
+/// Opens a soft device on `ip`, driven by the caller (the tests busy-poll, as perftest does).
+pub fn open_device(ip: IpAddr, udp_port: u16, mtu: Mtu) -> Result<SoftDevice> {
+    let mut config = SoftConfig::with_addr(SocketAddr::new(ip, udp_port));
+    config.mtu = mtu;
+    config.mode = ProgressMode::polling();
+    SoftDevice::open(config).with_context(|| format!("cannot open a soft device on {ip} UDP port {udp_port}"))
+}
+
+fn serve(args: &Args) -> Result<()> {
+    let mut stream = session::accept_one(args)?;
+    let hello: Hello = control::recv(&mut stream)?;
+    if let Err(reason) = control::check_hello(&hello, args.test, ProviderKind::Soft) {
+        control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
+        bail!("refused the client: {reason}");
+    }
+    let peer: RdmaEndpoint = match hello.endpoint.clone().map(serde_json::from_value) {
+        Some(Ok(peer)) => peer,
+        _ => {
+            let reason = "the client sent no usable soft endpoint".to_string();
+            control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
+            bail!(reason);
+        }
+    };
+    let ip = args.bind.unwrap_or(stream.local_addr()?.ip().to_canonical());
+    let max_size = hello.plan.iter().map(|(size, _)| *size).max().unwrap_or(8);
+    let opened = open_device(ip, args.udp_port, default_mtu(args, ip))
+        .and_then(|device| Side::new(device, max_size, hello.tx_depth, default_mtu(args, ip)))
+        .and_then(|mut side| side.connect(&peer).map(|()| side));
+    let mut side = match opened {
+        Ok(side) => side,
+        Err(err) => {
+            control::send(&mut stream, &Answer::Reject { reason: format!("{err:#}") })?;
+            return Err(err);
+        }
+    };
+    control::send(&mut stream, &Answer::Accept { endpoint: Some(serde_json::to_value(side.endpoint())?) })?;
+    rdma::server_run(&mut side, &mut stream, hello.test, &hello.plan)
+}
+
+fn client(args: &Args, server: &str) -> Result<()> {
+    let mut stream = session::connect(args, server)?;
+    let server_ip = stream.peer_addr()?.ip().to_canonical();
+    let ip = match args.bind {
+        Some(ip) => ip,
+        None => {
+            let mine = stream.local_addr()?.ip().to_canonical();
+            if mine == server_ip && mine.is_loopback() {
+                if mine.is_ipv4() {
+                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))
+                } else {
+                    bail!("client and server would share {mine}; pass --bind with another local address")
+                }
+            } else {
+                mine
+            }
+        }
+    };
+    let plan: Vec<(usize, u64)> = args.sizes().into_iter().map(|s| (s, args.iterations_for(s))).collect();
+    let max_size = plan.iter().map(|(size, _)| *size).max().unwrap_or(8);
+    let mtu = default_mtu(args, ip);
+    let device = open_device(ip, args.udp_port, mtu)?;
+    let mut side = Side::new(device, max_size, args.tx_depth, mtu)?;
+    let hello = Hello {
+        magic: control::MAGIC.into(),
+        version: control::VERSION,
+        test: args.test,
+        provider: ProviderKind::Soft,
+        plan: plan.clone(),
+        tx_depth: args.tx_depth,
+        endpoint: Some(serde_json::to_value(side.endpoint())?),
+    };
+    control::send(&mut stream, &hello)?;
+    let peer: RdmaEndpoint = match control::recv::<Answer>(&mut stream)? {
+        Answer::Accept { endpoint: Some(endpoint) } => serde_json::from_value(endpoint)?,
+        Answer::Accept { endpoint: None } => bail!("the server sent no soft endpoint"),
+        Answer::Reject { reason } => bail!("the server refused: {reason}"),
+    };
+    side.connect(&peer)?;
+    let mut reporter = Reporter::new(args.json);
+    rdma::client_run(&mut side, &mut stream, args.test, ProviderKind::Soft, &plan, args.tx_depth, &peer, |r| {
+        reporter.print(r)
+    })
+}
