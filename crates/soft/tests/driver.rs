@@ -1,0 +1,186 @@
+//! Behaviour specific to the soft provider's driver: the completion fd under poll(2), regions
+//! over moved-in vectors, the polling mode's helper thread, device opening and naming, and the
+//! single-port, single-GID addressing rules.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use lightpath_soft::{ProgressMode, SoftConfig, SoftDevice, SoftProvider};
+use lightpath_verbs::conformance::harness::{connect, pattern, wait_n, PairOptions, Side, DEADLINE, MR_ALL};
+use lightpath_verbs::{
+    AccessFlags, AddressVector, CompletionQueue, Device, Error, MemoryRegion, Mtu, ProtectionDomain,
+    Provider, QpAttr, QueuePair, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+fn connected(mode: ProgressMode) -> (Side<SoftDevice>, Side<SoftDevice>) {
+    let options = PairOptions::default();
+    let (a, b) = common::open_pair(mode);
+    let mtu = lightpath_verbs::conformance::harness::common_mtu(&a, &b);
+    let (a, b) = (Side::new(a, &options), Side::new(b, &options));
+    connect(&a.qp, &b.qp, mtu, &options);
+    (a, b)
+}
+
+/// Waits with poll(2) for `fd` to become readable; returns whether it did before the deadline.
+fn poll_readable(fd: i32, timeout: Duration) -> bool {
+    let mut pollfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `pollfd` is a live, initialised struct and we pass a count of one.
+    let ret = unsafe { libc::poll(&mut pollfd, 1, millis) };
+    ret == 1 && pollfd.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn notify_fd_works_with_poll() {
+    let (a, b) = connected(ProgressMode::Thread);
+    let fd = b.cq.notify_fd().expect("the soft provider has a notification fd");
+    let src = a.alloc(64, AccessFlags::LOCAL_WRITE);
+    let inbox = b.alloc(64, AccessFlags::LOCAL_WRITE);
+    b.cq.request_notify().expect("arm");
+    assert!(!poll_readable(fd, Duration::ZERO), "readable before any completion");
+
+    b.post_recv(1, &inbox, 0, 64);
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 8)])).expect("post_send");
+    assert!(poll_readable(fd, DEADLINE), "the fd never became readable");
+    assert!(b.cq.take_notify().expect("take"));
+    assert!(!poll_readable(fd, Duration::ZERO), "still readable after take_notify");
+    let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 2];
+    assert_eq!(b.cq.poll(&mut out).expect("poll"), 1);
+    assert_eq!((out[0].wr_id, out[0].status), (1, WcStatus::Success));
+    assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn moved_in_vector_is_a_region() {
+    let (a, b) = connected(ProgressMode::Thread);
+    let mut memory = vec![0xEEu8; 4096];
+    memory[..4].copy_from_slice(b"keep");
+    let region = b.pd.reg_vec(memory, MR_ALL).expect("reg_vec");
+    assert_eq!(region.len(), 4096);
+    let src = a.alloc(100, AccessFlags::LOCAL_WRITE);
+    src.write(0, &pattern(100, 4)).expect("fill");
+    let remote = region.remote();
+    let op = SendOp::Write { remote_addr: remote.addr + 1000, rkey: remote.rkey };
+    a.qp.post_send(&SendWr::new(1, op, &[src.sge(0, 100)])).expect("write");
+    assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
+    let mut out = vec![0u8; 1200];
+    region.read(0, &mut out).expect("read");
+    assert_eq!(&out[..4], b"keep");
+    assert_eq!(&out[1000..1100], &pattern(100, 4)[..]);
+    assert!(out[4..1000].iter().chain(&out[1100..]).all(|&b| b == 0xEE));
+    assert_eq!(region.with_bytes(|bytes| bytes[1000]), pattern(1, 4)[0]);
+    assert_refused_invalid(b.pd.reg_vec(vec![0; 8], AccessFlags::REMOTE_WRITE));
+}
+
+fn assert_refused_invalid<T>(result: lightpath_verbs::Result<T>) {
+    assert!(matches!(result, Err(Error::InvalidAttribute(_))), "expected InvalidAttribute");
+}
+
+#[test]
+fn polling_helper_answers_for_an_idle_application() {
+    let (a, b) = connected(ProgressMode::polling());
+    // B's application never polls; its helper thread must step in to answer A.
+    let target = b.alloc(1 << 16, MR_ALL);
+    let src = a.alloc(1 << 16, AccessFlags::LOCAL_WRITE);
+    src.write(0, &pattern(1 << 16, 6)).expect("fill");
+    let remote = target.remote();
+    let op = SendOp::Write { remote_addr: remote.addr, rkey: remote.rkey };
+    a.qp.post_send(&SendWr::new(1, op, &[src.sge(0, 1 << 16)])).expect("write");
+    let wc = wait_n(&a.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success), "{wc:?}");
+    let mut data = vec![0u8; 1 << 16];
+    target.read(0, &mut data).expect("read");
+    assert_eq!(data, pattern(1 << 16, 6));
+    assert!(b.device.stats().driver.assists > 0, "B's helper thread never ran");
+}
+
+/// Waits until one SEND completion (if `send`) and one receive completion have arrived, and
+/// returns the received 8-byte value.
+fn await_round(side: &Side<SoftDevice>, buf: &lightpath_soft::SoftMr, mut send: bool) -> u64 {
+    let mut value = None;
+    while send || value.is_none() {
+        let wc = wait_n(&side.cq, 1)[0];
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        match wc.opcode {
+            WcOpcode::Send => send = false,
+            WcOpcode::Recv => value = Some(buf.read_u64(32).expect("read")),
+            other => panic!("unexpected completion {other:?}"),
+        }
+    }
+    value.unwrap_or_default()
+}
+
+#[test]
+fn polling_mode_ping_pong_between_threads() {
+    const ROUNDS: u64 = 200;
+    let (a, b) = connected(ProgressMode::polling());
+    let (a_buf, b_buf) = (a.alloc(64, AccessFlags::LOCAL_WRITE), b.alloc(64, AccessFlags::LOCAL_WRITE));
+    a.post_recv(0, &a_buf, 32, 8);
+    b.post_recv(0, &b_buf, 32, 8);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for round in 0..ROUNDS {
+                a.qp.post_send(&SendWr::inline(round, SendOp::Send, &round.to_ne_bytes())).expect("ping");
+                assert_eq!(await_round(&a, &a_buf, true), round + 1000, "reply to round {round}");
+                a.post_recv(round + 1, &a_buf, 32, 8);
+            }
+        });
+        scope.spawn(|| {
+            for round in 0..ROUNDS {
+                // The previous reply's SEND completion and this ping may arrive in either order.
+                assert_eq!(await_round(&b, &b_buf, round > 0), round, "ping of round {round}");
+                b.post_recv(round + 1, &b_buf, 32, 8);
+                let reply = round + 1000;
+                b.qp.post_send(&SendWr::inline(round, SendOp::Send, &reply.to_ne_bytes())).expect("pong");
+            }
+            await_round_send_only(&b);
+        });
+    });
+}
+
+fn await_round_send_only(side: &Side<SoftDevice>) {
+    let wc = wait_n(&side.cq, 1)[0];
+    assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Send), "{wc:?}");
+}
+
+#[test]
+fn opening_refusals_and_names() {
+    let unspecified = SoftConfig::with_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+    assert!(
+        matches!(SoftDevice::open(unspecified), Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::InvalidInput)
+    );
+
+    let first = common::open_device(|_| {});
+    let again = SoftDevice::open(SoftConfig::with_addr(first.local_addr()));
+    assert!(matches!(again, Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::AddrInUse));
+
+    let addr = common::fresh_addr();
+    let provider = SoftProvider { mode: ProgressMode::Thread, mtu: Mtu::Mtu4096 };
+    let name = SoftConfig::with_addr(addr).device_name();
+    let device = provider.open(&name).expect("open by name");
+    assert_eq!(device.name(), name);
+    assert_eq!(device.local_addr(), addr);
+    assert_eq!(device.gid(), lightpath_verbs::Gid::from_ip(addr.ip()));
+    assert_eq!(device.query_port(1).expect("port").active_mtu, Mtu::Mtu4096);
+    assert!(matches!(provider.open("rxe0"), Err(Error::NotFound(_))));
+}
+
+#[test]
+fn one_port_one_gid_and_own_queues_only() {
+    let (dev_a, dev_b) = common::open_pair(ProgressMode::Thread);
+    let pd = dev_a.alloc_pd().expect("pd");
+    let cq = dev_a.create_cq(16).expect("cq");
+    let foreign_cq = dev_b.create_cq(16).expect("cq");
+    assert_refused_invalid(pd.create_qp(&cq, &foreign_cq, PairOptions::default().caps));
+
+    let qp = pd.create_qp(&cq, &cq, PairOptions::default().caps).expect("qp");
+    let mut init = QpAttr::to_init(AccessFlags::NONE);
+    init.port_num = Some(2);
+    assert_refused_invalid(qp.modify(&init));
+    qp.modify(&QpAttr::to_init(AccessFlags::NONE)).expect("INIT");
+    let av = AddressVector::new(dev_b.gid(), 1);
+    assert_refused_invalid(qp.modify(&QpAttr::to_rtr(av, Mtu::Mtu1024, 0x11, 0)));
+    assert!(dev_a.gids(2).is_err());
+}
