@@ -79,6 +79,7 @@ macro_rules! __lightpath_conformance_cases {
             remote_no_permission,
             remote_misaligned_atomic,
             local_protection_error,
+            local_write_required,
             recv_buffer_too_small,
             rnr_retry_exceeded,
             post_before_rts_refused,

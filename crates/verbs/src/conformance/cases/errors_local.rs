@@ -25,6 +25,22 @@ pub fn local_protection_error<F: ConformanceFixture>() {
     }
 }
 
+/// A READ whose local destination region lacks LOCAL_WRITE completes with `LocProtErr` and
+/// leaves that region unchanged.
+pub fn local_write_required<F: ConformanceFixture>() {
+    let pair = Pair::connected::<F>();
+    let source = pair.b.alloc(256, crate::conformance::harness::MR_ALL);
+    source.write(0, &pattern(256, 2)).expect("fill");
+    let read_only = pair.a.alloc(256, AccessFlags::REMOTE_READ);
+    let remote = source.remote();
+    let op = SendOp::Read { remote_addr: remote.addr, rkey: remote.rkey };
+    pair.a.qp.post_send(&SendWr::new(8, op, &[read_only.sge(0, 256)])).expect("post read");
+    let wc = wait_n(&pair.a.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (8, WcStatus::LocProtErr), "{wc:?}");
+    wait_state(&pair.a.qp, QpState::Err);
+    assert_eq!(read_region(&read_only, 0, 256), vec![0u8; 256], "a region without LOCAL_WRITE was written");
+}
+
 #[derive(Clone, Copy, Debug)]
 enum BadEntry {
     UnknownKey,

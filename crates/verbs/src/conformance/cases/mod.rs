@@ -13,7 +13,9 @@ mod state;
 
 pub use completion_queue::{cq_notify, cq_wait_wakes, teardown_any_order};
 pub use device::device_query;
-pub use errors_local::{local_protection_error, recv_buffer_too_small, rnr_retry_exceeded};
+pub use errors_local::{
+    local_protection_error, local_write_required, recv_buffer_too_small, rnr_retry_exceeded,
+};
 pub use errors_remote::{
     remote_bad_rkey, remote_misaligned_atomic, remote_no_permission, remote_out_of_bounds,
 };

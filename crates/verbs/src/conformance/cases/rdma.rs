@@ -60,6 +60,16 @@ pub fn rdma_write_with_imm<F: ConformanceFixture>() {
     assert_eq!(read_region(&target, 0, len), data);
     assert_eq!(read_region(&inbox, 0, 16), vec![0u8; 16], "the receive buffer was written");
     assert_success(&pair.a.wait_one(), 3, WcOpcode::RdmaWrite);
+
+    // Zero bytes with immediate: a pure notification, no scatter/gather entry at all.
+    pair.b.post_recv(10, &inbox, 0, 16);
+    let op = SendOp::WriteWithImm { remote_addr: remote.addr, rkey: remote.rkey, imm: 0xABCD };
+    pair.a.qp.post_send(&SendWr::new(4, op, &[])).expect("post zero-length write with imm");
+    let recv = pair.b.wait_one();
+    assert_success(&recv, 10, WcOpcode::RecvRdmaWithImm);
+    assert_eq!((recv.imm_data, recv.byte_len), (Some(0xABCD), 0), "{recv:?}");
+    assert_eq!(read_region(&target, 0, len), data, "a zero-length write changed memory");
+    assert_success(&pair.a.wait_one(), 4, WcOpcode::RdmaWrite);
 }
 
 /// A READ spanning several response packets returns the remote bytes.
