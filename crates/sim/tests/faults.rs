@@ -53,14 +53,16 @@ fn permanent_partition_makes_both_sides_give_up() {
 
 #[test]
 fn temporary_partition_is_survived() {
-    let mut config = SimConfig::default();
     // Two milliseconds without connectivity is well inside 8 × 4.2 ms of retries.
-    config.scripted = vec![ScriptedFault::Partition {
-        a: 0,
-        b: 1,
-        from: SimTime::from_micros(50),
-        until: Some(SimTime::from_micros(2_050)),
-    }];
+    let config = SimConfig {
+        scripted: vec![ScriptedFault::Partition {
+            a: 0,
+            b: 1,
+            from: SimTime::from_micros(50),
+            until: Some(SimTime::from_micros(2_050)),
+        }],
+        ..SimConfig::default()
+    };
     let summary = assert_all_pass("temporary partition", &config, 0, 150);
     assert_eq!(summary.stats.retry_exhausted, 0);
     assert!(summary.stats.timeouts > 0);
@@ -69,11 +71,13 @@ fn temporary_partition_is_survived() {
 #[test]
 fn single_scripted_drops_are_recovered() {
     for nth in 0..12 {
-        let mut config = SimConfig::default();
-        config.scripted = vec![
-            ScriptedFault::DropNth { from: 0, to: 1, nth },
-            ScriptedFault::DropNth { from: 1, to: 0, nth: nth + 1 },
-        ];
+        let mut config = SimConfig {
+            scripted: vec![
+                ScriptedFault::DropNth { from: 0, to: 1, nth },
+                ScriptedFault::DropNth { from: 1, to: 0, nth: nth + 1 },
+            ],
+            ..SimConfig::default()
+        };
         config.workload.negative = 0.0;
         let summary = assert_all_pass("drop the k-th datagram", &config, 100 * nth, 40);
         // Short workloads may not send that many datagrams on a link; most do.
