@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod decode;
+mod demo;
 mod perf;
 mod sim;
 
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Two soft RoCE v2 endpoints on loopback: every operation, verified, then a side-by-side with kernel TCP.
+    Demo(demo::Args),
     /// Decode RoCE v2 packets (hex or pcap) and check their ICRC.
     Decode(decode::Args),
     /// perftest-style latency and bandwidth tests between two lightpath processes.
@@ -32,6 +35,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Decode(args) => decode::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Perf(args) => perf::run(args),

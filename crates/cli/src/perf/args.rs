@@ -166,6 +166,11 @@ impl Args {
         vec![self.size.unwrap_or(if self.test.is_latency() { 2 } else { 65536 })]
     }
 
+    /// Every size with its iteration count.
+    pub fn plan(&self) -> Vec<(usize, u64)> {
+        self.sizes().into_iter().map(|size| (size, self.iterations_for(size))).collect()
+    }
+
     /// Iterations for one size: `-n` if given, else perftest's defaults (1000 for latency, 5000
     /// for bandwidth) — except that `--all` without `-n` caps the bytes moved per size (256 MiB
     /// for latency tests, 2 GiB for bandwidth tests, at least 16 iterations) so that the 8 MiB

@@ -20,9 +20,13 @@ mod soft;
 mod stats;
 mod tcp;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 
-pub use args::{Args, ProviderKind};
+use anyhow::{anyhow, Result};
+
+pub use args::{Args, PerfTest, ProviderKind};
+pub use report::SizeResult;
 
 /// Runs `lightpath perf`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -32,4 +36,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ProviderKind::Tcp => tcp::run(&args)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs one test between a server thread and a client in this process (used by `lightpath
+/// demo`): the control connection is on 127.0.0.1 with an ephemeral port; soft devices live on
+/// 127.0.0.1 and 127.0.0.2 at `udp_port`.
+pub fn run_in_process(
+    provider: ProviderKind,
+    test: PerfTest,
+    plan: &[(usize, u64)],
+    udp_port: u16,
+) -> Result<Vec<SizeResult>> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let addr = listener.local_addr()?;
+    let server_options =
+        soft::EndpointOptions { bind: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), udp_port, mtu: None };
+    let server = std::thread::spawn(move || -> Result<()> {
+        let (stream, _) = listener.accept()?;
+        stream.set_nodelay(true)?;
+        match provider {
+            ProviderKind::Soft => soft::serve_stream(stream, &server_options, test),
+            ProviderKind::Tcp => tcp::serve_stream(stream, test),
+        }
+    });
+    let stream = TcpStream::connect(SocketAddr::from(addr))?;
+    stream.set_nodelay(true)?;
+    let mut results = Vec::new();
+    let client_options =
+        soft::EndpointOptions { bind: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))), udp_port, mtu: None };
+    let client = match provider {
+        ProviderKind::Soft => {
+            soft::client_stream(stream, &client_options, test, plan, 128, |r| results.push(r.clone()))
+        }
+        ProviderKind::Tcp => tcp::client_stream(stream, test, plan, 128, |r| results.push(r.clone())),
+    };
+    let served = server.join().map_err(|_| anyhow!("the in-process server thread panicked"))?;
+    client?;
+    served?;
+    Ok(results)
 }

@@ -9,16 +9,16 @@
 //! must agree). The path MTU defaults to 4096 on loopback (no link limit) and 1024 elsewhere
 //! (right for a 1500-byte Ethernet link).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 
 use anyhow::{bail, Context, Result};
 use lightpath_soft::{ProgressMode, SoftConfig, SoftDevice};
 use lightpath_verbs::Mtu;
 
-use super::args::{Args, ProviderKind};
+use super::args::{Args, PerfTest, ProviderKind};
 use super::control::{self, Answer, Hello};
 use super::rdma::{self, RdmaEndpoint, Side};
-use super::report::Reporter;
+use super::report::{Reporter, SizeResult};
 use super::session;
 
 /// Runs the server or the client side.
@@ -29,8 +29,25 @@ pub fn run(args: &Args) -> Result<()> {
     }
 }
 
-fn default_mtu(args: &Args, ip: IpAddr) -> Mtu {
-    match args.mtu.and_then(Mtu::from_bytes) {
+/// Where a side's soft device lives.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointOptions {
+    /// Local address (default: derived from the control connection, see the module doc).
+    pub bind: Option<IpAddr>,
+    /// UDP port of the RoCE endpoint.
+    pub udp_port: u16,
+    /// Path MTU in bytes (default: 4096 on loopback, else 1024).
+    pub mtu: Option<u32>,
+}
+
+impl EndpointOptions {
+    fn from_args(args: &Args) -> Self {
+        Self { bind: args.bind, udp_port: args.udp_port, mtu: args.mtu }
+    }
+}
+
+fn default_mtu(options: &EndpointOptions, ip: IpAddr) -> Mtu {
+    match options.mtu.and_then(Mtu::from_bytes) {
         Some(mtu) => mtu,
         None if ip.is_loopback() => Mtu::Mtu4096,
         None => Mtu::Mtu1024,
@@ -46,9 +63,13 @@ pub fn open_device(ip: IpAddr, udp_port: u16, mtu: Mtu) -> Result<SoftDevice> {
 }
 
 fn serve(args: &Args) -> Result<()> {
-    let mut stream = session::accept_one(args)?;
+    serve_stream(session::accept_one(args)?, &EndpointOptions::from_args(args), args.test)
+}
+
+/// The server side on an accepted control connection.
+pub fn serve_stream(mut stream: TcpStream, options: &EndpointOptions, test: PerfTest) -> Result<()> {
     let hello: Hello = control::recv(&mut stream)?;
-    if let Err(reason) = control::check_hello(&hello, args.test, ProviderKind::Soft) {
+    if let Err(reason) = control::check_hello(&hello, test, ProviderKind::Soft) {
         control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
         bail!("refused the client: {reason}");
     }
@@ -60,10 +81,11 @@ fn serve(args: &Args) -> Result<()> {
             bail!(reason);
         }
     };
-    let ip = args.bind.unwrap_or(stream.local_addr()?.ip().to_canonical());
+    let ip = options.bind.unwrap_or(stream.local_addr()?.ip().to_canonical());
     let max_size = hello.plan.iter().map(|(size, _)| *size).max().unwrap_or(8);
-    let opened = open_device(ip, args.udp_port, default_mtu(args, ip))
-        .and_then(|device| Side::new(device, max_size, hello.tx_depth, default_mtu(args, ip)))
+    let mtu = default_mtu(options, ip);
+    let opened = open_device(ip, options.udp_port, mtu)
+        .and_then(|device| Side::new(device, max_size, hello.tx_depth, mtu))
         .and_then(|mut side| side.connect(&peer).map(|()| side));
     let mut side = match opened {
         Ok(side) => side,
@@ -77,9 +99,23 @@ fn serve(args: &Args) -> Result<()> {
 }
 
 fn client(args: &Args, server: &str) -> Result<()> {
-    let mut stream = session::connect(args, server)?;
+    let stream = session::connect(args, server)?;
+    let mut reporter = Reporter::new(args.json);
+    let options = EndpointOptions::from_args(args);
+    client_stream(stream, &options, args.test, &args.plan(), args.tx_depth, |r| reporter.print(r))
+}
+
+/// The client side on a connected control connection; `on_result` gets each size's result.
+pub fn client_stream(
+    mut stream: TcpStream,
+    options: &EndpointOptions,
+    test: PerfTest,
+    plan: &[(usize, u64)],
+    tx_depth: u32,
+    on_result: impl FnMut(&SizeResult),
+) -> Result<()> {
     let server_ip = stream.peer_addr()?.ip().to_canonical();
-    let ip = match args.bind {
+    let ip = match options.bind {
         Some(ip) => ip,
         None => {
             let mine = stream.local_addr()?.ip().to_canonical();
@@ -94,18 +130,17 @@ fn client(args: &Args, server: &str) -> Result<()> {
             }
         }
     };
-    let plan: Vec<(usize, u64)> = args.sizes().into_iter().map(|s| (s, args.iterations_for(s))).collect();
     let max_size = plan.iter().map(|(size, _)| *size).max().unwrap_or(8);
-    let mtu = default_mtu(args, ip);
-    let device = open_device(ip, args.udp_port, mtu)?;
-    let mut side = Side::new(device, max_size, args.tx_depth, mtu)?;
+    let mtu = default_mtu(options, ip);
+    let device = open_device(ip, options.udp_port, mtu)?;
+    let mut side = Side::new(device, max_size, tx_depth, mtu)?;
     let hello = Hello {
         magic: control::MAGIC.into(),
         version: control::VERSION,
-        test: args.test,
+        test,
         provider: ProviderKind::Soft,
-        plan: plan.clone(),
-        tx_depth: args.tx_depth,
+        plan: plan.to_vec(),
+        tx_depth,
         endpoint: Some(serde_json::to_value(side.endpoint())?),
     };
     control::send(&mut stream, &hello)?;
@@ -115,8 +150,5 @@ fn client(args: &Args, server: &str) -> Result<()> {
         Answer::Reject { reason } => bail!("the server refused: {reason}"),
     };
     side.connect(&peer)?;
-    let mut reporter = Reporter::new(args.json);
-    rdma::client_run(&mut side, &mut stream, args.test, ProviderKind::Soft, &plan, args.tx_depth, &peer, |r| {
-        reporter.print(r)
-    })
+    rdma::client_run(&mut side, &mut stream, test, ProviderKind::Soft, plan, tx_depth, &peer, on_result)
 }

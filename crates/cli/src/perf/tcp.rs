@@ -38,9 +38,13 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn serve(args: &Args) -> Result<()> {
-    let mut stream = session::accept_one(args)?;
+    serve_stream(session::accept_one(args)?, args.test)
+}
+
+/// The server side on an accepted control connection.
+pub fn serve_stream(mut stream: TcpStream, test: PerfTest) -> Result<()> {
     let hello: Hello = control::recv(&mut stream)?;
-    if let Err(reason) = control::check_hello(&hello, args.test, ProviderKind::Tcp) {
+    if let Err(reason) = control::check_hello(&hello, test, ProviderKind::Tcp) {
         control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
         bail!("refused the client: {reason}");
     }
@@ -53,15 +57,27 @@ fn serve(args: &Args) -> Result<()> {
 }
 
 fn client(args: &Args, server: &str) -> Result<()> {
-    let mut stream = session::connect(args, server)?;
-    let plan: Vec<(usize, u64)> = args.sizes().into_iter().map(|s| (s, args.iterations_for(s))).collect();
+    let stream = session::connect(args, server)?;
+    let plan = args.plan();
+    let mut reporter = Reporter::new(args.json);
+    client_stream(stream, args.test, &plan, args.tx_depth, |r| reporter.print(r))
+}
+
+/// The client side on a connected control connection; `on_result` gets each size's result.
+pub fn client_stream(
+    mut stream: TcpStream,
+    test: PerfTest,
+    plan: &[(usize, u64)],
+    tx_depth: u32,
+    mut on_result: impl FnMut(&SizeResult),
+) -> Result<()> {
     let hello = Hello {
         magic: control::MAGIC.into(),
         version: control::VERSION,
-        test: args.test,
+        test,
         provider: ProviderKind::Tcp,
-        plan: plan.clone(),
-        tx_depth: args.tx_depth,
+        plan: plan.to_vec(),
+        tx_depth,
         endpoint: None,
     };
     control::send(&mut stream, &hello)?;
@@ -69,11 +85,10 @@ fn client(args: &Args, server: &str) -> Result<()> {
         Answer::Accept { .. } => {}
         Answer::Reject { reason } => bail!("the server refused: {reason}"),
     }
-    let mut reporter = Reporter::new(args.json);
-    for (size, iters) in plan {
-        let result = run_size(&mut stream, args.test, size, iters, args.tx_depth)
-            .with_context(|| format!("{} over tcp, {size} bytes", args.test))?;
-        reporter.print(&result);
+    for &(size, iters) in plan {
+        let result = run_size(&mut stream, test, size, iters, tx_depth)
+            .with_context(|| format!("{test} over tcp, {size} bytes"))?;
+        on_result(&result);
     }
     Ok(())
 }
