@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod decode;
 mod demo;
+mod devices;
 mod perf;
 mod sim;
 
@@ -24,6 +25,8 @@ struct Cli {
 enum Command {
     /// Two soft RoCE v2 endpoints on loopback: every operation, verified, then a side-by-side with kernel TCP.
     Demo(demo::Args),
+    /// List the providers and devices this machine can use, and why any is unavailable.
+    Devices(devices::Args),
     /// Decode RoCE v2 packets (hex or pcap) and check their ICRC.
     Decode(decode::Args),
     /// perftest-style latency and bandwidth tests between two lightpath processes.
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Devices(args) => devices::run(args),
         Command::Decode(args) => decode::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Perf(args) => perf::run(args),
