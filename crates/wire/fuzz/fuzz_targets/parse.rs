@@ -9,10 +9,9 @@ use libfuzzer_sys::fuzz_target;
 use lightpath_wire::capture::{hex_text, pcap};
 use lightpath_wire::icrc::{self, Endpoints};
 use lightpath_wire::{
-    pretty, AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket,
-    AtomicEthRepr, BthPacket, BthRepr, DethPacket, DethRepr, EthernetFrame, EthernetRepr,
-    IethPacket, ImmDtPacket, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, RethPacket, RethRepr,
-    TransportRepr, UdpPacket, UdpRepr,
+    pretty, AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr,
+    BthPacket, BthRepr, DethPacket, DethRepr, EthernetFrame, EthernetRepr, IethPacket, ImmDtPacket,
+    Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, RethPacket, RethRepr, TransportRepr, UdpPacket, UdpRepr,
 };
 
 /// Parses a header, emits it into a buffer of `$len(&repr)` bytes (header plus whatever

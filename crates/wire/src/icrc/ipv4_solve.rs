@@ -4,7 +4,9 @@
 //! CRC-32 is affine: flipping a set of message bits XORs the CRC with a fixed linear function
 //! of those bits. So with every other byte known, `crc(id, flags) = crc(0, 0) ⊕ M·x`, where
 //! `x` is the 19 unknown bits. A packet is accepted when `crc(0, 0) ⊕ found` lies in the span
-//! of `M`'s 19 columns: a corrupted packet passes with probability 2^19 / 2^32 = 2^-13.
+//! of `M`'s 19 columns. Only solutions with MF and the reserved flag clear count (no sender
+//! sets them on a whole datagram), so a corrupted packet passes with probability
+//! 2^17 / 2^32 = 2^-15.
 //!
 //! Making that cheap: the unknown bits sit at bytes 12..16 of the CRC message, so their effect
 //! on the CRC register right after byte 16 is a fixed matrix `A` (precomputed once), and
@@ -158,8 +160,9 @@ impl Solver {
     }
 }
 
-/// Finds the IPv4 identification and flags (fragment offset 0) under which the datagram's
-/// ICRC is correct, or `None` if there are none (a corrupted packet, or IPv6 endpoints).
+/// Finds the IPv4 identification and flags (fragment offset 0, MF and the reserved flag clear,
+/// DF either way) under which the datagram's ICRC is correct, or `None` if there are none (a
+/// corrupted packet, or IPv6 endpoints).
 ///
 /// Since the 19 unknown bits lie within 32 consecutive message bits, different values always
 /// give different CRCs: a solution, when there is one, is unique.
@@ -174,7 +177,13 @@ pub fn solve_ipv4_id_flags(endpoints: &Endpoints, datagram: &[u8]) -> Option<Ipv
     let m = prefix.len() + datagram.len() - super::ICRC_LEN - UNKNOWNS_END;
     let solver = Solver::get();
     let x = solver.solve(mul_mod_poly(delta, solver.inverse_shift(m)))?;
-    Some(Ipv4IdFlags { ident: x as u16, flags_frag: ((x >> 16) as u16) << 13 })
+    let flags_frag = ((x >> 16) as u16) << 13;
+    // A whole datagram is never sent with MF or the reserved flag set: refusing those
+    // solutions leaves 2^17 acceptable headers, a false-accept rate of 2^-15.
+    if flags_frag & !FLAG_DONT_FRAG != 0 {
+        return None;
+    }
+    Some(Ipv4IdFlags { ident: x as u16, flags_frag })
 }
 
 impl Ipv4IdFlags {

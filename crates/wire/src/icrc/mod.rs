@@ -214,7 +214,8 @@ pub fn seal(endpoints: &Endpoints, datagram: &mut [u8]) -> Result<()> {
 
 /// Checks a received datagram's ICRC: exactly for IPv6; for IPv4, where a UDP socket does
 /// not reveal the IP ID and flags, by solving for them over GF(2) (digest §5.1a), which accepts
-/// a corrupted packet with probability about 2^-13. False for datagrams too short to have one.
+/// a corrupted packet with probability about 2^-15 (16 ID bits and DF unknown; MF and the
+/// reserved flag must be clear). False for datagrams too short to have one.
 pub fn verify(endpoints: &Endpoints, datagram: &[u8]) -> bool {
     match endpoints.family() {
         Family::V4(..) => solve_ipv4_id_flags(endpoints, datagram).is_some(),
