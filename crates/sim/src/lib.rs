@@ -39,7 +39,7 @@ pub use network::{NetStats, Network};
 pub use op::{Negative, OpKind};
 pub use report::{OpCounts, RunStats, SeedFailure, SeedReport, Summary};
 pub use time::SimTime;
-pub use trace::{describe_datagram, TraceEvent, TraceKind};
+pub use trace::{describe_datagram, summarize, TraceEvent, TraceKind};
 pub use workload::Workload;
 
 /// Runs one seed and checks every invariant. Pure: the same config and seed give the same

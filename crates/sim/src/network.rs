@@ -11,14 +11,18 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
+use lightpath_wire::Endpoints;
+
 use crate::faults::ScriptedFault;
 use crate::link::{DropReason, Link, LinkConfig, Verdict};
 use crate::rng::SimRng;
 use crate::time::SimTime;
-use crate::trace::{describe_datagram, TraceEvent, TraceKind};
+use crate::trace::{summarize, TraceEvent, TraceKind};
 
 /// UDP header bytes, counted against the link MTU.
 const UDP_HEADER: usize = 8;
+/// The RoCE v2 UDP destination port, every datagram's.
+const ROCE_PORT: u16 = 4791;
 
 /// Counters of what the network did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -185,16 +189,16 @@ impl Network {
     pub fn send(&mut self, now: SimTime, from: usize, dst: IpAddr, src_port: u16, bytes: &[u8]) {
         self.stats.sent += 1;
         let to = self.node_of(dst);
-        self.record(now, from, to.unwrap_or(usize::MAX), TraceKind::Sent, bytes);
+        self.record(now, from, to.unwrap_or(usize::MAX), TraceKind::Sent, src_port, bytes);
         let Some(to) = to else {
-            return self.drop_datagram(now, from, usize::MAX, DropReason::NoRoute, bytes);
+            return self.drop_datagram(now, from, usize::MAX, DropReason::NoRoute, src_port, bytes);
         };
         if !self.is_alive(from, now) || !self.is_alive(to, now) {
-            return self.drop_datagram(now, from, to, DropReason::Dead, bytes);
+            return self.drop_datagram(now, from, to, DropReason::Dead, src_port, bytes);
         }
         let n = self.addresses.len();
         let Some(link) = self.links.get_mut(from * n + to) else {
-            return self.drop_datagram(now, from, to, DropReason::NoRoute, bytes);
+            return self.drop_datagram(now, from, to, DropReason::NoRoute, src_port, bytes);
         };
         let index = link.offered;
         link.offered += 1;
@@ -206,25 +210,25 @@ impl Network {
             fault.drops(from, to, now, index).then_some(reason)
         });
         if let Some(reason) = scripted_drop {
-            return self.drop_datagram(now, from, to, reason, bytes);
+            return self.drop_datagram(now, from, to, reason, src_port, bytes);
         }
         let ip_header = if dst.is_ipv4() { 20 } else { 40 };
         let wire_len = ip_header + UDP_HEADER + bytes.len();
         let mut owned = bytes.to_vec();
         match link.carry(now, wire_len, &mut owned) {
-            Verdict::Drop(reason) => self.drop_datagram(now, from, to, reason, bytes),
+            Verdict::Drop(reason) => self.drop_datagram(now, from, to, reason, src_port, bytes),
             Verdict::Deliver { arrival, duplicate_arrival, corrupted, reordered } => {
                 if corrupted {
                     self.stats.corrupted += 1;
-                    self.record(now, from, to, TraceKind::Corrupted, &owned);
+                    self.record(now, from, to, TraceKind::Corrupted, src_port, &owned);
                 }
                 if reordered {
                     self.stats.reordered += 1;
-                    self.record(now, from, to, TraceKind::Reordered, &owned);
+                    self.record(now, from, to, TraceKind::Reordered, src_port, &owned);
                 }
                 if let Some(again) = duplicate_arrival {
                     self.stats.duplicated += 1;
-                    self.record(now, from, to, TraceKind::Duplicated, &owned);
+                    self.record(now, from, to, TraceKind::Duplicated, src_port, &owned);
                     self.enqueue(again, from, to, src_port, owned.clone());
                 }
                 self.enqueue(arrival, from, to, src_port, owned);
@@ -243,11 +247,13 @@ impl Network {
             let Reverse(datagram) = self.in_flight.pop()?;
             if !self.is_alive(datagram.to, datagram.at) {
                 let bytes = datagram.bytes;
-                self.drop_datagram(datagram.at, datagram.from, datagram.to, DropReason::Dead, &bytes);
+                let (at, from, to, port) = (datagram.at, datagram.from, datagram.to, datagram.src_port);
+                self.drop_datagram(at, from, to, DropReason::Dead, port, &bytes);
                 continue;
             }
             self.stats.delivered += 1;
-            self.record(datagram.at, datagram.from, datagram.to, TraceKind::Delivered, &datagram.bytes);
+            let (at, from, to, port) = (datagram.at, datagram.from, datagram.to, datagram.src_port);
+            self.record(at, from, to, TraceKind::Delivered, port, &datagram.bytes);
             let (Some(src_ip), Some(dst_ip)) = (self.address(datagram.from), self.address(datagram.to))
             else {
                 continue;
@@ -270,14 +276,30 @@ impl Network {
         self.in_flight.push(Reverse(InFlight { at, seq, from, to, src_port, bytes }));
     }
 
-    fn drop_datagram(&mut self, now: SimTime, from: usize, to: usize, reason: DropReason, bytes: &[u8]) {
+    fn drop_datagram(
+        &mut self,
+        now: SimTime,
+        from: usize,
+        to: usize,
+        reason: DropReason,
+        src_port: u16,
+        bytes: &[u8],
+    ) {
         self.stats.count_drop(reason);
-        self.record(now, from, to, TraceKind::Dropped(reason), bytes);
+        self.record(now, from, to, TraceKind::Dropped(reason), src_port, bytes);
     }
 
-    fn record(&mut self, at: SimTime, from: usize, to: usize, kind: TraceKind, bytes: &[u8]) {
+    fn record(&mut self, at: SimTime, from: usize, to: usize, kind: TraceKind, src_port: u16, bytes: &[u8]) {
+        if self.trace.is_none() {
+            return;
+        }
+        let endpoints = match (self.address(from), self.address(to)) {
+            (Some(src), Some(dst)) => Some(Endpoints { src, dst, src_port, dst_port: ROCE_PORT }),
+            _ => None,
+        };
+        let summary = summarize(bytes, endpoints.as_ref());
         if let Some(trace) = self.trace.as_mut() {
-            trace.push(TraceEvent { at, from, to, kind, summary: describe_datagram(bytes) });
+            trace.push(TraceEvent { at, from, to, kind, summary });
         }
     }
 }

@@ -1,9 +1,13 @@
 //! The packet trace of a run: every datagram sent, delivered, dropped, duplicated or damaged,
-//! with a one-line summary of its transport headers for debugging a single seed.
+//! with a one-line summary for debugging a single seed: `lightpath_wire::pretty`'s line
+//! (opcode, QP, PSN, AckReq, AETH meaning, payload length, ICRC verdict) followed by the
+//! RETH/AtomicETH fields, which say which part of which region a request names.
 
 use std::fmt;
 
 use serde::Serialize;
+
+use lightpath_wire::Endpoints;
 
 use crate::link::DropReason;
 use crate::time::SimTime;
@@ -36,7 +40,7 @@ pub struct TraceEvent {
     pub to: usize,
     /// What happened.
     pub kind: TraceKind,
-    /// Opcode, PSN and other header fields (see [`describe_datagram`]).
+    /// Opcode, PSN and other header fields (see [`summarize`]).
     pub summary: String,
 }
 
@@ -130,8 +134,15 @@ pub fn describe_datagram(bytes: &[u8]) -> String {
         if ack_req { " A" } else { "" },
         bytes.len()
     );
+    line.push_str(&extension_detail(bytes));
+    line
+}
+
+/// The RETH, AETH or AtomicETH fields of a datagram, as " name=value …" (empty otherwise).
+fn extension_detail(bytes: &[u8]) -> String {
+    let Some(&opcode) = bytes.first() else { return String::new() };
     let ext = 12;
-    let detail = match opcode {
+    match opcode {
         // RETH: VA, R_Key, DMA length.
         0x06 | 0x0A | 0x0B | 0x0C => match (be64(bytes, ext), be32(bytes, ext + 8), be32(bytes, ext + 12)) {
             (Some(va), Some(rkey), Some(len)) => format!(" va={va:#x} rkey={rkey:#x} dma_len={len}"),
@@ -148,8 +159,14 @@ pub fn describe_datagram(bytes: &[u8]) -> String {
             _ => " (truncated AtomicETH)".to_string(),
         },
         _ => String::new(),
-    };
-    line.push_str(&detail);
+    }
+}
+
+/// The trace line of a datagram sent between `endpoints`: the wire crate's summary (with the
+/// ICRC checked as the receiver would) plus the remote address fields of requests.
+pub fn summarize(bytes: &[u8], endpoints: Option<&Endpoints>) -> String {
+    let mut line = lightpath_wire::pretty::datagram(bytes, endpoints).summary();
+    line.push_str(&extension_detail(bytes));
     line
 }
 
