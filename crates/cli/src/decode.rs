@@ -22,6 +22,8 @@ use lightpath_wire::ROCE_V2_PORT;
 /// had a bad ICRC, failed to decode, or (for hex input) was not RoCE v2 at all. Non-RoCE frames
 /// in a pcap file are listed and skipped.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Exit status: 0 if every RoCE v2 packet decoded with a good ICRC; 1 if any \
+    had a bad ICRC, failed to decode, or (hex input) was not RoCE v2; 2 on unreadable input.")]
 pub struct Args {
     /// Packet bytes in hex (spaces, colons and 0x allowed). Without it, hex is read from stdin:
     /// plain hex (a blank or `#` line separates packets) or offset dumps ("0000  52 54 00 ...").
