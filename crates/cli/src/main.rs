@@ -10,7 +10,9 @@ use clap::{Parser, Subcommand};
 mod decode;
 mod demo;
 mod devices;
+mod interop_peer;
 mod perf;
+mod pingpong;
 mod sim;
 
 /// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
@@ -29,6 +31,10 @@ enum Command {
     Devices(devices::Args),
     /// Decode RoCE v2 packets (hex or pcap) and check their ICRC.
     Decode(decode::Args),
+    /// rdma-core's ibv_rc_pingpong, interoperable with it (either side may be the real tool).
+    Pingpong(pingpong::Args),
+    /// The Lightpath side of the interop test protocol (interop/PROTOCOL.md) against verbs_peer on rxe.
+    InteropPeer(interop_peer::Args),
     /// perftest-style latency and bandwidth tests between two lightpath processes.
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
@@ -43,6 +49,8 @@ fn main() -> ExitCode {
         Command::Decode(args) => decode::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Perf(args) => perf::run(args),
+        Command::Pingpong(args) => pingpong::run(args),
+        Command::InteropPeer(args) => interop_peer::run(args),
     };
     match result {
         Ok(code) => code,
