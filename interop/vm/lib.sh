@@ -82,14 +82,6 @@ lpvm_net_up() {
         lpvm_ns ip link set "$LPVM_TAP" up
 }
 
-# Changes the link MTU on both ends (tap and the VM's eth0); rxe follows the netdev MTU.
-lpvm_set_mtu() {
-    local mtu=$1
-    lpvm_ns ip link set "$LPVM_TAP" mtu "$mtu" || return 1
-    lpvm_job "mtu-$mtu-$RANDOM" "ip link set eth0 mtu $mtu && sleep 0.2 && cat /sys/class/infiniband/rxe0/ports/1/active_mtu 2>/dev/null || true" 30 > /dev/null || return 1
-    LPVM_MTU=$mtu
-}
-
 lpvm_pcap_start() {
     local file=$1
     # not through lpvm_ns: a backgrounded function is a subshell, and $! would be its pid
