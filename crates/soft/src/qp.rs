@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use lightpath_verbs::{Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr};
+use lightpath_verbs::{
+    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
+};
 
 use crate::cq::{CqInner, SoftCq};
 use crate::pd::SoftPd;
@@ -93,6 +95,37 @@ impl QueuePair for SoftQp {
         // A receive posted in ERR completes (flushed) at once; deliver that notification.
         device.after_call(&mut core);
         result
+    }
+
+    fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), BatchError> {
+        self.post_batch(wrs, |engine, now, wr| engine.post_send(now, self.qpn, wr))
+    }
+
+    fn post_recv_batch(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), BatchError> {
+        self.post_batch(wrs, |engine, _, wr| engine.post_recv(self.qpn, wr))
+    }
+}
+
+impl SoftQp {
+    /// Runs `post` for each request under one lock, then sends everything they produced in as
+    /// few `sendmmsg` calls as possible.
+    fn post_batch<W>(
+        &self,
+        wrs: &[W],
+        post: impl Fn(&mut lightpath_roce::Engine, lightpath_roce::Time, &W) -> Result<()>,
+    ) -> std::result::Result<(), BatchError> {
+        let device = &self.pd.device;
+        let mut core = device.lock();
+        let now = device.now();
+        let mut outcome = Ok(());
+        for (posted, wr) in wrs.iter().enumerate() {
+            if let Err(error) = post(&mut core.engine, now, wr) {
+                outcome = Err(BatchError { posted, error });
+                break;
+            }
+        }
+        device.after_call(&mut core);
+        outcome
     }
 }
 

@@ -28,7 +28,8 @@ pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mtu::Mtu;
 pub use provider::{
-    CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain, Provider, QpOf, QueuePair,
+    BatchError, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain, Provider, QpOf,
+    QueuePair,
 };
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -241,6 +241,47 @@ pub trait QueuePair: Send + Sync {
     /// Posts a receive work request. Refused with [`Error::InvalidState`] in RESET and with
     /// [`Error::QueueFull`] when `max_recv_wr` receives are posted.
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+
+    /// Posts several send requests in order, stopping at the first refusal (which reports how
+    /// many were posted before it, like `ibv_post_send`'s `bad_wr`). Providers override this to
+    /// post a whole batch under one lock with one doorbell; the default posts one at a time.
+    fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), BatchError> {
+        for (posted, wr) in wrs.iter().enumerate() {
+            self.post_send(wr).map_err(|error| BatchError { posted, error })?;
+        }
+        Ok(())
+    }
+
+    /// Posts several receive requests in order, stopping at the first refusal.
+    fn post_recv_batch(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), BatchError> {
+        for (posted, wr) in wrs.iter().enumerate() {
+            self.post_recv(wr).map_err(|error| BatchError { posted, error })?;
+        }
+        Ok(())
+    }
+}
+
+/// A batch post stopped at a refused request: the first `posted` requests were accepted (and
+/// will complete as usual), the one at index `posted` was refused with `error`, and the rest
+/// were not looked at.
+#[derive(Debug)]
+pub struct BatchError {
+    /// Requests accepted before the refusal.
+    pub posted: usize,
+    /// Why request number `posted` was refused.
+    pub error: Error,
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "work request {} of the batch refused: {}", self.posted, self.error)
+    }
+}
+
+impl std::error::Error for BatchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }
 
 /// The protection domain type of device `D`.

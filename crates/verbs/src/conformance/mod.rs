@@ -68,6 +68,7 @@ macro_rules! __lightpath_conformance_cases {
             send_with_imm,
             send_gather_scatter,
             inline_send,
+            batched_posts,
             unsignaled_requests,
             rdma_write,
             rdma_write_with_imm,

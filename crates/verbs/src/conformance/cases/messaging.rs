@@ -170,3 +170,43 @@ pub fn unsignaled_requests<F: ConformanceFixture>() {
     assert_eq!(read_region(&target, 1024, 64), pattern(64, 3));
     assert_empty(&pair.b.cq);
 }
+
+/// Batched posts: a batch of receives and a batch of sends complete in order; a batch with a
+/// refused request in the middle reports how many went in before it, and those complete.
+pub fn batched_posts<F: ConformanceFixture>() {
+    let pair = Pair::connected::<F>();
+    let src = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+    let dst = pair.b.alloc(4096, AccessFlags::LOCAL_WRITE);
+    for i in 0..4 {
+        src.write(i * 64, &pattern(64, i as u8)).expect("fill");
+    }
+    let recv_sges: Vec<[crate::Sge; 1]> = (0..6).map(|i| [dst.sge(i * 64, 64)]).collect();
+    let recvs: Vec<RecvWr<'_>> =
+        recv_sges.iter().enumerate().map(|(i, s)| RecvWr::new(i as u64, s)).collect();
+    pair.b.qp.post_recv_batch(&recvs).expect("receive batch");
+    let send_sges: Vec<[crate::Sge; 1]> = (0..4).map(|i| [src.sge(i * 64, 64)]).collect();
+    let sends: Vec<SendWr<'_>> =
+        send_sges.iter().enumerate().map(|(i, s)| SendWr::new(10 + i as u64, SendOp::Send, s)).collect();
+    pair.a.qp.post_send_batch(&sends).expect("send batch");
+    for (i, wc) in wait_n(&pair.b.cq, 4).iter().enumerate() {
+        assert_success(wc, i as u64, WcOpcode::Recv);
+        assert_eq!(read_region(&dst, i * 64, 64), pattern(64, i as u8));
+    }
+    for (i, wc) in wait_n(&pair.a.cq, 4).iter().enumerate() {
+        assert_success(wc, 10 + i as u64, WcOpcode::Send);
+    }
+
+    let too_big = vec![0u8; pair.a.qp.caps().max_inline_data as usize + 1];
+    let mixed = [
+        SendWr::new(20, SendOp::Send, &send_sges[0]),
+        SendWr::inline(21, SendOp::Send, &too_big),
+        SendWr::new(22, SendOp::Send, &send_sges[1]),
+    ];
+    match pair.a.qp.post_send_batch(&mixed) {
+        Err(crate::BatchError { posted: 1, error: Error::TooLarge(_) }) => {}
+        other => panic!("batch with an oversized inline request: {other:?}"),
+    }
+    assert_success(&pair.a.wait_one(), 20, WcOpcode::Send);
+    assert_success(&pair.b.wait_one(), 4, WcOpcode::Recv);
+    assert_empty(&pair.a.cq);
+}

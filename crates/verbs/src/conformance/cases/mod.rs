@@ -21,7 +21,7 @@ pub use errors_remote::{
 };
 pub use memory::{mr_access_combinations, mr_byte_accessors};
 pub use messaging::{
-    inline_send, send_gather_scatter, send_recv_one_mib, send_recv_small_sizes, send_with_imm,
+    batched_posts, inline_send, send_gather_scatter, send_recv_one_mib, send_recv_small_sizes, send_with_imm,
     unsignaled_requests,
 };
 pub use queues::{many_qps_one_cq, psn_wrap, recv_queue_full, send_queue_full};
