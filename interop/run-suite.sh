@@ -303,14 +303,14 @@ case_peer_lp_server() {
     take_port
     lp_traffic=$((lp_traffic + 1))
     lpvm_ns_start "$case_dir/lightpath.log" $T_CASE "$LP" interop-peer --bind "$LPVM_HOST_IP" \
-        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 120
+        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 60
     pid=$LPVM_BG_PID
     if ! lpvm_ns_wait_listening "$port" 30; then
         note "lightpath interop-peer never listened on TCP $port (see lightpath.log)"
         kill "$pid" 2> /dev/null
         return 1
     fi
-    lpvm_job "vps-$op-$port" "$VP -o $op -n $op_iters -m 1024 -p $port -t 120 $LPVM_HOST_IP" \
+    lpvm_job "vps-$op-$port" "$VP -o $op -n $op_iters -m 1024 -R 6 -p $port -t 60 $LPVM_HOST_IP" \
         $T_CASE > "$case_dir/rxe.log" 2>&1 || vm_rc=$?
     wait "$pid" || host_rc=$?
     sed 's/^/[rxe] /' "$case_dir/rxe.log"
@@ -327,7 +327,7 @@ case_peer_lp_client() {
     take_port
     lp_traffic=$((lp_traffic + 1))
     id=vpc-$op-$port
-    lpvm_job_start "$id" "lp_serve $port $VP -o $op -n $op_iters -m 1024 -p $port -t 120" $T_CASE
+    lpvm_job_start "$id" "lp_serve $port $VP -o $op -n $op_iters -m 1024 -R 6 -p $port -t 60" $T_CASE
     if ! lpvm_job_wait_listening "$id" 30; then
         note "verbs_peer in the VM never listened on TCP $port"
         lpvm_job_wait "$id" 60
@@ -335,7 +335,7 @@ case_peer_lp_client() {
         return 1
     fi
     lpvm_ns timeout --kill-after=3 $T_CASE "$LP" interop-peer --bind "$LPVM_HOST_IP" \
-        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 120 "$LPVM_VM_IP" > "$case_dir/lightpath.log" 2>&1 || host_rc=$?
+        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 60 "$LPVM_VM_IP" > "$case_dir/lightpath.log" 2>&1 || host_rc=$?
     lpvm_job_wait "$id" $((T_CASE + 30)) || vm_rc=$?
     cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/rxe.log" 2> /dev/null
     sed 's/^/[rxe] /' "$case_dir/rxe.log"

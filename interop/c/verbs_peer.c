@@ -728,6 +728,10 @@ static int run_server(void)
                     die("expected DONE, got \"%s\"", line);
                 done = true;
                 client_pass = strcmp(line + 5, "PASS") == 0;
+                /* Every operation the client posted has completed (been acknowledged), so
+                 * the matching receive completions are due now: allow a short grace only. */
+                if (deadline > now_s() + 5)
+                    deadline = now_s() + 5;
             }
         }
         if (now_s() > deadline) {
