@@ -275,14 +275,36 @@ fn responder_output_stays_bounded_under_a_duplicate_flood() {
     let mut net = Net::new(2);
     let c = connect(&mut net, 0, 1, &Opts { max_dest_rd_atomic: 4, ..Opts::default() });
     let target = reg(&mut net, 1, vec![1; 1 << 20], 0x10_0000, rw());
-    let mut read = TransportHeader::new(bth(Opcode::RC_RDMA_READ_REQUEST, c.b.qpn, 0x1000));
-    read.reth = Some(RethRepr { va: 0x10_0000, rkey: target.keys.rkey, dma_len: 1 << 20 });
-    let bytes = craft(read, &[], 0, 1);
+    let read = |psn: u32| {
+        let mut h = TransportHeader::new(bth(Opcode::RC_RDMA_READ_REQUEST, c.b.qpn, psn));
+        h.reth = Some(RethRepr { va: 0x10_0000, rkey: target.keys.rkey, dma_len: 1 << 20 });
+        craft(h, &[], 0, 1)
+    };
     // The first is new, the rest are duplicates; nobody polls the engine's transmissions.
+    let bytes = read(0x1000);
     for _ in 0..10_000 {
         net.inject(0, 1, 0xC123, &bytes);
     }
-    let stats = net.engines[1].stats();
-    assert!(stats.drops_responder_busy > 9_000, "{stats:?}");
-    assert!(stats.duplicates < 20);
+    assert_eq!(net.engines[1].stats().duplicates, 9_999);
+    // The duplicates restarted the one queued response stream instead of adding streams.
+    net.set_filter(|_| Verdict::Drop);
+    net.pump();
+    assert_eq!(net.trace.len(), 1024);
+
+    // New READs beyond what the output queue holds are dropped (not executed), and the
+    // requester would retry them.
+    let mut net = Net::new(2);
+    let c = connect(&mut net, 0, 1, &Opts { max_dest_rd_atomic: 4, ..Opts::default() });
+    let target = reg(&mut net, 1, vec![1; 4096], 0x10_0000, rw());
+    for i in 0..100u32 {
+        let mut h = TransportHeader::new(bth(Opcode::RC_RDMA_READ_REQUEST, c.b.qpn, 0x1000 + i));
+        h.reth = Some(RethRepr { va: 0x10_0000, rkey: target.keys.rkey, dma_len: 8 });
+        net.inject(0, 1, 0xC123, &craft(h, &[], 0, 1));
+    }
+    let stats = net.engines[1].stats().clone();
+    assert!(stats.drops_responder_busy >= 1, "{stats:?}");
+    net.set_filter(|_| Verdict::Drop);
+    net.pump();
+    let responses = net.trace.iter().filter(|s| s.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY).count();
+    assert!(responses <= 12, "{responses} responses queued");
 }

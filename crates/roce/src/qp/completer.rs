@@ -33,6 +33,14 @@ impl Qp {
         payload: &[u8],
     ) {
         let psn = header.bth.psn;
+        if kind == OpKind::ReadResponse
+            && matches!(position, Position::First | Position::Only)
+            && self.req.read_reissue == Some(psn)
+        {
+            // The reply to our last READ reissue (even if its data is no longer needed):
+            // a round trip has passed, so another gap may trigger another reissue.
+            self.req.read_reissue = None;
+        }
         if !self.sq.has_outstanding() || !psn.is_before(self.req.sent_high) {
             ctx.stats.drops_unexpected_response += 1;
             return;
@@ -87,6 +95,7 @@ impl Qp {
 
     /// Completes the head WQE with `status`. Unsignaled WQEs report only errors.
     fn complete_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+        self.req.read_reissue = None;
         let wqe = self.sq.get(self.sq.head);
         if wqe.signaled || status != WcStatus::Success {
             let mut wc = WorkCompletion::new(wqe.wr_id, status, wqe.wc_opcode(), self.qpn);
@@ -188,6 +197,14 @@ impl Qp {
             ctx.stats.drops_unexpected_response += 1;
             return;
         };
+        if index != self.sq.head && self.sq.get(self.sq.head).is_read_or_atomic() {
+            // The NAK implies the responder executed the earlier READ/atomic, whose response
+            // is missing: like rxe, treat that as a lost response and retry from it. (The
+            // responder is in ERR by now, so this normally ends in RETRY_EXC_ERR on the oldest
+            // request — never in a flush reported before an error.)
+            self.retry_from_una(ctx, now);
+            return;
+        }
         let status = match code {
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
             NakCode::RemoteAccessError => WcStatus::RemAccessErr,
@@ -222,9 +239,17 @@ impl Qp {
             return;
         }
         if psn.is_after(self.req.una) {
-            // Earlier response packets of this READ were lost: reissue the rest.
+            // Earlier response packets of this READ are missing: lost, or only overtaken.
+            // Reissue the rest at once (as rxe does), but at most once per round trip, so a
+            // reordering network does not set off a storm of reissues and replays.
             ctx.stats.drops_unexpected_response += 1;
-            self.retry_from_una(ctx, now);
+            if self.req.read_reissue.is_none() {
+                let una = self.req.una;
+                self.retry_from_una(ctx, now);
+                if self.state != lightpath_verbs::QpState::Err {
+                    self.req.read_reissue = Some(una);
+                }
+            }
             return;
         }
         let wqe = self.sq.get(head);
@@ -290,6 +315,7 @@ impl Qp {
         }
         if self.timers.retransmit.is_some_and(|deadline| deadline <= now) {
             self.timers.retransmit = None;
+            self.req.read_reissue = None;
             if self.sq.has_outstanding() {
                 ctx.stats.timeouts += 1;
                 if !self.spend_retry(ctx) {

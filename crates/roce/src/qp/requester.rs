@@ -50,6 +50,10 @@ pub(crate) struct Requester {
     /// The PSN of the last go-back-N rewind, until progress is made: a second NAK or gap
     /// for the same PSN is the same loss, not a new one.
     pub(crate) rewound_at: Option<Psn>,
+    /// A READ was reissued at this PSN because its responses had a gap. Until the reply to
+    /// that reissue (a FIRST/ONLY response at this PSN) arrives — one round trip — further
+    /// gaps are taken for reordering, not loss, and cause no new reissue.
+    pub(crate) read_reissue: Option<Psn>,
 }
 
 impl Requester {

@@ -373,7 +373,7 @@ impl Qp {
                 self.queue_ack(ctx, last_in_order, Syndrome::ACK_UNLIMITED, msn);
             }
             OpKind::ReadRequest => {
-                let (Some(reth), Some(Resource::Read { first, va, rkey, len, .. })) =
+                let (Some(reth), Some(Resource::Read { first, last, va, rkey, len })) =
                     (header.reth, self.resp.resources.find_read(psn))
                 else {
                     ctx.stats.drops_stale_duplicate += 1;
@@ -390,18 +390,26 @@ impl Qp {
                     ctx.stats.drops_stale_duplicate += 1;
                     return;
                 }
+                let replay =
+                    ResponseItem::ReadData { psn, va: reth.va, rkey, remaining: want_len, first: true };
+                // If the response stream of that READ is still queued, restart it at the
+                // requested PSN instead of queueing a second stream: a reissue then never
+                // multiplies the traffic, however often the requester asks.
+                if let Some(stream) = self.resp.output.read_stream_mut(first, last) {
+                    if let ResponseItem::ReadData { psn: next, .. } = *stream {
+                        if next.is_after_or_eq(psn) {
+                            *stream = replay;
+                        }
+                    }
+                    ctx.stats.duplicates += 1;
+                    return;
+                }
                 if !self.resp.output.has_room_for_work() {
                     ctx.stats.drops_responder_busy += 1;
                     return;
                 }
                 ctx.stats.duplicates += 1;
-                self.resp.output.push_work(ResponseItem::ReadData {
-                    psn,
-                    va: reth.va,
-                    rkey,
-                    remaining: want_len,
-                    first: true,
-                });
+                self.resp.output.push_work(replay);
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 let Some(orig) = self.resp.resources.find_atomic(psn) else {

@@ -66,6 +66,15 @@ impl ResponseQueue {
         true
     }
 
+    /// The queued READ response stream whose next packet lies in `[first, last]` (the PSN
+    /// range of one READ request), if any.
+    pub(crate) fn read_stream_mut(&mut self, first: Psn, last: Psn) -> Option<&mut ResponseItem> {
+        self.items.iter_mut().find(|item| match item {
+            ResponseItem::ReadData { psn, .. } => psn.is_after_or_eq(first) && !psn.is_after(last),
+            _ => false,
+        })
+    }
+
     pub(crate) fn front_mut(&mut self) -> Option<&mut ResponseItem> {
         self.items.front_mut()
     }

@@ -36,6 +36,8 @@ pub struct Seen {
 pub enum Verdict {
     Deliver,
     Drop,
+    /// Deliver after this many later datagrams have been delivered (reordering).
+    Hold(usize),
 }
 
 type Filter = Box<dyn FnMut(&Seen) -> Verdict>;
@@ -46,6 +48,7 @@ pub struct Net {
     pub trace: Vec<Seen>,
     pub filter: Option<Filter>,
     wire: VecDeque<Seen>,
+    held: Vec<(usize, Seen)>,
     buf: Vec<u8>,
 }
 
@@ -62,6 +65,7 @@ impl Net {
             trace: Vec::new(),
             filter: None,
             wire: VecDeque::new(),
+            held: Vec::new(),
             buf: vec![0; MAX_DATAGRAM],
         }
     }
@@ -82,42 +86,73 @@ impl Net {
     pub fn pump(&mut self) {
         let mut moved = 0usize;
         loop {
-            for from in 0..self.engines.len() {
-                while let Some(t) = self.engines[from].poll_transmit(self.now, &mut self.buf) {
-                    let bytes = self.buf[..t.len].to_vec();
-                    let repr =
-                        TransportRepr::parse(&bytes).expect("the engine emitted an unparseable datagram");
-                    let seen = Seen {
-                        from,
-                        to: self.index_of(t.dst),
-                        opcode: repr.header.bth.opcode,
-                        psn: repr.header.bth.psn.value(),
-                        ack_req: repr.header.bth.ack_req,
-                        solicited: repr.header.bth.solicited,
-                        syndrome: repr.header.aeth.map(|a| a.syndrome),
-                        msn: repr.header.aeth.map(|a| a.msn),
-                        payload_len: repr.payload.len(),
-                        dest_qpn: repr.header.bth.dest_qpn,
-                        src_port: t.src_port,
-                        bytes: bytes.clone(),
-                    };
-                    self.wire.push_back(seen);
+            self.collect_transmits();
+            let Some(seen) = self.wire.pop_front() else {
+                // Nothing new on the wire: held datagrams go now, oldest first.
+                if self.held.is_empty() {
+                    return;
                 }
-            }
-            let Some(seen) = self.wire.pop_front() else { return };
+                let (_, due) = self.held.remove(0);
+                self.hand_over(&due);
+                continue;
+            };
             moved += 1;
             assert!(moved < 20_000_000, "livelock: too many datagrams");
             self.trace.push(Seen { bytes: Vec::new(), ..seen.clone() });
             let verdict = self.filter.as_mut().map_or(Verdict::Deliver, |f| f(&seen));
-            if verdict == Verdict::Deliver {
-                self.engines[seen.to].handle_datagram(
-                    self.now,
-                    ip(seen.from),
-                    ip(seen.to),
-                    seen.src_port,
-                    &seen.bytes,
-                );
+            match verdict {
+                Verdict::Deliver => {
+                    self.hand_over(&seen);
+                    self.tick_held();
+                }
+                Verdict::Drop => {}
+                Verdict::Hold(n) => self.held.push((n, seen)),
             }
+        }
+    }
+
+    fn collect_transmits(&mut self) {
+        for from in 0..self.engines.len() {
+            while let Some(t) = self.engines[from].poll_transmit(self.now, &mut self.buf) {
+                let bytes = self.buf[..t.len].to_vec();
+                let repr = TransportRepr::parse(&bytes).expect("the engine emitted an unparseable datagram");
+                let seen = Seen {
+                    from,
+                    to: self.index_of(t.dst),
+                    opcode: repr.header.bth.opcode,
+                    psn: repr.header.bth.psn.value(),
+                    ack_req: repr.header.bth.ack_req,
+                    solicited: repr.header.bth.solicited,
+                    syndrome: repr.header.aeth.map(|a| a.syndrome),
+                    msn: repr.header.aeth.map(|a| a.msn),
+                    payload_len: repr.payload.len(),
+                    dest_qpn: repr.header.bth.dest_qpn,
+                    src_port: t.src_port,
+                    bytes: bytes.clone(),
+                };
+                self.wire.push_back(seen);
+            }
+        }
+    }
+
+    fn hand_over(&mut self, seen: &Seen) {
+        self.engines[seen.to].handle_datagram(
+            self.now,
+            ip(seen.from),
+            ip(seen.to),
+            seen.src_port,
+            &seen.bytes,
+        );
+    }
+
+    /// One more datagram was delivered: held ones whose count ran out follow it.
+    fn tick_held(&mut self) {
+        for entry in &mut self.held {
+            entry.0 = entry.0.saturating_sub(1);
+        }
+        while let Some(i) = self.held.iter().position(|(n, _)| *n == 0) {
+            let (_, due) = self.held.remove(i);
+            self.hand_over(&due);
         }
     }
 
