@@ -64,6 +64,8 @@ fi
 
 if [ -z "$share" ]; then
     share=$LPVM_CACHE/runs/run-$(date +%Y%m%d-%H%M%S)-$$
+    # keep the 10 newest default share directories
+    ls -1d "$LPVM_CACHE"/runs/run-* 2> /dev/null | head -n -10 | xargs -r rm -rf
 fi
 mkdir -p "$share" || die "cannot create $share"
 LPVM_SHARE=$(cd "$share" && pwd)
