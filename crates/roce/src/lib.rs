@@ -80,7 +80,14 @@
 //!   "remote access error" (0x62).
 //! * An **ACK covering an unanswered READ/atomic** (possible when the network reorders) does
 //!   not trigger an immediate retry as in rxe; the completer waits for the response or the
-//!   retransmit timer. A gap inside a READ response stream does trigger go-back-N at once.
+//!   retransmit timer. A **fatal NAK** behind an unanswered READ/atomic does (as in rxe): the
+//!   earlier response counts as lost, so the error ends as RETRY_EXC_ERR on the oldest request
+//!   and no flush is ever reported before an error.
+//! * A **gap inside a READ response stream** reissues the READ for the remaining sub-range at
+//!   once, but at most once per round trip (until the reply to the previous reissue starts to
+//!   arrive); the responder restarts a still-queued response stream at the reissued PSN
+//!   instead of queueing a second one. Out-of-order READ data is not kept (go-back-N), so
+//!   heavy reordering costs replays, never failures.
 //! * **Keys**: an lkey and the rkey of the same region differ (bit 31), so one used in the
 //!   other's place is refused.
 #![forbid(unsafe_code)]

@@ -50,3 +50,45 @@ pub struct EngineStats {
     /// Completions dropped because their completion queue was full.
     pub cq_overflows: u64,
 }
+
+impl EngineStats {
+    /// Every datagram the engine refused, whatever the reason (the sum of the `drops_*`
+    /// counters; drivers can compare it with `rx_datagrams` without listing the fields).
+    pub fn total_drops(&self) -> u64 {
+        self.drops_malformed
+            + self.drops_icrc
+            + self.drops_unknown_qp
+            + self.drops_bad_state
+            + self.drops_wrong_peer
+            + self.drops_unsupported
+            + self.drops_unexpected_response
+            + self.drops_out_of_sequence
+            + self.drops_stale_duplicate
+            + self.drops_responder_busy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn total_drops_sums_every_drop_counter() {
+        let stats = EngineStats {
+            drops_malformed: 1,
+            drops_icrc: 2,
+            drops_unknown_qp: 4,
+            drops_bad_state: 8,
+            drops_wrong_peer: 16,
+            drops_unsupported: 32,
+            drops_unexpected_response: 64,
+            drops_out_of_sequence: 128,
+            drops_stale_duplicate: 256,
+            drops_responder_busy: 512,
+            duplicates: 1024,
+            stale_responses: 2048,
+            ..EngineStats::default()
+        };
+        assert_eq!(stats.total_drops(), 1023);
+    }
+}

@@ -8,6 +8,13 @@
 //!   unanswered READ/atomic — which happens when the network reorders a later ACK ahead of the
 //!   response — the completer waits for the response or the retransmit timer instead of
 //!   retrying at once as rxe does; that avoids needless retransmissions under reordering.
+//! * A fatal NAK (invalid request, remote access, operational error) for a request behind an
+//!   unanswered READ/atomic is, as in rxe, taken as proof that the earlier response was lost:
+//!   the completer retries from it instead of failing the NAKed request first, so a flush is
+//!   never reported before the error that caused it.
+//! * A gap inside a READ response stream reissues the READ for the rest at once (as rxe), but
+//!   at most once per round trip — until the reply to the previous reissue starts arriving —
+//!   so reordering cannot set off a storm of reissues.
 //! * A response that does not fit the WQE it names (wrong length or position) is dropped and
 //!   counted; the retransmit timer recovers, and a peer that keeps sending such responses ends
 //!   in RETRY_EXC_ERR.
@@ -41,14 +48,14 @@ impl Qp {
             // a round trip has passed, so another gap may trigger another reissue.
             self.req.read_reissue = None;
         }
-        if !self.sq.has_outstanding() || !psn.is_before(self.req.sent_high) {
-            ctx.stats.drops_unexpected_response += 1;
-            return;
-        }
         if psn.is_before(self.req.una) {
             // An answer to something already acknowledged: a duplicate ACK, or a response
             // overtaken by a retransmission's answer. Nothing to do.
             ctx.stats.stale_responses += 1;
+            return;
+        }
+        if !self.sq.has_outstanding() || !psn.is_before(self.req.sent_high) {
+            ctx.stats.drops_unexpected_response += 1;
             return;
         }
         match kind {
