@@ -125,18 +125,21 @@ def packets(path):
         yield pkt
 
 
-def write_vectors(pkts, directory, per_kind):
-    """Writes up to per_kind packets of each (source, opcode) as text files; returns names."""
-    os.makedirs(directory, exist_ok=True)
-    seen, names = {}, []
-    for p in pkts:
+class VectorWriter:
+    """Writes up to per_kind packets of each (source, opcode) as text files."""
+
+    def __init__(self, directory, per_kind):
+        os.makedirs(directory, exist_ok=True)
+        self.directory, self.per_kind, self.seen, self.names = directory, per_kind, {}, []
+
+    def offer(self, p):
         key = (p["src"], p.get("opcode_name", "TRUNCATED"))
-        n = seen.get(key, 0)
-        if n >= per_kind:
-            continue
-        seen[key] = n + 1
+        n = self.seen.get(key, 0)
+        if n >= self.per_kind:
+            return
+        self.seen[key] = n + 1
         name = f"{p['src']}-{key[1].lower()}-{n + 1}.txt"
-        with open(os.path.join(directory, name), "w") as f:
+        with open(os.path.join(self.directory, name), "w") as f:
             f.write(f"# {key[1]} from {p['src']} to {p['dst']} (frame {p['frame']} of the capture)\n")
             f.write(f"# UDP sport {p['sport']}, IPv4 id 0x{p['ip_id']:04x} flags {p['ip_flags']} ttl {p['ttl']}\n")
             if "opcode" in p:
@@ -148,8 +151,7 @@ def write_vectors(pkts, directory, per_kind):
                         f"recomputed 0x{p['icrc_computed']:08x}: {'ok' if p['icrc_ok'] else 'BAD'}\n")
             f.write("# Ethernet frame:\n")
             f.write(p["frame_hex"] + "\n")
-        names.append(name)
-    return names
+        self.names.append(name)
 
 
 def self_test():
@@ -190,17 +192,24 @@ def main():
         return self_test()
     if not args.pcap:
         ap.error("a capture file is required")
-    pkts = list(packets(args.pcap))
-    summary = {"packets": len(pkts), "icrc_bad": sum(1 for p in pkts if not p["icrc_ok"]),
-               "by_source": {}, "bad_frames": [p["frame"] for p in pkts if not p["icrc_ok"]][:50]}
-    for p in pkts:
+    # streamed: a capture of MiB-sized READs holds tens of thousands of packets
+    summary = {"packets": 0, "icrc_bad": 0, "by_source": {}, "bad_frames": []}
+    writer = VectorWriter(args.vectors, args.per_kind) if args.vectors else None
+    for p in packets(args.pcap):
+        summary["packets"] += 1
+        if not p["icrc_ok"]:
+            summary["icrc_bad"] += 1
+            if len(summary["bad_frames"]) < 50:
+                summary["bad_frames"].append(p["frame"])
         src = summary["by_source"].setdefault(p["src"], {"packets": 0, "icrc_ok": 0, "opcodes": {}})
         src["packets"] += 1
         src["icrc_ok"] += p["icrc_ok"]
         name = p.get("opcode_name", "TRUNCATED")
         src["opcodes"][name] = src["opcodes"].get(name, 0) + 1
-    if args.vectors:
-        summary["vectors"] = write_vectors(pkts, args.vectors, args.per_kind)
+        if writer:
+            writer.offer(p)
+    if writer:
+        summary["vectors"] = writer.names
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
     else:

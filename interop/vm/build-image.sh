@@ -136,6 +136,7 @@ make_packages() {
     chmod 0755 "$rootfs/usr/sbin/policy-rc.d"
     chroot_enter
     {
+        # shellcheck disable=SC2046 # one argument per package name is the point
         in_chroot apt-get update -q &&
             in_chroot apt-get install -y -q --no-install-recommends $(packages)
     } > "$cache/guest-apt.log" 2>&1 || { tail -30 "$cache/guest-apt.log"; die "guest package install failed"; }
