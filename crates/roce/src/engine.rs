@@ -267,7 +267,7 @@ impl Engine {
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port: self.config.roce_port };
             if icrc::seal(&endpoints, &mut buf[..len]).is_err() {
-                self.stats.drops_malformed += 1;
+                self.stats.tx_errors += 1;
                 continue;
             }
             self.stats.tx_datagrams += 1;

@@ -49,6 +49,9 @@ pub struct EngineStats {
     pub rnr_naks_received: u64,
     /// Completions dropped because their completion queue was full.
     pub cq_overflows: u64,
+    /// Datagrams built but not handed out because their ICRC could not be computed (an
+    /// address pair the ICRC cannot cover; not expected in practice).
+    pub tx_errors: u64,
 }
 
 impl EngineStats {

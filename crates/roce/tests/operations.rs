@@ -352,3 +352,27 @@ fn three_engines_many_queue_pairs() {
         assert!(*ports.first().unwrap() >= 0xC000);
     }
 }
+
+#[test]
+fn ipv6_paths() {
+    let mut net = Net::new_v6(2);
+    let c = connect(&mut net, 0, 1, &Opts { mtu: Mtu::Mtu2048, ..Opts::default() });
+    let src = reg(&mut net, 0, pattern(5000, 1), 0x1000, rw());
+    let dst = reg(&mut net, 1, vec![0; 5000], 0x8000, rw());
+    let back = reg(&mut net, 0, vec![0; 5000], 0x20000, rw());
+    post_recv(&mut net, c.b, 1, &[dst.all()]);
+    post_send(&mut net, c.a, &send_wr(1, SendOp::Send, &[src.all()]));
+    let read = SendOp::Read { remote_addr: dst.addr, rkey: dst.keys.rkey };
+    post_send(&mut net, c.a, &send_wr(2, read, &[back.all()]));
+    net.run();
+    assert_eq!(back.contents(), pattern(5000, 1));
+    assert_eq!(poll_all(&mut net, 0, c.a.send_cq).len(), 2);
+    assert_eq!(net.engines[1].stats().drops_icrc, 0);
+    // An IPv4 peer cannot be reached from an IPv6 address.
+    let mut v4 = Opts::default();
+    v4.caps.max_send_wr = 1;
+    let end = create_end(&mut net, 0, &v4);
+    let av = lightpath_verbs::AddressVector::new(lightpath_verbs::Gid::from_ip(ip(1)), 0);
+    let rtr = lightpath_verbs::QpAttr::to_rtr(av, Mtu::Mtu1024, 0x11, 0);
+    assert!(net.engines[0].modify_qp(Time::ZERO, end.qpn, &rtr).is_err());
+}

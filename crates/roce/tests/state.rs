@@ -52,7 +52,10 @@ fn transitions_are_checked_and_refusals_change_nothing() {
     assert!(matches!(e.modify_qp(Time::ZERO, qpn, &deep), Err(Error::InvalidAttribute(_))));
     assert_eq!(e.qp_state(qpn).unwrap(), QpState::Init);
     e.modify_qp(Time::ZERO, qpn, &rtr).unwrap();
-    // RTR → SQD is not a transition; RTS → SQE is UC/UD only.
+    // RTR → SQD is not a transition; RTS → SQE is UC/UD only; the path MTU is fixed at RTR.
+    let mut mtu_change = QpAttr::to_rts(0);
+    mtu_change.path_mtu = Some(Mtu::Mtu4096);
+    assert!(matches!(e.modify_qp(Time::ZERO, qpn, &mtu_change), Err(Error::InvalidAttribute(_))));
     assert!(e.modify_qp(Time::ZERO, qpn, &QpAttr::state(QpState::Sqd)).is_err());
     e.modify_qp(Time::ZERO, qpn, &QpAttr::to_rts(0)).unwrap();
     assert!(e.modify_qp(Time::ZERO, qpn, &QpAttr::state(QpState::Sqe)).is_err());
@@ -173,6 +176,12 @@ fn resources_and_limits() {
     assert!(matches!(e.post_send(Time::ZERO, qpn, &fadd), Err(Error::InvalidAttribute(_))));
     let inline_read = lightpath_verbs::SendWr::inline(1, SendOp::Read { remote_addr: 0, rkey: 0 }, b"x");
     assert!(matches!(e.post_send(Time::ZERO, qpn, &inline_read), Err(Error::InvalidAttribute(_))));
+    // Messages are limited to 2^31 bytes.
+    let huge = [lightpath_verbs::Sge { addr: 0, length: u32::MAX, lkey: 1 }];
+    assert!(matches!(
+        e.post_send(Time::ZERO, qpn, &send_wr(1, SendOp::Send, &huge)),
+        Err(Error::TooLarge(_))
+    ));
     // The send queue holds max_send_wr requests.
     let wr = send_wr(1, SendOp::Send, &[]);
     e.post_send(Time::ZERO, qpn, &wr).unwrap();

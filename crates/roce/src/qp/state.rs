@@ -18,6 +18,11 @@ impl Qp {
         attr.validate_transition(from)?;
         let to = attr.state.unwrap_or(from);
         check_engine_limits(attr, local_gid)?;
+        // The path MTU fixes how PSNs map to message offsets; changing it under traffic would
+        // corrupt messages in flight, so it is only taken on the way to RTR.
+        if attr.path_mtu.is_some() && !matches!(to, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(Error::InvalidAttribute("path_mtu can only be set up to the INIT->RTR transition"));
+        }
         if to == QpState::Reset {
             self.reset();
             return Ok(());

@@ -50,15 +50,31 @@ pub struct Net {
     wire: VecDeque<Seen>,
     held: Vec<(usize, Seen)>,
     buf: Vec<u8>,
+    v6: bool,
 }
 
 pub fn ip(index: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1))
 }
 
+/// The IPv6 address of engine `index` in a network made by [`Net::new_v6`].
+pub fn ip6(index: usize) -> IpAddr {
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, index as u16 + 1))
+}
+
 impl Net {
     pub fn new(count: usize) -> Self {
-        let engines = (0..count).map(|i| Engine::new(EngineConfig::new(Gid::from_ip(ip(i))))).collect();
+        Self::build(count, false)
+    }
+
+    /// Engines with IPv6 addresses (RoCE v2 over IPv6, where the ICRC is checked exactly).
+    pub fn new_v6(count: usize) -> Self {
+        Self::build(count, true)
+    }
+
+    fn build(count: usize, v6: bool) -> Self {
+        let addr = |i| if v6 { ip6(i) } else { ip(i) };
+        let engines = (0..count).map(|i| Engine::new(EngineConfig::new(Gid::from_ip(addr(i))))).collect();
         Self {
             engines,
             now: Time::ZERO,
@@ -67,6 +83,16 @@ impl Net {
             wire: VecDeque::new(),
             held: Vec::new(),
             buf: vec![0; MAX_DATAGRAM],
+            v6,
+        }
+    }
+
+    /// The address of engine `index`.
+    pub fn addr(&self, index: usize) -> IpAddr {
+        if self.v6 {
+            ip6(index)
+        } else {
+            ip(index)
         }
     }
 
@@ -79,7 +105,7 @@ impl Net {
     }
 
     fn index_of(&self, addr: IpAddr) -> usize {
-        (0..self.engines.len()).find(|&i| ip(i) == addr).expect("transmit to an unknown address")
+        (0..self.engines.len()).find(|&i| self.addr(i) == addr).expect("transmit to an unknown address")
     }
 
     /// Moves datagrams until no engine has anything to send. Panics on a livelock.
@@ -136,13 +162,8 @@ impl Net {
     }
 
     fn hand_over(&mut self, seen: &Seen) {
-        self.engines[seen.to].handle_datagram(
-            self.now,
-            ip(seen.from),
-            ip(seen.to),
-            seen.src_port,
-            &seen.bytes,
-        );
+        let (src, dst) = (self.addr(seen.from), self.addr(seen.to));
+        self.engines[seen.to].handle_datagram(self.now, src, dst, seen.src_port, &seen.bytes);
     }
 
     /// One more datagram was delivered: held ones whose count ran out follow it.
@@ -182,7 +203,8 @@ impl Net {
 
     /// Delivers raw bytes to engine `to` as if sent by engine `from`.
     pub fn inject(&mut self, from: usize, to: usize, src_port: u16, bytes: &[u8]) {
-        self.engines[to].handle_datagram(self.now, ip(from), ip(to), src_port, bytes);
+        let (src, dst) = (self.addr(from), self.addr(to));
+        self.engines[to].handle_datagram(self.now, src, dst, src_port, bytes);
     }
 
     pub fn count(&self, opcode: Opcode) -> usize {
@@ -269,9 +291,9 @@ pub fn create_end(net: &mut Net, engine: usize, opts: &Opts) -> End {
 /// Brings `end` to RTS towards `peer`.
 pub fn bring_up(net: &mut Net, end: End, peer: End, rq_psn: u32, sq_psn: u32, opts: &Opts) {
     let now = net.now;
+    let peer_gid = Gid::from_ip(net.addr(peer.engine));
     let e = &mut net.engines[end.engine];
-    let mut rtr =
-        QpAttr::to_rtr(AddressVector::new(Gid::from_ip(ip(peer.engine)), 0), opts.mtu, peer.qpn, rq_psn);
+    let mut rtr = QpAttr::to_rtr(AddressVector::new(peer_gid, 0), opts.mtu, peer.qpn, rq_psn);
     rtr.max_dest_rd_atomic = Some(opts.max_dest_rd_atomic);
     rtr.min_rnr_timer = Some(opts.min_rnr_timer);
     e.modify_qp(now, end.qpn, &rtr).unwrap();
