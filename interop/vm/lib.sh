@@ -69,6 +69,16 @@ lpvm_net_up() {
         lpvm_log "namespace $LPVM_NETNS is in use by another run (lock /run/lightpath-interop-$LPVM_NETNS.lock)"
         return 1
     fi
+    # A qemu left running by a run that was killed outright (SIGKILL: no trap ran). We hold
+    # the lock, so the pid file is ours; check the pid still is that qemu before ending it.
+    local pidfile=$LPVM_CACHE/qemu-$LPVM_NETNS.pid stale
+    if stale=$(cat "$pidfile" 2> /dev/null) && [ -n "$stale" ] &&
+        tr '\0' ' ' < "/proc/$stale/cmdline" 2> /dev/null | grep -q -- '-name lightpath-interop'; then
+        lpvm_log "stopping qemu $stale left over from an earlier run"
+        kill "$stale" 2> /dev/null || true
+        sleep 0.5
+    fi
+    rm -f "$pidfile"
     # a namespace left behind by a killed run: we hold the lock, so nobody uses it
     if ip netns list | awk '{print $1}' | grep -qx "$LPVM_NETNS"; then
         ip netns del "$LPVM_NETNS"
@@ -129,6 +139,7 @@ lpvm_boot() {
     append+=" ${LIGHTPATH_VM_APPEND:-}"
     t0=$(lpvm_now)
     ip netns exec "$LPVM_NETNS" "$qemu" -name lightpath-interop -accel "$accel_opts" -cpu "$cpu" \
+        -pidfile "$LPVM_CACHE/qemu-$LPVM_NETNS.pid" \
         -m "$LPVM_MEM" -smp "$LPVM_SMP" -nodefaults -no-user-config -nographic -no-reboot \
         -monitor none -serial "file:$LPVM_SHARE/console.log" \
         -kernel "$kernel" -initrd "$LPVM_CACHE/initrd.img" -append "$append" \
