@@ -142,13 +142,15 @@ impl Engine {
         Ok(qpn)
     }
 
-    /// Changes a queue pair's state and attributes.
-    pub fn modify_qp(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<()> {
+    /// Changes a queue pair's state and attributes. (`now` is part of the sans-I/O contract;
+    /// nothing in a transition needs the time today: timers are armed when `poll_transmit`
+    /// sends.)
+    pub fn modify_qp(&mut self, _now: Time, qpn: u32, attr: &QpAttr) -> Result<()> {
         let gid = self.config.gid;
         let (qps, mut ctx) = self.ctx();
         let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
         qp.modify(&mut ctx, attr, gid)?;
-        self.after_qp_work(now, qpn);
+        self.after_qp_work(qpn);
         Ok(())
     }
 
@@ -166,12 +168,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Posts a send work request.
-    pub fn post_send(&mut self, now: Time, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+    /// Posts a send work request. It goes out through `poll_transmit` (which arms the
+    /// retransmit timer with its own `now`).
+    pub fn post_send(&mut self, _now: Time, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
         let (qps, mut ctx) = self.ctx();
         let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
         qp.post_send(&mut ctx, wr)?;
-        self.after_qp_work(now, qpn);
+        self.after_qp_work(qpn);
         Ok(())
     }
 
@@ -248,7 +251,7 @@ impl Engine {
         } else {
             qp.handle_response(&mut ctx, now, &repr.header, info.kind, info.position, repr.payload);
         }
-        self.after_qp_work(now, qpn);
+        self.after_qp_work(qpn);
     }
 
     /// Writes the next datagram to send into `buf` (which must hold [`MAX_DATAGRAM`] bytes;
@@ -263,7 +266,7 @@ impl Engine {
             qp.in_ready_list = false;
             let produced = qp.produce(&mut ctx, now, buf);
             let (dst, src_port, local_ip) = (qp.params.peer_ip, qp.params.src_port, qp.params.local_ip);
-            self.after_qp_work(now, qpn);
+            self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port: self.config.roce_port };
             if icrc::seal(&endpoints, &mut buf[..len]).is_err() {
@@ -296,7 +299,7 @@ impl Engine {
             }
             qp.timer_queued = None;
             qp.handle_timeout(&mut ctx, now);
-            self.after_qp_work(now, qpn);
+            self.after_qp_work(qpn);
         }
     }
 
@@ -316,7 +319,7 @@ impl Engine {
 
     /// After a queue pair did something: put it on the ready list if it has output, and make
     /// sure the timer heap holds its earliest deadline.
-    fn after_qp_work(&mut self, _now: Time, qpn: u32) {
+    fn after_qp_work(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get_mut(qpn) else { return };
         if !qp.in_ready_list && qp.wants_transmit() {
             qp.in_ready_list = true;

@@ -114,12 +114,10 @@ pub struct MrKeys {
     pub rkey: u32,
 }
 
-/// Why a remote access was refused; each maps to a NAK code.
+/// A refused remote access: unknown or invalidated R_Key, a range outside the region, or a
+/// missing permission (answered with NAK 0x62, remote access error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RemoteAccessError {
-    /// Unknown or invalidated R_Key, range outside the region, or missing permission (NAK 0x62).
-    Access,
-}
+pub(crate) struct RemoteAccessError;
 
 /// Why a local scatter/gather entry was refused (a local protection error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,11 +255,11 @@ impl MrTable {
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<(&dyn RegionMemory, usize), RemoteAccessError> {
-        let region = self.region(rkey, true).ok_or(RemoteAccessError::Access)?;
+        let region = self.region(rkey, true).ok_or(RemoteAccessError)?;
         if !region.remote_valid || !region.access.contains(need) {
-            return Err(RemoteAccessError::Access);
+            return Err(RemoteAccessError);
         }
-        let offset = region.offset_of(va, len).ok_or(RemoteAccessError::Access)?;
+        let offset = region.offset_of(va, len).ok_or(RemoteAccessError)?;
         Ok((region.memory(), offset))
     }
 

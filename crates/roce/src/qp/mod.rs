@@ -194,7 +194,7 @@ impl Qp {
         self.timers = QpTimers::default();
         self.resp.output.clear();
         self.flush_send_queue(ctx);
-        self.flush_recv_queue(ctx, None);
+        self.flush_recv_queue(ctx);
         if notify && !self.error_event_pending {
             self.error_event_pending = true;
             ctx.events.push_back(EngineEvent::QpError { qpn: self.qpn });
@@ -214,12 +214,10 @@ impl Qp {
         self.req.rd_atomic_outstanding = 0;
     }
 
-    /// Completes every posted receive with WR_FLUSH_ERR, except that the first one may carry
-    /// `first_status` (a receive the responder had started filling when an error struck).
-    fn flush_recv_queue(&mut self, ctx: &mut Ctx<'_>, mut first_status: Option<(WcStatus, WcOpcode)>) {
+    /// Completes every posted receive with WR_FLUSH_ERR.
+    fn flush_recv_queue(&mut self, ctx: &mut Ctx<'_>) {
         while let Some(wr_id) = self.rq.pop() {
-            let (status, opcode) = first_status.take().unwrap_or((WcStatus::WrFlushErr, WcOpcode::Recv));
-            let mut wc = WorkCompletion::new(wr_id, status, opcode, self.qpn);
+            let mut wc = WorkCompletion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             wc.src_qp = self.params.dest_qpn;
             ctx.complete(self.recv_cq, wc);
         }
@@ -246,7 +244,7 @@ impl Qp {
         }
         self.rq.push(wr.wr_id, wr.sges);
         if self.state == QpState::Err {
-            self.flush_recv_queue(ctx, None);
+            self.flush_recv_queue(ctx);
         }
         Ok(())
     }

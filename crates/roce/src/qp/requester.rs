@@ -108,7 +108,7 @@ impl Qp {
         }
         let wqe = self.sq.next_free();
         wqe.wr_id = wr.wr_id;
-        wqe.op = Some(wr.op);
+        wqe.op = wr.op;
         wqe.signaled = wr.flags.contains(SendFlags::SIGNALED);
         wqe.solicited = wr.flags.contains(SendFlags::SOLICITED);
         wqe.fence = wr.flags.contains(SendFlags::FENCE);

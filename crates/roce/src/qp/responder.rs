@@ -88,7 +88,7 @@ impl Qp {
             return;
         }
         if distance < 0 {
-            self.handle_duplicate(ctx, header, info.kind, payload);
+            self.handle_duplicate(ctx, header, info.kind);
             return;
         }
         self.resp.gap_nak_sent = false;
@@ -358,13 +358,7 @@ impl Qp {
     /// A request before the expected PSN: SEND/WRITE are re-ACKed with ePSN − 1, READs
     /// replayed from the responder resources (a sub-range is allowed), atomics answered from
     /// the stored original value. Duplicates without a matching record are dropped.
-    fn handle_duplicate(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        header: &TransportHeader,
-        kind: OpKind,
-        _payload: &[u8],
-    ) {
+    fn handle_duplicate(&mut self, ctx: &mut Ctx<'_>, header: &TransportHeader, kind: OpKind) {
         let psn = header.bth.psn;
         match kind {
             OpKind::Send | OpKind::Write => {

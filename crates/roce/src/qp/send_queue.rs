@@ -9,10 +9,10 @@ use lightpath_verbs::{SendOp, Sge, WcOpcode};
 use lightpath_wire::Psn;
 
 /// One posted send request.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SendWqe {
     pub(crate) wr_id: u64,
-    pub(crate) op: Option<SendOp>,
+    pub(crate) op: SendOp,
     pub(crate) signaled: bool,
     pub(crate) solicited: bool,
     pub(crate) fence: bool,
@@ -32,10 +32,26 @@ pub(crate) struct SendWqe {
 }
 
 impl SendWqe {
+    /// An empty slot whose buffers are sized for `max_sge` entries.
+    fn empty(max_sge: u32) -> Self {
+        Self {
+            wr_id: 0,
+            op: SendOp::Send,
+            signaled: false,
+            solicited: false,
+            fence: false,
+            inline: false,
+            sges: Vec::with_capacity(max_sge as usize),
+            inline_data: Vec::new(),
+            length: 0,
+            first_psn: Psn::default(),
+            psn_count: 0,
+            error: None,
+        }
+    }
+
     pub(crate) fn op(&self) -> SendOp {
-        // Every slot between head and tail was written by `post`; the default only lives in
-        // never-posted slots, which are never read.
-        self.op.unwrap_or(SendOp::Send)
+        self.op
     }
 
     pub(crate) fn last_psn(&self) -> Psn {
@@ -83,9 +99,7 @@ pub(crate) struct SendQueue {
 
 impl SendQueue {
     pub(crate) fn new(capacity: u32, max_sge: u32) -> Self {
-        let slots = (0..capacity)
-            .map(|_| SendWqe { sges: Vec::with_capacity(max_sge as usize), ..SendWqe::default() })
-            .collect();
+        let slots = (0..capacity).map(|_| SendWqe::empty(max_sge)).collect();
         Self { slots, head: 0, started: 0, tail: 0 }
     }
 
@@ -150,7 +164,7 @@ mod tests {
         for id in 0..2 {
             let wqe = sq.next_free();
             wqe.wr_id = id;
-            wqe.op = Some(SendOp::Send);
+            wqe.op = SendOp::Send;
             wqe.first_psn = Psn::new(0xFF_FFFE + id as u32 * 3);
             wqe.psn_count = 3;
             sq.commit();
