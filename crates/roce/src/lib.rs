@@ -110,3 +110,13 @@ pub use event::{EngineEvent, Transmit};
 pub use memory::{MrKeys, RegionMemory, VecMemory};
 pub use stats::EngineStats;
 pub use time::Time;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn engine_can_move_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<crate::Engine>();
+        assert_send_sync::<crate::VecMemory>();
+    }
+}

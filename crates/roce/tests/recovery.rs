@@ -432,3 +432,59 @@ fn reordered_read_responses_reissue_at_most_once_per_round_trip_and_never_time_o
     }
     assert!(net.count(Opcode::RC_RDMA_READ_REQUEST) > 1);
 }
+
+#[test]
+fn many_queue_pairs_under_periodic_loss() {
+    let mut net = Net::new(2);
+    let opts = Opts { mtu: Mtu::Mtu512, timeout: 8, ..Opts::default() };
+    let conns: Vec<Conn> = (0..8).map(|_| connect(&mut net, 0, 1, &opts)).collect();
+    // Every 11th datagram in either direction is lost.
+    let mut n = 0;
+    net.set_filter(move |_| {
+        n += 1;
+        if n % 11 == 0 {
+            Verdict::Drop
+        } else {
+            Verdict::Deliver
+        }
+    });
+    let mut checks = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        let seed = i as u8;
+        let src = reg(&mut net, 0, pattern(6000, seed), 0x10_0000 * (i as u64 + 1), rw());
+        let local = reg(&mut net, 0, vec![0; 6008], 0x100_0000 * (i as u64 + 1), rw());
+        let mut init = pattern(12_000, seed.wrapping_add(100));
+        init[11_992..].copy_from_slice(&1000u64.to_ne_bytes());
+        let remote = reg(&mut net, 1, init, 0x10_0000 * (i as u64 + 1), rw());
+        let inbox = reg(&mut net, 1, vec![0; 6000], 0x100_0000 * (i as u64 + 1), rw());
+        post_recv(&mut net, c.b, 1, &[inbox.all()]);
+        let rkey = remote.keys.rkey;
+        post_send(&mut net, c.a, &send_wr(1, SendOp::Send, &[src.all()]));
+        let write = SendOp::Write { remote_addr: remote.addr, rkey };
+        post_send(&mut net, c.a, &send_wr(2, write, &[src.sge(0, 5000)]).with_flags(unsignaled()));
+        let read = SendOp::Read { remote_addr: remote.addr + 6000, rkey };
+        post_send(&mut net, c.a, &send_wr(3, read, &[local.sge(0, 5000)]));
+        let fadd = SendOp::FetchAdd { remote_addr: remote.addr + 11_992, rkey, add: 5 };
+        post_send(&mut net, c.a, &send_wr(4, fadd, &[local.sge(6000, 8)]));
+        checks.push((src, local, remote, inbox, seed));
+    }
+    net.run();
+    for (i, c) in conns.iter().enumerate() {
+        let done: Vec<_> = poll_all(&mut net, 0, c.a.send_cq).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            done,
+            vec![(1, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)],
+            "qp {i}"
+        );
+        let (src, local, remote, inbox, seed) = &checks[i];
+        assert_eq!(inbox.contents(), pattern(6000, *seed));
+        let remote_bytes = remote.contents();
+        assert_eq!(&remote_bytes[..5000], &src.contents()[..5000]);
+        assert_eq!(&local.contents()[..5000], &pattern(12_000, seed.wrapping_add(100))[6000..11_000]);
+        // Added exactly once, however often the request was retried.
+        assert_eq!(u64::from_ne_bytes(remote_bytes[11_992..].try_into().unwrap()), 1005);
+        assert_eq!(u64::from_ne_bytes(local.contents()[6000..6008].try_into().unwrap()), 1000);
+        assert_eq!(poll_all(&mut net, 1, c.b.recv_cq).len(), 1);
+    }
+    assert!(net.engines[0].stats().retransmits > 0);
+}
