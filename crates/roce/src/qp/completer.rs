@@ -128,7 +128,8 @@ impl Qp {
         }
         if !self.sq.has_outstanding() {
             self.timers.retransmit = None;
-        } else if progress || self.timers.retransmit.is_none() {
+        } else if self.timers.rnr.is_none() && (progress || self.timers.retransmit.is_none()) {
+            // (During an RNR wait nothing is in flight to time out; sending again re-arms.)
             self.arm_retransmit(now);
         }
     }
