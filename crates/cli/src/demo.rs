@@ -48,7 +48,9 @@ const B_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// Opens the two devices on one UDP port: the RoCE port if it is free on both addresses, else
 /// an ephemeral one (every soft peer must use the same port).
 fn open_pair() -> Result<(SoftDevice, SoftDevice)> {
-    let open = |ip: Ipv4Addr, port: u16| SoftDevice::open(SoftConfig::with_addr(SocketAddr::new(IpAddr::V4(ip), port)));
+    let open = |ip: Ipv4Addr, port: u16| {
+        SoftDevice::open(SoftConfig::with_addr(SocketAddr::new(IpAddr::V4(ip), port)))
+    };
     if let (Ok(a), Ok(b)) = (open(A_IP, 4791), open(B_IP, 4791)) {
         return Ok((a, b));
     }
@@ -90,13 +92,16 @@ fn operations() -> Result<u16> {
     let port = dev_a.local_addr().port();
     println!("  endpoint A: {} (GID {})", dev_a.local_addr(), dev_a.gid());
     println!("  endpoint B: {} (GID {})\n", dev_b.local_addr(), dev_b.gid());
-    let access =
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
     let (pd_a, pd_b) = (dev_a.alloc_pd()?, dev_b.alloc_pd()?);
     let (cq_a, cq_b) = (dev_a.create_cq(64)?, dev_b.create_cq(64)?);
     const LEN: usize = 2 << 20;
     let (mr_a, mr_b) = (pd_a.alloc_mr(LEN, access)?, pd_b.alloc_mr(LEN, access)?);
-    let (qp_a, qp_b) = (pd_a.create_qp(&cq_a, &cq_a, QpCaps::default())?, pd_b.create_qp(&cq_b, &cq_b, QpCaps::default())?);
+    let (qp_a, qp_b) =
+        (pd_a.create_qp(&cq_a, &cq_a, QpCaps::default())?, pd_b.create_qp(&cq_b, &cq_b, QpCaps::default())?);
     let (psn_a, psn_b) = (0x00_1234, 0xFF_FFF0);
     for (qp, peer, rq_psn, sq_psn) in [(&qp_a, &qp_b, psn_b, psn_a), (&qp_b, &qp_a, psn_a, psn_b)] {
         qp.modify(&QpAttr::to_init(access))?;
@@ -131,7 +136,14 @@ fn operations() -> Result<u16> {
     let mut landed = vec![0u8; block.len()];
     mr_b.read(4096, &mut landed)?;
     ensure!(landed == block, "RDMA WRITE delivered different bytes");
-    step("RDMA WRITE with imm", format!("{} KiB, immediate {imm:#010x}, CRC-32 {:08x} matches", block.len() / 1024, crc32fast::hash(&landed)));
+    step(
+        "RDMA WRITE with imm",
+        format!(
+            "{} KiB, immediate {imm:#010x}, CRC-32 {:08x} matches",
+            block.len() / 1024,
+            crc32fast::hash(&landed)
+        ),
+    );
 
     // RDMA READ: A reads 1 MiB that B prepared.
     let source: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
@@ -142,12 +154,25 @@ fn operations() -> Result<u16> {
     let mut read_back = vec![0u8; source.len()];
     mr_a.read(LEN / 2, &mut read_back)?;
     ensure!(read_back == source, "RDMA READ returned different bytes");
-    step("RDMA READ", format!("{} KiB in {} packets, CRC-32 {:08x} matches", wc.byte_len / 1024, source.len() / 1024, crc32fast::hash(&read_back)));
+    step(
+        "RDMA READ",
+        format!(
+            "{} KiB in {} packets, CRC-32 {:08x} matches",
+            wc.byte_len / 1024,
+            source.len() / 1024,
+            crc32fast::hash(&read_back)
+        ),
+    );
 
     // Atomics on a counter in B's region.
     let counter = 8192usize;
     mr_b.write_u64(counter, 40)?;
-    let op = SendOp::CompareSwap { remote_addr: mr_b.addr() + counter as u64, rkey: mr_b.rkey(), compare: 40, swap: 42 };
+    let op = SendOp::CompareSwap {
+        remote_addr: mr_b.addr() + counter as u64,
+        rkey: mr_b.rkey(),
+        compare: 40,
+        swap: 42,
+    };
     qp_a.post_send(&SendWr::new(6, op, &[mr_a.sge(0, 8)]))?;
     expect_ok(next_completion(&cq_a)?, WcOpcode::CompSwap)?;
     let (old, now) = (mr_a.read_u64(0)?, mr_b.read_u64(counter)?);
@@ -163,7 +188,7 @@ fn operations() -> Result<u16> {
     // A protection check: a WRITE with a wrong rkey is refused by B and touches nothing.
     let before = mr_b.read_u64(counter)?;
     mr_a.write(0, &u64::MAX.to_ne_bytes())?;
-    let op = SendOp::Write { remote_addr: mr_b.addr() + counter as u64, rkey: mr_b.rkey() ^ 0x5a5a, };
+    let op = SendOp::Write { remote_addr: mr_b.addr() + counter as u64, rkey: mr_b.rkey() ^ 0x5a5a };
     qp_a.post_send(&SendWr::new(8, op, &[mr_a.sge(0, 8)]))?;
     let wc = next_completion(&cq_a)?;
     ensure!(wc.status == WcStatus::RemAccessErr, "a bad rkey completed with {}", wc.status);
@@ -216,8 +241,10 @@ fn benchmarks(args: &Args, port: u16) -> Result<()> {
             s / t
         );
     }
-    println!("
-  Latency is one-way (round trip / 2); for latency lower is better, for bandwidth higher.");
+    println!(
+        "
+  Latency is one-way (round trip / 2); for latency lower is better, for bandwidth higher."
+    );
     println!("  Every payload was verified. Full runs: `lightpath perf TEST` (server) + `lightpath perf TEST 127.0.0.1`.");
     Ok(())
 }

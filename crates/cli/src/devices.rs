@@ -106,7 +106,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Some(reason) => println!("{}: unavailable: {reason}", report.provider),
         }
         for device in &report.devices {
-            let state = if device.usable { "ready".to_string() } else { format!("unusable: {}", device.note.as_deref().unwrap_or("")) };
+            let state = if device.usable {
+                "ready".to_string()
+            } else {
+                format!("unusable: {}", device.note.as_deref().unwrap_or(""))
+            };
             println!("  {:<28} GID {:<28} {}", device.name, device.gid, state);
         }
     }

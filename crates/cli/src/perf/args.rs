@@ -179,7 +179,8 @@ impl Args {
         if let Some(iters) = self.iters {
             return iters;
         }
-        let (default, budget) = if self.test.is_latency() { (1000, 256u64 << 20) } else { (5000, 2u64 << 30) };
+        let (default, budget) =
+            if self.test.is_latency() { (1000, 256u64 << 20) } else { (5000, 2u64 << 30) };
         if !self.all {
             return default;
         }

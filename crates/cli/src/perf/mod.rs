@@ -20,7 +20,7 @@ mod soft;
 mod stats;
 mod tcp;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
@@ -59,7 +59,7 @@ pub fn run_in_process(
             ProviderKind::Tcp => tcp::serve_stream(stream, test),
         }
     });
-    let stream = TcpStream::connect(SocketAddr::from(addr))?;
+    let stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
     let mut results = Vec::new();
     let client_options =

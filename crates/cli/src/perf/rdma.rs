@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use lightpath_verbs::{
-    AccessFlags, AddressVector, CompletionQueue, CqOf, Device, Gid, MemoryRegion, MrOf, Mtu, ProtectionDomain,
-    QpAttr, QpCaps, QpOf, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AddressVector, CompletionQueue, CqOf, Device, Gid, MemoryRegion, MrOf, Mtu,
+    ProtectionDomain, QpAttr, QpCaps, QpOf, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use serde::{Deserialize, Serialize};
 
@@ -96,8 +97,10 @@ impl<D: Device> Side<D> {
         let max_size = max_size.max(8);
         let pd = device.alloc_pd()?;
         let cq = device.create_cq(2 * (depth + RECV_DEPTH) + 64)?;
-        let access =
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
         let mr = pd.alloc_mr(2 * max_size, access).context("registering the test buffer")?;
         let caps = QpCaps {
             max_send_wr: depth.max(16),
@@ -144,9 +147,12 @@ impl<D: Device> Side<D> {
     /// Brings the queue pair to RTS towards `peer`.
     pub fn connect(&mut self, peer: &RdmaEndpoint) -> Result<()> {
         let gid = Gid::from_hex(&peer.gid).ok_or_else(|| anyhow!("peer sent a bad GID {:?}", peer.gid))?;
-        let mtu = Mtu::from_bytes(peer.mtu).ok_or_else(|| anyhow!("peer sent a bad MTU {}", peer.mtu))?.min(self.mtu);
+        let mtu = Mtu::from_bytes(peer.mtu)
+            .ok_or_else(|| anyhow!("peer sent a bad MTU {}", peer.mtu))?
+            .min(self.mtu);
         self.mtu = mtu;
-        let mut rtr = QpAttr::to_rtr(AddressVector::new(gid, self.qp.endpoint().gid_index), mtu, peer.qpn, peer.psn);
+        let mut rtr =
+            QpAttr::to_rtr(AddressVector::new(gid, self.qp.endpoint().gid_index), mtu, peer.qpn, peer.psn);
         // Short RNR back-off: a bandwidth test's receiver re-posts within microseconds.
         rtr.min_rnr_timer = Some(1);
         self.qp.modify(&rtr).context("moving the queue pair to RTR")?;
@@ -220,7 +226,10 @@ const SEND_WR: u64 = 2;
 
 fn initial_psn() -> u32 {
     // Any 24-bit value works; varying it between runs exercises the peer's PSN handling.
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(7);
     (nanos ^ std::process::id().rotate_left(12)) & 0xFF_FFFF
 }
 
@@ -254,18 +263,26 @@ fn warmup(iters: u64) -> u64 {
     (iters / 10).clamp(1, 100)
 }
 
-/// The client's side of every size in `plan`; returns one result per size.
+/// What the client runs: the test, the provider name it reports, and each size with its
+/// iteration count.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientPlan<'a> {
+    pub test: PerfTest,
+    pub provider: ProviderKind,
+    pub sizes: &'a [(usize, u64)],
+    pub depth: u32,
+}
+
+/// The client's side of every size in the plan; `on_result` gets one result per size.
 pub fn client_run<D: Device>(
     side: &mut Side<D>,
     control_stream: &mut TcpStream,
-    test: PerfTest,
-    provider: ProviderKind,
-    plan: &[(usize, u64)],
-    depth: u32,
+    plan: ClientPlan<'_>,
     peer: &RdmaEndpoint,
     mut on_result: impl FnMut(&SizeResult),
 ) -> Result<()> {
-    for &(size, iters) in plan {
+    let ClientPlan { test, provider, sizes, depth } = plan;
+    for &(size, iters) in sizes {
         control::send(control_stream, &Step::Start { size, iters })?;
         expect_step(control_stream, &Step::Ready)?;
         let mut progress = Progress::new(format!("{test} {size} B"), iters);
@@ -278,7 +295,13 @@ pub fn client_run<D: Device>(
             }
             PerfTest::SendBw | PerfTest::WriteBw | PerfTest::ReadBw => {
                 let elapsed = bandwidth_client(side, test, size, iters, depth, peer, &mut progress)?;
-                SizeResult::bandwidth(test, provider, size, iters, BandwidthSummary::new(size as u64 * iters, iters, elapsed))
+                SizeResult::bandwidth(
+                    test,
+                    provider,
+                    size,
+                    iters,
+                    BandwidthSummary::new(size as u64 * iters, iters, elapsed),
+                )
             }
         };
         progress.finish();
@@ -295,7 +318,12 @@ pub fn client_run<D: Device>(
 }
 
 /// The server's side: follows the client's steps until the plan is done.
-pub fn server_run<D: Device>(side: &mut Side<D>, control_stream: &mut TcpStream, test: PerfTest, plan: &[(usize, u64)]) -> Result<()> {
+pub fn server_run<D: Device>(
+    side: &mut Side<D>,
+    control_stream: &mut TcpStream,
+    test: PerfTest,
+    plan: &[(usize, u64)],
+) -> Result<()> {
     for _ in plan {
         let (size, iters) = match control::recv::<Step>(control_stream)? {
             Step::Start { size, iters } if size <= side.max_size => (size, iters),
@@ -334,7 +362,11 @@ fn expect_step(stream: &mut TcpStream, want: &Step) -> Result<()> {
 /// keeping receives posted; returns the number of receives completed. With `expect_recvs`, it
 /// then also waits for that many receives (the client saw them acknowledged, but this side may
 /// not have polled them yet).
-fn drive_until_finish<D: Device>(side: &mut Side<D>, stream: &mut TcpStream, expect_recvs: Option<u64>) -> Result<u64> {
+fn drive_until_finish<D: Device>(
+    side: &mut Side<D>,
+    stream: &mut TcpStream,
+    expect_recvs: Option<u64>,
+) -> Result<u64> {
     let mut received = 0u64;
     let mut spins = 0u32;
     stream.set_nonblocking(true)?;
@@ -484,7 +516,13 @@ fn latency_server<D: Device>(side: &mut Side<D>, test: PerfTest, size: usize, to
     side.drain_sends()
 }
 
-fn post_send_op<D: Device>(side: &mut Side<D>, op: SendOp, size: usize, inline: bool, inline_bytes: &[u8]) -> Result<()> {
+fn post_send_op<D: Device>(
+    side: &mut Side<D>,
+    op: SendOp,
+    size: usize,
+    inline: bool,
+    inline_bytes: &[u8],
+) -> Result<()> {
     if inline {
         side.post_send(&SendWr::inline(SEND_WR, op, inline_bytes))
     } else {
@@ -494,7 +532,11 @@ fn post_send_op<D: Device>(side: &mut Side<D>, op: SendOp, size: usize, inline: 
 }
 
 /// Polls until a completion matching `wanted` arrives.
-fn wait_for<D: Device>(side: &mut Side<D>, watchdog: &mut Watchdog, wanted: impl Fn(&WorkCompletion) -> bool) -> Result<()> {
+fn wait_for<D: Device>(
+    side: &mut Side<D>,
+    watchdog: &mut Watchdog,
+    wanted: impl Fn(&WorkCompletion) -> bool,
+) -> Result<()> {
     let mut spins = 0u32;
     loop {
         if side.poll()?.iter().any(&wanted) {
@@ -518,8 +560,12 @@ fn bandwidth_client<D: Device>(
     let rx = side.rx_offset();
     let (op, sge) = match test {
         PerfTest::SendBw => (SendOp::Send, side.tx(0, size as u32)),
-        PerfTest::WriteBw => (SendOp::Write { remote_addr: peer.addr + rx as u64, rkey: peer.rkey }, side.tx(0, size as u32)),
-        PerfTest::ReadBw => (SendOp::Read { remote_addr: peer.addr, rkey: peer.rkey }, side.mr.sge(rx, size as u32)),
+        PerfTest::WriteBw => {
+            (SendOp::Write { remote_addr: peer.addr + rx as u64, rkey: peer.rkey }, side.tx(0, size as u32))
+        }
+        PerfTest::ReadBw => {
+            (SendOp::Read { remote_addr: peer.addr, rkey: peer.rkey }, side.mr.sge(rx, size as u32))
+        }
         _ => unreachable!("not a bandwidth test"),
     };
     let sges = [sge];
@@ -546,7 +592,13 @@ fn bandwidth_client<D: Device>(
     Ok(start.elapsed())
 }
 
-fn verify_server<D: Device>(side: &Side<D>, test: PerfTest, size: usize, iters: u64, received: u64) -> Result<()> {
+fn verify_server<D: Device>(
+    side: &Side<D>,
+    test: PerfTest,
+    size: usize,
+    iters: u64,
+    received: u64,
+) -> Result<()> {
     let rx = side.rx_offset();
     let mut bytes = vec![0u8; size];
     side.mr.read(rx, &mut bytes)?;
@@ -577,7 +629,10 @@ fn verify_client<D: Device>(side: &Side<D>, test: PerfTest, size: usize) -> Resu
         PerfTest::SendLat => ensure!(bytes == expected, "the last reply differs from the server's message"),
         PerfTest::WriteLat => ensure!(bytes[..size - 1] == expected[..size - 1], "the written bytes differ"),
         PerfTest::ReadLat | PerfTest::ReadBw => {
-            ensure!(pattern::checksum(&bytes) == pattern::checksum(&expected), "data read differs from the server's")
+            ensure!(
+                pattern::checksum(&bytes) == pattern::checksum(&expected),
+                "data read differs from the server's"
+            )
         }
         _ => {}
     }

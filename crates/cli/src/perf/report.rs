@@ -24,7 +24,13 @@ pub struct SizeResult {
 
 impl SizeResult {
     /// A latency result.
-    pub fn latency(test: PerfTest, provider: ProviderKind, size: usize, iters: u64, lat: LatencySummary) -> Self {
+    pub fn latency(
+        test: PerfTest,
+        provider: ProviderKind,
+        size: usize,
+        iters: u64,
+        lat: LatencySummary,
+    ) -> Self {
         Self {
             test: test.name(),
             provider: provider.name(),
@@ -38,7 +44,13 @@ impl SizeResult {
     }
 
     /// A bandwidth result.
-    pub fn bandwidth(test: PerfTest, provider: ProviderKind, size: usize, iters: u64, bw: BandwidthSummary) -> Self {
+    pub fn bandwidth(
+        test: PerfTest,
+        provider: ProviderKind,
+        size: usize,
+        iters: u64,
+        bw: BandwidthSummary,
+    ) -> Self {
         Self {
             test: test.name(),
             provider: provider.name(),

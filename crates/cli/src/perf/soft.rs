@@ -150,5 +150,6 @@ pub fn client_stream(
         Answer::Reject { reason } => bail!("the server refused: {reason}"),
     };
     side.connect(&peer)?;
-    rdma::client_run(&mut side, &mut stream, test, ProviderKind::Soft, plan, tx_depth, &peer, on_result)
+    let plan = rdma::ClientPlan { test, provider: ProviderKind::Soft, sizes: plan, depth: tx_depth };
+    rdma::client_run(&mut side, &mut stream, plan, &peer, on_result)
 }

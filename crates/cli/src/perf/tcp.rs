@@ -133,7 +133,13 @@ fn serve_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64) -
     Ok(())
 }
 
-fn run_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64, depth: u32) -> Result<SizeResult> {
+fn run_size(
+    stream: &mut TcpStream,
+    test: PerfTest,
+    size: usize,
+    iters: u64,
+    depth: u32,
+) -> Result<SizeResult> {
     let mut progress = Progress::new(format!("{test} {size} B"), iters);
     let result = match test {
         PerfTest::SendLat | PerfTest::WriteLat | PerfTest::ReadLat | PerfTest::AtomicLat => {
@@ -239,7 +245,13 @@ impl LatencyExchange {
 }
 
 /// Issues `iters` read requests with at most `depth` in flight and returns the last response.
-fn read_stream(stream: &mut TcpStream, size: usize, iters: u64, depth: u32, progress: &mut Progress) -> Result<Vec<u8>> {
+fn read_stream(
+    stream: &mut TcpStream,
+    size: usize,
+    iters: u64,
+    depth: u32,
+    progress: &mut Progress,
+) -> Result<Vec<u8>> {
     let mut writer = stream.try_clone()?;
     let (credit_tx, credit_rx) = mpsc::channel::<()>();
     let requester = std::thread::spawn(move || -> std::io::Result<()> {
