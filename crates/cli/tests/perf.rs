@@ -1,0 +1,193 @@
+//! `lightpath perf` end to end: a server and a client process on loopback for every test, over
+//! the soft provider and over kernel TCP, checking the JSON each size prints and that payloads
+//! were verified; plus refusals (mismatched tests, a foreign peer on the control port).
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lightpath");
+
+/// A loopback address and UDP port unique to this test process and call, so tests can run in
+/// parallel with each other and with other test binaries.
+fn unique_endpoint() -> (String, String, u16) {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id() as u16;
+    let third = (pid % 200) as u8 + 20;
+    let fourth = (n % 100) as u8 * 2 + 10;
+    let udp_port = 20000 + (pid % 20000) + n;
+    (format!("127.{third}.{fourth}.1"), format!("127.{third}.{fourth}.2"), udp_port)
+}
+
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn_server(args: &[&str]) -> Child {
+    Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start server")
+}
+
+fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().ok();
+    panic!("process did not finish within {deadline:?}");
+}
+
+/// Runs one test with `provider`, returning the client's JSON objects.
+fn run_pair(test: &str, provider: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let (server_ip, client_ip, udp_port) = unique_endpoint();
+    let port = free_tcp_port().to_string();
+    let udp = udp_port.to_string();
+    let mut server_args =
+        vec!["perf", test, "--provider", provider, "-p", &port, "--bind", &server_ip, "--udp-port", &udp];
+    server_args.extend_from_slice(extra);
+    let server = spawn_server(&server_args);
+    let mut client_args = vec![
+        "perf",
+        test,
+        &server_ip,
+        "--provider",
+        provider,
+        "-p",
+        &port,
+        "--bind",
+        &client_ip,
+        "--udp-port",
+        &udp,
+        "--json",
+    ];
+    client_args.extend_from_slice(extra);
+    let client =
+        Command::new(BIN).args(&client_args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let client = wait_with_deadline(client, Duration::from_secs(120));
+    let server = wait_with_deadline(server, Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&client.stderr);
+    assert!(client.status.success(), "{test}/{provider} client failed: {stderr}");
+    assert!(
+        server.status.success(),
+        "{test}/{provider} server failed: {}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    String::from_utf8(client.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect()
+}
+
+fn check_results(results: &[serde_json::Value], test: &str, provider: &str, sizes: &[u64]) {
+    assert_eq!(results.len(), sizes.len(), "{results:?}");
+    for (result, size) in results.iter().zip(sizes) {
+        assert_eq!(result["test"], test);
+        assert_eq!(result["provider"], provider);
+        assert_eq!(result["size"], *size);
+        assert_eq!(result["verified"], true);
+        if test.ends_with("_lat") {
+            let lat = &result["lat_us"];
+            let (min, median, p99, max) = (
+                lat["min"].as_f64().unwrap(),
+                lat["median"].as_f64().unwrap(),
+                lat["p99"].as_f64().unwrap(),
+                lat["max"].as_f64().unwrap(),
+            );
+            assert!(min > 0.0 && min <= median && median <= p99 && p99 <= max, "{lat}");
+        } else {
+            assert!(result["bw_mb_s"].as_f64().unwrap() > 0.0, "{result}");
+            assert!(result["msg_rate_mpps"].as_f64().unwrap() > 0.0, "{result}");
+        }
+    }
+}
+
+macro_rules! perf_case {
+    ($name:ident, $test:literal, $provider:literal, $size:literal) => {
+        #[test]
+        fn $name() {
+            let results = run_pair($test, $provider, &["-s", $size, "-n", "200"]);
+            check_results(&results, $test, $provider, &[$size.parse().unwrap()]);
+        }
+    };
+}
+
+perf_case!(soft_send_lat, "send_lat", "soft", "4096");
+perf_case!(soft_write_lat, "write_lat", "soft", "3000");
+perf_case!(soft_read_lat, "read_lat", "soft", "10000");
+perf_case!(soft_send_bw, "send_bw", "soft", "65536");
+perf_case!(soft_write_bw, "write_bw", "soft", "100000");
+perf_case!(soft_read_bw, "read_bw", "soft", "65536");
+perf_case!(tcp_send_lat, "send_lat", "tcp", "64");
+perf_case!(tcp_read_lat, "read_lat", "tcp", "4096");
+perf_case!(tcp_write_bw, "write_bw", "tcp", "65536");
+perf_case!(tcp_read_bw, "read_bw", "tcp", "65536");
+
+#[test]
+fn atomic_latency_both_providers() {
+    for provider in ["soft", "tcp"] {
+        let results = run_pair("atomic_lat", provider, &["-n", "300"]);
+        check_results(&results, "atomic_lat", provider, &[8]);
+    }
+}
+
+/// `--all` runs every power of two from 2 B to 8 MiB; a few iterations each keep it short.
+#[test]
+fn soft_write_bw_all_sizes() {
+    let results = run_pair("write_bw", "soft", &["--all", "-n", "3"]);
+    let sizes: Vec<u64> = (1..=23).map(|shift| 1u64 << shift).collect();
+    check_results(&results, "write_bw", "soft", &sizes);
+}
+
+#[test]
+fn mismatched_tests_are_refused() {
+    let (server_ip, client_ip, udp_port) = unique_endpoint();
+    let port = free_tcp_port().to_string();
+    let udp = udp_port.to_string();
+    let server = spawn_server(&["perf", "send_lat", "-p", &port, "--bind", &server_ip, "--udp-port", &udp]);
+    let client = Command::new(BIN)
+        .args(["perf", "write_bw", &server_ip, "-p", &port, "--bind", &client_ip, "--udp-port", &udp])
+        .output()
+        .unwrap();
+    assert!(!client.status.success());
+    let stderr = String::from_utf8_lossy(&client.stderr);
+    assert!(stderr.contains("client runs write_bw but this server runs send_lat"), "{stderr}");
+    let server = wait_with_deadline(server, Duration::from_secs(10));
+    assert!(!server.status.success());
+}
+
+#[test]
+fn foreign_peer_gets_a_clear_error_not_a_hang() {
+    let (server_ip, _, udp_port) = unique_endpoint();
+    let port = free_tcp_port();
+    let udp = udp_port.to_string();
+    let server = spawn_server(&[
+        "perf",
+        "send_lat",
+        "-p",
+        &port.to_string(),
+        "--bind",
+        &server_ip,
+        "--udp-port",
+        &udp,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut stream = loop {
+        match TcpStream::connect((server_ip.as_str(), port)) {
+            Ok(stream) => break stream,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(err) => panic!("server never listened: {err}"),
+        }
+    };
+    // What a perftest client sends first: a NUL-padded version string.
+    stream.write_all(b"6.22\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+    let server = wait_with_deadline(server, Duration::from_secs(10));
+    assert!(!server.status.success());
+    let stderr = String::from_utf8_lossy(&server.stderr);
+    assert!(stderr.contains("not a `lightpath perf` process"), "{stderr}");
+}
