@@ -95,7 +95,7 @@ lpvm_net_up() {
 lpvm_pcap_start() {
     local file=$1
     # not through lpvm_ns: a backgrounded function is a subshell, and $! would be its pid
-    ip netns exec "$LPVM_NETNS" tcpdump -Z root -i "$LPVM_TAP" -U --immediate-mode -s 0 -w "$file" \
+    ip netns exec "$LPVM_NETNS" tcpdump -Z root -B 131072 -i "$LPVM_TAP" -U --immediate-mode -s 0 -w "$file" \
         udp port 4791 > "$file.tcpdump.log" 2>&1 {LPVM_LOCK_FD}>&- &
     LPVM_PCAP_PID=$!
     local i
