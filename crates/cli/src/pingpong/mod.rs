@@ -87,8 +87,9 @@ pub struct Args {
     /// UDP port of the soft provider (RoCE uses 4791; both sides must agree).
     #[arg(long, default_value_t = lightpath_soft::ROCE_PORT)]
     pub udp_port: u16,
-    /// Give up after this many seconds of waiting: for the client to connect or the server to
-    /// accept, for a message of the exchange, or for any completion during the run.
+    /// Give up after this many seconds of waiting: for a client to connect (the server), for
+    /// the out-of-band exchange, or for any completion during the run. A refused connection
+    /// (server not started yet) is retried for at most 10 s.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
 }

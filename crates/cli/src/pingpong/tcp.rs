@@ -14,6 +14,9 @@ use socket2::{Domain, Socket, Type};
 
 /// How often a listener or a refused connect is retried while waiting.
 const RETRY_INTERVAL: Duration = Duration::from_millis(20);
+/// How long a refused connect is retried at most (as verbs_peer does): long enough for a
+/// server started at the same moment, short enough that a wrong address fails soon.
+const CONNECT_RETRY_LIMIT: Duration = Duration::from_secs(10);
 
 /// Time left until `deadline`, or `None` once it has passed.
 pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
@@ -72,9 +75,11 @@ pub(crate) fn accept_one(listener: &TcpListener, deadline: Instant) -> Result<Tc
     }
 }
 
-/// Connects to `host:port`, retrying refused connections until `deadline` (the server may not
-/// be listening yet when both sides are started together).
+/// Connects to `host:port`, retrying refused connections until `deadline` but for at most
+/// [`CONNECT_RETRY_LIMIT`] (the server may not be listening yet when both sides are started
+/// together).
 pub(crate) fn connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream> {
+    let deadline = deadline.min(Instant::now() + CONNECT_RETRY_LIMIT);
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve the server name {host:?}"))?
