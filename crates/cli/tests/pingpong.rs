@@ -170,6 +170,30 @@ fn completion_events_on_one_or_both_sides() {
 }
 
 #[test]
+fn buffer_check() {
+    // Both with -c: the client marks every page, the server finds every mark.
+    let (server, client) = run_pair(
+        &["-c", "-s", "10000", "-n", "10", "--bind", "127.0.0.1"],
+        &["-c", "-s", "10000", "-n", "10", "--bind", "127.0.0.2"],
+    );
+    check_pair(&server, &client, 10000, 10);
+    // Only the server checks: the unmarked pages (0x7b at their start) are reported, as the C
+    // tool reports them, without failing the run.
+    let (server, client) = run_pair(
+        &["-c", "-s", "10000", "-n", "10", "--bind", "127.0.0.1"],
+        &["-s", "10000", "-n", "10", "--bind", "127.0.0.2"],
+    );
+    assert!(server.status.success() && client.status.success());
+    let (out, _) = text(&server);
+    let reported: Vec<&str> = out.lines().skip(4).collect();
+    assert_eq!(
+        reported,
+        ["invalid data in page 0", "invalid data in page 1", "invalid data in page 2"],
+        "{out}"
+    );
+}
+
+#[test]
 fn addresses_default_to_the_tcp_connection() {
     // No --bind: the server uses the address the client reached (127.0.0.1); the client, whose
     // side of the connection is the same address, moves to 127.0.0.2.
@@ -294,7 +318,8 @@ fn a_server_that_vanishes_after_the_exchange() {
 #[test]
 fn unsupported_options_are_refused() {
     for (args, message) in [
-        (&["-c"][..], "-c/--chk is not supported"),
+        (&["-t"][..], "-t/--ts is not supported"),
+        (&["-O"][..], "-O/--iodp is not supported"),
         (&["-g", "1"][..], "one GID, index 0"),
         (&["-i", "2"][..], "one port"),
         (&["-m", "1500"][..], "256, 512, 1024, 2048 or 4096"),

@@ -65,7 +65,8 @@ pub struct Args {
     /// Sleep on completion events instead of busy polling.
     #[arg(short = 'e', long = "events", action = clap::ArgAction::Count)]
     pub events: u8,
-    /// Validate received buffers (not supported).
+    /// Validate the received buffer: the client marks the first byte of every 4 KiB page, the
+    /// server reports unmarked pages after the run ("invalid data in page N").
     #[arg(short = 'c', long = "chk")]
     pub check: bool,
     /// Completion timestamps (not supported).
@@ -77,6 +78,15 @@ pub struct Args {
     /// On-demand paging (not supported).
     #[arg(short = 'o', long = "odp")]
     pub odp: bool,
+    /// Implicit on-demand paging (not supported).
+    #[arg(short = 'O', long = "iodp")]
+    pub implicit_odp: bool,
+    /// Prefetch an on-demand paging region (not supported).
+    #[arg(short = 'P', long = "prefetch")]
+    pub prefetch: bool,
+    /// The newer send API of libibverbs (accepted; the wire traffic is the same).
+    #[arg(short = 'N', long = "new_send")]
+    pub new_send: bool,
     /// RDMA provider.
     #[arg(long, value_enum, default_value = "soft")]
     pub provider: ProviderChoice,
@@ -106,10 +116,11 @@ struct Plan {
 impl Args {
     fn plan(&self) -> Result<Plan> {
         let refused = [
-            (self.check, "-c/--chk"),
             (self.timestamps, "-t/--ts"),
             (self.device_memory, "-j/--dm"),
             (self.odp, "-o/--odp"),
+            (self.implicit_odp, "-O/--iodp"),
+            (self.prefetch, "-P/--prefetch"),
         ];
         if let Some((_, name)) = refused.iter().find(|(given, _)| *given) {
             bail!("{name} is not supported by lightpath pingpong");
@@ -221,11 +232,20 @@ fn client(args: &Args, plan: &Plan, server: &str) -> Result<()> {
 }
 
 fn exchange(args: &Args, plan: &Plan, mut side: PingPong<SoftDevice>, is_client: bool) -> Result<()> {
+    if args.check && is_client {
+        side.mark_pages()?;
+    }
     let elapsed = side
         .run(args.iters, is_client, plan.waiting, plan.timeout)
         .with_context(|| format!("ping-pong of {} × {} bytes", args.iters, args.size))?;
     for line in output::summary_lines(args.size, args.iters, elapsed) {
         println!("{line}");
+    }
+    if args.check && !is_client {
+        // As the C tool: reported, but not an error.
+        for page in side.unmarked_pages()? {
+            println!("invalid data in page {page}");
+        }
     }
     Ok(())
 }

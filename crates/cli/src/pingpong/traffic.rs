@@ -27,6 +27,8 @@ const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 /// The payload byte of every message.
 const PAYLOAD_BYTE: u8 = 0x7b;
+/// The page size `-c` works in (the C tool uses the host's, 4096 on the hosts RoCE runs on).
+pub const CHECK_PAGE_SIZE: usize = 4096;
 
 /// How the run waits for completions (`-e` or not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +138,29 @@ impl<D: Device> PingPong<D> {
         rts.max_rd_atomic = Some(1);
         self.qp.modify(&rts).context("moving the queue pair to RTS")?;
         Ok(())
+    }
+
+    /// `-c` on the client: the C tool writes `i / page_size % sizeof(char)` at the start of
+    /// every page of its buffer before the first send. `sizeof(char)` is 1, so that is 0.
+    pub fn mark_pages(&self) -> Result<()> {
+        for offset in (0..self.size as usize).step_by(CHECK_PAGE_SIZE) {
+            self.mr.write(offset, &[0])?;
+        }
+        Ok(())
+    }
+
+    /// `-c` on the server, after the run: the pages of the last message received whose first
+    /// byte is not the client's mark.
+    pub fn unmarked_pages(&self) -> Result<Vec<usize>> {
+        let mut bad = Vec::new();
+        for (page, offset) in (0..self.size as usize).step_by(CHECK_PAGE_SIZE).enumerate() {
+            let mut byte = [0u8; 1];
+            self.mr.read(self.size as usize + offset, &mut byte)?;
+            if byte[0] != 0 {
+                bad.push(page);
+            }
+        }
+        Ok(bad)
     }
 
     fn post_recvs(&mut self, count: u32) -> Result<()> {
