@@ -65,7 +65,11 @@ pub fn run(config: &Config, report: &mut Report) -> Result<bool> {
     let done = format!("DONE {}\n", if report.failures() > 0 { "FAIL" } else { "PASS" });
     report.verbose(format_args!("-> {}", done.trim_end()));
     lines.send(&done)?;
-    let server_pass = match lines.read_line(Instant::now() + config.timeout) {
+    let result = lines.read_line(Instant::now() + config.timeout);
+    if let Ok(Some(line)) = &result {
+        report.verbose(format_args!("<- {line}"));
+    }
+    let server_pass = match result {
         Ok(Some(line)) if line == "RESULT PASS" => true,
         Ok(Some(line)) => {
             report.say(format_args!("FAIL: server says \"{line}\""));

@@ -258,11 +258,18 @@ mod tests {
     use super::super::endpoint::open_soft;
     use super::*;
 
+    /// Two devices on one ephemeral UDP port (retried if the port is taken on 127.0.0.2).
     fn open_pair(mode: ProgressMode) -> (lightpath_soft::SoftDevice, lightpath_soft::SoftDevice) {
-        let a = open_soft(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 0, Mtu::Mtu1024, mode).unwrap();
-        let b = open_soft(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), a.local_addr().port(), Mtu::Mtu1024, mode)
-            .unwrap();
-        (a, b)
+        let open = |last: u8, port: u16| {
+            open_soft(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), port, Mtu::Mtu1024, mode)
+        };
+        for _ in 0..10 {
+            let a = open(1, 0).unwrap();
+            if let Ok(b) = open(2, a.local_addr().port()) {
+                return (a, b);
+            }
+        }
+        panic!("no UDP port free on both 127.0.0.1 and 127.0.0.2")
     }
 
     /// Both sides in one process, each on its own thread, exchanging addresses directly.
