@@ -22,7 +22,9 @@
 #   LIGHTPATH_INTEROP_REQUIRED=1 a missing prerequisite fails (exit 1) instead of
 #                                "SKIPPED: <reason>" and exit 0
 #   LIGHTPATH_VM_CACHE           image cache (default ~/.cache/lightpath/rxe-vm)
-#   LIGHTPATH_NETNS              namespace name (default lp-interop)
+#   LIGHTPATH_NETNS              namespace name (default lp-interop); a second run waits for
+#                                the first to release it
+#   LIGHTPATH_INTEROP_DEADLINE   seconds after which no further case starts (default 2700)
 #
 # Exit code: 0 if no case failed (NOT RUN cases do not fail the suite), 1 otherwise.
 set -uo pipefail
@@ -220,7 +222,10 @@ need_lightpath() {
 # ------------------------------------------------------------------------------ case functions
 G="" # the guest's IPv4-mapped GID index, found after boot
 VP=/shared/bin/verbs_peer
-T_CASE=180
+T_CASE=90 # a case normally takes 1-5 s; ibv_rc_pingpong has no timeout of its own
+# After this many seconds the remaining cases are not started (recorded as FAIL), so a
+# pathological run still ends well inside CI's time limit.
+deadline=${LIGHTPATH_INTEROP_DEADLINE:-2700}
 lp_traffic=0 # cases that put Lightpath <-> rxe traffic on the wire
 
 case_pingpong_loopback() {
@@ -468,6 +473,10 @@ if [ "$needs_vm" = 1 ]; then
         case "$fn" in case_build_lightpath* | case_capture*) continue ;; esac
         if ! lpvm_alive; then
             record "$id" "$dir" FAIL 0 "the VM is gone (see $LPVM_SHARE/console.log)"
+            continue
+        fi
+        if [ $((SECONDS - suite_start)) -gt "$deadline" ]; then
+            record "$id" "$dir" FAIL 0 "not started: the suite passed its ${deadline}s deadline"
             continue
         fi
         run_case "$id" "$dir" $fn

@@ -66,8 +66,11 @@ lpvm_check_image() {
 lpvm_net_up() {
     exec {LPVM_LOCK_FD}> "/run/lightpath-interop-$LPVM_NETNS.lock"
     if ! flock -n "$LPVM_LOCK_FD"; then
-        lpvm_log "namespace $LPVM_NETNS is in use by another run (lock /run/lightpath-interop-$LPVM_NETNS.lock)"
-        return 1
+        lpvm_log "namespace $LPVM_NETNS is in use by another run; waiting up to ${LPVM_LOCK_WAIT:-900}s for it"
+        if ! flock -w "${LPVM_LOCK_WAIT:-900}" "$LPVM_LOCK_FD"; then
+            lpvm_log "namespace $LPVM_NETNS is still in use (lock /run/lightpath-interop-$LPVM_NETNS.lock)"
+            return 1
+        fi
     fi
     # A qemu left running by a run that was killed outright (SIGKILL: no trap ran). We hold
     # the lock, so the pid file is ours; check the pid still is that qemu before ending it.
