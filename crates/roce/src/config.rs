@@ -11,6 +11,12 @@ pub struct EngineConfig {
     pub roce_port: u16,
     /// Check the ICRC of received datagrams.
     pub verify_icrc: bool,
+    /// The UDP source port every datagram is sent from, if the driver cannot choose one per
+    /// queue pair (one socket sends from the one port it is bound to). The ICRC covers the
+    /// source port, so the engine seals each datagram for this port and reports it in
+    /// [`Transmit::src_port`](crate::Transmit::src_port). `None` (the default): the per-QP
+    /// entropy port rxe derives from the QPN pair.
+    pub fixed_src_port: Option<u16>,
     /// Most queue pairs alive at once.
     pub max_qps: u32,
     /// Most memory regions registered at once.
@@ -37,6 +43,7 @@ impl Default for EngineConfig {
             gid: Gid::ZERO,
             roce_port: Self::ROCE_PORT,
             verify_icrc: true,
+            fixed_src_port: None,
             max_qps: 4096,
             max_mrs: 65536,
             max_cqs: 4096,

@@ -255,17 +255,20 @@ impl Engine {
     }
 
     /// Writes the next datagram to send into `buf` (which must hold [`MAX_DATAGRAM`] bytes;
-    /// a smaller buffer gets nothing) and says where it goes. The ICRC is sealed.
+    /// a smaller buffer gets nothing) and says where it goes. The ICRC is sealed for the
+    /// source port in the returned [`Transmit`] (the configured fixed port, if any).
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         if buf.len() < MAX_DATAGRAM {
             return None;
         }
+        let fixed_src_port = self.config.fixed_src_port;
         while let Some(qpn) = self.ready.pop_front() {
             let (qps, mut ctx) = self.ctx();
             let Some(qp) = qps.get_mut(qpn) else { continue };
             qp.in_ready_list = false;
             let produced = qp.produce(&mut ctx, now, buf);
-            let (dst, src_port, local_ip) = (qp.params.peer_ip, qp.params.src_port, qp.params.local_ip);
+            let src_port = fixed_src_port.unwrap_or(qp.params.src_port);
+            let (dst, local_ip) = (qp.params.peer_ip, qp.params.local_ip);
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port: self.config.roce_port };
@@ -374,5 +377,63 @@ impl Engine {
             .iter()
             .filter_map(|qp| qp.timer_queued.map(|deadline| Reverse((deadline, qp.qpn))))
             .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use lightpath_verbs::{AddressVector, Mtu, SendOp};
+
+    use super::*;
+
+    /// One engine's queue pair in RTS towards `peer`, and its completion queue.
+    fn ready_engine(config: EngineConfig, peer: IpAddr) -> (Engine, u32) {
+        let mut engine = Engine::new(config);
+        let cq = engine.create_cq(16).expect("cq");
+        let qpn = engine.create_qp(cq, cq, QpCaps::default()).expect("qp");
+        let access = AccessFlags::LOCAL_WRITE;
+        engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_init(access)).expect("init");
+        let av = AddressVector::new(Gid::from_ip(peer), 0);
+        engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rtr(av, Mtu::Mtu1024, 0x99, 0)).expect("rtr");
+        engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rts(0)).expect("rts");
+        (engine, qpn)
+    }
+
+    fn first_send(fixed_src_port: Option<u16>) -> (Transmit, Vec<u8>, IpAddr, IpAddr) {
+        let (local, peer) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+        let config = EngineConfig { fixed_src_port, ..EngineConfig::new(Gid::from_ip(local)) };
+        let (mut engine, qpn) = ready_engine(config, peer);
+        engine.post_send(Time::ZERO, qpn, &SendWr::inline(1, SendOp::Send, b"hello")).expect("post");
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let transmit = engine.poll_transmit(Time::ZERO, &mut buf).expect("a SEND to transmit");
+        buf.truncate(transmit.len);
+        (transmit, buf, local, peer)
+    }
+
+    #[test]
+    fn fixed_source_port_is_reported_and_sealed() {
+        let (transmit, datagram, local, peer) = first_send(Some(4791));
+        assert_eq!(transmit.src_port, 4791);
+        let sealed_for =
+            |src_port| Endpoints { src: local, dst: peer, src_port, dst_port: EngineConfig::ROCE_PORT };
+        assert!(icrc::verify(&sealed_for(4791), &datagram));
+        let (entropy, _, _, _) = first_send(None);
+        assert_ne!(entropy.src_port, 4791, "without the option the per-QP port is used");
+        assert!(!icrc::verify(&sealed_for(entropy.src_port), &datagram), "the ICRC covers the source port");
+    }
+
+    #[test]
+    fn entropy_source_port_is_sealed_by_default() {
+        let (transmit, datagram, local, peer) = first_send(None);
+        assert!(transmit.src_port >= 0xC000, "rxe's entropy range");
+        let endpoints = Endpoints {
+            src: local,
+            dst: peer,
+            src_port: transmit.src_port,
+            dst_port: EngineConfig::ROCE_PORT,
+        };
+        assert!(icrc::verify(&endpoints, &datagram));
     }
 }
