@@ -60,6 +60,13 @@ pub struct SoftConfig {
     pub recv_buffer: usize,
     /// Socket send buffer to ask for (bytes).
     pub send_buffer: usize,
+    /// Use the kernel's UDP offloads (default true): receive offload (`UDP_GRO`: coalesced
+    /// datagrams arrive in one piece) and, towards loopback and IPv6 peers, segmentation
+    /// offload (`UDP_SEGMENT`: one system call and one trip through the network stack for up
+    /// to 64 KB of datagrams). IPv4 peers on other hosts never get segmented messages: the
+    /// kernel numbers the IP identification of the segments it cuts, which the ICRC covers, so
+    /// Linux rxe would drop them. Either offload is skipped where the kernel lacks it.
+    pub udp_offload: bool,
     /// Most queue pairs.
     pub max_qps: u32,
     /// Most memory regions.
@@ -87,6 +94,7 @@ impl SoftConfig {
             lock_memory: true,
             recv_buffer: 8 << 20,
             send_buffer: 4 << 20,
+            udp_offload: true,
             max_qps: 4096,
             max_mrs: 65536,
             max_cqs: 4096,

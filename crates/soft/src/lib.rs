@@ -17,7 +17,8 @@
 //! corrupted datagram with probability around 2^-13 instead of 2^-32. Datagrams move in batches
 //! of up to 32 per `sendmmsg`/`recvmmsg`. The UDP source port of every datagram is the bound
 //! port (the engine's per-QP entropy port cannot be chosen per datagram on one socket; rxe
-//! accepts any source port).
+//! accepts any source port), and the engine seals the ICRC for that port
+//! (`EngineConfig::fixed_src_port`), so each datagram is checksummed once.
 //!
 //! # Progress
 //!

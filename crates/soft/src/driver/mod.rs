@@ -28,7 +28,7 @@ use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
 
 use crate::config::{ProgressMode, SoftConfig};
-use crate::sys::{self, EventFd, BATCH};
+use crate::sys::{self, EventFd, RECV_BATCH};
 
 /// At most this many receive batches per drive, so one call cannot be held up indefinitely by
 /// a peer that keeps sending.
@@ -66,13 +66,16 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(mut config: SoftConfig) -> Result<Self> {
-        let socket = RoceSocket::bind(config.local, config.recv_buffer, config.send_buffer)?;
+        let socket =
+            RoceSocket::bind(config.local, config.recv_buffer, config.send_buffer, config.udp_offload)?;
         config.local = socket.local();
         let gid = Gid::from_ip(config.local.ip());
         let engine = Engine::new(EngineConfig {
             gid,
             roce_port: config.local.port(),
             verify_icrc: config.verify_icrc,
+            // One socket sends from its bound port only; sealing for it saves a second CRC pass.
+            fixed_src_port: Some(config.local.port()),
             max_qps: config.max_qps,
             max_mrs: config.max_mrs,
             max_cqs: config.max_cqs,
@@ -82,8 +85,8 @@ impl Shared {
             engine,
             signals: HashMap::new(),
             stats: DriverStats::default(),
-            rx: RxBuffers::new(),
-            tx: TxBuffers::new(),
+            rx: RxBuffers::new(&socket),
+            tx: TxBuffers::new(config.udp_offload),
         };
         Ok(Self {
             core: Mutex::new(core),
@@ -141,7 +144,7 @@ impl Shared {
             let Core { engine, rx, stats, .. } = &mut *core;
             let count = rx.receive(&self.socket, engine, now, stats);
             received += count;
-            if count < BATCH {
+            if count < RECV_BATCH {
                 break;
             }
             // Answer a long burst as it goes (ACKs, READ responses) rather than at the end.

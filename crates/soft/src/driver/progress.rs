@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{Shared, AWAKE};
 use crate::config::ProgressMode;
-use crate::sys::{self, BATCH};
+use crate::sys::{self, RECV_BATCH};
 
 pub(super) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
     let name = format!("lp-{}", shared.name);
@@ -34,7 +34,7 @@ fn run_progress(shared: &Shared) {
             shared.thread_deadline.store(deadline, Ordering::SeqCst);
             (received, timeout)
         };
-        if received < BATCH {
+        if received < RECV_BATCH {
             // A failed poll would spin this loop; back off briefly instead of giving up.
             if sys::wait_readable(&[shared.socket.as_fd(), shared.waker.as_fd()], timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(1));

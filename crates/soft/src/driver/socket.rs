@@ -4,26 +4,36 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 
-use lightpath_roce::{Engine, Time, Transmit, MAX_DATAGRAM};
-use lightpath_wire::{icrc, Endpoints};
+use lightpath_roce::{Engine, Time, MAX_DATAGRAM};
+use lightpath_wire::Opcode;
 
 use super::stats::DriverStats;
-use crate::sys::{self, Received, BATCH};
+use crate::sys::{self, OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, SEND_DATAGRAMS};
 
 /// Receive buffers are a little larger than the largest RoCE datagram, so that an oversized
 /// datagram shows up as truncated instead of looking like a valid one.
 const RX_BUFFER: usize = MAX_DATAGRAM + 64;
+/// With receive offload a message holds up to 64 KiB of coalesced datagrams.
+const RX_BUFFER_GRO: usize = (64 << 10) + 64;
 
 /// One unconnected UDP socket bound to the device's address, set up as digest §5.1a requires.
 #[derive(Debug)]
 pub(crate) struct RoceSocket {
     socket: UdpSocket,
     local: SocketAddr,
+    /// The kernel hands over coalesced datagrams (`UDP_GRO` is on).
+    gro: bool,
 }
 
 impl RoceSocket {
-    /// Binds `local` (a specific address) with path-MTU discovery forced on and large buffers.
-    pub(crate) fn bind(local: SocketAddr, recv_buffer: usize, send_buffer: usize) -> io::Result<Self> {
+    /// Binds `local` (a specific address) with path-MTU discovery forced on and large buffers,
+    /// and with receive offload if `offload` and the kernel has it.
+    pub(crate) fn bind(
+        local: SocketAddr,
+        recv_buffer: usize,
+        send_buffer: usize,
+        offload: bool,
+    ) -> io::Result<Self> {
         if local.ip().is_unspecified() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -33,8 +43,9 @@ impl RoceSocket {
         let socket = UdpSocket::bind(local)?;
         sys::set_pmtu_discovery_do(socket.as_fd(), local.is_ipv6())?;
         sys::set_buffer_sizes(socket.as_fd(), recv_buffer, send_buffer);
+        let gro = offload && sys::set_udp_gro(socket.as_fd()).is_ok();
         let local = socket.local_addr()?;
-        Ok(Self { socket, local })
+        Ok(Self { socket, local, gro })
     }
 
     /// The bound address (with the real port if 0 was asked for).
@@ -51,20 +62,17 @@ impl AsFd for RoceSocket {
 
 /// Buffers for one `recvmmsg` batch.
 pub(crate) struct RxBuffers {
-    bufs: Vec<Box<[u8]>>,
-    meta: [Received; BATCH],
+    batch: RecvBatch,
 }
 
 impl RxBuffers {
-    pub(crate) fn new() -> Self {
-        Self {
-            bufs: (0..BATCH).map(|_| vec![0u8; RX_BUFFER].into_boxed_slice()).collect(),
-            meta: [Received { len: 0, from: None, truncated: false }; BATCH],
-        }
+    pub(crate) fn new(socket: &RoceSocket) -> Self {
+        Self { batch: RecvBatch::new(if socket.gro { RX_BUFFER_GRO } else { RX_BUFFER }) }
     }
 
     /// Receives what is waiting (up to one batch) and feeds it to the engine. Returns how many
-    /// datagrams arrived.
+    /// messages arrived (a message may hold several coalesced datagrams); a full batch
+    /// ([`RECV_BATCH`](crate::sys::RECV_BATCH)) means more may be waiting.
     pub(crate) fn receive(
         &mut self,
         socket: &RoceSocket,
@@ -72,7 +80,7 @@ impl RxBuffers {
         now: Time,
         stats: &mut DriverStats,
     ) -> usize {
-        let count = match sys::recv_batch(socket.as_fd(), &mut self.bufs, &mut self.meta) {
+        let count = match self.batch.recv(socket.as_fd()) {
             Ok(count) => count,
             Err(_) => {
                 stats.rx_errors += 1;
@@ -83,35 +91,79 @@ impl RxBuffers {
             stats.rx_batches += 1;
         }
         let to = socket.local().ip();
-        for (buf, meta) in self.bufs.iter().zip(&self.meta).take(count) {
-            if meta.truncated || meta.len > MAX_DATAGRAM {
+        for i in 0..count {
+            let Some(message) = self.batch.get(i) else { break };
+            if message.truncated {
                 stats.drops_oversized += 1;
                 continue;
             }
-            match meta.from {
-                Some(from) if from.is_ipv4() == to.is_ipv4() => {
-                    engine.handle_datagram(now, from.ip(), to, from.port(), &buf[..meta.len]);
+            let from = match message.from {
+                Some(from) if from.is_ipv4() == to.is_ipv4() => from,
+                _ => {
+                    stats.drops_bad_source += 1;
+                    continue;
                 }
-                _ => stats.drops_bad_source += 1,
+            };
+            match message.segment_size {
+                None => deliver(engine, now, from, to, message.data, stats),
+                Some(size) => {
+                    stats.rx_coalesced += 1;
+                    for datagram in message.data.chunks(size) {
+                        deliver(engine, now, from, to, datagram, stats);
+                    }
+                }
             }
         }
         count
     }
 }
 
+/// Hands one datagram to the engine, unless no RoCE packet can be that long.
+fn deliver(
+    engine: &mut Engine,
+    now: Time,
+    from: SocketAddr,
+    to: IpAddr,
+    datagram: &[u8],
+    stats: &mut DriverStats,
+) {
+    if datagram.len() > MAX_DATAGRAM {
+        stats.drops_oversized += 1;
+    } else {
+        engine.handle_datagram(now, from.ip(), to, from.port(), datagram);
+    }
+}
+
+/// Where one datagram of a send batch goes.
+#[derive(Clone, Copy, Debug)]
+struct Outgoing {
+    dst: SocketAddr,
+    len: usize,
+    /// An ACK, NAK or READ/atomic response (the responder's stream), as opposed to a request.
+    response: bool,
+}
+
 /// Buffers for one `sendmmsg` batch.
 pub(crate) struct TxBuffers {
     bufs: Vec<Box<[u8]>>,
-    dsts: Vec<SocketAddr>,
-    lens: Vec<usize>,
+    outgoing: Vec<Outgoing>,
+    /// Send order: positions into `bufs`.
+    order: Vec<usize>,
+    messages: Vec<OutMessage>,
+    batch: SendBatch,
+    /// Segmentation offload is allowed and has not failed.
+    segmentation: bool,
 }
 
 impl TxBuffers {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(offload: bool) -> Self {
         Self {
-            bufs: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM].into_boxed_slice()).collect(),
-            dsts: Vec::with_capacity(BATCH),
-            lens: Vec::with_capacity(BATCH),
+            bufs: (0..SEND_DATAGRAMS).map(|_| vec![0u8; MAX_DATAGRAM].into_boxed_slice()).collect(),
+            outgoing: Vec::with_capacity(SEND_DATAGRAMS),
+            order: Vec::with_capacity(SEND_DATAGRAMS),
+            messages: Vec::with_capacity(SEND_DATAGRAMS),
+            batch: SendBatch::new(),
+            segmentation: offload,
         }
     }
 
@@ -124,42 +176,84 @@ impl TxBuffers {
         stats: &mut DriverStats,
     ) {
         loop {
-            self.dsts.clear();
-            self.lens.clear();
-            while self.dsts.len() < BATCH {
-                let buf = &mut self.bufs[self.dsts.len()];
+            self.outgoing.clear();
+            while self.outgoing.len() < SEND_DATAGRAMS {
+                let buf = &mut self.bufs[self.outgoing.len()];
                 let Some(transmit) = engine.poll_transmit(now, buf) else { break };
                 let Some(dst) = destination(socket.local(), transmit.dst) else {
                     stats.tx_errors += 1;
                     continue;
                 };
-                if reseal_for_port(socket.local(), transmit, &mut buf[..transmit.len]).is_err() {
-                    stats.tx_errors += 1;
-                    continue;
-                }
-                self.dsts.push(dst);
-                self.lens.push(transmit.len);
+                let response =
+                    buf.first().and_then(|&op| Opcode(op).info()).is_some_and(|info| info.is_response());
+                self.outgoing.push(Outgoing { dst, len: transmit.len, response });
             }
-            let filled = self.dsts.len();
-            self.send(socket, stats);
-            if filled < BATCH {
+            let filled = self.outgoing.len();
+            if filled > 0 {
+                self.plan();
+                self.send(socket, stats);
+            }
+            if filled < SEND_DATAGRAMS {
                 return;
             }
         }
     }
 
+    /// Orders the batch and groups it into messages.
+    ///
+    /// Requests go before responses: the two are independent streams (each keeps its own
+    /// order), and a request is usually what the peer's application waits for, while an ACK
+    /// that travels in the same call as a reply only completes a send the peer is not waiting
+    /// on. Runs of equal-size datagrams to one peer become one segmented message where that is
+    /// safe (see [`segmentation_safe`]).
+    fn plan(&mut self) {
+        self.order.clear();
+        let outgoing = &self.outgoing;
+        self.order.extend((0..outgoing.len()).filter(|&i| !outgoing[i].response));
+        self.order.extend((0..outgoing.len()).filter(|&i| outgoing[i].response));
+        self.messages.clear();
+        for (position, &index) in self.order.iter().enumerate() {
+            let datagram = outgoing[index];
+            if let Some(last) = self.messages.last_mut() {
+                if self.segmentation && joins(last, datagram, outgoing, &self.order) {
+                    last.count += 1;
+                    continue;
+                }
+            }
+            let segment_size = u16::try_from(datagram.len).ok().filter(|_| segmentation_safe(datagram.dst));
+            self.messages.push(OutMessage { dst: datagram.dst, first: position, count: 1, segment_size });
+        }
+    }
+
     fn send(&mut self, socket: &RoceSocket, stats: &mut DriverStats) {
+        let mut slices: [&[u8]; SEND_DATAGRAMS] = [&[]; SEND_DATAGRAMS];
+        for (slice, (buf, out)) in slices.iter_mut().zip(self.bufs.iter().zip(&self.outgoing)) {
+            *slice = &buf[..out.len.min(buf.len())];
+        }
         let mut start = 0;
-        while start < self.dsts.len() {
+        while start < self.messages.len() {
             stats.tx_batches += 1;
-            match sys::send_batch(
-                socket.as_fd(),
-                &self.bufs[start..],
-                &self.dsts[start..],
-                &self.lens[start..],
-            ) {
+            match self.batch.send(socket.as_fd(), &slices, &self.order, &self.messages[start..]) {
                 Ok(0) => break,
-                Ok(sent) => start += sent,
+                Ok(sent) => {
+                    stats.tx_segmented +=
+                        self.messages[start..start + sent].iter().filter(|m| m.count > 1).count() as u64;
+                    start += sent;
+                }
+                // A segmented message the kernel refuses (no checksum offload on the route, an
+                // old kernel): stop segmenting on this device and send its datagrams one by one.
+                Err(_) if self.messages[start].count > 1 => {
+                    self.segmentation = false;
+                    stats.segmentation_failures += 1;
+                    let failed = self.messages[start];
+                    let singles = (0..failed.count).map(|k| OutMessage {
+                        first: failed.first + k,
+                        count: 1,
+                        segment_size: None,
+                        ..failed
+                    });
+                    self.messages.splice(start..=start, singles);
+                }
                 // The datagram at `start` cannot go (no route, host unreachable…): it counts as
                 // lost, and the engine's retransmission deals with it like any loss.
                 Err(_) => {
@@ -171,16 +265,29 @@ impl TxBuffers {
     }
 }
 
-/// The ICRC covers the UDP source port. The engine seals each datagram for the source port it
-/// picked (per queue pair, as rxe does), but one socket can only send from the port it is
-/// bound to, so the ICRC is recomputed for that port when the two differ.
-fn reseal_for_port(local: SocketAddr, transmit: Transmit, datagram: &mut [u8]) -> lightpath_wire::Result<()> {
-    if transmit.src_port == local.port() {
-        return Ok(());
-    }
-    let endpoints =
-        Endpoints { src: local.ip(), dst: transmit.dst, src_port: local.port(), dst_port: local.port() };
-    icrc::seal(&endpoints, datagram)
+/// Whether `datagram` can ride in the segmented message `last` (its datagrams are
+/// `order[last.first..][..last.count]`): same peer, room left, and every datagram but the last
+/// of a message exactly the segment size.
+fn joins(last: &OutMessage, datagram: Outgoing, outgoing: &[Outgoing], order: &[usize]) -> bool {
+    let Some(size) = last.segment_size.map(usize::from) else { return false };
+    let tail = order.get(last.first + last.count - 1).and_then(|&i| outgoing.get(i));
+    last.dst == datagram.dst
+        && tail.is_some_and(|tail| tail.len == size)
+        && datagram.len <= size
+        && last.count < MAX_SEGMENTS
+        && size * last.count + datagram.len <= MAX_SEGMENTED_BYTES
+}
+
+/// Whether the kernel may split a segmented message for this peer without breaking the ICRC.
+///
+/// The kernel numbers the IPv4 identification of the segments it cuts from one message (0, 1,
+/// 2, …), and the ICRC covers that field: a peer that checks the ICRC against the real header
+/// (Linux rxe, RNICs) would drop every segment but the first. Loopback never reaches such a
+/// peer with a cut message — the kernel hands the message whole to a receiver with
+/// `UDP_GRO`, and Lightpath receivers without it solve for the ID anyway — and IPv6 has no
+/// identification field.
+fn segmentation_safe(dst: SocketAddr) -> bool {
+    dst.ip().is_loopback() || dst.is_ipv6()
 }
 
 /// Where a datagram for peer `ip` goes: the peer's IP at our port (every RoCE endpoint listens
@@ -199,6 +306,73 @@ fn destination(local: SocketAddr, ip: IpAddr) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn planned(offload: bool, batch: &[(&str, usize, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
+        let mut tx = TxBuffers::new(offload);
+        for &(dst, len, response) in batch {
+            tx.outgoing.push(Outgoing { dst: dst.parse().expect("addr"), len, response });
+        }
+        tx.plan();
+        (tx.order, tx.messages)
+    }
+
+    fn message(dst: &str, first: usize, count: usize, segment_size: Option<u16>) -> OutMessage {
+        OutMessage { dst: dst.parse().expect("addr"), first, count, segment_size }
+    }
+
+    #[test]
+    fn requests_go_before_responses_each_in_order() {
+        let lo = "127.0.0.2:4791";
+        let batch = [(lo, 16, true), (lo, 40, false), (lo, 20, true), (lo, 44, false)];
+        let (order, messages) = planned(false, &batch);
+        assert_eq!(order, [1, 3, 0, 2]);
+        let singles: Vec<OutMessage> =
+            (0..4).map(|i| message(lo, i, 1, Some(batch[order[i]].1 as u16))).collect();
+        assert_eq!(messages, singles, "no segmentation when offload is off");
+    }
+
+    #[test]
+    fn equal_sizes_to_one_loopback_peer_are_segmented() {
+        let (lo, other_lo) = ("127.0.0.2:4791", "127.0.0.3:4791");
+        let batch = [
+            (lo, 4128, false), // WRITE FIRST (with RETH): a segment of its own size
+            (lo, 4112, false), // shorter: may end that message
+            (lo, 4112, false), // but then the message is closed
+            (lo, 4112, false),
+            (lo, 100, false), // a short last segment
+            (lo, 100, false), // cannot follow a short one
+            (other_lo, 100, false),
+        ];
+        let (order, messages) = planned(true, &batch);
+        assert_eq!(order, [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(
+            messages,
+            [
+                message(lo, 0, 2, Some(4128)),
+                message(lo, 2, 3, Some(4112)),
+                message(lo, 5, 1, Some(100)),
+                message(other_lo, 6, 1, Some(100)),
+            ]
+        );
+    }
+
+    #[test]
+    fn segmented_messages_stay_within_the_kernel_limits() {
+        let lo = "[::1]:4791";
+        let (_, messages) = planned(true, &[(lo, 4112, false); 40]);
+        let counts: Vec<usize> = messages.iter().map(|m| m.count).collect();
+        assert_eq!(counts, [15, 15, 10], "15 × 4112 bytes is the most under 65,000");
+        let (_, small) = planned(true, &[(lo, 24, true); SEND_DATAGRAMS]);
+        assert!(small.iter().all(|m| m.count <= MAX_SEGMENTS), "{small:?}");
+    }
+
+    #[test]
+    fn remote_ipv4_peers_never_get_segmented_messages() {
+        let (_, messages) = planned(true, &[("10.0.0.2:4791", 1024, false); 4]);
+        assert_eq!(messages.iter().map(|m| (m.count, m.segment_size)).collect::<Vec<_>>(), [(1, None); 4]);
+        let (_, v6) = planned(true, &[("[2001:db8::2]:4791", 1024, false); 4]);
+        assert_eq!(v6.len(), 1, "IPv6 has no identification field to renumber");
+    }
 
     #[test]
     fn destinations() {

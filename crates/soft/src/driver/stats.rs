@@ -19,6 +19,12 @@ pub struct DriverStats {
     pub rx_errors: u64,
     /// Times the polling-mode helper thread drove the device because the application did not.
     pub assists: u64,
+    /// Received messages that held several coalesced datagrams (receive offload).
+    pub rx_coalesced: u64,
+    /// Sent messages that carried several datagrams (segmentation offload).
+    pub tx_segmented: u64,
+    /// Segmented sends the kernel refused (segmentation is then turned off for the device).
+    pub segmentation_failures: u64,
 }
 
 /// A snapshot of a soft device's counters.

@@ -1,5 +1,6 @@
 //! The operating-system calls the soft provider needs that `std` does not offer: socket options
-//! (path-MTU discovery, buffer sizes), batched datagram I/O (`sendmmsg`/`recvmmsg`), eventfds,
+//! (path-MTU discovery, buffer sizes, UDP offloads), batched datagram I/O
+//! (`sendmmsg`/`recvmmsg` with segmentation offload), eventfds,
 //! `ppoll`, `mlock` and `getifaddrs`. Every `unsafe` block of the crate outside the page allocator lives here,
 //! behind safe functions, each with a `// SAFETY:` note.
 
@@ -14,9 +15,11 @@ mod sockopt;
 pub(crate) use eventfd::EventFd;
 pub(crate) use ifaddrs::interface_addrs;
 pub(crate) use mlock::{mlock, munlock};
-pub(crate) use mmsg::{recv_batch, send_batch, Received, BATCH};
+pub(crate) use mmsg::{
+    OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, RECV_BATCH, SEND_DATAGRAMS,
+};
 pub(crate) use poll::wait_readable;
-pub(crate) use sockopt::{set_buffer_sizes, set_pmtu_discovery_do};
+pub(crate) use sockopt::{set_buffer_sizes, set_pmtu_discovery_do, set_udp_gro};
 
 use std::io;
 

@@ -37,17 +37,19 @@ pub(super) fn to_storage(addr: &SocketAddr, storage: &mut libc::sockaddr_storage
     }
 }
 
-/// Reads the address the kernel wrote into `storage`, if it is IPv4 or IPv6.
-pub(super) fn from_storage(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+/// Reads the address the kernel wrote into `storage` (`len` bytes of it), if it is IPv4 or
+/// IPv6.
+pub(super) fn from_storage(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
     match libc::c_int::from(storage.ss_family) {
-        libc::AF_INET => {
+        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
             // SAFETY: the family says the kernel wrote a sockaddr_in, which fits in and is
             // aligned for sockaddr_storage; we only read it.
             let sin = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
             Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
         }
-        libc::AF_INET6 => {
+        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
             // SAFETY: as above, for sockaddr_in6.
             let sin6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
@@ -73,11 +75,12 @@ mod tests {
             let addr: SocketAddr = text.parse().expect("address");
             // SAFETY: an all-zero sockaddr_storage is a valid (AF_UNSPEC) value.
             let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            to_storage(&addr, &mut storage);
-            assert_eq!(from_storage(&storage), Some(addr));
+            let len = to_storage(&addr, &mut storage);
+            assert_eq!(from_storage(&storage, len), Some(addr));
+            assert_eq!(from_storage(&storage, len - 1), None, "a cut address is no address");
         }
         // SAFETY: as above.
         let unspec: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        assert_eq!(from_storage(&unspec), None);
+        assert_eq!(from_storage(&unspec, size_of::<libc::sockaddr_storage>() as libc::socklen_t), None);
     }
 }

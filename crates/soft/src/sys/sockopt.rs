@@ -1,5 +1,6 @@
 //! Socket options: `IP_MTU_DISCOVER = IP_PMTUDISC_DO` (so IPv4 datagrams leave with DF set and
-//! ID 0, which makes the ICRC computable before sending) and receive/send buffer sizes.
+//! ID 0, which makes the ICRC computable before sending), receive/send buffer sizes and UDP
+//! receive offload.
 
 use std::io;
 use std::mem::size_of;
@@ -46,4 +47,10 @@ pub(crate) fn set_buffer_sizes(fd: BorrowedFd<'_>, recv: usize, send: usize) {
             let _ = set_int(fd, libc::SOL_SOCKET, plain, clamp(size));
         }
     }
+}
+
+/// Asks the kernel to hand over coalesced datagrams with their segment size (`UDP_GRO`, Linux
+/// 5.0+). Fails on kernels without it, which then deliver every datagram on its own.
+pub(crate) fn set_udp_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+    set_int(fd, libc::SOL_UDP, super::mmsg::UDP_GRO, 1)
 }
