@@ -5,6 +5,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::ExitCode;
 
 use anyhow::Result;
+use lightpath_ibverbs::IbvProvider;
 use lightpath_soft::{parse_device_name, SoftProvider};
 use lightpath_verbs::{Gid, Provider};
 use serde::Serialize;
@@ -80,6 +81,64 @@ fn soft_device(name: String, addr: SocketAddr) -> DeviceReport {
     }
 }
 
+/// The ibverbs provider: libibverbs (loaded at run time), its devices and, per device, the port
+/// and the GID Lightpath would send from.
+fn ibverbs_report() -> ProviderReport {
+    let unavailable = |reason: String| ProviderReport {
+        provider: "ibverbs",
+        available: false,
+        reason: Some(reason),
+        devices: Vec::new(),
+    };
+    if let Err(err) = IbvProvider::load() {
+        return unavailable(err.to_string());
+    }
+    let provider = IbvProvider::default();
+    let names = match provider.devices() {
+        Ok(names) if names.is_empty() => {
+            return unavailable("libibverbs is installed but lists no RDMA devices".into());
+        }
+        Ok(names) => names,
+        Err(err) => return unavailable(verbs_reason(&err)),
+    };
+    let fork = IbvProvider::fork_safety().map(|f| f.describe()).unwrap_or("fork safety unknown");
+    let devices = names.into_iter().map(|name| ibverbs_device(&provider, name, fork)).collect();
+    ProviderReport { provider: "ibverbs", available: true, reason: None, devices }
+}
+
+/// The reason inside an "unavailable" error, without the generic prefix.
+fn verbs_reason(err: &lightpath_verbs::Error) -> String {
+    match err {
+        lightpath_verbs::Error::Unavailable(reason) => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn ibverbs_device(provider: &IbvProvider, name: String, fork: &str) -> DeviceReport {
+    use lightpath_verbs::Device;
+    let device = match provider.open(&name) {
+        Ok(device) => device,
+        Err(err) => {
+            return DeviceReport { name, gid: "-".into(), usable: false, note: Some(verbs_reason(&err)) }
+        }
+    };
+    let source = device.source_gid();
+    let port = device.port();
+    let link = if device.is_ethernet() { "RoCE" } else { "InfiniBand" };
+    let (usable, state) = match device.query_port(port) {
+        Ok(attr) => (
+            attr.state == lightpath_verbs::PortState::Active,
+            format!("{:?}, active MTU {}", attr.state, attr.active_mtu),
+        ),
+        Err(err) => (false, verbs_reason(&err)),
+    };
+    let note = format!(
+        "port {port} ({link}, {state}), GID index {} ({}) chosen automatically; {fork}",
+        source.index, source.kind
+    );
+    DeviceReport { name, gid: source.gid.to_string(), usable, note: Some(note) }
+}
+
 fn unbuilt(provider: &'static str, what: &str) -> ProviderReport {
     ProviderReport {
         provider,
@@ -91,11 +150,8 @@ fn unbuilt(provider: &'static str, what: &str) -> ProviderReport {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let reports = vec![
-        soft_report(),
-        unbuilt("ibverbs", "real RDMA NICs through rdma-core's libibverbs, loaded at run time"),
-        unbuilt("shm", "processes on one host through shared memory"),
-    ];
+    let reports =
+        vec![soft_report(), ibverbs_report(), unbuilt("shm", "processes on one host through shared memory")];
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(ExitCode::SUCCESS);
@@ -107,7 +163,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         for device in &report.devices {
             let state = if device.usable {
-                "ready".to_string()
+                device.note.as_ref().map_or_else(|| "ready".to_string(), |note| format!("ready: {note}"))
             } else {
                 format!("unusable: {}", device.note.as_deref().unwrap_or(""))
             };

@@ -16,6 +16,9 @@ use crate::error::{from_errno, from_rc};
 use crate::ffi::ops;
 use crate::ffi::types::{wc_flags, IbvCompChannel, IbvCq as RawCq, IbvWc};
 
+/// `IBV_WC_RECV` and every receive-side opcode have this bit set.
+const RECV_OPCODE_BIT: u32 = 1 << 7;
+
 /// Completions taken from the device per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
@@ -100,6 +103,11 @@ impl IbvCq {
                 *slot = convert(wc);
                 if wc.status != 0 {
                     self.inner.device.note_error(wc.qp_num);
+                } else if wc.src_qp == 0 && wc.opcode & RECV_OPCODE_BIT != 0 {
+                    // RC receive without the sender's QPN (rxe): it is the connected peer.
+                    if let Some(qp) = self.inner.device.qp(wc.qp_num) {
+                        slot.src_qp = qp.dest_qpn.load(std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             }
             taken += n.min(want);

@@ -41,10 +41,8 @@ pub(crate) struct ContextInner {
     pub(crate) port: u8,
     pub(crate) source: GidEntry,
     pub(crate) link_layer: u8,
-    /// Last known state of every live queue pair, by number: completions with an error status
-    /// move their queue pair's entry to ERR (the device does that to the queue pair itself
-    /// without telling anyone else).
-    pub(crate) qp_states: Mutex<HashMap<u32, Weak<AtomicU32>>>,
+    /// What Lightpath tracks of every live queue pair, by number (see [`QpShared`]).
+    pub(crate) qps: Mutex<HashMap<u32, Weak<QpShared>>>,
 }
 
 // SAFETY: an ibv_context is safe to use from any thread (libibverbs and its providers lock
@@ -54,12 +52,28 @@ unsafe impl Send for ContextInner {}
 // SAFETY: as above: shared use from several threads is what libibverbs supports.
 unsafe impl Sync for ContextInner {}
 
+/// What a queue pair shares with the completion queues it reports to.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    /// Last known state (`ibv_qp_state` value): set by `modify`/`state`, and to ERR by a
+    /// completion queue that sees an error completion of this queue pair (the device moves it
+    /// there without telling anyone).
+    pub(crate) state: AtomicU32,
+    /// The connected peer's queue pair number (set at RTR), for receive completions whose
+    /// device leaves `src_qp` empty (verbs fills it only for UD; rxe leaves it 0 for RC).
+    pub(crate) dest_qpn: AtomicU32,
+}
+
 impl ContextInner {
+    /// The shared record of queue pair `qpn`, if it is alive.
+    pub(crate) fn qp(&self, qpn: u32) -> Option<std::sync::Arc<QpShared>> {
+        self.qps.lock().unwrap_or_else(|p| p.into_inner()).get(&qpn).and_then(Weak::upgrade)
+    }
+
     /// Marks queue pair `qpn` as being in ERR (after an error completion).
     pub(crate) fn note_error(&self, qpn: u32) {
-        let states = self.qp_states.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(state) = states.get(&qpn).and_then(Weak::upgrade) {
-            state.store(QpState::Err.to_raw(), Ordering::Relaxed);
+        if let Some(qp) = self.qp(qpn) {
+            qp.state.store(QpState::Err.to_raw(), Ordering::Relaxed);
         }
     }
 
@@ -166,7 +180,7 @@ impl IbvDevice {
             port,
             source: GidEntry { index: 0, gid: Gid::ZERO, kind: GidKind::Ib },
             link_layer: 0,
-            qp_states: Mutex::new(HashMap::new()),
+            qps: Mutex::new(HashMap::new()),
         };
         // From here on, dropping `inner` closes the context.
         let port_attr = inner.query_port_raw(port).map_err(|_| {

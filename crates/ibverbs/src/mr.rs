@@ -42,7 +42,14 @@ impl IbvMr {
             return Err(pin_error(len));
         }
         // SAFETY: a registration returned by ibv_reg_mr; its keys never change.
-        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        let (lkey, mut rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        if rkey == 0 && (access & remote) == AccessFlags::NONE {
+            // A region without remote access has no meaningful rkey and rxe reports 0 for all of
+            // them; report the lkey instead, which a peer cannot use either (the device checks
+            // the region's access), so that every region still has a key of its own.
+            rkey = lkey;
+        }
         Ok(Self { pd, mr, memory, access, lkey, rkey, cpu_access: Mutex::new(()) })
     }
 

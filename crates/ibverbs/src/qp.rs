@@ -14,6 +14,7 @@ use lightpath_verbs::{
 };
 
 use crate::cq::{CqInner, IbvCq};
+use crate::device::QpShared;
 use crate::error::{from_errno, from_rc};
 use crate::ffi::ops;
 use crate::ffi::types::{
@@ -33,9 +34,8 @@ pub struct IbvQp {
     qp: *mut RawQp,
     qpn: u32,
     caps: QpCaps,
-    /// Last known state (`ibv_qp_state` value): set by `modify`/`state`, and to ERR by the
-    /// completion queue when an error completion names this queue pair.
-    state: Arc<AtomicU32>,
+    /// State and peer, shared with the completion queues.
+    shared: Arc<QpShared>,
     pd: Arc<PdInner>,
     // Kept only so the queues outlive the queue pair that completes into them.
     _send_cq: Arc<CqInner>,
@@ -89,34 +89,46 @@ impl IbvQp {
         }
         // SAFETY: a queue pair the library just created.
         let qpn = unsafe { (*qp).qp_num };
-        let granted = QpCaps {
-            max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: init.cap.max_recv_wr,
-            max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: init.cap.max_recv_sge,
-            max_inline_data: init.cap.max_inline_data,
-        };
-        let state = Arc::new(AtomicU32::new(QpState::Reset.to_raw()));
-        pd.device.qp_states.lock().unwrap_or_else(|p| p.into_inner()).insert(qpn, Arc::downgrade(&state));
-        Ok(Self {
+        let shared = Arc::new(QpShared {
+            state: AtomicU32::new(QpState::Reset.to_raw()),
+            dest_qpn: AtomicU32::new(0),
+        });
+        let mut this = Self {
             qp,
             qpn,
-            caps: granted,
-            state,
+            caps: granted_caps(&init.cap),
+            shared,
             pd,
             _send_cq: Arc::clone(&send_cq.inner),
             _recv_cq: Arc::clone(&recv_cq.inner),
-        })
+        };
+        // Some devices grant more than create_qp reports back (rxe rounds its rings up); the
+        // device's own answer to a query is what the queues really hold.
+        if let Ok((_, cap)) = this.query(qp_mask::CAP) {
+            let queried = granted_caps(&cap);
+            let caps = &mut this.caps;
+            caps.max_send_wr = caps.max_send_wr.max(queried.max_send_wr);
+            caps.max_recv_wr = caps.max_recv_wr.max(queried.max_recv_wr);
+            caps.max_send_sge = caps.max_send_sge.max(queried.max_send_sge);
+            caps.max_recv_sge = caps.max_recv_sge.max(queried.max_recv_sge);
+            caps.max_inline_data = caps.max_inline_data.max(queried.max_inline_data);
+        }
+        this.pd
+            .device
+            .qps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qpn, Arc::downgrade(&this.shared));
+        Ok(this)
     }
 
     fn cached_state(&self) -> Option<QpState> {
-        QpState::from_raw(self.state.load(Ordering::Relaxed))
+        QpState::from_raw(self.shared.state.load(Ordering::Relaxed))
     }
 
-    /// The state as the device reports it.
-    fn query_state(&self) -> Result<QpState> {
+    /// Asks the device for the attributes in `mask`.
+    fn query(&self, mask: i32) -> Result<(IbvQpAttr, IbvQpCap)> {
         let mut attr = IbvQpAttr::default();
-        // SAFETY: the init-attr output is required by the call even when unused.
         let mut init = IbvQpInitAttr {
             qp_context: std::ptr::null_mut(),
             send_cq: std::ptr::null_mut(),
@@ -127,14 +139,20 @@ impl IbvQp {
             sq_sig_all: 0,
         };
         // SAFETY: the QP is alive; both out-structures are writable.
-        let rc = unsafe { (self.pd.device.api.query_qp)(self.qp, &mut attr, qp_mask::STATE, &mut init) };
+        let rc = unsafe { (self.pd.device.api.query_qp)(self.qp, &mut attr, mask, &mut init) };
         if rc != 0 {
             return Err(from_rc("ibv_query_qp", rc));
         }
+        Ok((attr, init.cap))
+    }
+
+    /// The state as the device reports it.
+    fn query_state(&self) -> Result<QpState> {
+        let (attr, _) = self.query(qp_mask::STATE)?;
         let state = QpState::from_raw(attr.qp_state).ok_or_else(|| {
             Error::Unavailable(format!("the device reported an unknown QP state {}", attr.qp_state))
         })?;
-        self.state.store(state.to_raw(), Ordering::Relaxed);
+        self.shared.state.store(state.to_raw(), Ordering::Relaxed);
         Ok(state)
     }
 
@@ -147,10 +165,13 @@ impl IbvQp {
         }
     }
 
+    /// Refuses posting receives in RESET, and in ERR: not every device flushes a receive posted
+    /// after the queue pair entered ERR (rxe keeps it forever), and a receive there can never
+    /// complete otherwise.
     #[inline]
     fn check_can_receive(&self) -> Result<()> {
         match self.cached_state() {
-            Some(QpState::Reset) => Err(Error::InvalidState(QpState::Reset)),
+            Some(state @ (QpState::Reset | QpState::Err)) => Err(Error::InvalidState(state)),
             _ => Ok(()),
         }
     }
@@ -189,6 +210,16 @@ impl IbvQp {
             }
         }
         Ok(())
+    }
+}
+
+fn granted_caps(cap: &IbvQpCap) -> QpCaps {
+    QpCaps {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
     }
 }
 
@@ -319,7 +350,10 @@ impl QueuePair for IbvQp {
             });
         }
         if let Some(state) = attr.state {
-            self.state.store(state.to_raw(), Ordering::Relaxed);
+            self.shared.state.store(state.to_raw(), Ordering::Relaxed);
+        }
+        if let Some(qpn) = attr.dest_qp_num {
+            self.shared.dest_qpn.store(qpn, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -487,7 +521,7 @@ fn bad_index<T>(base: *mut T, bad: *mut T, len: usize) -> usize {
 
 impl Drop for IbvQp {
     fn drop(&mut self) {
-        self.pd.device.qp_states.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.qpn);
+        self.pd.device.qps.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.qpn);
         // SAFETY: the QP is destroyed once; the domain and CQs it uses are still alive (held by
         // this value's fields, dropped after this body).
         unsafe { (self.pd.device.api.destroy_qp)(self.qp) };

@@ -66,6 +66,8 @@ pub enum ProviderKind {
     Soft,
     /// The same message pattern over kernel TCP (the baseline).
     Tcp,
+    /// RDMA hardware (or the kernel's rxe) through rdma-core's libibverbs.
+    Ibverbs,
 }
 
 impl ProviderKind {
@@ -74,6 +76,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Soft => "soft",
             ProviderKind::Tcp => "tcp",
+            ProviderKind::Ibverbs => "ibverbs",
         }
     }
 }

@@ -11,6 +11,7 @@
 
 mod args;
 mod control;
+mod ibverbs;
 mod pattern;
 mod progress;
 mod rdma;
@@ -34,6 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.provider {
         ProviderKind::Soft => soft::run(&args)?,
         ProviderKind::Tcp => tcp::run(&args)?,
+        ProviderKind::Ibverbs => ibverbs::run(&args)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -57,6 +59,9 @@ pub fn run_in_process(
         match provider {
             ProviderKind::Soft => soft::serve_stream(stream, &server_options, test),
             ProviderKind::Tcp => tcp::serve_stream(stream, test),
+            ProviderKind::Ibverbs => {
+                ibverbs::serve_stream(stream, &ibverbs::EndpointOptions::default(), test)
+            }
         }
     });
     let stream = TcpStream::connect(addr)?;
@@ -69,6 +74,11 @@ pub fn run_in_process(
             soft::client_stream(stream, &client_options, test, plan, 128, |r| results.push(r.clone()))
         }
         ProviderKind::Tcp => tcp::client_stream(stream, test, plan, 128, |r| results.push(r.clone())),
+        ProviderKind::Ibverbs => {
+            ibverbs::client_stream(stream, &ibverbs::EndpointOptions::default(), test, plan, 128, |r| {
+                results.push(r.clone())
+            })
+        }
     };
     let served = server.join().map_err(|_| anyhow!("the in-process server thread panicked"))?;
     client?;
