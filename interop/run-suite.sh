@@ -80,6 +80,24 @@ for op in "${ops[@]}"; do
     cases+=("interop-peer-lp-server-$op|rxe requester -> Lightpath responder|case_peer_lp_server $op")
     cases+=("interop-peer-lp-client-$op|Lightpath requester -> rxe responder|case_peer_lp_client $op")
 done
+# The ibverbs provider inside the VM, on rxe0: conformance, ibv_rc_pingpong, the soft provider
+# across the tap (every operation, both directions), perf against perftest, bad input.
+cases+=("ibverbs-build-tests|host|case_build_ibverbs_tests")
+cases+=("ibverbs-conformance|ibverbs on rxe0 (loopback)|case_ibverbs_conformance")
+for s in 64 10000; do for m in 1024 4096; do
+    cases+=("ibverbs-pingpong-server-s$s-m$m|ibv_rc_pingpong -> Lightpath ibverbs (rxe0)|case_ibverbs_pingpong server $s $m")
+    cases+=("ibverbs-pingpong-client-s$s-m$m|Lightpath ibverbs -> ibv_rc_pingpong (rxe0)|case_ibverbs_pingpong client $s $m")
+done; done
+cases+=("ibverbs-pingpong-events|Lightpath ibverbs -e <-> ibv_rc_pingpong -e|case_ibverbs_pingpong events 4096 1024")
+for op in "${ops[@]}"; do
+    cases+=("ibverbs-soft-ibv-server-$op|Lightpath soft (host) -> Lightpath ibverbs (VM)|case_ibverbs_soft_ibv_server $op")
+    cases+=("ibverbs-soft-soft-server-$op|Lightpath ibverbs (VM) -> Lightpath soft (host)|case_ibverbs_soft_soft_server $op")
+done
+for t in send_lat write_lat read_lat send_bw write_bw read_bw; do
+    cases+=("ibverbs-perf-$t|Lightpath ibverbs vs perftest (rxe0)|case_ibverbs_perf $t")
+done
+cases+=("ibverbs-bad-input|Lightpath ibverbs: refused inputs (rxe0)|case_ibverbs_bad_input")
+cases+=("ibverbs-no-leaks|rdma resource after the ibverbs cases|case_ibverbs_no_leaks")
 cases+=("rxe-to-stub-traffic|rxe requester -> stub host peer (no RDMA)|case_rxe_to_stub")
 cases+=("capture-icrc-independent|both (tap capture)|case_capture_independent")
 cases+=("capture-lightpath-decode|both (tap capture)|case_capture_decode")
@@ -356,6 +374,182 @@ case_peer_lp_client() {
     return 1
 }
 
+# ------------------------------------------------------------------------------ ibverbs provider
+IBV_TESTS="" ibv_tests_missing="" VLP=/shared/bin/lightpath
+# The conformance test binary of lightpath-ibverbs, built on the host (cargo test --no-run).
+case_build_ibverbs_tests() {
+    if ! command -v cargo > /dev/null; then
+        ibv_tests_missing="cargo is not installed"
+        note "NOT RUN: $ibv_tests_missing"
+        return $NOT_RUN
+    fi
+    local out
+    if ! out=$(cd "$repo" && cargo test -p lightpath-ibverbs --test conformance --no-run --message-format=json 2> "$case_dir/build.log"); then
+        ibv_tests_missing="cargo test --no-run -p lightpath-ibverbs failed"
+        tail -n 20 "$case_dir/build.log"
+        note "$ibv_tests_missing"
+        return 1
+    fi
+    IBV_TESTS=$(python3 -c 'import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "conformance":
+        print(m["executable"])' <<< "$out" | tail -n 1)
+    [ -x "$IBV_TESTS" ] || { ibv_tests_missing="no conformance executable in cargo's output"; note "$ibv_tests_missing"; IBV_TESTS=""; return 1; }
+    note "built $IBV_TESTS"
+}
+
+# Succeeds if the lightpath binary has `--provider ibverbs` for subcommand $1.
+need_ibverbs() {
+    need_lightpath "$1" || return 1
+    if ! "$LP" "$1" --help 2>&1 | grep -q 'ibverbs'; then
+        note "NOT RUN: lightpath $1 has no --provider ibverbs"
+        return 1
+    fi
+}
+
+ibv_resources_before=""
+case_ibverbs_conformance() {
+    if [ -z "$IBV_TESTS" ]; then
+        note "NOT RUN: no conformance binary (${ibv_tests_missing:-ibverbs-build-tests not selected})"
+        return $NOT_RUN
+    fi
+    ibv_resources_before=$(lpvm_job ibv-res0 "rdma resource show rxe0" 30)
+    local out rc=0
+    out=$(lpvm_job ibv-conf "LIGHTPATH_IBV_REQUIRED=1 LIGHTPATH_IBV_LEAK_CHECK=1 LIGHTPATH_IBV_DEVICE=rxe0 /shared/bin/ibv-conformance" $T_CASE) || rc=$?
+    echo "$out"
+    note "$(grep -m1 '^test result' <<< "$out")$(grep -m1 '^failures:' <<< "$out" | sed 's/^/; /')"
+    return $rc
+}
+
+# Lightpath pingpong on ibverbs against ibv_rc_pingpong, both on rxe0 in the VM. Lightpath is
+# never given -g: it must find the RoCE v2 IPv4 GID itself.
+case_ibverbs_pingpong() {
+    local role=$1 s=$2 m=$3 port ev=""
+    need_ibverbs pingpong || return $NOT_RUN
+    take_port
+    local c="ibv_rc_pingpong -d rxe0 -g $G -p $port -m $m -s $s -n $pp_iters -c"
+    local l="$VLP pingpong --provider ibverbs -d rxe0 -p $port -m $m -s $s -n $pp_iters -c"
+    case $role in
+        server) lpvm_job "ibpp-$port" "lp_pair $port '$l' '$c $LPVM_VM_IP'" $T_CASE ;;
+        client) lpvm_job "ibpp-$port" "lp_pair $port '$c' '$l $LPVM_VM_IP'" $T_CASE ;;
+        events) lpvm_job "ibpp-$port" "lp_pair $port '$c -e' '$l -e $LPVM_VM_IP'" $T_CASE ;;
+    esac
+}
+
+# Lightpath ibverbs (VM, rxe0) is the responder; Lightpath soft (host namespace) requests.
+case_ibverbs_soft_ibv_server() {
+    local op=$1 port host_rc=0 vm_rc=0 id
+    need_ibverbs interop-peer || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    id=ibvs-$op-$port
+    lpvm_job_start "$id" "lp_serve $port $VLP interop-peer --provider ibverbs -d rxe0 -o $op -n $op_iters -m 1024 -p $port -t 60" $T_CASE
+    if ! lpvm_job_wait_listening "$id" 30; then
+        note "lightpath interop-peer (ibverbs) in the VM never listened on TCP $port"
+        lpvm_job_wait "$id" 60
+        cat "$LPVM_SHARE/jobs/$id.log"
+        return 1
+    fi
+    lpvm_ns timeout --kill-after=3 $T_CASE "$LP" interop-peer --bind "$LPVM_HOST_IP" \
+        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 60 "$LPVM_VM_IP" > "$case_dir/soft.log" 2>&1 || host_rc=$?
+    lpvm_job_wait "$id" $((T_CASE + 30)) || vm_rc=$?
+    cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/ibverbs.log" 2> /dev/null
+    sed 's/^/[ibverbs] /' "$case_dir/ibverbs.log"
+    sed 's/^/[soft] /' "$case_dir/soft.log"
+    [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
+    note "ibverbs rc=$vm_rc, soft rc=$host_rc: $(grep -h -m1 'FAIL' "$case_dir/ibverbs.log" "$case_dir/soft.log" | head -n 1)"
+    return 1
+}
+
+# Lightpath soft (host namespace) is the responder; Lightpath ibverbs (VM, rxe0) requests.
+case_ibverbs_soft_soft_server() {
+    local op=$1 port host_rc=0 vm_rc=0 pid
+    need_ibverbs interop-peer || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    lpvm_ns_start "$case_dir/soft.log" $T_CASE "$LP" interop-peer --bind "$LPVM_HOST_IP" \
+        -o "$op" -n "$op_iters" -m 1024 -p "$port" -t 60
+    pid=$LPVM_BG_PID
+    if ! lpvm_ns_wait_listening "$port" 30; then
+        note "lightpath interop-peer (soft) never listened on TCP $port"
+        kill "$pid" 2> /dev/null
+        return 1
+    fi
+    lpvm_job "ibvc-$op-$port" "$VLP interop-peer --provider ibverbs -d rxe0 -o $op -n $op_iters -m 1024 -p $port -t 60 $LPVM_HOST_IP" \
+        $T_CASE > "$case_dir/ibverbs.log" 2>&1 || vm_rc=$?
+    wait "$pid" || host_rc=$?
+    sed 's/^/[ibverbs] /' "$case_dir/ibverbs.log"
+    sed 's/^/[soft] /' "$case_dir/soft.log"
+    [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
+    note "ibverbs rc=$vm_rc, soft rc=$host_rc: $(grep -h -m1 'FAIL' "$case_dir/ibverbs.log" "$case_dir/soft.log" | head -n 1)"
+    return 1
+}
+
+# `lightpath perf --provider ibverbs` and perftest's tool for the same test, same size and
+# iterations, one run each, both on rxe0 in the VM; the numbers go to the note and perf.txt.
+case_ibverbs_perf() {
+    local t=$1 port lp_out pt_out size iters tool rc=0
+    need_ibverbs perf || return $NOT_RUN
+    case $t in
+        *_lat) size=64 iters=2000 ;;
+        *) size=65536 iters=2000 ;;
+    esac
+    tool=ib_${t}
+    take_port
+    lp_out=$(lpvm_job "ibperf-$t" "lp_pair $port '$VLP perf $t --provider ibverbs -d rxe0 -p $port -s $size -n $iters' '$VLP perf $t --provider ibverbs -d rxe0 -p $port -s $size -n $iters $LPVM_VM_IP'" $T_CASE) || rc=$?
+    take_port
+    pt_out=$(lpvm_job "ptperf-$t" "lp_pair $port '$tool -d rxe0 -x $G -p $port -s $size -n $iters' '$tool -d rxe0 -x $G -p $port -s $size -n $iters $LPVM_VM_IP'" $T_CASE) || rc=$?
+    echo "== lightpath perf $t --provider ibverbs -s $size -n $iters"
+    echo "$lp_out"
+    echo "== $tool -s $size -n $iters"
+    echo "$pt_out"
+    {
+        echo "== $t size $size iters $iters"
+        grep -A3 -E '^\[client\] +(test|size|#bytes)' <<< "$lp_out" | grep -v '^--' | sed 's/^/lightpath /'
+        grep -A1 -E '^\[client\] +#bytes' <<< "$pt_out" | sed 's/^/perftest  /'
+    } >> "$results/ibverbs-perf.txt"
+    note "one run each, numbers in $results/ibverbs-perf.txt"
+    return $rc
+}
+
+# Refused inputs: a bad device name, a GID index out of range, a region beyond the locked-memory
+# limit (as an unprivileged user, whose RLIMIT_MEMLOCK applies), a remote access error (-x on
+# write: a wrong rkey). Each must fail with a clear message and the right exit code, no crash.
+case_ibverbs_bad_input() {
+    need_ibverbs pingpong || return $NOT_RUN
+    local port out fail=0
+    out=$(lpvm_job ibv-bad1 "$VLP pingpong --provider ibverbs -d nosuch0 -n 1; echo rc=\$?" 30)
+    echo "$out"
+    grep -q 'no RDMA device named "nosuch0"; libibverbs lists: rxe0' <<< "$out" && grep -q '^rc=2$' <<< "$out" || { echo "bad device name: wrong outcome"; fail=1; }
+    out=$(lpvm_job ibv-bad2 "$VLP pingpong --provider ibverbs -d rxe0 -g 4000 -n 1; echo rc=\$?" 30)
+    echo "$out"
+    grep -q 'GID index 4000 is out of range' <<< "$out" && grep -q '^rc=2$' <<< "$out" || { echo "GID index: wrong outcome"; fail=1; }
+    out=$(lpvm_job ibv-bad3 "ulimit -l; setpriv --reuid=65534 --regid=65534 --clear-groups bash -c 'ulimit -l; $VLP pingpong --provider ibverbs -d rxe0 -s 67108864 -n 1 -p 1'; echo rc=\$?" 30)
+    echo "$out"
+    grep -q 'could not be pinned' <<< "$out" && grep -q '^rc=2$' <<< "$out" || { echo "region too large to pin: wrong outcome"; fail=1; }
+    take_port
+    local c="$VP -o write -n 2 -m 1024 -p $port -t 30"
+    out=$(lpvm_job "ibv-bad4" "lp_pair $port '$c' '$VLP interop-peer --provider ibverbs -d rxe0 -o write -n 2 -m 1024 -p $port -t 30 -x $LPVM_VM_IP'" $T_CASE)
+    echo "$out"
+    grep -q '^server rc=1 client rc=1$' <<< "$out" || { echo "remote access error: both sides must FAIL with exit code 1"; fail=1; }
+    [ "$fail" = 0 ] && note "bad device, GID index, pin limit and remote access error all refused cleanly"
+    return $fail
+}
+
+# After every ibverbs case: no process holds rxe0 objects any more, the counts are back to
+# what they were before (the conformance binary also checks after each of its cases).
+case_ibverbs_no_leaks() {
+    [ -n "$ibv_resources_before" ] || { note "NOT RUN: ibverbs-conformance did not record a baseline"; return $NOT_RUN; }
+    local after
+    after=$(lpvm_job ibv-res1 "rdma resource show rxe0" 30)
+    echo "before: $ibv_resources_before"
+    echo "after:  $after"
+    note "rdma resource before: $ibv_resources_before; after: $after"
+    [ "$after" = "$ibv_resources_before" ]
+}
+
 # Real rxe packets on the wire without Lightpath: verbs_peer (VM) talks to tools/oob_stub.py,
 # which answers the TCP exchange but has no RDMA, so rxe sends WRITE FIRST/MIDDLE/LAST-with-
 # immediate to the host and retransmits them until its retry count runs out (-R 2: rxe treats
@@ -435,13 +629,13 @@ case_capture_decode() {
 needs_vm=0 needs_lp=0
 for c in "${selected[@]}"; do
     IFS='|' read -r id _ fn <<< "$c"
-    case "$fn" in case_build_lightpath*) needs_lp=1 ;; *) needs_vm=1 ;; esac
+    case "$fn" in case_build_lightpath*) needs_lp=1 ;; case_build_*) ;; *) needs_vm=1 ;; esac
 done
 
 printf '  %-36s %-6s %7s  %s\n' CASE RESULT SECONDS NOTE
 for c in "${selected[@]}"; do
     IFS='|' read -r id dir fn <<< "$c"
-    [[ "$fn" == case_build_lightpath* ]] && run_case "$id" "$dir" $fn
+    [[ "$fn" == case_build_* ]] && run_case "$id" "$dir" $fn
 done
 # Without the build case selected, still use LIGHTPATH_BIN when given.
 if [ "$needs_lp" = 0 ] && [ -n "${LIGHTPATH_BIN:-}" ] && [ -x "$LIGHTPATH_BIN" ]; then LP=$LIGHTPATH_BIN; fi
@@ -466,11 +660,14 @@ if [ "$needs_vm" = 1 ]; then
         exit 1
     fi
     boot_seconds=$LPVM_BOOT_SECONDS
+    # The VM runs the host's binaries (same Debian release and glibc) from the share.
+    [ -n "$LP" ] && cp "$LP" "$LPVM_SHARE/bin/lightpath"
+    [ -n "$IBV_TESTS" ] && cp "$IBV_TESTS" "$LPVM_SHARE/bin/ibv-conformance"
     G=$(lpvm_job gid "lp_v4gid_index" 30) || { echo "interop: no IPv4-mapped GID in the VM"; exit 1; }
     echo "interop: VM up in ${boot_seconds}s (accel $LPVM_ACCEL, link MTU $LPVM_MTU, rxe GID index $G)"
     for c in "${selected[@]}"; do
         IFS='|' read -r id dir fn <<< "$c"
-        case "$fn" in case_build_lightpath* | case_capture*) continue ;; esac
+        case "$fn" in case_build_* | case_capture*) continue ;; esac
         if ! lpvm_alive; then
             record "$id" "$dir" FAIL 0 "the VM is gone (see $LPVM_SHARE/console.log)"
             continue

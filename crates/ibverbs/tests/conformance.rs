@@ -82,21 +82,41 @@ fn main() {
         source.gid,
         source.kind
     );
+    let device_name = lightpath_verbs::Device::name(&device).to_string();
     drop(device);
-    println!("running {} tests", selected.len());
+    let leaks = leak_check_baseline(&device_name);
+    let mut extra: Vec<(&'static str, fn())> = vec![
+        ("bad_device_name", bad_device_name as fn()),
+        ("gid_index_out_of_range", gid_index_out_of_range),
+        ("region_too_large", region_too_large),
+    ];
+    extra.retain(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f)));
+    let total = selected.len() + extra.len();
+    println!(
+        "running {total} tests{}",
+        if leaks.is_some() { " (checking `rdma resource` after each)" } else { "" }
+    );
     let start = Instant::now();
     let mut failed = Vec::new();
-    for (name, case) in &selected {
+    for (name, case) in selected.iter().map(|(n, c)| (n, c)).chain(extra.iter().map(|(n, c)| (n, c))) {
         let begun = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(case));
-        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+        let mut outcome = catch_unwind(AssertUnwindSafe(case)).is_ok();
+        if let (true, Some(baseline)) = (outcome, &leaks) {
+            let now = resource_counts(&device_name);
+            if now.as_ref() != Some(baseline) {
+                println!("{name}: kernel objects left behind: before {baseline:?}, after {now:?}");
+                outcome = false;
+            }
+        }
+        let verdict = if outcome { "ok" } else { "FAILED" };
         println!("test {name} ... {verdict} ({:.2}s)", begun.elapsed().as_secs_f64());
-        if outcome.is_err() {
+        if !outcome {
             failed.push(*name);
         }
     }
-    let passed = selected.len() - failed.len();
-    let filtered = all.len() - selected.len();
+    let all_len = all.len() + 3;
+    let passed = total - failed.len();
+    let filtered = all_len - total;
     if failed.is_empty() {
         println!(
             "test result: ok. {passed} passed; 0 failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {:.2}s",
@@ -111,4 +131,62 @@ fn main() {
         );
         std::process::exit(101);
     }
+}
+
+/// `rdma resource show DEVICE` as (kind, count) pairs (pd, cq, qp, mr, ctx, …), when the `rdma`
+/// tool is there and `LIGHTPATH_IBV_LEAK_CHECK=1` asks for the check.
+fn leak_check_baseline(device: &str) -> Option<Vec<(String, u64)>> {
+    if !std::env::var("LIGHTPATH_IBV_LEAK_CHECK").is_ok_and(|v| v == "1") {
+        return None;
+    }
+    let counts = resource_counts(device);
+    match &counts {
+        Some(counts) => println!("rdma resource {device} before: {counts:?}"),
+        None => println!("leak check off: `rdma resource show {device}` did not work"),
+    }
+    counts
+}
+
+fn resource_counts(device: &str) -> Option<Vec<(String, u64)>> {
+    let output = std::process::Command::new("rdma").args(["resource", "show", device]).output().ok()?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let counts: Vec<(String, u64)> = words
+        .windows(2)
+        .filter_map(|pair| pair[1].parse().ok().map(|n| (pair[0].to_string(), n)))
+        .filter(|(kind, _)| kind.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .collect();
+    (output.status.success() && !counts.is_empty()).then_some(counts)
+}
+
+/// A device name that does not exist is refused with the names that do.
+fn bad_device_name() {
+    let err = provider().open("no-such-device0").expect_err("a device that does not exist");
+    let text = err.to_string();
+    assert!(text.contains("no RDMA device named \"no-such-device0\"") && text.contains("lists:"), "{text}");
+}
+
+/// A GID index beyond the table is refused when the device is opened, naming the valid range.
+fn gid_index_out_of_range() {
+    let name = lightpath_verbs::Device::name(&open().expect("device")).to_string();
+    let provider = IbvProvider::with_config(IbvConfig { port: None, gid_index: Some(100_000) });
+    let err = provider.open(&name).expect_err("GID index 100000");
+    let text = err.to_string();
+    assert!(text.contains("GID index 100000 is out of range"), "{text}");
+    let port_err = IbvProvider::with_config(IbvConfig { port: Some(9), gid_index: None })
+        .open(&name)
+        .expect_err("port 9");
+    assert!(port_err.to_string().contains("no port 9"), "{port_err}");
+}
+
+/// A region far larger than memory is refused with a reason, and the device stays usable.
+fn region_too_large() {
+    use lightpath_verbs::{AccessFlags, Device, MemoryRegion, ProtectionDomain};
+    let device = open().expect("device");
+    let pd = device.alloc_pd().expect("pd");
+    let err = pd.alloc_mr(1 << 46, AccessFlags::LOCAL_WRITE).expect_err("a 64 TiB region");
+    let text = err.to_string();
+    assert!(text.contains("70368744177664 bytes"), "{text}");
+    let small = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).expect("a small region afterwards");
+    assert_eq!(small.len(), 4096);
 }

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lightpath_soft::ProgressMode;
 use lightpath_verbs::{Device, MemoryRegion, SendOp, SendWr, WcStatus};
 
 use super::known::{self, POISON_BYTE};
@@ -13,25 +12,28 @@ use super::line::{EndpointLine, LineStream};
 use super::op::Op;
 use super::peer::Peer;
 use super::{check_agreement, Config, Report};
-use crate::pingpong::endpoint::{open_soft, random_psn};
+use crate::pingpong::endpoint::random_psn;
+use crate::pingpong::source::DeviceSource;
 use crate::pingpong::tcp;
 
 /// Longest single wait for a completion before the deadline is checked again.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// Runs the client; `Ok(true)` if both sides passed.
-pub fn run(config: &Config, report: &mut Report) -> Result<bool> {
+pub fn run<S: DeviceSource>(config: &Config, source: &S, report: &mut Report) -> Result<bool> {
     let server = config.server.as_deref().unwrap_or_default();
     let stream = tcp::connect(server, config.tcp_port, Instant::now() + config.timeout)?;
-    let ip = config.placement.client_ip(&stream)?;
-    let mtu = lightpath_verbs::Mtu::from_bytes(config.mtu).unwrap_or(lightpath_verbs::Mtu::Mtu1024);
-    let device = open_soft(ip, config.placement.udp_port, mtu, ProgressMode::Thread)?;
+    let device = source.for_client(&stream)?;
+    let description = source.describe(&device);
     let peer = Peer::new(device, config.shape, config.port_num)?;
     let local = peer.endpoint(random_psn(), config.mtu);
     let shape = config.shape;
     report.say(format_args!(
-        "op={} size={} iters={} gid_index=0 server={server} (soft device {ip} UDP {})",
-        shape.op, shape.size, shape.iters, config.placement.udp_port
+        "op={} size={} iters={} gid_index={} server={server} ({description})",
+        shape.op,
+        shape.size,
+        shape.iters,
+        peer.qp_endpoint().gid_index
     ));
 
     let mut lines = LineStream::new(stream);

@@ -26,6 +26,8 @@ use anyhow::{bail, Result};
 use lightpath_verbs::Mtu;
 
 use crate::pingpong::endpoint::{c_number, Placement, ProviderChoice};
+use crate::pingpong::source::{DeviceSource, IbvSource, SoftSource};
+use lightpath_soft::ProgressMode;
 use op::Op;
 use peer::Shape;
 
@@ -145,11 +147,17 @@ impl Args {
         if size > 1 << 30 || size * u64::from(self.iters) > 1 << 31 {
             bail!("size * iterations must stay below 2 GiB");
         }
-        if self.gid_index.is_some_and(|index| index != 0) {
+        let soft = self.provider == ProviderChoice::Soft;
+        if soft && self.gid_index.is_some_and(|index| index != 0) {
             bail!("-g: a soft device has one GID, index 0 (its address, see --bind)");
         }
-        if self.ib_port != 1 {
+        if soft && self.ib_port != 1 {
             bail!("-i: a soft device has one port, number 1");
+        }
+        if !soft && (self.bind.is_some() || self.udp_port != lightpath_soft::ROCE_PORT) {
+            bail!(
+                "--bind and --udp-port place a soft device; an ibverbs device is chosen with -d, -i and -g"
+            );
         }
         if self.timeout == 0 {
             bail!("-t must be at least 1 second");
@@ -157,7 +165,12 @@ impl Args {
         Ok(Config {
             shape: Shape { op: self.op, size, iters: self.iters },
             mtu: self.mtu,
-            placement: Placement::from_options(self.device.as_deref(), self.bind, self.udp_port)?,
+            placement: match self.provider {
+                ProviderChoice::Soft => {
+                    Placement::from_options(self.device.as_deref(), self.bind, self.udp_port)?
+                }
+                ProviderChoice::Ibverbs => Placement::from_options(None, None, self.udp_port)?,
+            },
             port_num: self.ib_port,
             tcp_port: self.port,
             timeout: Duration::from_secs(self.timeout),
@@ -236,15 +249,30 @@ fn start_backstop(timeout: Duration) {
     });
 }
 
+fn run_role<S: DeviceSource>(role: Role, config: &Config, source: &S, report: &mut Report) -> Result<bool> {
+    match role {
+        Role::Server => server::run(config, source, report),
+        Role::Client => client::run(config, source, report),
+    }
+}
+
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<ExitCode> {
     let role = if args.server.is_some() { Role::Client } else { Role::Server };
     let mut report = Report::new(role, args.verbose);
     let outcome = args.config().and_then(|config| {
         start_backstop(config.timeout);
-        match (args.provider, role) {
-            (ProviderChoice::Soft, Role::Server) => server::run(&config, &mut report),
-            (ProviderChoice::Soft, Role::Client) => client::run(&config, &mut report),
+        match args.provider {
+            ProviderChoice::Soft => {
+                let mtu = Mtu::from_bytes(config.mtu).unwrap_or(Mtu::Mtu1024);
+                let source = SoftSource { placement: config.placement, mtu, mode: ProgressMode::Thread };
+                run_role(role, &config, &source, &mut report)
+            }
+            ProviderChoice::Ibverbs => {
+                let source =
+                    IbvSource { device: args.device.clone(), port: args.ib_port, gid_index: args.gid_index };
+                run_role(role, &config, &source, &mut report)
+            }
         }
     });
     match outcome {

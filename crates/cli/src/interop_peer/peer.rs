@@ -86,6 +86,11 @@ impl<D: Device> Peer<D> {
         Ok(Self { qp, mr, cq, _pd: pd, device, shape, port_num })
     }
 
+    /// The queue pair's endpoint (GID, GID index, number).
+    pub fn qp_endpoint(&self) -> lightpath_verbs::QpEndpoint {
+        self.qp.endpoint()
+    }
+
     /// The registered buffer.
     pub fn mr(&self) -> &MrOf<D> {
         &self.mr

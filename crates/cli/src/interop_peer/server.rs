@@ -3,36 +3,38 @@
 //! exchanges endpoint lines, then checks every receive completion while it waits for the
 //! client's `DONE`, checks its memory, and answers `RESULT`.
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use lightpath_soft::{ProgressMode, SoftDevice};
-use lightpath_verbs::{MemoryRegion, Mtu, WcOpcode, WcStatus, WorkCompletion};
+use lightpath_verbs::{Device, MemoryRegion, WcOpcode, WcStatus, WorkCompletion};
 
 use super::known;
 use super::line::{EndpointLine, LineStream};
 use super::op::Op;
 use super::peer::{Peer, RECV_WINDOW};
 use super::{check_agreement, Config, Report};
-use crate::pingpong::endpoint::{open_soft, random_psn, usable};
+use crate::pingpong::endpoint::random_psn;
+use crate::pingpong::source::DeviceSource;
 use crate::pingpong::tcp;
 
 /// Longest wait for a completion before the client's line is looked for again.
 const WAIT_SLICE: Duration = Duration::from_millis(5);
 
 /// The responder, ready before the client may send.
-struct Prepared {
-    peer: Peer<SoftDevice>,
+struct Prepared<D: Device> {
+    peer: Peer<D>,
     local: EndpointLine,
     /// Receives posted so far (receive k is posted k-th).
     posted: u32,
 }
 
-fn prepare(config: &Config, ip: IpAddr, report: &Report) -> Result<Prepared> {
+fn prepare<D: Device>(
+    config: &Config,
+    device: D,
+    description: String,
+    report: &Report,
+) -> Result<Prepared<D>> {
     let shape = config.shape;
-    let mtu = Mtu::from_bytes(config.mtu).unwrap_or(Mtu::Mtu1024);
-    let device = open_soft(ip, config.placement.udp_port, mtu, ProgressMode::Thread)?;
     let peer = Peer::new(device, shape, config.port_num)?;
     let mr = peer.mr();
     match shape.op {
@@ -57,31 +59,38 @@ fn prepare(config: &Config, ip: IpAddr, report: &Report) -> Result<Prepared> {
     }
     let local = peer.endpoint(random_psn(), config.mtu);
     report.say(format_args!(
-        "op={} size={} iters={} gid_index=0 (soft device {ip} UDP {})",
-        shape.op, shape.size, shape.iters, config.placement.udp_port
+        "op={} size={} iters={} gid_index={} ({description})",
+        shape.op,
+        shape.size,
+        shape.iters,
+        peer.qp_endpoint().gid_index
     ));
     Ok(Prepared { peer, local, posted })
 }
 
 /// Runs the server; `Ok(true)` if both sides passed.
-pub fn run(config: &Config, report: &mut Report) -> Result<bool> {
+pub fn run<S: DeviceSource>(config: &Config, source: &S, report: &mut Report) -> Result<bool> {
     let accept_deadline = Instant::now() + config.timeout;
     let listen = |report: &Report| -> Result<std::net::TcpListener> {
         let listener = tcp::listen_any(config.tcp_port)?;
         report.say(format_args!("listening on TCP port {}", config.tcp_port));
         Ok(listener)
     };
-    // With --bind everything is ready before the client can connect, in the protocol's order;
-    // otherwise the device's address is the one the client reaches us at.
-    let (mut prepared, stream) = match config.placement.bind {
-        Some(ip) => {
-            let prepared = prepare(config, usable(ip)?, report)?;
+    // With a known place (--bind, or an ibverbs device) everything is ready before the client
+    // can connect, in the protocol's order; otherwise the soft device's address is the one the
+    // client reaches us at.
+    let (mut prepared, stream) = match source.before_accept()? {
+        Some(device) => {
+            let description = source.describe(&device);
+            let prepared = prepare(config, device, description, report)?;
             let stream = tcp::accept_one(&listen(report)?, accept_deadline)?;
             (prepared, stream)
         }
         None => {
             let stream = tcp::accept_one(&listen(report)?, accept_deadline)?;
-            (prepare(config, config.placement.server_ip(&stream)?, report)?, stream)
+            let device = source.for_server(&stream)?;
+            let description = source.describe(&device);
+            (prepare(config, device, description, report)?, stream)
         }
     };
     let shape = config.shape;
@@ -163,7 +172,7 @@ pub fn run(config: &Config, report: &mut Report) -> Result<bool> {
 }
 
 /// Checks the receive completion of iteration `k`.
-fn check_recv(peer: &Peer<SoftDevice>, wc: &WorkCompletion, k: u32, report: &mut Report) -> Result<()> {
+fn check_recv<D: Device>(peer: &Peer<D>, wc: &WorkCompletion, k: u32, report: &mut Report) -> Result<()> {
     let shape = peer.shape;
     let op = shape.op;
     if wc.status != WcStatus::Success {
@@ -198,7 +207,7 @@ fn check_recv(peer: &Peer<SoftDevice>, wc: &WorkCompletion, k: u32, report: &mut
 }
 
 /// The first byte of slot `k` that differs from its pattern.
-fn slot_mismatch(peer: &Peer<SoftDevice>, k: u32) -> Result<Option<usize>> {
+fn slot_mismatch<D: Device>(peer: &Peer<D>, k: u32) -> Result<Option<usize>> {
     let shape = peer.shape;
     let mut bytes = vec![0u8; shape.size as usize];
     peer.mr().read(shape.slot(k), &mut bytes)?;
@@ -206,7 +215,7 @@ fn slot_mismatch(peer: &Peer<SoftDevice>, k: u32) -> Result<Option<usize>> {
 }
 
 /// The final state of the responder's memory.
-fn check_memory(peer: &Peer<SoftDevice>, report: &mut Report) -> Result<()> {
+fn check_memory<D: Device>(peer: &Peer<D>, report: &mut Report) -> Result<()> {
     let shape = peer.shape;
     match shape.op {
         Op::Write | Op::WriteImm => {

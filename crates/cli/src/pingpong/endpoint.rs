@@ -23,6 +23,8 @@ use lightpath_verbs::{Error as VerbsError, Mtu};
 pub enum ProviderChoice {
     /// Lightpath's userspace RoCE v2 engine over a UDP socket.
     Soft,
+    /// RDMA hardware (or the kernel's rxe) through rdma-core's libibverbs.
+    Ibverbs,
 }
 
 /// How the user placed the soft device: `--bind`/`--udp-port`, or a soft device name (`-d`).

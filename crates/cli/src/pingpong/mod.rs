@@ -11,6 +11,7 @@
 pub mod endpoint;
 pub mod oob;
 pub mod output;
+pub(crate) mod source;
 pub mod tcp;
 pub mod traffic;
 
@@ -19,11 +20,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use lightpath_soft::{ProgressMode, SoftDevice};
-use lightpath_verbs::Mtu;
+use lightpath_soft::ProgressMode;
+use lightpath_verbs::{Device, Mtu};
 
-use endpoint::{c_number, open_soft, random_psn, Placement, ProviderChoice};
+use endpoint::{c_number, random_psn, Placement, ProviderChoice};
 use oob::PeerAddress;
+use source::{DeviceSource, IbvSource, SoftSource};
 use traffic::{PathOptions, PingPong, Waiting};
 
 /// Largest message accepted by `-s` (two buffers of this size are allocated).
@@ -125,13 +127,19 @@ impl Args {
         if let Some((_, name)) = refused.iter().find(|(given, _)| *given) {
             bail!("{name} is not supported by lightpath pingpong");
         }
-        if self.ib_port != 1 {
+        let soft = self.provider == ProviderChoice::Soft;
+        if soft && self.ib_port != 1 {
             bail!("-i {}: a soft device has one port, number 1", self.ib_port);
         }
-        if self.gid_index.is_some_and(|index| index != 0) {
+        if soft && self.gid_index.is_some_and(|index| index != 0) {
             bail!(
                 "-g {}: a soft device has one GID, index 0 (its address, see --bind)",
                 self.gid_index.unwrap_or(0)
+            );
+        }
+        if !soft && (self.bind.is_some() || self.udp_port != lightpath_soft::ROCE_PORT) {
+            bail!(
+                "--bind and --udp-port place a soft device; an ibverbs device is chosen with -d, -i and -g"
             );
         }
         let Some(mtu) = Mtu::from_bytes(self.mtu) else {
@@ -153,7 +161,12 @@ impl Args {
             bail!("--timeout must be at least 1 second");
         }
         Ok(Plan {
-            placement: Placement::from_options(self.device.as_deref(), self.bind, self.udp_port)?,
+            placement: match self.provider {
+                ProviderChoice::Soft => {
+                    Placement::from_options(self.device.as_deref(), self.bind, self.udp_port)?
+                }
+                ProviderChoice::Ibverbs => Placement::from_options(None, None, self.udp_port)?,
+            },
             path: PathOptions { mtu, sl: self.sl, port_num: self.ib_port },
             waiting: if self.events > 0 { Waiting::Events } else { Waiting::BusyPoll },
             timeout: Duration::from_secs(self.timeout),
@@ -165,48 +178,58 @@ impl Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let plan = args.plan()?;
     match args.provider {
-        ProviderChoice::Soft => match &args.server {
-            None => serve(&args, &plan),
-            Some(server) => client(&args, &plan, server),
-        }?,
+        ProviderChoice::Soft => {
+            let mode = match plan.waiting {
+                Waiting::BusyPoll => ProgressMode::polling(),
+                Waiting::Events => ProgressMode::Thread,
+            };
+            run_on(&args, &plan, &SoftSource { placement: plan.placement, mtu: plan.path.mtu, mode })?;
+        }
+        ProviderChoice::Ibverbs => {
+            let source =
+                IbvSource { device: args.device.clone(), port: args.ib_port, gid_index: args.gid_index };
+            run_on(&args, &plan, &source)?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+fn run_on<S: DeviceSource>(args: &Args, plan: &Plan, source: &S) -> Result<()> {
+    match &args.server {
+        None => serve(args, plan, source),
+        Some(server) => client(args, plan, source, server),
+    }
+}
+
 /// One side before the exchange: its verbs objects and the address it will send.
-struct Local {
-    side: PingPong<SoftDevice>,
+struct Local<D: Device> {
+    side: PingPong<D>,
     address: PeerAddress,
 }
 
-/// Opens the soft device on `ip`, creates the queue pair with its receives posted, and prints
-/// the local address line.
-fn prepare(args: &Args, plan: &Plan, ip: IpAddr) -> Result<Local> {
-    let mode = match plan.waiting {
-        Waiting::BusyPoll => ProgressMode::polling(),
-        Waiting::Events => ProgressMode::Thread,
-    };
-    let device = open_soft(ip, plan.placement.udp_port, plan.path.mtu, mode)?;
+/// Creates the queue pair on `device` with its receives posted, and prints the local address
+/// line.
+fn prepare<D: Device>(args: &Args, plan: &Plan, device: D) -> Result<Local<D>> {
     let side = PingPong::new(device, args.size, args.rx_depth, plan.path.port_num)?;
     let address = side.address(random_psn());
     println!("{}", output::local_line(&address));
     Ok(Local { side, address })
 }
 
-fn serve(args: &Args, plan: &Plan) -> Result<()> {
+fn serve<S: DeviceSource>(args: &Args, plan: &Plan, source: &S) -> Result<()> {
     let deadline = Instant::now() + plan.timeout;
-    // With --bind the device is ready before the client can connect, as in the C tool;
-    // otherwise its address is the one the client reaches us at.
-    let (local, mut stream) = match plan.placement.bind {
-        Some(ip) => {
-            let local = prepare(args, plan, endpoint::usable(ip)?)?;
+    // With a known place the device is ready before the client can connect, as in the C tool;
+    // otherwise (a soft device without --bind) its address is the one the client reaches us at.
+    let (local, mut stream) = match source.before_accept()? {
+        Some(device) => {
+            let local = prepare(args, plan, device)?;
             let listener = tcp::listen_any(args.port)?;
             (local, tcp::accept_one(&listener, deadline)?)
         }
         None => {
             let listener = tcp::listen_any(args.port)?;
             let stream = tcp::accept_one(&listener, deadline)?;
-            (prepare(args, plan, plan.placement.server_ip(&stream)?)?, stream)
+            (prepare(args, plan, source.for_server(&stream)?)?, stream)
         }
     };
     let remote = oob::read_address(&mut stream, deadline)?;
@@ -218,10 +241,10 @@ fn serve(args: &Args, plan: &Plan) -> Result<()> {
     exchange(args, plan, local.side, false)
 }
 
-fn client(args: &Args, plan: &Plan, server: &str) -> Result<()> {
+fn client<S: DeviceSource>(args: &Args, plan: &Plan, source: &S, server: &str) -> Result<()> {
     let deadline = Instant::now() + plan.timeout;
     let mut stream: TcpStream = tcp::connect(server, args.port, deadline)?;
-    let local = prepare(args, plan, plan.placement.client_ip(&stream)?)?;
+    let local = prepare(args, plan, source.for_client(&stream)?)?;
     oob::write_address(&mut stream, &local.address)?;
     let remote = oob::read_address(&mut stream, deadline)?;
     oob::write_done(&mut stream)?;
@@ -231,7 +254,7 @@ fn client(args: &Args, plan: &Plan, server: &str) -> Result<()> {
     exchange(args, plan, local.side, true)
 }
 
-fn exchange(args: &Args, plan: &Plan, mut side: PingPong<SoftDevice>, is_client: bool) -> Result<()> {
+fn exchange<D: Device>(args: &Args, plan: &Plan, mut side: PingPong<D>, is_client: bool) -> Result<()> {
     if args.check && is_client {
         side.mark_pages()?;
     }
