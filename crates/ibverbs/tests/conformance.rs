@@ -85,6 +85,11 @@ fn main() {
     let device_name = lightpath_verbs::Device::name(&device).to_string();
     drop(device);
     let leaks = leak_check_baseline(&device_name);
+    // Cases the device is known to fail for reasons of its own (LIGHTPATH_IBV_KNOWN_DEVIATIONS,
+    // comma separated): still run, their failure printed, counted apart from real failures.
+    let known_deviations: Vec<String> = std::env::var("LIGHTPATH_IBV_KNOWN_DEVIATIONS")
+        .map(|list| list.split(',').map(|name| name.trim().to_string()).filter(|n| !n.is_empty()).collect())
+        .unwrap_or_default();
     let mut extra: Vec<(&'static str, fn())> = vec![
         ("bad_device_name", bad_device_name as fn()),
         ("gid_index_out_of_range", gid_index_out_of_range),
@@ -98,6 +103,7 @@ fn main() {
     );
     let start = Instant::now();
     let mut failed = Vec::new();
+    let mut expected_failures = Vec::new();
     for (name, case) in selected.iter().map(|(n, c)| (n, c)).chain(extra.iter().map(|(n, c)| (n, c))) {
         let begun = Instant::now();
         let mut outcome = catch_unwind(AssertUnwindSafe(case)).is_ok();
@@ -108,25 +114,41 @@ fn main() {
                 outcome = false;
             }
         }
-        let verdict = if outcome { "ok" } else { "FAILED" };
+        let known = known_deviations.iter().any(|k| k == *name);
+        let verdict = match (outcome, known) {
+            (true, false) => "ok",
+            (true, true) => "ok (listed as a known deviation of this device, but it passed)",
+            (false, true) => "FAILED as expected (known deviation of this device, see the panic above)",
+            (false, false) => "FAILED",
+        };
         println!("test {name} ... {verdict} ({:.2}s)", begun.elapsed().as_secs_f64());
-        if !outcome {
-            failed.push(*name);
+        match (outcome, known) {
+            (false, false) => failed.push(*name),
+            (false, true) => expected_failures.push(*name),
+            _ => {}
         }
     }
     let all_len = all.len() + 3;
-    let passed = total - failed.len();
+    let passed = total - failed.len() - expected_failures.len();
+    if !expected_failures.is_empty() {
+        println!(
+            "known deviations of this device (failed as listed in LIGHTPATH_IBV_KNOWN_DEVIATIONS): {}",
+            expected_failures.join(", ")
+        );
+    }
     let filtered = all_len - total;
     if failed.is_empty() {
         println!(
-            "test result: ok. {passed} passed; 0 failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {:.2}s",
+            "test result: ok. {passed} passed; 0 failed; {} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s",
+            expected_failures.len(),
             start.elapsed().as_secs_f64()
         );
     } else {
         println!("failures: {}", failed.join(", "));
         println!(
-            "test result: FAILED. {passed} passed; {} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {:.2}s",
+            "test result: FAILED. {passed} passed; {} failed; {} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s",
             failed.len(),
+            expected_failures.len(),
             start.elapsed().as_secs_f64()
         );
         std::process::exit(101);
