@@ -1,0 +1,325 @@
+//! [`ShmDevice`]: one shm endpoint of this process — a GID, the abstract socket it listens on,
+//! a doorbell eventfd peers ring, the engine behind a lock, and a helper thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lightpath_verbs::{
+    AccessFlags, Device, DeviceAttr, Error, Gid, Mtu, PortAttr, PortState, Result, WorkCompletion,
+};
+use rustix::event::{PollFd, PollFlags};
+
+use crate::address::{random_gid, rendezvous_name};
+use crate::config::ShmConfig;
+use crate::cq::{CqShared, ShmCq};
+use crate::engine::{DeviceContext, DeviceCore, Event};
+use crate::pd::ShmPd;
+use crate::registry::SocketRegistry;
+use crate::sys::{poll_fds, EventFd, Listener, Memfd};
+
+/// A region other devices may ask about.
+#[derive(Debug)]
+pub(crate) struct ExportedRegion {
+    pub(crate) memfd: Arc<Memfd>,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) pd: u32,
+}
+
+/// What the helper thread answers peers' questions from, without the engine lock (so a peer
+/// blocked on an answer while holding its own lock can never deadlock with us).
+#[derive(Debug, Default)]
+pub(crate) struct Exports {
+    /// Regions with some remote access, by rkey.
+    pub(crate) regions: HashMap<u32, ExportedRegion>,
+    /// The protection domain of each queue pair.
+    pub(crate) qp_pds: HashMap<u32, u32>,
+}
+
+/// Everything the device's objects and its helper thread share.
+#[derive(Debug)]
+pub(crate) struct DeviceShared {
+    pub(crate) name: String,
+    pub(crate) ctx: DeviceContext,
+    pub(crate) core: Mutex<DeviceCore>,
+    pub(crate) exports: RwLock<Exports>,
+    mailbox: Mutex<Vec<Event>>,
+    mailbox_pending: AtomicBool,
+    pub(crate) listener: Listener,
+    pub(crate) stop: EventFd,
+    started: Instant,
+    /// Nanoseconds since `started` of the application's last call that drove the device.
+    last_drive: AtomicU64,
+    next_key: AtomicU32,
+    key_mask: u32,
+    next_id: AtomicU32,
+}
+
+impl DeviceShared {
+    /// The engine, locked.
+    pub(crate) fn lock_core(&self) -> MutexGuard<'_, DeviceCore> {
+        // The engine never panics while holding the lock by design; if a bug made it do so,
+        // the state is still memory-safe to use, and refusing every later call would turn one
+        // failed request into a dead device.
+        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn exports_read(&self) -> RwLockReadGuard<'_, Exports> {
+        self.exports.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn exports_write(&self) -> RwLockWriteGuard<'_, Exports> {
+        self.exports.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues something the helper thread learned.
+    pub(crate) fn post_event(&self, event: Event) {
+        self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(event);
+        self.mailbox_pending.store(true, Ordering::Release);
+    }
+
+    /// Applies queued events (with the engine locked).
+    pub(crate) fn apply_events(&self, core: &mut DeviceCore) {
+        if !self.mailbox_pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let events =
+            std::mem::take(&mut *self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        for event in events {
+            core.apply(event);
+        }
+    }
+
+    fn nanos_since_start(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Notes that the application is driving the device (so the helper thread stays out).
+    pub(crate) fn touch(&self) {
+        self.last_drive.store(self.nanos_since_start(), Ordering::Relaxed);
+    }
+
+    /// Whether the application drove the device within `idle_after`.
+    pub(crate) fn app_active(&self) -> bool {
+        let last = self.last_drive.load(Ordering::Relaxed);
+        let idle = u64::try_from(self.ctx.config.idle_after.as_nanos()).unwrap_or(u64::MAX);
+        last != 0 && self.nanos_since_start().saturating_sub(last) < idle
+    }
+
+    /// One round of work for the application: apply events, move every queue pair forward.
+    pub(crate) fn drive(&self) {
+        self.touch();
+        let mut core = self.lock_core();
+        self.apply_events(&mut core);
+        core.progress();
+    }
+
+    /// A fresh local key, and the matching remote key (distinct values, unique per device).
+    pub(crate) fn alloc_keys(&self) -> (u32, u32) {
+        let lkey = self.next_key.fetch_add(1, Ordering::Relaxed);
+        (lkey, lkey ^ self.key_mask)
+    }
+
+    /// A fresh id for a protection domain.
+    pub(crate) fn alloc_id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Blocks a `wait` caller until a peer rings the doorbell, a completion lands on `cq`, or
+    /// `timeout` passes; returns the completions found.
+    pub(crate) fn sleep_until_rung(
+        &self,
+        cq: &CqShared,
+        out: &mut [WorkCompletion],
+        timeout: Option<Duration>,
+    ) -> Result<usize> {
+        let deadline = {
+            let mut core = self.lock_core();
+            self.apply_events(&mut core);
+            core.arm();
+            let deadline = core.progress();
+            let count = cq.pop(out);
+            if count > 0 {
+                core.disarm();
+                return Ok(count);
+            }
+            deadline
+        };
+        let until_timer = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let timeout = match (timeout, until_timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut fds = [PollFd::new(&self.ctx.doorbell, PollFlags::IN), PollFd::new(&cq.wake, PollFlags::IN)];
+        let result = poll_fds(&mut fds, timeout);
+        self.ctx.doorbell.take();
+        cq.wake.take();
+        let mut core = self.lock_core();
+        core.disarm();
+        self.apply_events(&mut core);
+        core.progress();
+        drop(core);
+        result?;
+        Ok(cq.pop(out))
+    }
+}
+
+/// The device as its objects hold it: the shared part plus the helper thread, which is stopped
+/// and joined when the last object goes.
+#[derive(Debug)]
+pub(crate) struct DeviceInner {
+    pub(crate) shared: Arc<DeviceShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.shared.stop.signal(1);
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// An shm device: verbs between processes of one host through shared memory.
+///
+/// Cloning gives another handle to the same device. Opening a device picks a fresh random GID
+/// (see [`crate::address`]), so every opened device is a distinct endpoint; peers reach it by
+/// that GID.
+#[derive(Clone, Debug)]
+pub struct ShmDevice {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl ShmDevice {
+    /// Opens a device with `config`.
+    pub fn open(config: ShmConfig) -> Result<Self> {
+        config.validate().map_err(Error::InvalidAttribute)?;
+        let name = config.name.clone().unwrap_or_else(|| "shm".to_string());
+        let (gid, listener) = bind_fresh_gid()?;
+        let ctx = DeviceContext {
+            gid,
+            uid: rustix::process::getuid().as_raw(),
+            config,
+            doorbell: EventFd::new(false)?,
+            registry: Arc::new(SocketRegistry::new()?),
+        };
+        let shared = Arc::new(DeviceShared {
+            name,
+            ctx,
+            core: Mutex::new(DeviceCore::new()),
+            exports: RwLock::new(Exports::default()),
+            mailbox: Mutex::new(Vec::new()),
+            mailbox_pending: AtomicBool::new(false),
+            listener,
+            stop: EventFd::new(false)?,
+            started: Instant::now(),
+            last_drive: AtomicU64::new(0),
+            next_key: AtomicU32::new(0x100),
+            key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,
+            next_id: AtomicU32::new(1),
+        });
+        let for_thread = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("lightpath-shm-{}", &gid.to_hex()[8..16]))
+            .spawn(move || crate::helper::run(&for_thread))?;
+        Ok(Self { inner: Arc::new(DeviceInner { shared, thread: Mutex::new(Some(thread)) }) })
+    }
+
+    /// The device's GID: also its address (see [`crate::address::rendezvous_name`]).
+    pub fn gid(&self) -> Gid {
+        self.inner.shared.ctx.gid
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ShmConfig {
+        &self.inner.shared.ctx.config
+    }
+
+    /// Queue pairs currently open on this device.
+    pub fn qp_count(&self) -> usize {
+        self.inner.shared.lock_core().qps.len()
+    }
+}
+
+/// Binds the rendezvous socket of a new random GID (retrying on the astronomically unlikely
+/// collision with another device).
+fn bind_fresh_gid() -> Result<(Gid, Listener)> {
+    let mut last_error = None;
+    for _ in 0..8 {
+        let gid = random_gid()?;
+        match Listener::bind_abstract(&rendezvous_name(gid)) {
+            Ok(listener) => return Ok((gid, listener)),
+            Err(err) => last_error = Some(err),
+        }
+    }
+    Err(Error::Io(last_error.unwrap_or_else(|| std::io::Error::other("cannot bind a rendezvous socket"))))
+}
+
+fn check_port(port_num: u8) -> Result<()> {
+    if port_num == 1 {
+        Ok(())
+    } else {
+        Err(Error::InvalidAttribute("port number: an shm device has one port, number 1"))
+    }
+}
+
+impl Device for ShmDevice {
+    type Pd = ShmPd;
+    type Cq = ShmCq;
+
+    fn name(&self) -> &str {
+        &self.inner.shared.name
+    }
+
+    fn query(&self) -> Result<DeviceAttr> {
+        let config = &self.inner.shared.ctx.config;
+        Ok(DeviceAttr {
+            phys_port_cnt: 1,
+            max_qp: config.max_qps,
+            max_qp_wr: 16_384,
+            max_sge: 32,
+            max_cq: u32::MAX,
+            max_cqe: config.max_cqe,
+            max_mr: config.max_mrs,
+            max_mr_size: 1 << 40,
+            max_pd: u32::MAX,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_inline_data: crate::MAX_INLINE,
+            atomics: true,
+        })
+    }
+
+    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        check_port(port_num)?;
+        Ok(PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            gid_tbl_len: 1,
+        })
+    }
+
+    fn gids(&self, port_num: u8) -> Result<Vec<Gid>> {
+        check_port(port_num)?;
+        Ok(vec![self.gid()])
+    }
+
+    fn alloc_pd(&self) -> Result<ShmPd> {
+        Ok(ShmPd::new(Arc::clone(&self.inner)))
+    }
+
+    fn create_cq(&self, min_entries: u32) -> Result<ShmCq> {
+        let max = self.inner.shared.ctx.config.max_cqe;
+        if min_entries > max {
+            return Err(Error::InvalidAttribute("more completion queue entries than max_cqe"));
+        }
+        let shared = Arc::new(CqShared::new(min_entries.max(1))?);
+        Ok(ShmCq { device: Arc::clone(&self.inner), shared })
+    }
+}

@@ -1,0 +1,428 @@
+//! [`QpCore`]: one queue pair's state machine, queues and link, and the verbs calls on it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use lightpath_verbs::{
+    AccessFlags, Error, Gid, QpAttr, QpCaps, QpState, RecvWr, Result, SendFlags, SendOp, SendPayload, SendWr,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::link::{Link, LinkFailure, PeerAttach};
+use super::requester::Requester;
+use super::responder::Responder;
+use super::sge::{Regions, SgeList};
+use super::wqe::{Payload, RecvWqe, SendWqe, Stage};
+use super::DeviceContext;
+use crate::address::is_shm_gid;
+use crate::cq::CqShared;
+use crate::ring;
+use crate::segment::{PeerStatus, OFF_WAKE};
+
+/// Largest message (as RC: 2^31 bytes).
+pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
+
+/// One queue pair.
+#[derive(Debug)]
+pub(crate) struct QpCore {
+    pub(crate) qpn: u32,
+    pub(crate) pd: u32,
+    pub(crate) caps: QpCaps,
+    pub(crate) state: QpState,
+    /// Remote operations this queue pair accepts as responder.
+    pub(crate) access: AccessFlags,
+    /// The peer (GID, QPN), from RTR on.
+    pub(crate) dest: Option<(Gid, u32)>,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    pub(crate) req: Requester,
+    pub(crate) resp: Responder,
+    pub(crate) link: Option<Link>,
+    /// A peer introduction that arrived before this queue pair reached RTR.
+    pub(crate) pending: Option<PeerAttach>,
+    /// Why the link was given up, for the `vendor_err` of later flushes.
+    pub(crate) failure: Option<LinkFailure>,
+    /// Something the peer may be waiting for was published (ring it if it sleeps).
+    pub(crate) published: bool,
+}
+
+/// The shm device has one port (1) and one GID (index 0); refuse anything else up front.
+fn check_addressing(attr: &QpAttr) -> Result<()> {
+    if attr.port_num.is_some_and(|port| port != 1) {
+        return Err(Error::InvalidAttribute("port_num: an shm device has one port, number 1"));
+    }
+    if let Some(av) = attr.av {
+        if av.sgid_index != 0 {
+            return Err(Error::InvalidAttribute("sgid_index: an shm device has one GID, index 0"));
+        }
+        if av.port_num != 1 {
+            return Err(Error::InvalidAttribute("av.port_num: an shm device has one port, number 1"));
+        }
+        if !is_shm_gid(av.dgid) {
+            return Err(Error::InvalidAttribute("dgid: not the GID of an shm device"));
+        }
+    }
+    Ok(())
+}
+
+fn missing(from: QpState, to: QpState, attribute: &'static str) -> Error {
+    Error::MissingAttribute { transition: (from, to), attribute }
+}
+
+impl QpCore {
+    pub(crate) fn new(
+        qpn: u32,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+    ) -> Self {
+        Self {
+            qpn,
+            pd,
+            caps,
+            state: QpState::Reset,
+            access: AccessFlags::NONE,
+            dest: None,
+            min_rnr_timer: 0,
+            rnr_retry: 0,
+            send_cq,
+            recv_cq,
+            req: Requester::default(),
+            resp: Responder::default(),
+            link: None,
+            pending: None,
+            failure: None,
+            published: false,
+        }
+    }
+
+    fn status(&self) -> PeerStatus {
+        PeerStatus { state: self.state, access: self.access, rnr_retry: self.rnr_retry }
+    }
+
+    fn publish_status(&mut self) {
+        if let Some(link) = &self.link {
+            link.outbox.publish_status(self.status());
+            self.published = true;
+        }
+    }
+
+    /// `modify_qp`.
+    pub(crate) fn modify(
+        &mut self,
+        attr: &QpAttr,
+        regions: &Regions,
+        ctx: &DeviceContext,
+        sleep_value: Option<u64>,
+    ) -> Result<()> {
+        check_addressing(attr)?;
+        attr.validate_transition(self.state)?;
+        let from = self.state;
+        let to = attr.state.unwrap_or(from);
+        match (from, to) {
+            (_, QpState::Reset) => self.reset(),
+            (_, QpState::Err) => self.enter_error(None),
+            (QpState::Reset, QpState::Init) => {
+                self.access = attr.access.ok_or_else(|| missing(from, to, "access"))?;
+                self.state = QpState::Init;
+            }
+            (QpState::Init, QpState::Rtr) => {
+                let av = attr.av.ok_or_else(|| missing(from, to, "av"))?;
+                let dqpn = attr.dest_qp_num.ok_or_else(|| missing(from, to, "dest_qp_num"))?;
+                let min_rnr_timer = attr.min_rnr_timer.ok_or_else(|| missing(from, to, "min_rnr_timer"))?;
+                let link = Link::establish(self.qpn, av.dgid, dqpn, ctx)?;
+                if let Some(value) = sleep_value {
+                    ring::announce_sleep(&link.outbox.word(OFF_WAKE), value);
+                }
+                self.link = Some(link);
+                self.dest = Some((av.dgid, dqpn));
+                self.min_rnr_timer = min_rnr_timer;
+                self.access = attr.access.unwrap_or(self.access);
+                self.req = Requester::default();
+                self.resp = Responder::default();
+                self.failure = None;
+                self.state = QpState::Rtr;
+                self.publish_status();
+                if let Some(pending) = self.pending.take() {
+                    self.offer_attach(pending, regions, sleep_value);
+                }
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                self.rnr_retry = attr.rnr_retry.ok_or_else(|| missing(from, to, "rnr_retry"))?;
+                self.access = attr.access.unwrap_or(self.access);
+                self.state = QpState::Rts;
+            }
+            (QpState::Init, QpState::Init) | (QpState::Rts | QpState::Sqd, QpState::Rts | QpState::Sqd) => {
+                self.access = attr.access.unwrap_or(self.access);
+                self.min_rnr_timer = attr.min_rnr_timer.unwrap_or(self.min_rnr_timer);
+                self.rnr_retry = attr.rnr_retry.unwrap_or(self.rnr_retry);
+                self.state = to;
+            }
+            _ => return Err(Error::InvalidTransition { from, to }),
+        }
+        self.publish_status();
+        if to == QpState::Rts {
+            self.progress(regions);
+        }
+        self.ring_peer();
+        Ok(())
+    }
+
+    /// RESET: everything is dropped without completions, the link closed (the peer sees the
+    /// hang-up), and the queue pair can be connected anew.
+    fn reset(&mut self) {
+        self.state = QpState::Reset;
+        self.link = None;
+        self.pending = None;
+        self.dest = None;
+        self.failure = None;
+        self.req = Requester::default();
+        self.resp = Responder::default();
+    }
+
+    fn flush_wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
+        let mut wc = WorkCompletion::new(wr_id, status, opcode, self.qpn);
+        wc.vendor_err = self.failure.map_or(0, LinkFailure::vendor_err);
+        wc
+    }
+
+    /// Moves to ERR and completes everything outstanding: the first send request still in
+    /// progress with `head_status` if given (the reason the link failed), every other one and
+    /// every receive with `WrFlushErr`.
+    pub(crate) fn enter_error(&mut self, head_status: Option<WcStatus>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        self.publish_status();
+        let mut head_status = head_status;
+        for wqe in std::mem::take(&mut self.req.sq) {
+            let status = match wqe.stage {
+                Stage::Done { .. } => WcStatus::WrFlushErr,
+                _ => head_status.take().unwrap_or(WcStatus::WrFlushErr),
+            };
+            self.send_cq.push(self.flush_wc(wqe.wr_id, status, wqe.opcode()));
+        }
+        self.req.clear_queue();
+        if let Some(assembly) = self.resp.assembling.take() {
+            self.recv_cq.push(self.flush_wc(assembly.recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+        }
+        for recv in std::mem::take(&mut self.resp.rq) {
+            self.recv_cq.push(self.flush_wc(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+        }
+    }
+
+    /// Gives the link up: the queue pair goes to ERR, the request in flight reports why, and the
+    /// peer's memory is unmapped and its sockets closed at once.
+    pub(crate) fn fail_link(&mut self, failure: LinkFailure) {
+        self.failure = Some(failure);
+        self.enter_error(Some(failure.head_status()));
+        self.link = None;
+    }
+
+    /// A peer introduced itself: attach now if this queue pair expects exactly that peer,
+    /// keep it for later if this queue pair has not reached RTR, refuse it otherwise (which
+    /// closes its socket).
+    pub(crate) fn offer_attach(&mut self, attach: PeerAttach, regions: &Regions, sleep_value: Option<u64>) {
+        match self.state {
+            QpState::Reset | QpState::Init => self.pending = Some(attach),
+            QpState::Rtr | QpState::Rts | QpState::Sqd => {
+                let expected = self.dest == Some((attach.from_gid, attach.from_qpn));
+                let Some(link) = self.link.as_mut().filter(|link| expected && link.peer.is_none()) else {
+                    return;
+                };
+                if link.attach(attach).is_err() {
+                    return;
+                }
+                if let Some(value) = sleep_value {
+                    ring::announce_sleep(&link.outbox.word(OFF_WAKE), value);
+                }
+                self.progress(regions);
+            }
+            QpState::Sqe | QpState::Err => {}
+        }
+    }
+
+    /// The socket with registry id `id` hung up: if it is one of this queue pair's, the peer
+    /// is gone.
+    pub(crate) fn socket_closed(&mut self, id: u64) {
+        if self.pending.as_ref().is_some_and(|p| p.served.id == id) {
+            self.pending = None;
+        }
+        let ours = self.link.as_ref().is_some_and(|link| {
+            link.client.id == id || link.peer.as_ref().is_some_and(|peer| peer.served.id == id)
+        });
+        if ours {
+            self.fail_link(LinkFailure::PeerGone);
+        }
+    }
+
+    /// Does everything that can be done now; returns when it next needs attention (an RNR
+    /// wait that may expire).
+    pub(crate) fn progress(&mut self, regions: &Regions) -> Option<Instant> {
+        let attached = self.link.as_ref().is_some_and(|link| link.peer.is_some());
+        if !attached {
+            return None;
+        }
+        let mut deadline = None;
+        if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            deadline = self.respond(regions);
+        }
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            if let Err(failure) = self.poll_acks() {
+                self.fail_link(failure);
+            }
+            self.issue(regions);
+            self.retire();
+        }
+        self.ring_peer();
+        deadline
+    }
+
+    /// Rings the peer if something was published it may be sleeping on.
+    pub(crate) fn ring_peer(&mut self) {
+        if !std::mem::take(&mut self.published) {
+            return;
+        }
+        if let Some(peer) = self.link.as_mut().and_then(|link| link.peer.as_mut()) {
+            peer.ring_if_sleeping();
+        }
+    }
+
+    /// `post_send`.
+    pub(crate) fn post_send(&mut self, wr: &SendWr<'_>, regions: &Regions) -> Result<()> {
+        self.accept_send(wr)?;
+        self.issue(regions);
+        self.retire();
+        self.ring_peer();
+        Ok(())
+    }
+
+    /// Posts several send requests, stopping at the first refusal.
+    pub(crate) fn post_send_batch(
+        &mut self,
+        wrs: &[SendWr<'_>],
+        regions: &Regions,
+    ) -> std::result::Result<(), lightpath_verbs::BatchError> {
+        let mut outcome = Ok(());
+        for (posted, wr) in wrs.iter().enumerate() {
+            if let Err(error) = self.accept_send(wr) {
+                outcome = Err(lightpath_verbs::BatchError { posted, error });
+                break;
+            }
+        }
+        self.issue(regions);
+        self.retire();
+        self.ring_peer();
+        outcome
+    }
+
+    /// Checks a send request and queues it (or flushes it in ERR).
+    fn accept_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        match self.state {
+            QpState::Rts => {}
+            QpState::Err => {
+                let wqe = Self::build_send(wr, self.caps)?;
+                self.send_cq.push(self.flush_wc(wqe.wr_id, WcStatus::WrFlushErr, wqe.opcode()));
+                return Ok(());
+            }
+            other => return Err(Error::InvalidState(other)),
+        }
+        if self.req.sq.len() >= self.caps.max_send_wr as usize {
+            return Err(Error::QueueFull);
+        }
+        let wqe = Self::build_send(wr, self.caps)?;
+        self.req.sq.push_back(wqe);
+        Ok(())
+    }
+
+    fn build_send(wr: &SendWr<'_>, caps: QpCaps) -> Result<SendWqe> {
+        if matches!(wr.op, SendOp::SendWithInv { .. }) {
+            return Err(Error::Unsupported("SEND with invalidate (shm has no memory windows)"));
+        }
+        let payload = match wr.payload {
+            SendPayload::Sges(sges) => {
+                if sges.len() > caps.max_send_sge as usize {
+                    return Err(Error::TooLarge("more scatter/gather entries than max_send_sge"));
+                }
+                Payload::Sges(SgeList::new(sges))
+            }
+            SendPayload::Inline(bytes) => {
+                if bytes.len() > caps.max_inline_data as usize {
+                    return Err(Error::TooLarge("inline data larger than max_inline_data"));
+                }
+                if wr.op.is_read_or_atomic() {
+                    return Err(Error::InvalidAttribute("READ and atomics need a scatter/gather entry"));
+                }
+                Payload::Inline(bytes.to_vec())
+            }
+        };
+        let len = wr.payload.len();
+        if len > MAX_MESSAGE {
+            return Err(Error::TooLarge("messages are limited to 2^31 bytes"));
+        }
+        Ok(SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            signaled: wr.flags.contains(SendFlags::SIGNALED),
+            solicited: wr.flags.contains(SendFlags::SOLICITED),
+            payload,
+            len: len as u32,
+            stage: Stage::NEW,
+        })
+    }
+
+    /// `post_recv`.
+    pub(crate) fn post_recv(&mut self, wr: &RecvWr<'_>, regions: &Regions) -> Result<()> {
+        self.accept_recv(wr)?;
+        if self.resp.rnr_waiting() {
+            self.respond(regions);
+        }
+        self.ring_peer();
+        Ok(())
+    }
+
+    /// Posts several receives, stopping at the first refusal.
+    pub(crate) fn post_recv_batch(
+        &mut self,
+        wrs: &[RecvWr<'_>],
+        regions: &Regions,
+    ) -> std::result::Result<(), lightpath_verbs::BatchError> {
+        let mut outcome = Ok(());
+        for (posted, wr) in wrs.iter().enumerate() {
+            if let Err(error) = self.accept_recv(wr) {
+                outcome = Err(lightpath_verbs::BatchError { posted, error });
+                break;
+            }
+        }
+        if self.resp.rnr_waiting() {
+            self.respond(regions);
+        }
+        self.ring_peer();
+        outcome
+    }
+
+    fn accept_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        if wr.sges.len() > self.caps.max_recv_sge as usize {
+            return Err(Error::TooLarge("more scatter/gather entries than max_recv_sge"));
+        }
+        match self.state {
+            QpState::Reset => return Err(Error::InvalidState(QpState::Reset)),
+            QpState::Err => {
+                self.recv_cq.push(self.flush_wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.resp.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err(Error::QueueFull);
+        }
+        let sges = SgeList::new(wr.sges);
+        let capacity = sges.total();
+        self.resp.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges, capacity });
+        Ok(())
+    }
+}

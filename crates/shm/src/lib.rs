@@ -1,0 +1,83 @@
+//! The shm provider: Lightpath verbs between processes on one host, at memory speed.
+//!
+//! Several ranks of a job often share a host; between them a NIC (or kernel TCP) is a detour.
+//! An [`ShmDevice`] implements the `lightpath-verbs` traits over shared memory, so everything
+//! written against those traits (the perf tool, the stream layer, applications) runs over it
+//! unchanged, and it passes the provider conformance suite.
+//!
+//! # How it works
+//!
+//! - **Memory regions are memfds** mapped into the owner and, on first use, into each peer
+//!   allowed to reach them: RDMA WRITE, READ and atomics are carried out by the *requester*,
+//!   directly on the peer's pages (atomics are real `AtomicU64` operations on the shared
+//!   mapping), after the checks a responder NIC makes (rkey, registration, protection domain,
+//!   bounds, access of the region and of the peer queue pair). Regions without remote write
+//!   access are sealed so peers can only map them read-only.
+//! - **Each queue pair has a shared segment** it alone writes: a single-producer ring of
+//!   records (SEND payloads in pieces, WRITE-with-immediate notices) and a status line
+//!   (acknowledgement count, NAK, state). Its peer maps it read-only and validates everything
+//!   it reads, so a broken or hostile peer can fail its own connection but not corrupt or crash
+//!   this process. See [`ring`] for the memory-ordering design (model-checked with loom).
+//! - **Connecting**: a device's GID is random and names the abstract Unix socket it listens on
+//!   ([`address`]); at INIT→RTR a queue pair connects to its destination's socket and hands
+//!   over its segment and its device's doorbell eventfd. No file is ever created, so nothing
+//!   outlives the processes, crash or not. Because the GID is the address, the ordinary
+//!   out-of-band exchange ([`connect`], re-exported from `lightpath-verbs`) connects shm queue
+//!   pairs of two processes as it does soft ones.
+//! - **Polling fits the machine**: the application's `poll` does the work directly (no thread
+//!   hop, no system call on the data path); `wait` spins briefly, then sleeps on the device's
+//!   doorbell, which peers ring only while someone sleeps. A helper thread per device accepts
+//!   connections, answers region lookups, notices dead peers (socket hang-up: the survivor's
+//!   queue pair goes to ERR with flush completions), and takes over progress when the
+//!   application is idle; with nothing to do it blocks without a timeout.
+//! - **Same host**: [`HostIdentity`] (boot id and namespaces) tells a transport negotiation
+//!   whether two processes can use shm; [`probe`] checks that a given device answers.
+//!
+//! # Unsafe code
+//!
+//! Only in `sys::mapping` (mmap and raw accesses to shared pages), each block with a
+//! `// SAFETY:` note; no Rust reference to shared memory is ever formed.
+
+pub mod address;
+mod config;
+mod cq;
+mod device;
+mod engine;
+#[doc(hidden)]
+pub mod fault;
+mod helper;
+mod host;
+mod mr;
+mod pd;
+mod provider;
+mod qp;
+mod region;
+mod registry;
+pub mod ring;
+mod segment;
+mod sync;
+mod sys;
+mod wire;
+
+pub use config::ShmConfig;
+pub use cq::ShmCq;
+pub use device::ShmDevice;
+pub use host::HostIdentity;
+pub use mr::ShmMr;
+pub use pd::ShmPd;
+pub use provider::{probe, ShmProvider, DEVICE_NAME};
+pub use qp::ShmQp;
+
+/// Out-of-band connection set-up (TCP exchange of QPN, GID and region keys), usable with shm
+/// queue pairs: the GID it exchanges is the shm device's address.
+pub use lightpath_verbs::connect;
+
+/// Largest `max_inline_data` a queue pair can have.
+pub const MAX_INLINE: u32 = 1024;
+
+/// `vendor_err` of completions flushed because the peer went away (process exit or crash,
+/// queue pair destroyed or reset).
+pub const VENDOR_ERR_PEER_GONE: u32 = 0x5348_0001;
+/// `vendor_err` of completions flushed because the peer wrote something the protocol forbids
+/// into shared memory or its socket.
+pub const VENDOR_ERR_PEER_CORRUPT: u32 = 0x5348_0002;

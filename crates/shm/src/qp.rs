@@ -1,0 +1,94 @@
+//! [`ShmQp`]: a reliable-connected queue pair between two shm devices.
+
+use lightpath_verbs::{
+    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
+};
+
+use crate::engine::{QpCore, Regions};
+use crate::pd::ShmPd;
+
+/// A queue pair of an [`ShmDevice`](crate::ShmDevice). It holds its protection domain (and
+/// through the engine both completion queues) alive; dropping it discards outstanding requests
+/// without completions, as `ibv_destroy_qp` does, and closes the link so the peer's queue pair
+/// sees it go.
+pub struct ShmQp {
+    pub(crate) pd: ShmPd,
+    pub(crate) qpn: u32,
+    pub(crate) caps: QpCaps,
+}
+
+impl std::fmt::Debug for ShmQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmQp").field("device", &self.pd.device.shared.name).field("qpn", &self.qpn).finish()
+    }
+}
+
+impl ShmQp {
+    /// Runs `f` on this queue pair's engine state with the device locked (after applying what
+    /// the helper thread learned); `f` also gets the region table and the current wake value.
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut QpCore, &Regions, Option<u64>) -> R) -> Result<R> {
+        let shared = &self.pd.device.shared;
+        shared.touch();
+        let mut guard = shared.lock_core();
+        shared.apply_events(&mut guard);
+        let core = &mut *guard;
+        let sleep_value = core.current_sleep_value();
+        let regions = &core.regions;
+        let qp = core.qps.get_mut(&self.qpn).ok_or(Error::NotFound("queue pair"))?;
+        Ok(f(qp, regions, sleep_value))
+    }
+}
+
+impl QueuePair for ShmQp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint { gid: self.pd.device.shared.ctx.gid, gid_index: 0, qpn: self.qpn }
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn state(&self) -> Result<QpState> {
+        let shared = &self.pd.device.shared;
+        let mut core = shared.lock_core();
+        shared.apply_events(&mut core);
+        core.qps.get(&self.qpn).map(|qp| qp.state).ok_or(Error::NotFound("queue pair"))
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<()> {
+        let ctx = &self.pd.device.shared.ctx;
+        self.with_core(|qp, regions, sleep_value| qp.modify(attr, regions, ctx, sleep_value))?
+    }
+
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.with_core(|qp, regions, _| qp.post_send(wr, regions))?
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.with_core(|qp, regions, _| qp.post_recv(wr, regions))?
+    }
+
+    fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), BatchError> {
+        self.with_core(|qp, regions, _| qp.post_send_batch(wrs, regions))
+            .map_err(|error| BatchError { posted: 0, error })?
+    }
+
+    fn post_recv_batch(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), BatchError> {
+        self.with_core(|qp, regions, _| qp.post_recv_batch(wrs, regions))
+            .map_err(|error| BatchError { posted: 0, error })?
+    }
+}
+
+impl Drop for ShmQp {
+    fn drop(&mut self) {
+        let shared = &self.pd.device.shared;
+        let removed = shared.lock_core().qps.remove(&self.qpn);
+        shared.exports_write().qp_pds.remove(&self.qpn);
+        // Unmapping and closing happen here, outside the lock.
+        drop(removed);
+    }
+}

@@ -1,0 +1,348 @@
+//! The single-producer/single-consumer record ring that carries one queue pair's messages to
+//! its peer, and the wake-up handshake that lets an idle consumer sleep.
+//!
+//! # Layout
+//!
+//! The ring is `capacity` bytes (a power of two) of records, each starting at a multiple of 64
+//! bytes (a cache line) and never wrapping around the end:
+//!
+//! ```text
+//! record:  [ stamp: u64 | info: u64 | word2: u64 | word3: u64 | payload … ] padded to 64 bytes
+//! info  =  kind (bits 0..8) | flags (8..16) | payload length (32..64)
+//! ```
+//!
+//! Positions are byte counts that only grow (`u64`); a record at position `p` lives at offset
+//! `p % capacity`. Its *stamp* is `!p`. The producer writes the header words and the payload,
+//! then stores the stamp with `Release`; the consumer loads the stamp at its own position with
+//! `Acquire` and treats the record as present exactly when it equals `!position`. Stale
+//! records from an earlier lap carry an older position and zeroed memory never matches, so no
+//! per-record "consumed" flag has to be written back, and the producer never reads anything
+//! the consumer wrote except its position. To make "stale" airtight even when old payload bytes
+//! sit where the next record's stamp will go, the producer zeroes the stamp word after each
+//! record before publishing it.
+//!
+//! A record that would run past the end is preceded by a *skip* record that covers the rest of
+//! the lap. The consumer publishes its position (`head`, `Release`) after each record; the
+//! producer reads it (`Acquire`) only when its cached copy says the ring is full.
+//!
+//! # Trust
+//!
+//! The producer is the peer process. Everything the consumer reads is validated before use
+//! (lengths against the ring and the configured maximum, skip records never at offset 0), and
+//! the head the producer reads back is checked against its own tail; anything impossible is a
+//! [`RingError`], which the caller turns into an error on the queue pair. A peer that writes
+//! garbage can stall or break its own connection, never make this process access memory out of
+//! bounds.
+//!
+//! # Sleeping
+//!
+//! A consumer that wants to block announces it in a *wake word* the producer can read
+//! ([`announce_sleep`]), then checks the ring once more; a producer, after publishing, checks
+//! the wake word ([`wake_needed`]) and rings the consumer's doorbell. Both sides put a `SeqCst`
+//! fence between their store and their load (the classic store-buffer handshake), so at least
+//! one of them sees the other: the consumer finds the record, or the producer rings.
+//!
+//! The memory-ordering argument is model-checked with `loom` (`tests/loom.rs`), which runs this
+//! exact code against a ring whose payload bytes are `loom` cells (so a read not ordered after
+//! the write it observes is reported as a data race).
+
+mod memory;
+
+pub use memory::{RingMemory, Word};
+
+use crate::sync::{fence, Ordering};
+
+/// Bytes of a record header (the stamp and three words).
+pub const HEADER: usize = 32;
+/// Records start on cache-line boundaries.
+pub const ALIGN: usize = 64;
+/// Smallest ring.
+pub const MIN_CAPACITY: usize = 256;
+
+/// The kind of the record that pads to the end of a lap.
+pub const KIND_SKIP: u8 = 0xFF;
+
+/// The ring found something the protocol forbids: the peer is broken or malicious.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingError {
+    /// A record's length does not fit the ring or exceeds the maximum payload.
+    BadLength,
+    /// A skip record at the start of a lap (a lap always has room for one record).
+    BadSkip,
+    /// The consumer position read back is behind, ahead of, or misaligned with the producer.
+    BadHead,
+}
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RingError::BadLength => "record length outside the ring",
+            RingError::BadSkip => "skip record at the start of a lap",
+            RingError::BadHead => "consumer position inconsistent with the producer",
+        })
+    }
+}
+
+impl std::error::Error for RingError {}
+
+/// The header fields of a record, except its stamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// What the record is (the ring reserves [`KIND_SKIP`]).
+    pub kind: u8,
+    /// Kind-specific flags.
+    pub flags: u8,
+    /// Payload bytes that follow the header.
+    pub len: u32,
+    /// Opaque to the ring.
+    pub word2: u64,
+    /// Opaque to the ring.
+    pub word3: u64,
+}
+
+impl RecordHeader {
+    fn encode(&self) -> [u8; HEADER - 8] {
+        let info = u64::from(self.kind) | u64::from(self.flags) << 8 | u64::from(self.len) << 32;
+        let mut bytes = [0u8; HEADER - 8];
+        bytes[0..8].copy_from_slice(&info.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.word2.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.word3.to_le_bytes());
+        bytes
+    }
+
+    fn decode(bytes: &[u8; HEADER - 8]) -> Self {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let info = word(0);
+        Self {
+            kind: info as u8,
+            flags: (info >> 8) as u8,
+            len: (info >> 32) as u32,
+            word2: word(8),
+            word3: word(16),
+        }
+    }
+}
+
+/// A record the consumer may process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The header, copied out of the ring once and validated.
+    pub header: RecordHeader,
+    /// Where the payload starts, as an offset into the ring.
+    pub payload_offset: usize,
+    size: u64,
+}
+
+/// Bytes a record with `len` payload bytes occupies.
+pub fn record_size(len: u32) -> u64 {
+    (HEADER as u64 + u64::from(len)).div_ceil(ALIGN as u64) * ALIGN as u64
+}
+
+/// The largest payload one record of a ring of `capacity` bytes may carry: a quarter of the
+/// ring, so that a lap always has room for a record after any skip.
+pub fn max_payload_for(capacity: usize) -> u32 {
+    u32::try_from(capacity / 4 - HEADER).unwrap_or(u32::MAX)
+}
+
+fn stamp(position: u64) -> u64 {
+    !position
+}
+
+/// The writing side of a ring.
+#[derive(Debug)]
+pub struct Producer {
+    capacity: u64,
+    max_payload: u32,
+    tail: u64,
+    head_seen: u64,
+}
+
+impl Producer {
+    /// A producer for an empty ring of `capacity` bytes (a power of two, at least
+    /// [`MIN_CAPACITY`]) whose records carry at most `max_payload` bytes (at most
+    /// [`max_payload_for`]`(capacity)`). Returns `None` for other sizes.
+    pub fn new(capacity: usize, max_payload: u32) -> Option<Self> {
+        let valid = capacity.is_power_of_two()
+            && capacity >= MIN_CAPACITY
+            && max_payload <= max_payload_for(capacity);
+        valid.then_some(Self { capacity: capacity as u64, max_payload, tail: 0, head_seen: 0 })
+    }
+
+    /// The position of the next record.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// The largest payload of one record.
+    pub fn max_payload(&self) -> u32 {
+        self.max_payload
+    }
+
+    /// Whether `bytes` more can be written (plus the spare line for the next stamp), reading
+    /// the consumer's position only if the cached one says no.
+    fn has_room<W: Word>(&mut self, bytes: u64, peer_head: &W) -> Result<bool, RingError> {
+        let needed = self.tail + bytes + ALIGN as u64;
+        if needed <= self.head_seen + self.capacity {
+            return Ok(true);
+        }
+        let head = peer_head.load(Ordering::Acquire);
+        if head > self.tail
+            || self.tail - head > self.capacity
+            || !head.is_multiple_of(ALIGN as u64)
+            || head < self.head_seen
+        {
+            return Err(RingError::BadHead);
+        }
+        self.head_seen = head;
+        Ok(needed <= head + self.capacity)
+    }
+
+    /// Appends one record: if there is room, writes the header, calls `fill` with the ring
+    /// offset where the `header.len` payload bytes go (it must write exactly there), publishes
+    /// the record and returns `Ok(true)`; returns `Ok(false)` if the ring is full for now.
+    ///
+    /// # Panics
+    ///
+    /// If `header.len` exceeds the maximum payload or `header.kind` is [`KIND_SKIP`] (caller
+    /// bugs, never peer input).
+    pub fn try_push<M: RingMemory, W: Word>(
+        &mut self,
+        ring: &M,
+        peer_head: &W,
+        header: RecordHeader,
+        fill: impl FnOnce(usize),
+    ) -> Result<bool, RingError> {
+        assert!(header.len <= self.max_payload, "record payload above the ring's maximum");
+        assert!(header.kind != KIND_SKIP, "the skip kind is reserved");
+        let size = record_size(header.len);
+        let mut offset = (self.tail % self.capacity) as usize;
+        if offset as u64 + size > self.capacity {
+            let pad = self.capacity - offset as u64;
+            if !self.has_room(pad + size, peer_head)? {
+                return Ok(false);
+            }
+            let skip = RecordHeader { kind: KIND_SKIP, flags: 0, len: 0, word2: 0, word3: 0 };
+            self.publish(ring, offset, pad, &skip);
+            offset = 0;
+        } else if !self.has_room(size, peer_head)? {
+            return Ok(false);
+        }
+        ring.write_bytes(offset + 8, &header.encode());
+        fill(offset + HEADER);
+        self.publish(ring, offset, size, &header);
+        Ok(true)
+    }
+
+    /// Zeroes the stamp after the record, then publishes the record at `offset` (whose header
+    /// words other than the stamp are already written, except for skips).
+    fn publish<M: RingMemory>(&mut self, ring: &M, offset: usize, size: u64, header: &RecordHeader) {
+        if header.kind == KIND_SKIP {
+            ring.write_bytes(offset + 8, &header.encode());
+        }
+        let next = ((self.tail + size) % self.capacity) as usize;
+        ring.store_word(next, 0, Ordering::Relaxed);
+        ring.store_word(offset, stamp(self.tail), Ordering::Release);
+        self.tail += size;
+    }
+}
+
+/// The reading side of a ring.
+#[derive(Debug)]
+pub struct Consumer {
+    capacity: u64,
+    max_payload: u32,
+    head: u64,
+}
+
+impl Consumer {
+    /// A consumer for an empty ring of `capacity` bytes whose records carry at most
+    /// `max_payload` bytes; `None` for sizes [`Producer::new`] would refuse.
+    pub fn new(capacity: usize, max_payload: u32) -> Option<Self> {
+        let valid = capacity.is_power_of_two()
+            && capacity >= MIN_CAPACITY
+            && max_payload <= max_payload_for(capacity);
+        valid.then_some(Self { capacity: capacity as u64, max_payload, head: 0 })
+    }
+
+    /// The position of the next record to read.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// The next record if the producer has published one. Skip records are consumed here (and
+    /// the new position published to `own_head`, so the producer sees the space).
+    pub fn peek<M: RingMemory, W: Word>(
+        &mut self,
+        ring: &M,
+        own_head: &W,
+    ) -> Result<Option<Record>, RingError> {
+        loop {
+            let offset = (self.head % self.capacity) as usize;
+            if ring.load_word(offset, Ordering::Acquire) != stamp(self.head) {
+                return Ok(None);
+            }
+            let mut bytes = [0u8; HEADER - 8];
+            ring.read_bytes(offset + 8, &mut bytes);
+            let header = RecordHeader::decode(&bytes);
+            if header.kind == KIND_SKIP {
+                if offset == 0 {
+                    return Err(RingError::BadSkip);
+                }
+                self.head += self.capacity - offset as u64;
+                own_head.store(self.head, Ordering::Release);
+                continue;
+            }
+            let size = record_size(header.len);
+            if header.len > self.max_payload || offset as u64 + size > self.capacity {
+                return Err(RingError::BadLength);
+            }
+            return Ok(Some(Record { header, payload_offset: offset + HEADER, size }));
+        }
+    }
+
+    /// Consumes `record` (the one [`Consumer::peek`] returned last) and publishes the new
+    /// position, releasing the space to the producer.
+    pub fn release<W: Word>(&mut self, record: &Record, own_head: &W) {
+        self.head += record.size;
+        own_head.store(self.head, Ordering::Release);
+    }
+}
+
+/// The wake word value a sleeper stores: odd, and different for every sleep (`epoch` counts
+/// sleeps), so a producer rings at most once per sleep.
+pub fn sleeping_value(epoch: u64) -> u64 {
+    epoch << 1 | 1
+}
+
+/// Consumer side, before blocking: tells the producer to ring (`value` from
+/// [`sleeping_value`]). The caller must look at the ring again afterwards and only block if it
+/// is still empty.
+pub fn announce_sleep<W: Word>(own_wake: &W, value: u64) {
+    own_wake.store(value, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// Consumer side, after waking: the producer need not ring any more.
+pub fn announce_awake<W: Word>(own_wake: &W) {
+    own_wake.store(0, Ordering::Relaxed);
+}
+
+/// Producer side, after publishing anything the consumer may wait for: whether to ring the
+/// consumer's doorbell now. `last_rung` remembers the sleep already rung for.
+pub fn wake_needed<W: Word>(peer_wake: &W, last_rung: &mut u64) -> bool {
+    fence(Ordering::SeqCst);
+    let value = peer_wake.load(Ordering::Relaxed);
+    if value & 1 == 1 && value != *last_rung {
+        *last_rung = value;
+        true
+    } else {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,204 @@
+//! Single-threaded tests of the ring's bookkeeping and of its validation of peer input; the
+//! concurrent behaviour is model-checked in `tests/loom.rs`.
+
+use std::cell::{Cell, RefCell};
+
+use super::*;
+
+struct HeapRing(RefCell<Vec<u8>>);
+
+impl HeapRing {
+    fn new(capacity: usize) -> Self {
+        Self(RefCell::new(vec![0; capacity]))
+    }
+
+    fn poke(&self, offset: usize, bytes: &[u8]) {
+        self.0.borrow_mut()[offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+impl RingMemory for HeapRing {
+    fn load_word(&self, offset: usize, _: Ordering) -> u64 {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&self.0.borrow()[offset..offset + 8]);
+        u64::from_le_bytes(word)
+    }
+
+    fn store_word(&self, offset: usize, value: u64, _: Ordering) {
+        self.poke(offset, &value.to_le_bytes());
+    }
+
+    fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.0.borrow()[offset..offset + dst.len()]);
+    }
+
+    fn write_bytes(&self, offset: usize, src: &[u8]) {
+        self.poke(offset, src);
+    }
+}
+
+#[derive(Default)]
+struct CellWord(Cell<u64>);
+
+impl Word for CellWord {
+    fn load(&self, _: Ordering) -> u64 {
+        self.0.get()
+    }
+
+    fn store(&self, value: u64, _: Ordering) {
+        self.0.set(value);
+    }
+}
+
+fn header(len: u32, tag: u64) -> RecordHeader {
+    RecordHeader { kind: 1, flags: 2, len, word2: tag, word3: !tag }
+}
+
+fn push(producer: &mut Producer, ring: &HeapRing, head: &CellWord, len: u32, tag: u64) -> bool {
+    producer
+        .try_push(ring, head, header(len, tag), |offset| {
+            let payload: Vec<u8> = (0..len).map(|i| (i as u64 + tag) as u8).collect();
+            ring.write_bytes(offset, &payload);
+        })
+        .expect("push")
+}
+
+fn pop(consumer: &mut Consumer, ring: &HeapRing, head: &CellWord) -> Option<(RecordHeader, Vec<u8>)> {
+    let record = consumer.peek(ring, head).expect("peek")?;
+    let mut payload = vec![0u8; record.header.len as usize];
+    ring.read_bytes(record.payload_offset, &mut payload);
+    consumer.release(&record, head);
+    Some((record.header, payload))
+}
+
+#[test]
+fn records_round_trip_across_many_laps() {
+    let ring = HeapRing::new(1024);
+    let head = CellWord::default();
+    let mut producer = Producer::new(1024, max_payload_for(1024)).expect("producer");
+    let mut consumer = Consumer::new(1024, max_payload_for(1024)).expect("consumer");
+    let sizes = [0u32, 1, 31, 32, 33, 100, 224, 7, 150, 64];
+    for round in 0..40u64 {
+        let len = sizes[round as usize % sizes.len()];
+        assert!(push(&mut producer, &ring, &head, len, round), "round {round}: ring full");
+        let (got, payload) = pop(&mut consumer, &ring, &head).expect("record");
+        assert_eq!(got, header(len, round));
+        assert!(payload.iter().enumerate().all(|(i, b)| *b == (i as u64 + round) as u8));
+        assert!(pop(&mut consumer, &ring, &head).is_none(), "a record appeared twice");
+    }
+    assert!(producer.tail() > 4 * 1024, "did not wrap several times");
+    assert_eq!(consumer.head(), producer.tail());
+}
+
+#[test]
+fn a_full_ring_refuses_until_the_consumer_releases() {
+    let ring = HeapRing::new(256);
+    let head = CellWord::default();
+    let mut producer = Producer::new(256, 32).expect("producer");
+    let mut consumer = Consumer::new(256, 32).expect("consumer");
+    // Three 64-byte records fill 256 bytes minus the spare line kept for the next stamp.
+    for tag in 0..3 {
+        assert!(push(&mut producer, &ring, &head, 32, tag));
+    }
+    assert!(!push(&mut producer, &ring, &head, 1, 9), "pushed into a full ring");
+    assert_eq!(pop(&mut consumer, &ring, &head).expect("first").0.word2, 0);
+    assert!(push(&mut producer, &ring, &head, 1, 3), "space released by the consumer not reused");
+    for tag in 1..4 {
+        assert_eq!(pop(&mut consumer, &ring, &head).expect("record").0.word2, tag);
+    }
+    assert!(pop(&mut consumer, &ring, &head).is_none());
+}
+
+#[test]
+fn sizes_are_validated() {
+    assert!(Producer::new(1000, 10).is_none(), "not a power of two");
+    assert!(Producer::new(128, 10).is_none(), "too small");
+    assert!(Producer::new(1024, max_payload_for(1024) + 1).is_none());
+    assert!(Consumer::new(1024, max_payload_for(1024)).is_some());
+    assert_eq!(record_size(0), 64);
+    assert_eq!(record_size(32), 64);
+    assert_eq!(record_size(33), 128);
+}
+
+/// Writes a record header with a valid stamp for `position` at its offset, as a peer could.
+fn forge(ring: &HeapRing, capacity: u64, position: u64, kind: u8, len: u32) {
+    let offset = (position % capacity) as usize;
+    let forged = RecordHeader { kind, flags: 0, len, word2: 0, word3: 0 };
+    ring.write_bytes(offset + 8, &forged.encode());
+    ring.store_word(offset, stamp(position), Ordering::Release);
+}
+
+#[test]
+fn garbage_records_are_refused() {
+    let cases = [
+        (1u8, u32::MAX, RingError::BadLength),
+        (1, 97, RingError::BadLength),
+        (KIND_SKIP, 0, RingError::BadSkip),
+    ];
+    for (kind, len, expected) in cases {
+        let ring = HeapRing::new(512);
+        let head = CellWord::default();
+        let mut consumer = Consumer::new(512, 96).expect("consumer");
+        forge(&ring, 512, 0, kind, len);
+        assert_eq!(consumer.peek(&ring, &head), Err(expected), "kind {kind} len {len}");
+    }
+    // A record within the maximum that would run past the end of the ring.
+    let ring = HeapRing::new(512);
+    let head = CellWord::default();
+    let mut consumer = Consumer { capacity: 512, max_payload: 96, head: 448 };
+    forge(&ring, 512, 448, 1, 96);
+    assert_eq!(consumer.peek(&ring, &head), Err(RingError::BadLength));
+}
+
+#[test]
+fn stale_and_random_memory_is_not_a_record() {
+    let ring = HeapRing::new(256);
+    let head = CellWord::default();
+    let mut consumer = Consumer::new(256, 32).expect("consumer");
+    ring.poke(0, &[0xA5; 256]);
+    assert_eq!(consumer.peek(&ring, &head), Ok(None), "random bytes taken as a record");
+    // A record stamped for the previous lap at this offset.
+    forge(&ring, 256, 0, 1, 0);
+    let mut ahead = Consumer { capacity: 256, max_payload: 32, head: 256 };
+    assert_eq!(ahead.peek(&ring, &head), Ok(None), "a stale record taken as new");
+}
+
+#[test]
+fn impossible_consumer_positions_are_refused() {
+    for bad_head in [64 * 1000, 3, u64::MAX] {
+        let ring = HeapRing::new(256);
+        let head = CellWord::default();
+        let mut producer = Producer::new(256, 32).expect("producer");
+        for tag in 0..3 {
+            assert!(push(&mut producer, &ring, &head, 32, tag));
+        }
+        head.store(bad_head, Ordering::Release);
+        let result = producer.try_push(&ring, &head, header(32, 4), |_| {});
+        assert_eq!(result, Err(RingError::BadHead), "head {bad_head}");
+    }
+    // A position that goes backwards is refused too.
+    let ring = HeapRing::new(256);
+    let head = CellWord::default();
+    let mut producer = Producer::new(256, 32).expect("producer");
+    let mut consumer = Consumer::new(256, 32).expect("consumer");
+    for tag in 0..3 {
+        assert!(push(&mut producer, &ring, &head, 32, tag));
+    }
+    pop(&mut consumer, &ring, &head).expect("record");
+    assert!(push(&mut producer, &ring, &head, 32, 3));
+    head.store(0, Ordering::Release);
+    assert_eq!(producer.try_push(&ring, &head, header(32, 5), |_| {}), Err(RingError::BadHead));
+}
+
+#[test]
+fn wake_handshake_rings_once_per_sleep() {
+    let wake = CellWord::default();
+    let mut last = 0;
+    assert!(!wake_needed(&wake, &mut last), "rang an awake consumer");
+    announce_sleep(&wake, sleeping_value(1));
+    assert!(wake_needed(&wake, &mut last));
+    assert!(!wake_needed(&wake, &mut last), "rang twice for one sleep");
+    announce_awake(&wake);
+    announce_sleep(&wake, sleeping_value(2));
+    assert!(wake_needed(&wake, &mut last), "did not ring for the next sleep");
+}

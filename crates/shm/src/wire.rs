@@ -1,0 +1,216 @@
+//! The few messages shm devices exchange over their Unix sockets (everything else moves through
+//! shared memory): a queue pair introducing itself to its peer's device, and a question about
+//! a memory region with its answer.
+//!
+//! Every message starts with the 4-byte magic `LPSM`, a version byte and a kind byte; fields
+//! are little-endian at fixed offsets. Decoding checks the exact length of each kind and
+//! returns `None` for anything else, so a socket peer that is not a Lightpath shm device (or a
+//! broken one) is recognised and dropped.
+
+use lightpath_verbs::Gid;
+
+const MAGIC: [u8; 4] = *b"LPSM";
+const VERSION: u8 = 1;
+/// Largest encoded message.
+pub(crate) const MAX_MESSAGE: usize = 64;
+
+const KIND_HELLO: u8 = 1;
+const KIND_REGION_QUERY: u8 = 2;
+const KIND_REGION_REPLY: u8 = 3;
+const KIND_PING: u8 = 4;
+const KIND_PONG: u8 = 5;
+
+/// A control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Message {
+    /// A queue pair reached RTR and introduces itself to the device of its destination. Carries
+    /// two descriptors: the queue pair's shared segment and its device's doorbell.
+    Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32 },
+    /// "Describe your region with remote key `rkey`, as seen by your queue pair `qpn`."
+    RegionQuery { tag: u32, qpn: u32, rkey: u32 },
+    /// The answer; when `found`, carries the region's memfd.
+    RegionReply { tag: u32, found: bool, addr: u64, len: u64, access: u32 },
+    /// Is anyone there (used to probe a rendezvous)?
+    Ping { tag: u32 },
+    /// Yes.
+    Pong { tag: u32 },
+}
+
+struct Writer {
+    bytes: [u8; MAX_MESSAGE],
+    len: usize,
+}
+
+impl Writer {
+    fn new(kind: u8) -> Self {
+        let mut writer = Self { bytes: [0; MAX_MESSAGE], len: 0 };
+        writer.put(&MAGIC);
+        writer.put(&[VERSION, kind]);
+        writer
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        self.bytes[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn u32(&mut self, value: u32) {
+        self.put(&value.to_le_bytes());
+    }
+
+    fn u64(&mut self, value: u64) {
+        self.put(&value.to_le_bytes());
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.bytes[..N]);
+        self.bytes = &self.bytes[N..];
+        out
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+}
+
+impl Message {
+    /// The encoded message.
+    pub(crate) fn encode(&self) -> ([u8; MAX_MESSAGE], usize) {
+        let writer = match *self {
+            Message::Hello { from_gid, from_qpn, to_qpn } => {
+                let mut w = Writer::new(KIND_HELLO);
+                w.put(&from_gid.0);
+                w.u32(from_qpn);
+                w.u32(to_qpn);
+                w
+            }
+            Message::RegionQuery { tag, qpn, rkey } => {
+                let mut w = Writer::new(KIND_REGION_QUERY);
+                w.u32(tag);
+                w.u32(qpn);
+                w.u32(rkey);
+                w
+            }
+            Message::RegionReply { tag, found, addr, len, access } => {
+                let mut w = Writer::new(KIND_REGION_REPLY);
+                w.u32(tag);
+                w.put(&[u8::from(found)]);
+                w.u64(addr);
+                w.u64(len);
+                w.u32(access);
+                w
+            }
+            Message::Ping { tag } => {
+                let mut w = Writer::new(KIND_PING);
+                w.u32(tag);
+                w
+            }
+            Message::Pong { tag } => {
+                let mut w = Writer::new(KIND_PONG);
+                w.u32(tag);
+                w
+            }
+        };
+        (writer.bytes, writer.len)
+    }
+
+    /// Decodes one message; `None` unless it is exactly a message of a known kind.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Message> {
+        if bytes.len() < 6 || bytes[..4] != MAGIC || bytes[4] != VERSION {
+            return None;
+        }
+        let kind = bytes[5];
+        let mut r = Reader { bytes: &bytes[6..] };
+        let body_len = r.bytes.len();
+        let expect = |len: usize| (body_len == len).then_some(());
+        Some(match kind {
+            KIND_HELLO => {
+                expect(24)?;
+                Message::Hello { from_gid: Gid(r.take()), from_qpn: r.u32(), to_qpn: r.u32() }
+            }
+            KIND_REGION_QUERY => {
+                expect(12)?;
+                Message::RegionQuery { tag: r.u32(), qpn: r.u32(), rkey: r.u32() }
+            }
+            KIND_REGION_REPLY => {
+                expect(25)?;
+                let tag = r.u32();
+                let found = match r.take::<1>()[0] {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                Message::RegionReply { tag, found, addr: r.u64(), len: r.u64(), access: r.u32() }
+            }
+            KIND_PING => {
+                expect(4)?;
+                Message::Ping { tag: r.u32() }
+            }
+            KIND_PONG => {
+                expect(4)?;
+                Message::Pong { tag: r.u32() }
+            }
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::Hello { from_gid: Gid([7; 16]), from_qpn: 0x12, to_qpn: 0xFF_FFFF },
+            Message::RegionQuery { tag: 9, qpn: 3, rkey: 0xDEAD_BEEF },
+            Message::RegionReply {
+                tag: 9,
+                found: true,
+                addr: 0x7f00_0000_1000,
+                len: 1 << 33,
+                access: 0b1111,
+            },
+            Message::RegionReply { tag: 10, found: false, addr: 0, len: 0, access: 0 },
+            Message::Ping { tag: 1 },
+            Message::Pong { tag: u32::MAX },
+        ]
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        for message in samples() {
+            let (bytes, len) = message.encode();
+            assert_eq!(Message::decode(&bytes[..len]), Some(message));
+        }
+    }
+
+    #[test]
+    fn truncated_padded_or_foreign_bytes_are_refused() {
+        for message in samples() {
+            let (bytes, len) = message.encode();
+            for cut in 0..len {
+                assert_eq!(Message::decode(&bytes[..cut]), None, "{message:?} cut at {cut}");
+            }
+            assert_eq!(Message::decode(&bytes[..len + 1]), None, "{message:?} with a trailing byte");
+            let mut wrong_version = bytes;
+            wrong_version[4] = 2;
+            assert_eq!(Message::decode(&wrong_version[..len]), None);
+        }
+        let (mut reply, len) = samples()[2].encode();
+        reply[10] = 2;
+        assert_eq!(Message::decode(&reply[..len]), None, "a found flag of 2");
+        assert_eq!(Message::decode(b"LPSM\x01\x63"), None, "unknown kind");
+        assert_eq!(Message::decode(b"6.22\0\0\0\0\0\0\0\0"), None);
+    }
+}
