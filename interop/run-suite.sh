@@ -495,7 +495,7 @@ case_ibverbs_soft_soft_server() {
 # `lightpath perf --provider ibverbs` and perftest's tool for the same test, same size and
 # iterations, one run each, both on rxe0 in the VM; the numbers go to the note and perf.txt.
 case_ibverbs_perf() {
-    local t=$1 port lp_out pt_out size iters tool rc=0
+    local t=$1 port lp_out pt_out size iters tool rc=0 pt_rc=0
     need_ibverbs perf || return $NOT_RUN
     case $t in
         *_lat) size=64 iters=2000 ;;
@@ -505,17 +505,19 @@ case_ibverbs_perf() {
     take_port
     lp_out=$(lpvm_job "ibperf-$t" "lp_pair $port '$VLP perf $t --provider ibverbs -d rxe0 -p $port -s $size -n $iters' '$VLP perf $t --provider ibverbs -d rxe0 -p $port -s $size -n $iters $LPVM_VM_IP'" $T_CASE) || rc=$?
     take_port
-    pt_out=$(lpvm_job "ptperf-$t" "lp_pair $port '$tool -d rxe0 -x $G -p $port -s $size -n $iters' '$tool -d rxe0 -x $G -p $port -s $size -n $iters $LPVM_VM_IP'" $T_CASE) || rc=$?
+    # -F: perftest's CPU-frequency check fails under TCG ("Can't produce a report"); its own
+    # failures are reported in the note but do not fail the case (it tests Lightpath).
+    pt_out=$(lpvm_job "ptperf-$t" "lp_pair $port '$tool -F -d rxe0 -x $G -p $port -s $size -n $iters' '$tool -F -d rxe0 -x $G -p $port -s $size -n $iters $LPVM_VM_IP'" $T_CASE) || pt_rc=$?
     echo "== lightpath perf $t --provider ibverbs -s $size -n $iters"
     echo "$lp_out"
-    echo "== $tool -s $size -n $iters"
+    echo "== $tool -F -s $size -n $iters"
     echo "$pt_out"
     {
         echo "== $t size $size iters $iters"
         grep -A3 -E '^\[client\] +(test|size|#bytes)' <<< "$lp_out" | grep -v '^--' | sed 's/^/lightpath /'
         grep -A1 -E '^\[client\] +#bytes' <<< "$pt_out" | sed 's/^/perftest  /'
     } >> "$results/ibverbs-perf.txt"
-    note "one run each, numbers in $results/ibverbs-perf.txt"
+    note "one run each, numbers in $results/ibverbs-perf.txt$([ "$pt_rc" = 0 ] || echo " (perftest itself failed: rc=$pt_rc)")"
     return $rc
 }
 
