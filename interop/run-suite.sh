@@ -83,6 +83,7 @@ done
 # The ibverbs provider inside the VM, on rxe0: conformance, ibv_rc_pingpong, the soft provider
 # across the tap (every operation, both directions), perf against perftest, bad input.
 cases+=("ibverbs-build-tests|host|case_build_ibverbs_tests")
+cases+=("ibverbs-devices|lightpath devices in the VM|case_ibverbs_devices")
 cases+=("ibverbs-conformance|ibverbs on rxe0 (loopback)|case_ibverbs_conformance")
 for s in 64 10000; do for m in 1024 4096; do
     cases+=("ibverbs-pingpong-server-s$s-m$m|ibv_rc_pingpong -> Lightpath ibverbs (rxe0)|case_ibverbs_pingpong server $s $m")
@@ -407,6 +408,19 @@ need_ibverbs() {
         note "NOT RUN: lightpath $1 has no --provider ibverbs"
         return 1
     fi
+}
+
+# `lightpath devices` in the VM lists rxe0 with the GID the suite found by hand (index $G).
+case_ibverbs_devices() {
+    [ -n "$LP" ] || { note "NOT RUN: no lightpath binary"; return $NOT_RUN; }
+    local out
+    out=$(lpvm_job ibv-devices "$VLP devices" 30)
+    echo "$out"
+    local line
+    line=$(grep -E '^ +rxe0 ' <<< "$out")
+    note "$(sed 's/  */ /g' <<< "$line")"
+    grep -q '^ibverbs: available$' <<< "$out" && grep -q "GID ::ffff:$LPVM_VM_IP " <<< "$line" &&
+        grep -q "GID index $G (RoCE v2) chosen automatically" <<< "$line"
 }
 
 ibv_resources_before=""

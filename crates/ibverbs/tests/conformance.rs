@@ -68,7 +68,7 @@ fn main() {
             }
             println!(
                 "test result: ok. 0 passed; 0 failed; {} ignored; 0 measured; 0 filtered out",
-                selected.len() + 3 /* the bad-input cases need a device too */
+                selected.len() + 5 /* the cases after the suite need a device too */
             );
             return;
         }
@@ -94,6 +94,8 @@ fn main() {
         ("bad_device_name", bad_device_name as fn()),
         ("gid_index_out_of_range", gid_index_out_of_range),
         ("region_too_large", region_too_large),
+        ("registered_vec_takes_rdma", registered_vec_takes_rdma),
+        ("notify_fd_wakes_poll", notify_fd_wakes_poll),
     ];
     extra.retain(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f)));
     let total = selected.len() + extra.len();
@@ -128,7 +130,7 @@ fn main() {
             _ => {}
         }
     }
-    let all_len = all.len() + 3;
+    let all_len = all.len() + 5;
     let passed = total - failed.len() - expected_failures.len();
     if !expected_failures.is_empty() {
         println!(
@@ -211,4 +213,59 @@ fn region_too_large() {
     assert!(text.contains("70368744177664 bytes"), "{text}");
     let small = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).expect("a small region afterwards");
     assert_eq!(small.len(), 4096);
+}
+
+/// Application memory moved in with `reg_vec` is registered (in place, or copied where fork
+/// safety demands it) and takes a peer's RDMA WRITE and READ like any region.
+fn registered_vec_takes_rdma() {
+    use lightpath_verbs::conformance::harness::{pattern, read_region, Pair};
+    use lightpath_verbs::{AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, SendOp, SendWr, WcOpcode};
+    let pair = Pair::connected::<OneDevice>();
+    let initial = pattern(8192, 3);
+    let target = pair.b.pd.reg_vec(initial.clone(), AccessFlags::ALL).expect("reg_vec");
+    assert_eq!((target.len(), read_region(&target, 0, 8192)), (8192, initial.clone()));
+    let src = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+    src.write(0, &pattern(4096, 9)).expect("fill");
+    let remote = target.remote();
+    let op = SendOp::Write { remote_addr: remote.addr + 1000, rkey: remote.rkey };
+    pair.a.qp.post_send(&SendWr::new(1, op, &[src.sge(0, 4096)])).expect("post write");
+    let wc = pair.a.wait_one();
+    assert_eq!((wc.wr_id, wc.opcode, wc.status.is_success()), (1, WcOpcode::RdmaWrite, true), "{wc:?}");
+    assert_eq!(read_region(&target, 1000, 4096), pattern(4096, 9));
+    assert_eq!(read_region(&target, 0, 1000), initial[..1000].to_vec(), "bytes before the write changed");
+    let back = pair.a.alloc(100, AccessFlags::LOCAL_WRITE);
+    let op = SendOp::Read { remote_addr: remote.addr, rkey: remote.rkey };
+    pair.a.qp.post_send(&SendWr::new(2, op, &[back.sge(0, 100)])).expect("post read");
+    assert!(pair.a.wait_one().status.is_success());
+    assert_eq!(read_region(&back, 0, 100), initial[..100].to_vec());
+}
+
+/// The completion queue's fd becomes readable for poll(2) (as for epoll or tokio's AsyncFd)
+/// after `request_notify` once a completion arrives, and not before.
+fn notify_fd_wakes_poll() {
+    use lightpath_verbs::conformance::harness::Pair;
+    use lightpath_verbs::{
+        AccessFlags, CompletionQueue, MemoryRegion, QueuePair, SendOp, SendWr, WcOpcode, WcStatus,
+        WorkCompletion,
+    };
+    let pair = Pair::connected::<OneDevice>();
+    let cq = &pair.b.cq;
+    let fd = cq.notify_fd().expect("an fd");
+    let readable = |millis: i32| {
+        let mut pollfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pollfd, 1, millis) == 1 }
+    };
+    cq.request_notify().expect("arm");
+    assert!(!readable(50), "readable before any completion");
+    let inbox = pair.b.alloc(64, AccessFlags::LOCAL_WRITE);
+    let src = pair.a.alloc(64, AccessFlags::LOCAL_WRITE);
+    pair.b.post_recv(5, &inbox, 0, 64);
+    pair.a.qp.post_send(&SendWr::new(6, SendOp::Send, &[src.sge(0, 8)])).expect("post_send");
+    assert!(readable(30_000), "the fd did not become readable");
+    assert!(cq.take_notify().expect("take_notify"));
+    let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0)];
+    assert_eq!(cq.poll(&mut wc).expect("poll"), 1);
+    assert_eq!((wc[0].wr_id, wc[0].opcode), (5, WcOpcode::Recv));
+    assert!(!readable(0), "still readable after the notification was taken");
 }
