@@ -1,0 +1,715 @@
+//! The RDMA connection core: ring and credit accounting for one connection, sans I/O.
+//!
+//! Each side owns a *receive ring* (registered, remotely writable) and a *credit slot*; the
+//! peer's sender writes stream bytes into the ring with RDMA WRITE with immediate (one
+//! immediate per record, see [`crate::record`]) and the receiver returns space by writing its
+//! [`CreditWord`] into the sender's credit slot. The sender stages outgoing bytes in a local
+//! *staging ring* that mirrors the peer's ring byte for byte (stream position `p` lives at
+//! offset `p % ring_len` in both), so a record's bytes are written once into staging and
+//! posted from there.
+//!
+//! The core never touches memory or the network: the driver asks it for room
+//! ([`Conn::send_room`]), copies the application's bytes into staging itself, calls
+//! [`Conn::commit`], and posts whatever [`Conn::poll_op`] returns; it feeds completions back
+//! ([`Conn::on_recv`], [`Conn::on_send_complete`], [`Conn::on_credit_word`]) and reads
+//! received bytes where [`Conn::front`] says.
+//!
+//! # Credits without a round trip per message
+//!
+//! Two limits bound a sender: ring space (`ring_len − (committed − peer_consumed)`) and the
+//! receive requests the peer has posted (each WRITE with immediate uses one). The receiver
+//! reposts receives as soon as it sees completions and reports both totals with a plain RDMA
+//! WRITE of its credit word — which costs the sender nothing — whenever a quarter of the ring
+//! or of the receive queue has been returned, or the sender is running low. Only when a sender
+//! is actually blocked does it say so (a *starved notice*: a credit-slot write with immediate
+//! carrying its view of the counter it waits on), and only then does the receiver answer with
+//! a credit write *with* immediate, which wakes it: at once if the sender's view is stale (a
+//! plain credit write was still in flight), else when a quarter of the ring or half the
+//! receive queue can be returned. A wake-up is sent only when it gives the sender something
+//! new, so notices and wake-ups never feed each other. Three receive credits in each direction
+//! are reserved for control records (one notice, one wake-up and the close record can be
+//! outstanding at a time), so they always get through.
+//!
+//! # Batching (corking)
+//!
+//! With corking on, a record is posted at once when fewer than `cork_depth` records are in
+//! flight (so an idle connection adds no latency), and otherwise stays pending: later writes
+//! merge into it until a completion lets it go, so a busy connection sends few large records.
+
+use std::collections::VecDeque;
+
+use crate::credit::{Counter, CreditWord, CONSUMED_WIDTH, POSTED_WIDTH};
+use crate::record::{Imm, RecordKind, MAX_RECORD_LEN};
+
+/// Receive credits (in each direction) kept for control records.
+pub const RESERVED_RECVS: u64 = 3;
+/// Smallest receive queue a connection accepts.
+pub const MIN_RECV_DEPTH: u32 = 8;
+/// Smallest send queue a connection accepts (a record that wraps the ring takes two).
+pub const MIN_SEND_DEPTH: u32 = 8;
+
+/// Sizes agreed at set-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnConfig {
+    /// Bytes in this side's receive ring.
+    pub local_ring: u32,
+    /// Bytes in the peer's receive ring (and in this side's staging mirror).
+    pub peer_ring: u32,
+    /// Receive requests this side posts before the first record (and keeps posted).
+    pub local_recv_depth: u32,
+    /// Receive requests the peer posts before the first record.
+    pub peer_recv_depth: u32,
+    /// Send queue depth of this side's queue pair.
+    pub send_depth: u32,
+    /// Largest record this side sends (further limited by the peer's ring).
+    pub max_record: u32,
+    /// Records in flight before new ones are held back and merged; 0 turns corking off.
+    pub cork_depth: u32,
+}
+
+impl ConnConfig {
+    /// Checks the sizes: rings of at least 64 bytes, queues at least the minimums.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.local_ring < 64 || self.peer_ring < 64 {
+            return Err("rings must hold at least 64 bytes");
+        }
+        if self.local_recv_depth < MIN_RECV_DEPTH || self.peer_recv_depth < MIN_RECV_DEPTH {
+            return Err("receive queues must hold at least 8 requests");
+        }
+        if self.send_depth < MIN_SEND_DEPTH {
+            return Err("send queues must hold at least 8 requests");
+        }
+        Ok(())
+    }
+}
+
+/// A work request the driver must post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Post this many receive requests (no scatter entries: payloads land in the ring).
+    PostRecv {
+        /// How many.
+        count: u32,
+    },
+    /// RDMA WRITE of staging bytes `[pos, pos+len)` (offsets `pos % peer_ring`, never wrapping)
+    /// to the same offsets of the peer's ring, with an immediate if `imm` is set.
+    Write {
+        /// Work request id (a sequence number).
+        seq: u64,
+        /// Stream position of the first byte.
+        pos: u64,
+        /// Bytes.
+        len: u32,
+        /// Immediate, for the last part of a record.
+        imm: Option<u32>,
+        /// Ask for a completion.
+        signaled: bool,
+    },
+    /// RDMA WRITE of `word` into the peer's credit slot (inline), with an immediate if set.
+    Credit {
+        /// Work request id.
+        seq: u64,
+        /// The credit word.
+        word: CreditWord,
+        /// Immediate (a wake-up, starved notice or close).
+        imm: Option<u32>,
+        /// Ask for a completion.
+        signaled: bool,
+    },
+}
+
+/// A violation of the protocol by the peer; the connection cannot continue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// The immediate has an unknown kind.
+    BadImmediate(u32),
+    /// A record would overwrite bytes not yet consumed.
+    RingOverrun,
+    /// More records arrived than receives were posted.
+    TooManyRecords,
+    /// Bytes arrived after the peer's close record.
+    DataAfterClose,
+    /// A zero-length record that must carry bytes, or a byte count that disagrees with the
+    /// immediate.
+    BadLength,
+}
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProtocolError::BadImmediate(_) => "peer sent an immediate with an unknown record kind",
+            ProtocolError::RingOverrun => "peer wrote past the free space of the receive ring",
+            ProtocolError::TooManyRecords => "peer sent more records than receives were posted",
+            ProtocolError::DataAfterClose => "peer sent data after closing",
+            ProtocolError::BadLength => "peer sent a record whose length does not match",
+        })
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// What an arriving record changed, for the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Ring bytes (stream or message) became readable.
+    Bytes,
+    /// The peer rewrote this side's credit slot: read it and call [`Conn::on_credit_word`].
+    Credit,
+    /// The peer closed its sending side.
+    Closed,
+    /// A one-sided write's notification value.
+    Notify(u32),
+}
+
+/// The readable record at the head of the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Front {
+    /// Kind of the record.
+    pub kind: RecordKind,
+    /// Ring offset of the next unread byte.
+    pub offset: u32,
+    /// Bytes readable at `offset` without wrapping, within this record.
+    pub contiguous: u32,
+    /// Bytes left in this record.
+    pub left: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pending {
+    kind: RecordKind,
+    /// Stream position of the record's first byte.
+    pos: u64,
+    /// Record length (what the immediate says).
+    len: u32,
+    /// Bytes already posted (the first part of a record that wraps the ring).
+    posted: u32,
+}
+
+/// What a blocked peer waits for, with its view of the counter (mod 2^27).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PeerWants {
+    Bytes(u32),
+    Recvs(u32),
+}
+
+const VIEW_MASK: u64 = MAX_RECORD_LEN as u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CloseState {
+    Open,
+    Queued,
+    Sent,
+}
+
+/// One side of an RDMA stream connection.
+#[derive(Clone, Debug)]
+pub struct Conn {
+    config: ConnConfig,
+    next_seq: u64,
+    completed_seq: u64,
+    last_signaled: u64,
+    // Sending.
+    committed: u64,
+    peer_consumed: Counter,
+    peer_recvs: Counter,
+    imms_sent: u64,
+    pending: VecDeque<Pending>,
+    records_in_flight: VecDeque<u64>,
+    imms_in_flight: VecDeque<u64>,
+    force_flush: bool,
+    close: CloseState,
+    notice_wanted: Option<Imm>,
+    notice_outstanding: bool,
+    // Receiving.
+    head: u64,
+    tail: u64,
+    records: VecDeque<(RecordKind, u32)>,
+    reported_consumed: u64,
+    recvs_posted: u64,
+    recvs_reported: u64,
+    repost_pending: u32,
+    imms_received: u64,
+    peer_wants: Option<PeerWants>,
+    peer_closed: bool,
+    notifies: VecDeque<u32>,
+}
+
+impl Conn {
+    /// A connection whose initial receives (`local_recv_depth`) the driver posts itself
+    /// before the peer may send.
+    pub fn new(config: ConnConfig) -> Self {
+        Self {
+            config,
+            next_seq: 1,
+            completed_seq: 0,
+            last_signaled: 0,
+            committed: 0,
+            peer_consumed: Counter(0),
+            peer_recvs: Counter(u64::from(config.peer_recv_depth)),
+            imms_sent: 0,
+            pending: VecDeque::new(),
+            records_in_flight: VecDeque::new(),
+            imms_in_flight: VecDeque::new(),
+            force_flush: false,
+            close: CloseState::Open,
+            notice_wanted: None,
+            notice_outstanding: false,
+            head: 0,
+            tail: 0,
+            records: VecDeque::new(),
+            reported_consumed: 0,
+            recvs_posted: u64::from(config.local_recv_depth),
+            recvs_reported: u64::from(config.local_recv_depth),
+            repost_pending: 0,
+            imms_received: 0,
+            peer_wants: None,
+            peer_closed: false,
+            notifies: VecDeque::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConnConfig {
+        &self.config
+    }
+
+    // ---- sending -------------------------------------------------------------------------
+
+    fn peer_ring(&self) -> u64 {
+        u64::from(self.config.peer_ring)
+    }
+
+    fn max_record(&self) -> u32 {
+        self.config.max_record.min(self.config.peer_ring).clamp(1, MAX_RECORD_LEN)
+    }
+
+    /// Ring bytes the peer has room for, as far as this side knows.
+    pub fn ring_free(&self) -> u64 {
+        self.peer_ring() - (self.committed - self.peer_consumed.0)
+    }
+
+    /// Receive credits not yet spoken for (records pending or control records queued need
+    /// one each).
+    fn imms_available(&self) -> u64 {
+        let spoken = self.imms_sent
+            + self.pending.len() as u64
+            + u64::from(self.close == CloseState::Queued)
+            + u64::from(self.notice_wanted.is_some());
+        self.peer_recvs.0.saturating_sub(spoken)
+    }
+
+    fn mergeable(&self, kind: RecordKind) -> Option<&Pending> {
+        self.pending.back().filter(|last| {
+            kind == RecordKind::Data
+                && last.kind == RecordKind::Data
+                && last.posted == 0
+                && last.len < self.max_record()
+        })
+    }
+
+    /// How many bytes of a record of `kind` may be committed now (at most `want`), and the
+    /// staging offset where they start. `None` means no room; for a message part,
+    /// `Some((0, _))` means an empty record may be committed.
+    pub fn send_room(&self, kind: RecordKind, want: usize) -> Option<(u32, u32)> {
+        if self.close != CloseState::Open {
+            return None;
+        }
+        let free = self.ring_free();
+        let offset = (self.committed % self.peer_ring()) as u32;
+        let cap = match self.mergeable(kind) {
+            Some(last) => self.max_record() - last.len,
+            None if self.imms_available() > RESERVED_RECVS => self.max_record(),
+            None => return None,
+        };
+        let grant = (want as u64).min(free).min(u64::from(cap)) as u32;
+        if grant == 0 && (want > 0 || !kind.is_message()) {
+            return None;
+        }
+        Some((grant, offset))
+    }
+
+    /// Commits `len` staged bytes as (part of) a record of `kind`. The caller got the room
+    /// from [`Conn::send_room`] just before, with the same kind, and copied the bytes to the
+    /// staging offsets it named (wrapping at the end of the ring).
+    pub fn commit(&mut self, kind: RecordKind, len: u32) {
+        let pos = self.committed;
+        self.committed += u64::from(len);
+        if kind == RecordKind::Data && len == 0 {
+            return;
+        }
+        let max_record = self.max_record();
+        if let Some(last) = self.pending.back_mut() {
+            if kind == RecordKind::Data
+                && last.kind == RecordKind::Data
+                && last.posted == 0
+                && last.len < max_record
+            {
+                last.len += len;
+                return;
+            }
+        }
+        self.pending.push_back(Pending { kind, pos, len, posted: 0 });
+    }
+
+    /// Says that the application wants to send more but [`Conn::send_room`] refused: the
+    /// peer is told once (a starved notice) so that it wakes this side when there is room.
+    ///
+    /// Not while records are pending or any write with immediate is still in flight: their
+    /// completions wake this side anyway, and a notice sent only once the peer has seen every
+    /// earlier record lets the peer judge exactly what the sender is missing.
+    pub fn note_blocked(&mut self) {
+        if self.notice_outstanding
+            || self.notice_wanted.is_some()
+            || self.close != CloseState::Open
+            || !self.pending.is_empty()
+            || !self.imms_in_flight.is_empty()
+        {
+            return;
+        }
+        let notice = if self.ring_free() == 0 {
+            Imm::new(RecordKind::StarvedBytes, (self.peer_consumed.0 & VIEW_MASK) as u32)
+        } else {
+            Imm::new(RecordKind::StarvedRecvs, (self.peer_recvs.0 & VIEW_MASK) as u32)
+        };
+        self.notice_wanted = Some(notice);
+    }
+
+    /// Queues the close record (after everything committed). Idempotent.
+    pub fn shutdown(&mut self) {
+        if self.close == CloseState::Open {
+            self.close = CloseState::Queued;
+            self.notice_wanted = None;
+        }
+    }
+
+    /// Whether this side has sent (or queued) its close record.
+    pub fn is_shut_down(&self) -> bool {
+        self.close != CloseState::Open
+    }
+
+    /// Whether every committed byte and the close record (if any) have been posted, and every
+    /// posted request has completed.
+    pub fn is_flushed(&self) -> bool {
+        self.pending.is_empty()
+            && self.close != CloseState::Queued
+            && self.notice_wanted.is_none()
+            && self.completed_seq + 1 == self.next_seq
+    }
+
+    /// Whether records are waiting to be posted (held back by corking, the send queue or
+    /// receive credits).
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty() || self.close == CloseState::Queued
+    }
+
+    /// Total bytes committed (the stream position of the next byte).
+    pub fn bytes_committed(&self) -> u64 {
+        self.committed
+    }
+
+    /// Records (writes with immediate) posted so far, control records included.
+    pub fn records_sent(&self) -> u64 {
+        self.imms_sent
+    }
+
+    /// Posts corked records regardless of the cork depth (for `flush()` and close).
+    pub fn uncork(&mut self) {
+        if !self.pending.is_empty() {
+            self.force_flush = true;
+        }
+    }
+
+    fn sq_free(&self) -> u64 {
+        u64::from(self.config.send_depth).saturating_sub(self.next_seq - 1 - self.completed_seq)
+    }
+
+    fn take_seq(&mut self, force_signal: bool) -> (u64, bool) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // Signal at least every half queue, so a full send queue always has a completion
+        // coming that frees it.
+        let signaled = force_signal || seq - self.last_signaled >= u64::from(self.config.send_depth / 2);
+        if signaled {
+            self.last_signaled = seq;
+        }
+        (seq, signaled)
+    }
+
+    /// The next work request to post, if any. Call until `None` after every change.
+    pub fn poll_op(&mut self) -> Option<Op> {
+        if self.repost_pending > 0 {
+            let count = self.repost_pending;
+            self.repost_pending = 0;
+            self.recvs_posted += u64::from(count);
+            return Some(Op::PostRecv { count });
+        }
+        if self.sq_free() == 0 {
+            return None;
+        }
+        self.wake_op()
+            .or_else(|| self.record_op())
+            .or_else(|| self.control_op())
+            .or_else(|| self.silent_credit_op())
+    }
+
+    fn credit_word(&mut self) -> CreditWord {
+        self.reported_consumed = self.head;
+        self.recvs_reported = self.recvs_posted;
+        CreditWord::new(self.head, self.recvs_posted)
+    }
+
+    fn record_op(&mut self) -> Option<Op> {
+        let front = *self.pending.front()?;
+        let corked = front.posted == 0
+            && self.config.cork_depth > 0
+            && !self.force_flush
+            && self.records_in_flight.len() >= self.config.cork_depth as usize;
+        if corked || self.imms_sent >= self.peer_recvs.0 {
+            return None;
+        }
+        let ring = self.peer_ring();
+        let start = front.pos + u64::from(front.posted);
+        let left = front.len - front.posted;
+        let part = (ring - start % ring).min(u64::from(left)) as u32;
+        if part < left {
+            // The record wraps the ring: the first part goes without immediate, the rest (on
+            // the next call) carries it. Both need a send-queue slot.
+            if self.sq_free() < 2 {
+                return None;
+            }
+            let (seq, signaled) = self.take_seq(false);
+            if let Some(pending) = self.pending.front_mut() {
+                pending.posted += part;
+            }
+            return Some(Op::Write { seq, pos: start, len: part, imm: None, signaled });
+        }
+        self.pending.pop_front();
+        if self.pending.is_empty() {
+            self.force_flush = false;
+        }
+        let (seq, signaled) = self.take_seq(true);
+        self.records_in_flight.push_back(seq);
+        self.imms_in_flight.push_back(seq);
+        self.imms_sent += 1;
+        let imm = Imm::new(front.kind, front.len).encode();
+        Some(Op::Write { seq, pos: start, len: part, imm: Some(imm), signaled })
+    }
+
+    /// Close record and starved notice: credit-slot writes with immediate, after every record.
+    fn control_op(&mut self) -> Option<Op> {
+        if !self.pending.is_empty() || self.imms_sent >= self.peer_recvs.0 {
+            return None;
+        }
+        let imm = if self.close == CloseState::Queued {
+            self.close = CloseState::Sent;
+            Imm::new(RecordKind::Close, 0)
+        } else if let Some(notice) = self.notice_wanted.take() {
+            self.notice_outstanding = true;
+            notice
+        } else {
+            return None;
+        };
+        self.imms_sent += 1;
+        let word = self.credit_word();
+        let (seq, signaled) = self.take_seq(true);
+        self.imms_in_flight.push_back(seq);
+        Some(Op::Credit { seq, word, imm: Some(imm.encode()), signaled })
+    }
+
+    /// A credit write with immediate, when the peer waits for room that now exists.
+    fn wake_op(&mut self) -> Option<Op> {
+        let wants = self.peer_wants?;
+        let worth_it = match wants {
+            PeerWants::Bytes(view) => {
+                let gain = self.head.wrapping_sub(u64::from(view)) & VIEW_MASK;
+                gain > 0 && (gain >= u64::from(self.config.local_ring) / 4 || self.head == self.tail)
+            }
+            PeerWants::Recvs(view) => {
+                let gain = self.recvs_posted.wrapping_sub(u64::from(view)) & VIEW_MASK;
+                // The notice used one receive and the sender may owe one wake-up of its own;
+                // it needs more than the reserve beyond those.
+                gain >= u64::from(self.config.local_recv_depth / 2).max(RESERVED_RECVS + 3)
+            }
+        };
+        if !worth_it || self.imms_sent >= self.peer_recvs.0 {
+            return None;
+        }
+        self.peer_wants = None;
+        self.imms_sent += 1;
+        let word = self.credit_word();
+        let (seq, signaled) = self.take_seq(true);
+        self.imms_in_flight.push_back(seq);
+        Some(Op::Credit { seq, word, imm: Some(Imm::new(RecordKind::Credit, 0).encode()), signaled })
+    }
+
+    /// A plain credit write, when enough has been returned to be worth telling.
+    fn silent_credit_op(&mut self) -> Option<Op> {
+        let ring = u64::from(self.config.local_ring);
+        let depth = u64::from(self.config.local_recv_depth);
+        let freed = self.head - self.reported_consumed;
+        let unreported = self.recvs_posted - self.recvs_reported;
+        let peer_view = self.recvs_reported - self.imms_received;
+        let due = freed >= ring / 4 || unreported >= depth / 4 || (unreported > 0 && peer_view <= depth / 2);
+        if !due || (freed == 0 && unreported == 0) {
+            return None;
+        }
+        let word = self.credit_word();
+        let (seq, signaled) = self.take_seq(false);
+        Some(Op::Credit { seq, word, imm: None, signaled })
+    }
+
+    /// A signaled send request completed successfully (so did every earlier one).
+    pub fn on_send_complete(&mut self, seq: u64) {
+        if seq > self.completed_seq && seq < self.next_seq {
+            self.completed_seq = seq;
+        }
+        while self.records_in_flight.front().is_some_and(|&s| s <= self.completed_seq) {
+            self.records_in_flight.pop_front();
+        }
+        while self.imms_in_flight.front().is_some_and(|&s| s <= self.completed_seq) {
+            self.imms_in_flight.pop_front();
+        }
+    }
+
+    /// The local credit slot holds `word` (written by the peer). Returns whether it gave this
+    /// side more room.
+    pub fn on_credit_word(&mut self, word: CreditWord) -> bool {
+        let bytes = self.peer_consumed.advance(word.consumed, CONSUMED_WIDTH);
+        // A buggy or hostile peer cannot claim more than was sent.
+        if self.peer_consumed.0 > self.committed {
+            self.peer_consumed.0 = self.committed;
+        }
+        let recvs = self.peer_recvs.advance(word.recvs_posted, POSTED_WIDTH);
+        let progressed = bytes > 0 || recvs > 0;
+        if progressed {
+            self.notice_outstanding = false;
+        }
+        progressed
+    }
+
+    // ---- receiving -----------------------------------------------------------------------
+
+    /// A receive completed: the peer's record with immediate `imm` wrote `byte_len` bytes.
+    pub fn on_recv(&mut self, imm: u32, byte_len: u32) -> Result<Arrival, ProtocolError> {
+        let imm = Imm::decode(imm).map_err(|bad| ProtocolError::BadImmediate(bad.0))?;
+        if self.imms_received >= self.recvs_posted {
+            return Err(ProtocolError::TooManyRecords);
+        }
+        self.imms_received += 1;
+        self.repost_pending += 1;
+        match imm.kind {
+            RecordKind::Data | RecordKind::MsgPart | RecordKind::MsgEnd => {
+                if self.peer_closed {
+                    return Err(ProtocolError::DataAfterClose);
+                }
+                if byte_len > imm.len || (imm.len == 0 && imm.kind != RecordKind::MsgEnd) {
+                    return Err(ProtocolError::BadLength);
+                }
+                let ring = u64::from(self.config.local_ring);
+                if self.tail - self.head + u64::from(imm.len) > ring {
+                    return Err(ProtocolError::RingOverrun);
+                }
+                self.tail += u64::from(imm.len);
+                match self.records.back_mut() {
+                    Some((RecordKind::Data, len))
+                        if imm.kind == RecordKind::Data && *len <= u32::MAX - imm.len =>
+                    {
+                        *len += imm.len;
+                    }
+                    _ => self.records.push_back((imm.kind, imm.len)),
+                }
+                Ok(Arrival::Bytes)
+            }
+            RecordKind::Credit => {
+                self.notice_outstanding = false;
+                Ok(Arrival::Credit)
+            }
+            RecordKind::StarvedBytes => {
+                self.peer_wants = Some(PeerWants::Bytes(imm.len));
+                Ok(Arrival::Credit)
+            }
+            RecordKind::StarvedRecvs => {
+                self.peer_wants = Some(PeerWants::Recvs(imm.len));
+                Ok(Arrival::Credit)
+            }
+            RecordKind::Close => {
+                self.peer_closed = true;
+                Ok(Arrival::Closed)
+            }
+            RecordKind::Notify => {
+                self.notifies.push_back(imm.len);
+                Ok(Arrival::Notify(imm.len))
+            }
+        }
+    }
+
+    /// The record at the head of the ring, if any bytes (or an empty message end) are there.
+    pub fn front(&self) -> Option<Front> {
+        let &(kind, left) = self.records.front()?;
+        let ring = u64::from(self.config.local_ring);
+        let offset = self.head % ring;
+        let contiguous = (ring - offset).min(u64::from(left)) as u32;
+        Some(Front { kind, offset: offset as u32, contiguous, left })
+    }
+
+    /// Marks `n` bytes of the front record read (at most its `contiguous` bytes). A record
+    /// read to its end is dropped; returns `true` if that record was a message end.
+    pub fn consume(&mut self, n: u32) -> bool {
+        let Some((kind, left)) = self.records.front_mut() else { return false };
+        let n = n.min(*left);
+        *left -= n;
+        self.head += u64::from(n);
+        if *left == 0 {
+            let kind = *kind;
+            self.records.pop_front();
+            return kind == RecordKind::MsgEnd;
+        }
+        false
+    }
+
+    /// Ring bytes received and not yet read.
+    pub fn readable_bytes(&self) -> u64 {
+        self.tail - self.head
+    }
+
+    /// Whether the peer closed its side and everything before the close has been read.
+    pub fn at_eof(&self) -> bool {
+        self.peer_closed && self.records.is_empty()
+    }
+
+    /// Whether the peer's close record has arrived.
+    pub fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// Records received so far (every kind).
+    pub fn records_received(&self) -> u64 {
+        self.imms_received
+    }
+
+    /// The next notification from a one-sided write, if any.
+    pub fn take_notify(&mut self) -> Option<u32> {
+        self.notifies.pop_front()
+    }
+
+    /// Queues a notification record for a one-sided write the driver posts itself (the driver
+    /// must have checked [`Conn::can_notify`]). Returns the immediate to use and the sequence
+    /// number of the write.
+    pub fn notify_seq(&mut self, value: u32) -> (u32, u64) {
+        self.imms_sent += 1;
+        let (seq, _) = self.take_seq(true);
+        self.imms_in_flight.push_back(seq);
+        (Imm::new(RecordKind::Notify, value).encode(), seq)
+    }
+
+    /// A one-sided write of the driver's own (no immediate) needs a send-queue slot.
+    pub fn plain_seq(&mut self) -> Option<u64> {
+        (self.sq_free() > 0).then(|| self.take_seq(true).0)
+    }
+
+    /// Whether a notification record may be sent now (a send-queue slot and a receive credit
+    /// beyond the reserve).
+    pub fn can_notify(&self) -> bool {
+        self.sq_free() > 0 && self.imms_available() > RESERVED_RECVS
+    }
+}

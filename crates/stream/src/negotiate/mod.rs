@@ -1,0 +1,77 @@
+//! Negotiation: the messages two Lightpath endpoints exchange over their TCP connection to
+//! agree on a transport (an RDMA provider, or TCP) before any application byte moves.
+//!
+//! Byte layout (all integers big-endian):
+//!
+//! ```text
+//! client → server   CLIENT_MAGIC (8 bytes) then frames
+//! server → client   SERVER_MAGIC (8 bytes) then frames
+//! frame             type (u8) | body length (u16) | body
+//! ```
+//!
+//! The magics start with 0x89, a byte no text protocol begins with, so a plain TCP client
+//! that reaches a Lightpath listener is recognised by its first byte, and a Lightpath client
+//! that reaches any other server sees a reply that cannot be a server magic. See
+//! `docs/stream-protocol.md` for the sequence.
+
+mod endpoint;
+mod message;
+
+pub use endpoint::{ProviderId, RdmaEndpoint, ENDPOINT_LEN};
+pub use message::{FallbackReason, Message, MessageType, ParseError, MAX_BODY};
+
+/// What a Lightpath client sends first.
+pub const CLIENT_MAGIC: [u8; 8] = *b"\x89LPATH/C";
+/// What a Lightpath server sends first.
+pub const SERVER_MAGIC: [u8; 8] = *b"\x89LPATH/S";
+/// The protocol version this implementation speaks.
+pub const VERSION: u8 = 1;
+
+/// How a received prefix compares with an expected magic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MagicMatch {
+    /// All 8 bytes match.
+    Complete,
+    /// The bytes so far match; more are needed.
+    Partial,
+    /// A byte differs: the peer does not speak this protocol.
+    Mismatch,
+}
+
+/// Compares the bytes received so far with `magic`.
+pub fn match_magic(received: &[u8], magic: &[u8; 8]) -> MagicMatch {
+    let n = received.len().min(magic.len());
+    if received[..n] != magic[..n] {
+        MagicMatch::Mismatch
+    } else if n == magic.len() {
+        MagicMatch::Complete
+    } else {
+        MagicMatch::Partial
+    }
+}
+
+/// Picks the version both sides speak: the highest in both ranges.
+pub fn pick_version(peer_min: u8, peer_max: u8) -> Option<u8> {
+    (peer_min <= VERSION && VERSION <= peer_max).then_some(VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn magic_matching() {
+        assert_eq!(match_magic(b"", &CLIENT_MAGIC), MagicMatch::Partial);
+        assert_eq!(match_magic(b"\x89LP", &CLIENT_MAGIC), MagicMatch::Partial);
+        assert_eq!(match_magic(&CLIENT_MAGIC, &CLIENT_MAGIC), MagicMatch::Complete);
+        assert_eq!(match_magic(b"GET / HTTP/1.1\r\n", &CLIENT_MAGIC), MagicMatch::Mismatch);
+        assert_eq!(match_magic(&CLIENT_MAGIC, &SERVER_MAGIC), MagicMatch::Mismatch);
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(pick_version(1, 1), Some(1));
+        assert_eq!(pick_version(0, 3), Some(1));
+        assert_eq!(pick_version(2, 3), None);
+    }
+}
