@@ -412,6 +412,14 @@ impl Conn {
         self.imms_sent
     }
 
+    /// Turns corking on (records in flight before new ones are held back) or off (0).
+    pub fn set_cork_depth(&mut self, depth: u32) {
+        self.config.cork_depth = depth;
+        if depth == 0 {
+            self.uncork();
+        }
+    }
+
     /// Posts corked records regardless of the cork depth (for `flush()` and close).
     pub fn uncork(&mut self) {
         if !self.pending.is_empty() {

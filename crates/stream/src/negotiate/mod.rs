@@ -18,7 +18,7 @@ mod endpoint;
 mod message;
 
 pub use endpoint::{ProviderId, RdmaEndpoint, ENDPOINT_LEN};
-pub use message::{FallbackReason, Message, MessageType, ParseError, MAX_BODY};
+pub use message::{Choice, FallbackReason, Message, MessageType, ParseError, MAX_BODY};
 
 /// What a Lightpath client sends first.
 pub const CLIENT_MAGIC: [u8; 8] = *b"\x89LPATH/C";

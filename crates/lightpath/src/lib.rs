@@ -1,0 +1,45 @@
+//! Lightpath's socket-like API: programs written for TCP sockets move to RDMA with a few
+//! lines changed.
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//!
+//! let listener = lightpath::Listener::bind("127.0.0.1:7000")?;
+//! std::thread::spawn(move || {
+//!     let (mut stream, _) = listener.accept().unwrap();
+//!     let mut buf = [0u8; 5];
+//!     stream.read_exact(&mut buf).unwrap();
+//!     stream.write_all(&buf).unwrap();
+//! });
+//! let mut stream = lightpath::Stream::connect("127.0.0.1:7000")?;
+//! stream.write_all(b"hello")?;
+//! let mut echo = [0u8; 5];
+//! stream.read_exact(&mut echo)?;
+//! println!("{:?} over {}", echo, stream.transport());
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! A connection starts as a kernel TCP connection to the given address. The two sides
+//! negotiate over it ([`lightpath_stream::negotiate`]) and, if both have a usable RDMA path,
+//! move their data over an RC queue pair (RDMA WRITE with immediate into the peer's receive
+//! ring, credits returned by plain RDMA WRITEs; see `docs/stream-protocol.md`). Otherwise the
+//! same TCP connection carries the data, and [`Stream::transport`] says why. The TCP
+//! connection stays open as the liveness channel: a peer that dies is noticed within
+//! milliseconds, not after RDMA retries.
+//!
+//! Providers: the soft RoCE v2 provider today; the provider enum
+//! ([`lightpath_stream::negotiate::ProviderId`]) already names ibverbs and shm so they slot in.
+
+mod error;
+mod listener;
+mod negotiate;
+pub mod options;
+mod rdma;
+mod soft_device;
+mod stream;
+mod tcp;
+
+pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
+pub use listener::Listener;
+pub use options::Options;
+pub use stream::{Stream, Transport};

@@ -1,0 +1,308 @@
+//! The blocking negotiation over a fresh TCP connection (see `docs/stream-protocol.md`):
+//! the client offers providers, the server picks one and both set up queue pairs, the client
+//! probes the RDMA path, and on any failure both sides keep the TCP connection for the data.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use lightpath_soft::SoftDevice;
+use lightpath_stream::negotiate::{
+    match_magic, pick_version, Choice, FallbackReason, MagicMatch, Message, ProviderId, CLIENT_MAGIC,
+    SERVER_MAGIC, VERSION,
+};
+use lightpath_verbs::Mtu;
+
+use crate::error::invalid;
+use crate::options::Options;
+use crate::rdma::{RdmaConn, RdmaSetup};
+use crate::soft_device::{device_for, DeviceKey};
+use crate::Transport;
+
+/// How a negotiation ended.
+pub(crate) enum Negotiated {
+    /// RDMA over the soft provider.
+    Soft(Box<RdmaConn<SoftDevice>>),
+    /// Data over the TCP connection.
+    Tcp { tcp: TcpStream, framed: bool, prefix: Vec<u8>, transport: Transport },
+}
+
+fn tcp_outcome(tcp: TcpStream, reason: FallbackReason) -> Negotiated {
+    let framed = reason != FallbackReason::VersionMismatch;
+    let transport = if framed { Transport::Tcp(reason) } else { Transport::PlainTcp };
+    Negotiated::Tcp { tcp, framed, prefix: Vec::new(), transport }
+}
+
+/// Reads from `tcp` until one message parses; `what` names the peer in errors.
+fn read_message(tcp: &mut TcpStream, pending: &mut Vec<u8>) -> io::Result<Message> {
+    let mut chunk = [0u8; 1024];
+    loop {
+        match Message::parse(pending) {
+            Ok(Some((message, used))) => {
+                pending.drain(..used);
+                return Ok(message);
+            }
+            Ok(None) => {}
+            Err(err) => return Err(invalid(format!("negotiation: {err}"))),
+        }
+        let n = match tcp.read(&mut chunk) {
+            Ok(n) => n,
+            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "lightpath: the peer stopped answering during negotiation",
+                ))
+            }
+            Err(err) => return Err(err),
+        };
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "lightpath: the peer closed the connection during negotiation",
+            ));
+        }
+        pending.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn send(tcp: &mut TcpStream, message: &Message) -> io::Result<()> {
+    tcp.write_all(&message.to_bytes())
+}
+
+/// Identifies this host for same-host providers (zeros when unknown).
+fn host_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            let digit = |b: u8| (b as char).to_digit(16).unwrap_or(0) as u8;
+            id[i] = digit(pair[0]) << 4 | pair.get(1).map_or(0, |&b| digit(b));
+        }
+    }
+    id
+}
+
+/// The soft device and verbs objects for this connection.
+fn soft_setup(tcp: &TcpStream, options: &Options) -> io::Result<RdmaSetup<SoftDevice>> {
+    let key = DeviceKey::for_connection(tcp.local_addr()?, tcp.peer_addr()?);
+    let device = device_for(key, options)?;
+    let port = device.local_addr().port();
+    let mtu = device.config().mtu;
+    RdmaSetup::new(device, port, mtu.min(Mtu::Mtu4096), options)
+}
+
+/// The client side, on a connected TCP stream.
+pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negotiated> {
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(options.handshake_timeout))?;
+    let (min_version, max_version) = options.fault_versions.unwrap_or((VERSION, VERSION));
+    let providers: Vec<ProviderId> =
+        options.providers.iter().copied().filter(|p| *p == ProviderId::Soft).collect();
+    let hello = Message::ClientHello { min_version, max_version, providers, host_id: host_id() };
+    let mut out = CLIENT_MAGIC.to_vec();
+    hello.emit(&mut out);
+    tcp.write_all(&out)?;
+
+    let mut magic = Vec::with_capacity(8);
+    let mut byte = [0u8; 8];
+    while magic.len() < 8 {
+        let n = match tcp.read(&mut byte[..8 - magic.len()]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    "lightpath: the server closed the connection without answering: it is not a Lightpath listener",
+                ))
+            }
+            Ok(n) => n,
+            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "lightpath: no Lightpath answer within {:?}: the server is not a Lightpath listener (or is stuck)",
+                        options.handshake_timeout
+                    ),
+                ))
+            }
+            Err(err) => return Err(err),
+        };
+        magic.extend_from_slice(&byte[..n]);
+        match match_magic(&magic, &SERVER_MAGIC) {
+            MagicMatch::Mismatch if match_magic(&magic, &CLIENT_MAGIC) != MagicMatch::Mismatch => {
+                return Err(invalid("the server echoed the hello back: it is not a Lightpath listener"))
+            }
+            MagicMatch::Mismatch => {
+                let shown = String::from_utf8_lossy(&magic).escape_debug().to_string();
+                return Err(invalid(format!("the server is not a Lightpath listener (it sent \"{shown}\")")));
+            }
+            _ => {}
+        }
+    }
+    let mut pending = Vec::new();
+    let choice = match read_message(&mut tcp, &mut pending)? {
+        Message::ServerHello { choice, .. } => choice,
+        Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
+        other => return Err(invalid(format!("expected the server's hello, got {:?}", other.message_type()))),
+    };
+    let (provider, server_endpoint) = match choice {
+        Choice::Tcp(reason) => return finish_tcp(tcp, reason),
+        Choice::Rdma(provider, endpoint) => (provider, endpoint),
+    };
+    if provider != ProviderId::Soft {
+        send(
+            &mut tcp,
+            &Message::Fallback { reason: FallbackReason::NoCommonProvider, detail: String::new() },
+        )?;
+        return finish_tcp(tcp, FallbackReason::NoCommonProvider);
+    }
+    let setup = match soft_setup(&tcp, options) {
+        Ok(setup) => setup,
+        Err(err) => {
+            send(&mut tcp, &Message::Fallback { reason: FallbackReason::NoDevice, detail: err.to_string() })?;
+            return finish_tcp(tcp, FallbackReason::NoDevice);
+        }
+    };
+    let endpoint = setup.endpoint();
+    let mut conn = match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone)) {
+        Ok(conn) => conn,
+        Err(err) => {
+            send(
+                &mut tcp,
+                &Message::Fallback { reason: FallbackReason::SetupFailed, detail: err.to_string() },
+            )?;
+            return finish_tcp(tcp, FallbackReason::SetupFailed);
+        }
+    };
+    send(&mut tcp, &Message::Connect(endpoint))?;
+    match read_message(&mut tcp, &mut pending)? {
+        Message::Ready => {}
+        Message::Fallback { reason, .. } => return finish_tcp(tcp, reason),
+        Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
+        other => return Err(invalid(format!("expected Ready, got {:?}", other.message_type()))),
+    }
+    if let Err(err) = conn.probe(options.probe_timeout) {
+        drop(conn);
+        send(&mut tcp, &Message::Fallback { reason: FallbackReason::PathFailed, detail: err.to_string() })?;
+        return finish_tcp(tcp, FallbackReason::PathFailed);
+    }
+    send(&mut tcp, &Message::Confirm)?;
+    conn.activate()?;
+    Ok(Negotiated::Soft(Box::new(conn)))
+}
+
+fn finish_tcp(tcp: TcpStream, reason: FallbackReason) -> io::Result<Negotiated> {
+    tcp.set_read_timeout(None)?;
+    Ok(tcp_outcome(tcp, reason))
+}
+
+/// What a listener does with a new TCP connection.
+pub(crate) enum Accepted {
+    /// A stream for the application.
+    Stream(Negotiated),
+    /// Nothing (the client went away or spoke garbage); the reason, for logs.
+    Dropped(io::Error),
+}
+
+/// The server side, on an accepted TCP stream.
+pub(crate) fn server(mut tcp: TcpStream, options: &Options) -> Accepted {
+    match server_inner(&mut tcp, options) {
+        Ok(Some(negotiated)) => Accepted::Stream(negotiated),
+        Ok(None) => Accepted::Dropped(io::Error::other("unreachable")),
+        Err(err) => {
+            if err.kind() == io::ErrorKind::InvalidData {
+                let _ = send(&mut tcp, &Message::Error(err.to_string()));
+            }
+            Accepted::Dropped(err)
+        }
+    }
+}
+
+fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Negotiated>> {
+    tcp.set_nodelay(true)?;
+    // Is this a Lightpath client? Read the magic; any other first byte is a plain client.
+    let mut prefix = Vec::with_capacity(8);
+    let started = Instant::now();
+    let mut buf = [0u8; 8];
+    while prefix.len() < 8 {
+        let left = options.plain_client_wait.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
+        tcp.set_read_timeout(Some(left))?;
+        match tcp.read(&mut buf[..8 - prefix.len()]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "client left before speaking")),
+            Ok(n) => prefix.extend_from_slice(&buf[..n]),
+            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                // A client that waits for the server to speak first: plain TCP.
+                tcp.set_read_timeout(None)?;
+                return Ok(Some(plain(tcp, prefix)?));
+            }
+            Err(err) => return Err(err),
+        }
+        if match_magic(&prefix, &CLIENT_MAGIC) == MagicMatch::Mismatch {
+            tcp.set_read_timeout(None)?;
+            return Ok(Some(plain(tcp, prefix)?));
+        }
+    }
+    tcp.set_read_timeout(Some(options.handshake_timeout))?;
+    let mut pending = Vec::new();
+    let (min_version, max_version, offered) = match read_message(tcp, &mut pending)? {
+        Message::ClientHello { min_version, max_version, providers, .. } => {
+            (min_version, max_version, providers)
+        }
+        other => return Err(invalid(format!("expected a client hello, got {:?}", other.message_type()))),
+    };
+    let mut out = SERVER_MAGIC.to_vec();
+    let Some(version) = pick_version(min_version, max_version) else {
+        Message::ServerHello { version: VERSION, choice: Choice::Tcp(FallbackReason::VersionMismatch) }
+            .emit(&mut out);
+        tcp.write_all(&out)?;
+        return finish_tcp(tcp.try_clone()?, FallbackReason::VersionMismatch).map(Some);
+    };
+    let chosen = options.providers.iter().copied().find(|p| offered.contains(p));
+    let fallback = |reason| Message::ServerHello { version, choice: Choice::Tcp(reason) };
+    let setup = match chosen {
+        None if options.providers.is_empty() || offered.is_empty() => Err(FallbackReason::Disabled),
+        None => Err(FallbackReason::NoCommonProvider),
+        Some(ProviderId::Soft) => soft_setup(tcp, options).map_err(|_| FallbackReason::NoDevice),
+        Some(_) => Err(FallbackReason::NoDevice),
+    };
+    let setup = match setup {
+        Ok(setup) => setup,
+        Err(reason) => {
+            fallback(reason).emit(&mut out);
+            tcp.write_all(&out)?;
+            return finish_tcp(tcp.try_clone()?, reason).map(Some);
+        }
+    };
+    Message::ServerHello { version, choice: Choice::Rdma(ProviderId::Soft, setup.endpoint()) }.emit(&mut out);
+    tcp.write_all(&out)?;
+    let client_endpoint = match read_message(tcp, &mut pending)? {
+        Message::Connect(endpoint) => endpoint,
+        Message::Fallback { reason, .. } => return finish_tcp(tcp.try_clone()?, reason).map(Some),
+        other => return Err(invalid(format!("expected Connect, got {:?}", other.message_type()))),
+    };
+    let mut conn = match setup.connect(&client_endpoint, tcp.try_clone()?) {
+        Ok(conn) => conn,
+        Err(err) => {
+            send(tcp, &Message::Fallback { reason: FallbackReason::SetupFailed, detail: err.to_string() })?;
+            return finish_tcp(tcp.try_clone()?, FallbackReason::SetupFailed).map(Some);
+        }
+    };
+    send(tcp, &Message::Ready)?;
+    // The probe may take up to the client's probe timeout.
+    tcp.set_read_timeout(Some(options.handshake_timeout + options.probe_timeout))?;
+    match read_message(tcp, &mut pending)? {
+        Message::Confirm => {}
+        Message::Fallback { reason, .. } => {
+            drop(conn);
+            return finish_tcp(tcp.try_clone()?, reason).map(Some);
+        }
+        other => return Err(invalid(format!("expected Confirm, got {:?}", other.message_type()))),
+    }
+    if !pending.is_empty() {
+        return Err(invalid("the client sent data before the connection was set up"));
+    }
+    conn.activate()?;
+    Ok(Some(Negotiated::Soft(Box::new(conn))))
+}
+
+fn plain(tcp: &TcpStream, prefix: Vec<u8>) -> io::Result<Negotiated> {
+    Ok(Negotiated::Tcp { tcp: tcp.try_clone()?, framed: false, prefix, transport: Transport::PlainTcp })
+}

@@ -1,0 +1,118 @@
+//! Knobs of a connection or listener, with defaults that suit most programs.
+
+use std::time::Duration;
+
+use lightpath_soft::ProgressMode;
+use lightpath_stream::negotiate::ProviderId;
+
+/// How a connection is set up and sized. `Options::default()` reads `LIGHTPATH_PROVIDERS`
+/// (a comma-separated list such as `soft` or `tcp`; `tcp` alone turns RDMA off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// RDMA providers to offer or accept, best first; empty means TCP only.
+    pub providers: Vec<ProviderId>,
+    /// Bytes in this side's receive ring (the peer's staging mirrors it). Bounded memory per
+    /// connection is about twice this (ring plus staging for the other direction).
+    pub ring_size: u32,
+    /// Receive requests kept posted.
+    pub recv_depth: u32,
+    /// Send queue depth.
+    pub send_depth: u32,
+    /// How long a client waits for the server's negotiation answers.
+    pub handshake_timeout: Duration,
+    /// How long a listener waits for a new client's first byte before treating it as a plain
+    /// TCP client (one that waits for the server to speak first).
+    pub plain_client_wait: Duration,
+    /// How long a client waits for its RDMA probe to complete before falling back to TCP.
+    pub probe_timeout: Duration,
+    /// How long dropping a stream may wait for its last writes to be acknowledged.
+    pub linger: Duration,
+    /// How long a blocked read or write busy-polls before it sleeps.
+    pub spin: Duration,
+    /// Progress mode of the soft device the first connection opens.
+    pub soft_progress: ProgressMode,
+    /// UDP port of the soft device (both sides must use the same; default 4791).
+    pub soft_udp_port: u16,
+    /// Start with corking off (see [`crate::Stream::set_nodelay`]).
+    pub nodelay: bool,
+    /// Test hook: advertise an RDMA address nothing listens on, as a firewall that drops UDP
+    /// would make it.
+    #[doc(hidden)]
+    pub fault_blackhole_rdma: bool,
+    /// Test hook: offer this protocol version range instead of the real one.
+    #[doc(hidden)]
+    pub fault_versions: Option<(u8, u8)>,
+}
+
+/// Parses a provider list as `LIGHTPATH_PROVIDERS` spells it.
+pub fn parse_providers(text: &str) -> Result<Vec<ProviderId>, String> {
+    let mut providers = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "soft" => providers.push(ProviderId::Soft),
+            "ibverbs" => providers.push(ProviderId::Ibverbs),
+            "shm" => providers.push(ProviderId::Shm),
+            "tcp" | "none" => {}
+            other => return Err(format!("unknown provider {other:?} (soft, ibverbs, shm, tcp)")),
+        }
+    }
+    Ok(providers)
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let providers = std::env::var("LIGHTPATH_PROVIDERS")
+            .ok()
+            .and_then(|text| parse_providers(&text).ok())
+            .unwrap_or_else(|| vec![ProviderId::Soft]);
+        Self {
+            providers,
+            ring_size: 256 << 10,
+            recv_depth: 64,
+            send_depth: 64,
+            handshake_timeout: Duration::from_secs(5),
+            plain_client_wait: Duration::from_secs(2),
+            probe_timeout: Duration::from_secs(3),
+            linger: Duration::from_secs(10),
+            spin: Duration::from_micros(50),
+            soft_progress: ProgressMode::Thread,
+            soft_udp_port: lightpath_soft::ROCE_PORT,
+            nodelay: true,
+            fault_blackhole_rdma: false,
+            fault_versions: None,
+        }
+    }
+}
+
+impl Options {
+    /// TCP only: no RDMA provider is offered or accepted.
+    pub fn tcp_only() -> Self {
+        Self { providers: Vec::new(), ..Self::default() }
+    }
+
+    /// The given providers, best first.
+    pub fn with_providers(mut self, providers: &[ProviderId]) -> Self {
+        self.providers = providers.to_vec();
+        self
+    }
+
+    /// A receive ring of `bytes` (at least 4 KiB; rounded to 64 bytes).
+    pub fn with_ring_size(mut self, bytes: u32) -> Self {
+        self.ring_size = bytes.max(4096) & !63;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_lists() {
+        assert_eq!(parse_providers("soft"), Ok(vec![ProviderId::Soft]));
+        assert_eq!(parse_providers("shm, soft"), Ok(vec![ProviderId::Shm, ProviderId::Soft]));
+        assert_eq!(parse_providers("tcp"), Ok(vec![]));
+        assert!(parse_providers("rxe").is_err());
+        assert_eq!(Options::default().with_ring_size(100).ring_size, 4096);
+    }
+}

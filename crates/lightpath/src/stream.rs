@@ -1,0 +1,295 @@
+//! [`Stream`]: a connected Lightpath stream, used like `std::net::TcpStream`.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use lightpath_soft::SoftDevice;
+use lightpath_stream::negotiate::{FallbackReason, ProviderId};
+
+use crate::negotiate::{self, Negotiated};
+use crate::options::Options;
+use crate::rdma::{Deadline, RdmaConn};
+use crate::tcp::TcpConn;
+
+/// Which transport carries a stream's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// RDMA with this provider (the TCP connection only watches liveness).
+    Rdma(ProviderId),
+    /// The TCP connection, with a Lightpath peer that could not use RDMA (and why).
+    Tcp(FallbackReason),
+    /// The TCP connection, raw: the peer does not speak Lightpath (or no common version).
+    PlainTcp,
+}
+
+impl Transport {
+    /// Whether data moves over RDMA.
+    pub fn is_rdma(self) -> bool {
+        matches!(self, Transport::Rdma(_))
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Rdma(provider) => write!(f, "rdma/{}", provider.name()),
+            Transport::Tcp(reason) => write!(f, "tcp (fallback: {})", reason.describe()),
+            Transport::PlainTcp => f.write_str("tcp (plain peer)"),
+        }
+    }
+}
+
+pub(crate) enum Backend {
+    Soft(Box<RdmaConn<SoftDevice>>),
+    Tcp(TcpConn),
+}
+
+/// A connected stream: bytes (`Read`/`Write`) or messages ([`Stream::send_msg`] /
+/// [`Stream::recv_msg`]), over RDMA when both sides can, else over the TCP connection the
+/// stream started as. A stream carries either bytes or messages: the framing is the
+/// application's contract, as with `SOCK_STREAM` versus `SOCK_SEQPACKET`.
+///
+/// Dropping a stream closes it cleanly: it sends what was written, waits (at most
+/// `Options::linger`) for the peer to acknowledge it, then closes the TCP connection.
+pub struct Stream {
+    backend: Backend,
+    transport: Transport,
+    local: SocketAddr,
+    peer: SocketAddr,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+    nonblocking: bool,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("transport", &self.transport)
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Connects to a Lightpath listener at `addr` with default options.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<Stream> {
+        Self::connect_with(addr, &Options::default())
+    }
+
+    /// Connects with the given options.
+    pub fn connect_with(addr: impl ToSocketAddrs, options: &Options) -> io::Result<Stream> {
+        let tcp = TcpStream::connect(addr)?;
+        Self::negotiate_client(tcp, options)
+    }
+
+    /// Connects, giving up on the TCP connect after `timeout`.
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration, options: &Options) -> io::Result<Stream> {
+        let tcp = TcpStream::connect_timeout(addr, timeout)?;
+        Self::negotiate_client(tcp, options)
+    }
+
+    /// Runs the client side of the negotiation on a TCP connection made by the caller.
+    pub fn negotiate_client(tcp: TcpStream, options: &Options) -> io::Result<Stream> {
+        let negotiated = negotiate::client(tcp, options)?;
+        Self::from_negotiated(negotiated)
+    }
+
+    pub(crate) fn from_negotiated(negotiated: Negotiated) -> io::Result<Stream> {
+        let (backend, transport) = match negotiated {
+            Negotiated::Soft(conn) => (Backend::Soft(conn), Transport::Rdma(ProviderId::Soft)),
+            Negotiated::Tcp { tcp, framed, prefix, transport } => {
+                (Backend::Tcp(TcpConn::new(tcp, framed, prefix)), transport)
+            }
+        };
+        let tcp = match &backend {
+            Backend::Soft(conn) => conn.tcp(),
+            Backend::Tcp(conn) => conn.tcp(),
+        };
+        let (local, peer) = (tcp.local_addr()?, tcp.peer_addr()?);
+        Ok(Stream {
+            backend,
+            transport,
+            local,
+            peer,
+            read_timeout: None,
+            write_timeout: None,
+            nonblocking: false,
+        })
+    }
+
+    /// Which transport carries the data.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The peer's address (of the TCP connection).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.peer)
+    }
+
+    /// This side's address (of the TCP connection).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    fn read_deadline(&self) -> Deadline {
+        if self.nonblocking {
+            Deadline::Now
+        } else {
+            Deadline::after(self.read_timeout)
+        }
+    }
+
+    fn write_deadline(&self) -> Deadline {
+        if self.nonblocking {
+            Deadline::Now
+        } else {
+            Deadline::after(self.write_timeout)
+        }
+    }
+
+    /// Sets the read timeout (`None`: block forever). Reads that time out return
+    /// `TimedOut` (RDMA) or what the OS returns (TCP).
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        if timeout == Some(Duration::ZERO) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
+        }
+        self.read_timeout = timeout;
+        if let Backend::Tcp(conn) = &self.backend {
+            conn.tcp().set_read_timeout(timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the write timeout.
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        if timeout == Some(Duration::ZERO) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
+        }
+        self.write_timeout = timeout;
+        if let Backend::Tcp(conn) = &self.backend {
+            conn.tcp().set_write_timeout(timeout)?;
+        }
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        self.read_timeout
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        self.write_timeout
+    }
+
+    /// Nonblocking mode: calls that would wait return `WouldBlock` instead.
+    pub fn set_nonblocking(&mut self, nonblocking: bool) -> io::Result<()> {
+        self.nonblocking = nonblocking;
+        if let Backend::Tcp(conn) = &self.backend {
+            conn.tcp().set_nonblocking(nonblocking)?;
+        }
+        Ok(())
+    }
+
+    /// Turns corking off (`true`, the default: every write is posted at once) or on (writes
+    /// made while earlier ones are in flight are merged and posted as they complete; call
+    /// `flush` before going idle). Over TCP this is `TCP_NODELAY`.
+    pub fn set_nodelay(&mut self, nodelay: bool) -> io::Result<()> {
+        match &mut self.backend {
+            Backend::Soft(conn) => {
+                conn.set_cork(!nodelay);
+                Ok(())
+            }
+            Backend::Tcp(conn) => conn.tcp().set_nodelay(nodelay),
+        }
+    }
+
+    /// Shuts down reading, writing or both, as `TcpStream::shutdown`: after `Write` the peer
+    /// reads end of stream once it has read everything written before.
+    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+        match &mut self.backend {
+            Backend::Soft(conn) => {
+                if matches!(how, Shutdown::Read | Shutdown::Both) {
+                    conn.shutdown_read();
+                }
+                if matches!(how, Shutdown::Write | Shutdown::Both) {
+                    conn.shutdown_write()?;
+                }
+                Ok(())
+            }
+            Backend::Tcp(conn) => {
+                if matches!(how, Shutdown::Read | Shutdown::Both) {
+                    conn.shutdown_read();
+                }
+                if matches!(how, Shutdown::Write | Shutdown::Both) {
+                    conn.shutdown_write()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends one message; the peer's [`Stream::recv_msg`] returns it whole.
+    pub fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
+        let deadline = self.write_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.send_msg(msg, deadline),
+            Backend::Tcp(conn) => conn.send_msg(msg),
+        }
+    }
+
+    /// Receives one message; `Ok(None)` once the peer has closed.
+    pub fn recv_msg(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let deadline = self.read_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.recv_msg(deadline),
+            Backend::Tcp(conn) => conn.recv_msg(),
+        }
+    }
+
+    pub(crate) fn backend_mut(&mut self) -> &mut Backend {
+        &mut self.backend
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let deadline = self.read_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.read(buf, deadline),
+            Backend::Tcp(conn) => conn.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let deadline = self.write_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.write(buf, deadline),
+            Backend::Tcp(conn) => conn.write(buf),
+        }
+    }
+
+    /// Waits until the peer has acknowledged everything written (RDMA), or flushes the
+    /// socket (TCP).
+    fn flush(&mut self) -> io::Result<()> {
+        let deadline = self.write_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.flush(deadline),
+            Backend::Tcp(conn) => conn.flush(),
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.close(),
+            Backend::Tcp(conn) => conn.close(),
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Data over the TCP connection itself: framed records between two Lightpath peers (the
+//! fallback), or raw bytes with a peer that does not speak Lightpath.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+
+use lightpath_stream::frame::{FrameHeader, FrameNeed, FrameReader, HEADER_LEN, MAX_FRAME_LEN};
+use lightpath_stream::RecordKind;
+
+use crate::error::{invalid, reset};
+
+/// A TCP transport.
+#[derive(Debug)]
+pub(crate) struct TcpConn {
+    tcp: TcpStream,
+    /// Records (both peers speak Lightpath) or raw bytes.
+    framed: bool,
+    /// Bytes read before the transport was chosen (a plain client's first bytes).
+    prefix: Vec<u8>,
+    reader: FrameReader,
+    /// Header bytes of the current outgoing record not yet written.
+    header_out: Vec<u8>,
+    /// Payload bytes the current outgoing data record still expects.
+    payload_left: u32,
+    read_shut: bool,
+    write_closed: bool,
+    message: Vec<u8>,
+}
+
+impl TcpConn {
+    pub(crate) fn new(tcp: TcpStream, framed: bool, prefix: Vec<u8>) -> Self {
+        Self {
+            tcp,
+            framed,
+            prefix,
+            reader: FrameReader::default(),
+            header_out: Vec::new(),
+            payload_left: 0,
+            read_shut: false,
+            write_closed: false,
+            message: Vec::new(),
+        }
+    }
+
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    fn vanished() -> io::Error {
+        reset("the peer vanished (its TCP connection ended without a clean close)")
+    }
+
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() || self.read_shut {
+            return Ok(0);
+        }
+        if !self.prefix.is_empty() {
+            let n = buf.len().min(self.prefix.len());
+            buf[..n].copy_from_slice(&self.prefix[..n]);
+            self.prefix.drain(..n);
+            return Ok(n);
+        }
+        if !self.framed {
+            return self.tcp.read(buf);
+        }
+        loop {
+            match self.reader.need() {
+                FrameNeed::Closed => return Ok(0),
+                FrameNeed::Header => {
+                    let n = self.tcp.read(self.reader.header_space())?;
+                    if n == 0 {
+                        return Err(Self::vanished());
+                    }
+                    self.reader.header_filled(n).map_err(invalid)?;
+                }
+                FrameNeed::Payload(RecordKind::Data, left) => {
+                    let want = buf.len().min(left as usize);
+                    let n = self.tcp.read(&mut buf[..want])?;
+                    if n == 0 {
+                        return Err(Self::vanished());
+                    }
+                    self.reader.payload_consumed(n as u32);
+                    return Ok(n);
+                }
+                FrameNeed::Payload(..) => return Err(invalid("the peer sent a message here; use recv_msg")),
+            }
+        }
+    }
+
+    fn flush_header(&mut self) -> io::Result<()> {
+        while !self.header_out.is_empty() {
+            let n = self.tcp.write(&self.header_out)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.header_out.drain(..n);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if !self.framed {
+            return self.tcp.write(buf);
+        }
+        self.flush_header()?;
+        if self.payload_left == 0 {
+            let len = buf.len().min(MAX_FRAME_LEN as usize) as u32;
+            let header = FrameHeader { kind: RecordKind::Data, len }.encode();
+            self.payload_left = len;
+            // Header and payload in one system call when the socket takes them.
+            let n = self.tcp.write_vectored(&[IoSlice::new(&header), IoSlice::new(&buf[..len as usize])])?;
+            if n < HEADER_LEN {
+                self.header_out.extend_from_slice(&header[n..]);
+                return if n == 0 {
+                    Err(io::ErrorKind::WriteZero.into())
+                } else {
+                    self.write_rest_or_block(buf)
+                };
+            }
+            let payload = n - HEADER_LEN;
+            self.payload_left -= payload as u32;
+            if payload > 0 {
+                return Ok(payload);
+            }
+            return self.write_rest_or_block(buf);
+        }
+        let want = buf.len().min(self.payload_left as usize);
+        let n = self.tcp.write(&buf[..want])?;
+        self.payload_left -= n as u32;
+        Ok(n)
+    }
+
+    /// After only (part of) a header went out: finish it and write some payload.
+    fn write_rest_or_block(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.flush_header()?;
+        let want = buf.len().min(self.payload_left as usize);
+        let n = self.tcp.write(&buf[..want])?;
+        self.payload_left -= n as u32;
+        Ok(n)
+    }
+
+    /// Blocking: completes a data record still expecting payload by padding is impossible
+    /// (the bytes are the application's), so callers finish writes before other records.
+    fn ensure_record_boundary(&self) -> io::Result<()> {
+        if self.payload_left > 0 || !self.header_out.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "lightpath: a partial write must be completed before sending a message or closing",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
+        if !self.framed {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "lightpath: messages need a Lightpath peer (this one speaks plain TCP)",
+            ));
+        }
+        self.ensure_record_boundary()?;
+        let len = u32::try_from(msg.len()).ok().filter(|&l| l <= MAX_FRAME_LEN);
+        let len =
+            len.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "lightpath: message above 1 GiB"))?;
+        let header = FrameHeader { kind: RecordKind::MsgEnd, len }.encode();
+        let mut out = Vec::with_capacity(HEADER_LEN + msg.len());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(msg);
+        self.tcp.write_all(&out)
+    }
+
+    pub(crate) fn recv_msg(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if !self.framed {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "lightpath: messages need a Lightpath peer (this one speaks plain TCP)",
+            ));
+        }
+        loop {
+            match self.reader.need() {
+                FrameNeed::Closed => {
+                    if !self.message.is_empty() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "lightpath: stream ended inside a message",
+                        ));
+                    }
+                    return Ok(None);
+                }
+                FrameNeed::Header => {
+                    let n = self.tcp.read(self.reader.header_space())?;
+                    if n == 0 {
+                        return Err(Self::vanished());
+                    }
+                    self.reader.header_filled(n).map_err(invalid)?;
+                }
+                FrameNeed::Payload(RecordKind::Data, _) => {
+                    return Err(invalid("the peer sent stream bytes here; use read"))
+                }
+                FrameNeed::Payload(kind, 0) => {
+                    self.reader.finish_record();
+                    if kind == RecordKind::MsgEnd {
+                        return Ok(Some(std::mem::take(&mut self.message)));
+                    }
+                }
+                FrameNeed::Payload(_, left) => {
+                    let start = self.message.len();
+                    let want = (left as usize).min(1 << 20);
+                    self.message.resize(start + want, 0);
+                    let n = self.tcp.read(&mut self.message[start..]);
+                    let n = match n {
+                        Ok(n) => n,
+                        Err(err) => {
+                            self.message.truncate(start);
+                            return Err(err);
+                        }
+                    };
+                    self.message.truncate(start + n);
+                    if n == 0 {
+                        return Err(Self::vanished());
+                    }
+                    self.reader.payload_consumed(n as u32);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        self.flush_header()?;
+        self.tcp.flush()
+    }
+
+    pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
+        if self.write_closed {
+            return Ok(());
+        }
+        if self.framed {
+            self.ensure_record_boundary()?;
+            let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
+            self.tcp.write_all(&close)?;
+        }
+        self.write_closed = true;
+        self.tcp.shutdown(std::net::Shutdown::Write)
+    }
+
+    pub(crate) fn shutdown_read(&mut self) {
+        self.read_shut = true;
+    }
+
+    /// Clean close: a close record (framed), so the peer can tell it from a crash.
+    pub(crate) fn close(&mut self) {
+        if self.framed && !self.write_closed && self.ensure_record_boundary().is_ok() {
+            let _ = self.tcp.set_nonblocking(false);
+            let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
+            let _ = self.tcp.write_all(&close);
+        }
+    }
+}
