@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use lightpath_ibverbs::IbvProvider;
+use lightpath_shm::{HostIdentity, ShmProvider};
 use lightpath_soft::{parse_device_name, SoftProvider};
 use lightpath_verbs::{Gid, Provider};
 use serde::Serialize;
@@ -139,19 +140,42 @@ fn ibverbs_device(provider: &IbvProvider, name: String, fork: &str) -> DeviceRep
     DeviceReport { name, gid: source.gid.to_string(), usable, note: Some(note) }
 }
 
-fn unbuilt(provider: &'static str, what: &str) -> ProviderReport {
-    ProviderReport {
-        provider,
+/// The shm provider: available when the kernel offers sealable memfds; its one device name
+/// opens a fresh endpoint each time, reachable from processes with the same host identity.
+fn shm_report() -> ProviderReport {
+    let unavailable = |reason: String| ProviderReport {
+        provider: "shm",
         available: false,
-        reason: Some(format!("not in this build yet ({what})")),
+        reason: Some(reason),
         devices: Vec::new(),
-    }
+    };
+    let provider = ShmProvider::default();
+    let names = match provider.devices() {
+        Ok(names) => names,
+        Err(err) => return unavailable(verbs_reason(&err)),
+    };
+    let host = match HostIdentity::current() {
+        Ok(host) => host,
+        Err(err) => return unavailable(format!("cannot determine the host identity: {err}")),
+    };
+    let devices = names
+        .into_iter()
+        .map(|name| match provider.open(&name) {
+            Ok(device) => DeviceReport {
+                gid: format!("{} (fresh per open)", device.gid()),
+                name,
+                usable: true,
+                note: Some(format!("reaches processes of host {host}")),
+            },
+            Err(err) => DeviceReport { name, gid: "-".into(), usable: false, note: Some(verbs_reason(&err)) },
+        })
+        .collect();
+    ProviderReport { provider: "shm", available: true, reason: None, devices }
 }
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let reports =
-        vec![soft_report(), ibverbs_report(), unbuilt("shm", "processes on one host through shared memory")];
+    let reports = vec![soft_report(), ibverbs_report(), shm_report()];
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(ExitCode::SUCCESS);

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,8 @@ use crate::sys::EventFd;
 pub(crate) struct CqShared {
     pub(crate) capacity: u32,
     queue: Mutex<VecDeque<WorkCompletion>>,
+    /// Entries in `queue` (updated under its lock), so an empty poll takes no lock.
+    len: AtomicUsize,
     /// Readable after `request_notify` once a completion is added.
     pub(crate) notify: EventFd,
     armed: AtomicBool,
@@ -32,6 +34,7 @@ impl CqShared {
         Ok(Self {
             capacity,
             queue: Mutex::new(VecDeque::with_capacity(capacity.min(4096) as usize)),
+            len: AtomicUsize::new(0),
             notify: EventFd::new(false)?,
             armed: AtomicBool::new(false),
             wake: EventFd::new(true)?,
@@ -47,7 +50,11 @@ impl CqShared {
     /// Adds a completion and wakes whoever waits for one. The queue is not bounded by its
     /// capacity (a verbs CQ overrun is an asynchronous error; here entries are kept instead).
     pub(crate) fn push(&self, wc: WorkCompletion) {
-        self.queue().push_back(wc);
+        {
+            let mut queue = self.queue();
+            queue.push_back(wc);
+            self.len.store(queue.len(), Ordering::Release);
+        }
         if self.armed.swap(false, Ordering::AcqRel) {
             self.notify.signal(1);
         }
@@ -61,11 +68,15 @@ impl CqShared {
 
     /// Moves up to `out.len()` completions into `out`.
     pub(crate) fn pop(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut queue = self.queue();
         let count = out.len().min(queue.len());
         for (slot, wc) in out.iter_mut().zip(queue.drain(..count)) {
             *slot = wc;
         }
+        self.len.store(queue.len(), Ordering::Release);
         count
     }
 

@@ -51,9 +51,9 @@ pub(crate) struct DeviceShared {
     mailbox_pending: AtomicBool,
     pub(crate) listener: Listener,
     pub(crate) stop: EventFd,
-    started: Instant,
-    /// Nanoseconds since `started` of the application's last call that drove the device.
-    last_drive: AtomicU64,
+    /// Bumped by every application call that drives the device; the helper thread compares it
+    /// between its rounds (cheaper on the hot path than reading a clock).
+    drives: AtomicU64,
     next_key: AtomicU32,
     key_mask: u32,
     next_id: AtomicU32,
@@ -84,7 +84,7 @@ impl DeviceShared {
 
     /// Applies queued events (with the engine locked).
     pub(crate) fn apply_events(&self, core: &mut DeviceCore) {
-        if !self.mailbox_pending.swap(false, Ordering::AcqRel) {
+        if !self.mailbox_pending.load(Ordering::Relaxed) || !self.mailbox_pending.swap(false, Ordering::AcqRel) {
             return;
         }
         let events =
@@ -94,20 +94,17 @@ impl DeviceShared {
         }
     }
 
-    fn nanos_since_start(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
     /// Notes that the application is driving the device (so the helper thread stays out).
+    /// Not an atomic increment: concurrent callers may lose a count, but any change is all
+    /// the helper looks for.
     pub(crate) fn touch(&self) {
-        self.last_drive.store(self.nanos_since_start(), Ordering::Relaxed);
+        let drives = self.drives.load(Ordering::Relaxed);
+        self.drives.store(drives.wrapping_add(1), Ordering::Relaxed);
     }
 
-    /// Whether the application drove the device within `idle_after`.
-    pub(crate) fn app_active(&self) -> bool {
-        let last = self.last_drive.load(Ordering::Relaxed);
-        let idle = u64::try_from(self.ctx.config.idle_after.as_nanos()).unwrap_or(u64::MAX);
-        last != 0 && self.nanos_since_start().saturating_sub(last) < idle
+    /// The drive counter (see [`DeviceShared::touch`]).
+    pub(crate) fn drives(&self) -> u64 {
+        self.drives.load(Ordering::Relaxed)
     }
 
     /// One round of work for the application: apply events, move every queue pair forward.
@@ -217,8 +214,7 @@ impl ShmDevice {
             mailbox_pending: AtomicBool::new(false),
             listener,
             stop: EventFd::new(false)?,
-            started: Instant::now(),
-            last_drive: AtomicU64::new(0),
+            drives: AtomicU64::new(0),
             next_key: AtomicU32::new(0x100),
             key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,
             next_id: AtomicU32::new(1),

@@ -51,6 +51,9 @@ struct Helper<'a> {
     armed: bool,
     retry_lock: bool,
     deadline: Option<Instant>,
+    /// The application's drive counter as last seen, and when it last changed.
+    drives_seen: u64,
+    last_activity: Option<Instant>,
 }
 
 /// The thread body; returns when the device's stop fd is signalled.
@@ -63,6 +66,8 @@ pub(crate) fn run(shared: &DeviceShared) {
         armed: false,
         retry_lock: false,
         deadline: None,
+        drives_seen: 0,
+        last_activity: None,
     };
     while helper.round() {}
     if helper.armed {
@@ -85,11 +90,23 @@ impl Helper<'_> {
         &self.shared.ctx.config
     }
 
-    fn timeout(&self) -> Option<Duration> {
+    /// Whether the application drove the device within the last `idle_after`.
+    fn app_active(&mut self) -> bool {
+        let now = Instant::now();
+        let drives = self.shared.drives();
+        if drives != self.drives_seen {
+            self.drives_seen = drives;
+            self.last_activity = Some(now);
+        }
+        self.last_activity.is_some_and(|last| now.duration_since(last) < self.config().idle_after)
+    }
+
+    fn timeout(&mut self) -> Option<Duration> {
+        let active = self.app_active();
         let now = Instant::now();
         let mut timeout = if self.retry_lock {
             Some(LOCK_RETRY)
-        } else if self.shared.app_active() {
+        } else if active {
             Some(self.config().idle_after)
         } else {
             self.deadline.map(|d| d.saturating_duration_since(now))
@@ -101,7 +118,8 @@ impl Helper<'_> {
         timeout
     }
 
-    fn wait(&self) -> Ready {
+    fn wait(&mut self) -> Ready {
+        let timeout = self.timeout();
         let ctx = &self.shared.ctx;
         let mut fds = vec![
             PollFd::new(&self.shared.stop, PollFlags::IN),
@@ -126,7 +144,6 @@ impl Helper<'_> {
             fds.push(PollFd::new(&*watched.socket, events));
             polled.push(index);
         }
-        let timeout = self.timeout();
         let mut ready = Ready {
             stop: false,
             changed: false,
@@ -235,7 +252,7 @@ impl Helper<'_> {
     }
 
     fn step(&mut self, core: &mut DeviceCore) {
-        if self.shared.app_active() {
+        if self.app_active() {
             // The application polls: it does the work, and peers need not ring anyone.
             if self.armed {
                 core.disarm();

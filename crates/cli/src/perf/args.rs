@@ -68,6 +68,8 @@ pub enum ProviderKind {
     Tcp,
     /// RDMA hardware (or the kernel's rxe) through rdma-core's libibverbs.
     Ibverbs,
+    /// Shared memory between two processes of one host.
+    Shm,
 }
 
 impl ProviderKind {
@@ -77,6 +79,7 @@ impl ProviderKind {
             ProviderKind::Soft => "soft",
             ProviderKind::Tcp => "tcp",
             ProviderKind::Ibverbs => "ibverbs",
+            ProviderKind::Shm => "shm",
         }
     }
 }

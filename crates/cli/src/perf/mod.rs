@@ -3,7 +3,8 @@
 //! Every test runs between two `lightpath perf` processes: the server (no SERVER argument) and the
 //! client. They meet on an out-of-band TCP connection (`-p`, default 18515, as perftest), agree on
 //! the test and its parameters there ([`control`]), then move data with the chosen provider:
-//! `soft` (the userspace RoCE v2 engine over UDP) or `tcp` (the same message pattern over kernel
+//! `soft` (the userspace RoCE v2 engine over UDP), `ibverbs` (RDMA devices), `shm` (shared
+//! memory between two processes of one host) or `tcp` (the same message pattern over kernel
 //! TCP, the baseline every RDMA number is compared with). Latency tests report min / median / p99
 //! / max one-way latency in µs (round-trip tests such as READ and atomics report the round trip,
 //! as perftest does); bandwidth tests report MB/s (10^6 bytes per second) and million messages per
@@ -17,6 +18,7 @@ mod progress;
 mod rdma;
 mod report;
 mod session;
+mod shm;
 mod soft;
 mod stats;
 mod tcp;
@@ -36,6 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ProviderKind::Soft => soft::run(&args)?,
         ProviderKind::Tcp => tcp::run(&args)?,
         ProviderKind::Ibverbs => ibverbs::run(&args)?,
+        ProviderKind::Shm => shm::run(&args)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -62,6 +65,7 @@ pub fn run_in_process(
             ProviderKind::Ibverbs => {
                 ibverbs::serve_stream(stream, &ibverbs::EndpointOptions::default(), test)
             }
+            ProviderKind::Shm => shm::serve_stream(stream, test),
         }
     });
     let stream = TcpStream::connect(addr)?;
@@ -79,6 +83,7 @@ pub fn run_in_process(
                 results.push(r.clone())
             })
         }
+        ProviderKind::Shm => shm::client_stream(stream, test, plan, 128, |r| results.push(r.clone())),
     };
     let served = server.join().map_err(|_| anyhow!("the in-process server thread panicked"))?;
     client?;
