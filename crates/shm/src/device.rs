@@ -84,7 +84,9 @@ impl DeviceShared {
 
     /// Applies queued events (with the engine locked).
     pub(crate) fn apply_events(&self, core: &mut DeviceCore) {
-        if !self.mailbox_pending.load(Ordering::Relaxed) || !self.mailbox_pending.swap(false, Ordering::AcqRel) {
+        if !self.mailbox_pending.load(Ordering::Relaxed)
+            || !self.mailbox_pending.swap(false, Ordering::AcqRel)
+        {
             return;
         }
         let events =
@@ -221,7 +223,7 @@ impl ShmDevice {
         });
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
-            .name(format!("lightpath-shm-{}", &gid.to_hex()[8..16]))
+            .name(helper_thread_name(gid))
             .spawn(move || crate::helper::run(&for_thread))?;
         Ok(Self { inner: Arc::new(DeviceInner { shared, thread: Mutex::new(Some(thread)) }) })
     }
@@ -240,6 +242,12 @@ impl ShmDevice {
     pub fn qp_count(&self) -> usize {
         self.inner.shared.lock_core().qps.len()
     }
+}
+
+/// The helper thread's name: `lpshm-` and 8 hex digits of the GID (thread names are limited
+/// to 15 bytes), so tools and tests can tell devices' threads apart.
+pub fn helper_thread_name(gid: Gid) -> String {
+    format!("lpshm-{}", &gid.to_hex()[24..32])
 }
 
 /// Binds the rendezvous socket of a new random GID (retrying on the astronomically unlikely

@@ -61,7 +61,7 @@ mod wire;
 
 pub use config::ShmConfig;
 pub use cq::ShmCq;
-pub use device::ShmDevice;
+pub use device::{helper_thread_name, ShmDevice};
 pub use host::HostIdentity;
 pub use mr::ShmMr;
 pub use pd::ShmPd;

@@ -1,0 +1,132 @@
+//! Hostile or broken processes on the rendezvous socket: junk, introductions with the wrong
+//! descriptors (none, a pipe for a doorbell, an unsealed memfd, a sealed memfd without a
+//! segment header), questions before any introduction. Each such connection is dropped, the
+//! device keeps answering probes, and a genuine peer still connects and talks.
+
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+
+use lightpath_shm::{address::rendezvous_name, probe, ShmConfig, ShmDevice};
+use lightpath_verbs::conformance::harness::{
+    assert_success, connect, pattern, read_region, Pair, PairOptions,
+};
+use lightpath_verbs::conformance::ConformanceFixture;
+use lightpath_verbs::{AccessFlags, Gid, MemoryRegion, QueuePair, SendOp, SendWr, WcOpcode};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::net::{
+    connect as socket_connect, recv, sendmsg, socket_with, AddressFamily, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+struct Fixture;
+
+impl ConformanceFixture for Fixture {
+    type Device = ShmDevice;
+
+    fn open_pair() -> (ShmDevice, ShmDevice) {
+        let open = || ShmDevice::open(ShmConfig::default()).expect("shm device");
+        (open(), open())
+    }
+}
+
+fn raw_connect(gid: Gid) -> OwnedFd {
+    let fd =
+        socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).expect("socket");
+    socket_connect(&fd, &SocketAddrUnix::new_abstract_name(&rendezvous_name(gid)).expect("name"))
+        .expect("connect");
+    fd
+}
+
+fn raw_send(fd: &OwnedFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    }
+    sendmsg(fd, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL).expect("send");
+}
+
+/// Waits until the device closes our connection (reads EOF).
+fn assert_dropped(fd: &OwnedFd, what: &str) {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let timeout = Timespec { tv_sec: 10, tv_nsec: 0 };
+    assert_eq!(poll(&mut fds, Some(&timeout)).expect("poll"), 1, "{what}: connection kept open");
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        recv(fd, &mut buf, RecvFlags::DONTWAIT).expect("recv").0,
+        0,
+        "{what}: got a reply instead of EOF"
+    );
+}
+
+/// An introduction as a Lightpath device would send it, for `to_qpn`.
+fn hello(to_qpn: u32) -> Vec<u8> {
+    let mut bytes = b"LPSM\x01\x01".to_vec();
+    bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
+    bytes.extend_from_slice(&2u32.to_le_bytes());
+    bytes.extend_from_slice(&to_qpn.to_le_bytes());
+    bytes
+}
+
+fn memfd(len: u64, sealed: bool) -> OwnedFd {
+    let fd = memfd_create("hostile", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).expect("memfd");
+    ftruncate(&fd, len).expect("size");
+    if sealed {
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).expect("seal");
+    }
+    fd
+}
+
+#[test]
+fn hostile_connections_are_dropped_and_the_device_keeps_working() {
+    let pair = Pair::<ShmDevice>::unconnected_with::<Fixture>(&PairOptions::default());
+    let victim = pair.b.device.gid();
+    let target = pair.b.qp.qpn();
+    let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).expect("eventfd");
+    let (pipe_read, _pipe_write) = std::io::pipe().expect("pipe");
+    let pipe = OwnedFd::from(pipe_read);
+    let unsealed = memfd(1 << 20, false);
+    let headerless = memfd(1 << 20, true);
+    let tiny = memfd(100, true);
+
+    let cases: Vec<(&str, Vec<u8>, Vec<BorrowedFd<'_>>)> = vec![
+        ("junk bytes", b"GET / HTTP/1.1\r\n".to_vec(), vec![]),
+        ("a question before any introduction", b"LPSM\x01\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
+        ("an introduction without descriptors", hello(target), vec![]),
+        ("a pipe for a doorbell", hello(target), vec![headerless.as_fd(), pipe.as_fd()]),
+        ("an unsealed segment", hello(target), vec![unsealed.as_fd(), doorbell.as_fd()]),
+        ("a segment without a header", hello(target), vec![headerless.as_fd(), doorbell.as_fd()]),
+        ("a segment smaller than any ring", hello(target), vec![tiny.as_fd(), doorbell.as_fd()]),
+        ("three descriptors", hello(target), vec![headerless.as_fd(), doorbell.as_fd(), doorbell.as_fd()]),
+    ];
+    for (what, bytes, fds) in cases {
+        let fd = raw_connect(victim);
+        raw_send(&fd, &bytes, &fds);
+        assert_dropped(&fd, what);
+        probe(victim, Duration::from_secs(10))
+            .unwrap_or_else(|err| panic!("after {what}: probe failed: {err}"));
+    }
+
+    // The queue pair those introductions named connects to a genuine peer and carries data.
+    connect(&pair.a.qp, &pair.b.qp, pair.mtu, &PairOptions::default());
+    let src = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+    let inbox = pair.b.alloc(4096, AccessFlags::LOCAL_WRITE);
+    src.write(0, &pattern(300, 3)).expect("fill");
+    pair.b.post_recv(1, &inbox, 0, 4096);
+    pair.a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 300)])).expect("send");
+    assert_success(&pair.b.wait_one(), 1, WcOpcode::Recv);
+    assert_success(&pair.a.wait_one(), 2, WcOpcode::Send);
+    assert_eq!(read_region(&inbox, 0, 300), pattern(300, 3));
+}
+
+#[test]
+fn probing_finds_devices_and_only_devices() {
+    let device = ShmDevice::open(ShmConfig::default()).expect("device");
+    probe(device.gid(), Duration::from_secs(10)).expect("a live device answers");
+    let gid = device.gid();
+    drop(device);
+    assert!(probe(gid, Duration::from_secs(1)).is_err(), "a closed device still answers");
+}
