@@ -88,6 +88,13 @@ impl IbvCq {
         Ok(Self { inner: Arc::new(CqInner { device, cq, channel, fd, capacity }) })
     }
 
+    /// The `ibv_cq` pointer, for measuring this wrapper against direct C calls
+    /// (`examples/overhead.rs`). Valid while `self` lives; using it is `unsafe` C.
+    #[doc(hidden)]
+    pub fn as_raw(&self) -> *mut RawCq {
+        self.inner.cq
+    }
+
     /// Polls once without blocking (the body of `poll`).
     fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // Not zeroed: a busy-polling loop calls this millions of times, and the provider writes

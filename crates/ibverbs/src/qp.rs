@@ -122,6 +122,13 @@ impl IbvQp {
         Ok(this)
     }
 
+    /// The `ibv_qp` pointer, for measuring this wrapper against direct C calls
+    /// (`examples/overhead.rs`). Valid while `self` lives; using it is `unsafe` C.
+    #[doc(hidden)]
+    pub fn as_raw(&self) -> *mut RawQp {
+        self.qp
+    }
+
     fn cached_state(&self) -> Option<QpState> {
         QpState::from_raw(self.shared.state.load(Ordering::Relaxed))
     }
