@@ -97,6 +97,7 @@ done
 for t in send_lat write_lat read_lat send_bw write_bw read_bw; do
     cases+=("ibverbs-perf-$t|Lightpath ibverbs vs perftest (rxe0)|case_ibverbs_perf $t")
 done
+cases+=("ibverbs-overhead|Lightpath ibverbs wrapper vs direct C calls (rxe0)|case_ibverbs_overhead")
 cases+=("ibverbs-bad-input|Lightpath ibverbs: refused inputs (rxe0)|case_ibverbs_bad_input")
 cases+=("ibverbs-no-leaks|rdma resource after the ibverbs cases|case_ibverbs_no_leaks")
 cases+=("rxe-to-stub-traffic|rxe requester -> stub host peer (no RDMA)|case_rxe_to_stub")
@@ -398,7 +399,27 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "conformance":
         print(m["executable"])' <<< "$out" | tail -n 1)
     [ -x "$IBV_TESTS" ] || { ibv_tests_missing="no conformance executable in cargo's output"; note "$ibv_tests_missing"; IBV_TESTS=""; return 1; }
-    note "built $IBV_TESTS"
+    # The wrapper-overhead measurement (examples/overhead.rs), optimised like a real program.
+    if (cd "$repo" && cargo build --release -p lightpath-ibverbs --example overhead) >> "$case_dir/build.log" 2>&1; then
+        local target=${CARGO_TARGET_DIR:-$repo/target}
+        case "$target" in /*) ;; *) target=$repo/$target ;; esac
+        IBV_OVERHEAD=$target/release/examples/overhead
+    fi
+    note "built $IBV_TESTS${IBV_OVERHEAD:+ and $IBV_OVERHEAD}"
+}
+
+# The same SEND round trips through the safe wrapper and through direct C calls, alternating,
+# on rxe0: reports the per-iteration medians (a measurement for the record, not a pass/fail
+# threshold: TCG timing is too noisy for one).
+IBV_OVERHEAD=""
+case_ibverbs_overhead() {
+    [ -n "$IBV_OVERHEAD" ] || { note "NOT RUN: the overhead example was not built"; return $NOT_RUN; }
+    local out rc=0
+    out=$(lpvm_job ibv-overhead "/shared/bin/ibv-overhead rxe0 40 500" $T_CASE) || rc=$?
+    echo "$out"
+    echo "$out" >> "$results/ibverbs-perf.txt"
+    note "$(grep -E '^  (wrapper|direct|difference)' <<< "$out" | sed 's/  */ /g; s/ (middle half[^)]*)//' | paste -sd';' -)"
+    return $rc
 }
 
 # Succeeds if the lightpath binary has `--provider ibverbs` for subcommand $1.
@@ -684,6 +705,7 @@ if [ "$needs_vm" = 1 ]; then
     # The VM runs the host's binaries (same Debian release and glibc) from the share.
     [ -n "$LP" ] && cp "$LP" "$LPVM_SHARE/bin/lightpath"
     [ -n "$IBV_TESTS" ] && cp "$IBV_TESTS" "$LPVM_SHARE/bin/ibv-conformance"
+    [ -n "$IBV_OVERHEAD" ] && cp "$IBV_OVERHEAD" "$LPVM_SHARE/bin/ibv-overhead"
     G=$(lpvm_job gid "lp_v4gid_index" 30) || { echo "interop: no IPv4-mapped GID in the VM"; exit 1; }
     echo "interop: VM up in ${boot_seconds}s (accel $LPVM_ACCEL, link MTU $LPVM_MTU, rxe GID index $G)"
     for c in "${selected[@]}"; do
