@@ -78,16 +78,21 @@
 //!   (its INIT access flags), misaligned atomics and bad lengths are "invalid request"
 //!   (0x61); a bad R_Key, a range outside the region or a missing region permission is
 //!   "remote access error" (0x62).
-//! * An **ACK covering an unanswered READ/atomic** (possible when the network reorders) does
-//!   not trigger an immediate retry as in rxe; the completer waits for the response or the
-//!   retransmit timer. A **fatal NAK** behind an unanswered READ/atomic does (as in rxe): the
-//!   earlier response counts as lost, so the error ends as RETRY_EXC_ERR on the oldest request
-//!   and no flush is ever reported before an error.
-//! * A **gap inside a READ response stream** reissues the READ for the remaining sub-range at
-//!   once, but at most once per round trip (until the reply to the previous reissue starts to
-//!   arrive); the responder restarts a still-queued response stream at the reissued PSN
-//!   instead of queueing a second one. Out-of-order READ data is not kept (go-back-N), so
-//!   heavy reordering costs replays, never failures.
+//! * **Responses that arrive out of order** (a later READ response packet, the answer to a
+//!   later atomic) are kept and placed at once (rxe drops them). When the responder has
+//!   executed past a READ/atomic whose response is missing — a later response, an **ACK past
+//!   it** or a NAK arrived first — that request alone is asked for again at once, as rxe
+//!   does, but at most once per round trip, and a READ only for its first missing run; such
+//!   fast retries spend no `retry_cnt`. A **fatal NAK** behind an unanswered READ/atomic is
+//!   kept while that request is retried: if its answer was only overtaken, the NAKed request
+//!   then fails with its own error; if it was lost, the oldest request ends in
+//!   RETRY_EXC_ERR. No flush is ever reported before an error.
+//! * **Go-back-N** resends from the PSN a sequence NAK names (not from an earlier READ still
+//!   being answered), follows at most one sequence NAK per round trip, halves the send window
+//!   (every acknowledged PSN widens it again, up to rxe's 128), and if the answers stop during
+//!   the recovery it resends after a few round trips (backing off, spending no retry) instead
+//!   of waiting for the retransmit timer. None of this changes the wire format; it keeps
+//!   reordering and loss from turning into floods of retransmissions or RETRY_EXC_ERR.
 //! * **Keys**: an lkey and the rkey of the same region differ (bit 31), so one used in the
 //!   other's place is refused.
 #![forbid(unsafe_code)]

@@ -126,7 +126,7 @@ fn dropped_ack_times_out_and_the_duplicate_is_re_acked() {
 }
 
 #[test]
-fn lost_read_response_reissues_the_remaining_sub_range() {
+fn lost_read_response_reissues_only_the_missing_run() {
     let mut net = Net::new(2);
     let c = connect(&mut net, 0, 1, &Opts { mtu: Mtu::Mtu256, ..Opts::default() });
     let remote = reg(&mut net, 1, pattern(1200, 6), 0x4000, rw());
@@ -137,14 +137,16 @@ fn lost_read_response_reissues_the_remaining_sub_range() {
     net.run();
     assert_eq!(local.contents(), pattern(1200, 6));
     assert_eq!(poll_all(&mut net, 0, c.a.send_cq)[0].status, WcStatus::Success);
-    // Packets 0..=2 arrived, 3 was lost: the new READ request starts at PSN +3, 3 × 256 bytes
-    // in, and the responder replays that sub-range from its resources.
+    // Packets 0..=2 arrived, 3 was lost, 4 arrived and was kept: the new READ request starts
+    // at PSN +3, 3 × 256 bytes in, and asks for that one packet only, which the responder
+    // replays from its resources (as a one-packet sub-range: READ_RESPONSE_ONLY).
     let requests: Vec<_> =
         net.trace.iter().filter(|s| s.opcode == Opcode::RC_RDMA_READ_REQUEST).map(|s| s.psn).collect();
     assert_eq!(requests, vec![0x1000, 0x1000 + 3]);
     assert_eq!(net.engines[1].stats().duplicates, 1);
-    let responses = net.trace.iter().filter(|s| s.from == 1).count();
-    assert_eq!(responses, 5 + 2);
+    let responses: Vec<_> = net.trace.iter().filter(|s| s.from == 1).map(|s| (s.opcode, s.psn)).collect();
+    assert_eq!(responses.len(), 5 + 1);
+    assert_eq!(responses[5], (Opcode::RC_RDMA_READ_RESPONSE_ONLY, 0x1000 + 3));
 }
 
 #[test]

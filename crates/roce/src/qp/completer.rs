@@ -1,32 +1,49 @@
 //! The completer: matches ACKs, NAKs, READ responses and atomic ACKs against the outstanding
-//! send WQEs, completes them in order, and drives recovery — go-back-N on a sequence NAK or a
-//! gap in READ responses, the retransmit timer, and RNR waits.
+//! send WQEs, completes them in order, and drives recovery — go-back-N on a sequence NAK,
+//! retries of lost READ/atomic responses, the retransmit timer, and RNR waits.
+//!
+//! Every answer tells the completer two things, which it keeps separately:
+//! * how far the responder has **executed** (`executed_until`): an ACK for PSN p covers every
+//!   request packet up to p; a NAK or a response at p covers every one before p. That is all
+//!   a SEND or WRITE needs to complete.
+//! * which **responses** have arrived (`answered`, a window of PSNs past the oldest
+//!   unacknowledged one): a READ completes when every one of its response packets has been
+//!   placed in its buffer, an atomic when its ATOMIC ACKNOWLEDGE has.
 //!
 //! Choices (documented in the crate docs):
 //! * An unsignaled WQE's slot is released as soon as it is acknowledged.
-//! * An ACK never completes a READ or atomic (only its response does). When an ACK covers an
-//!   unanswered READ/atomic — which happens when the network reorders a later ACK ahead of the
-//!   response — the completer waits for the response or the retransmit timer instead of
-//!   retrying at once as rxe does; that avoids needless retransmissions under reordering.
+//! * Responses that arrive out of order (a later READ response packet, the answer to a later
+//!   atomic) are kept: their data goes to its place in the buffer at once. rxe drops them
+//!   and relies on the retry; keeping them means reordering never turns into failures.
+//! * When the responder has executed past a READ/atomic whose response is missing (a later
+//!   response, an ACK past its last PSN, or a NAK arrived first), the response is taken as
+//!   lost and the READ/atomic is retried at once, as rxe does — but at most once per round
+//!   trip (until the reply to that retry starts to arrive), so reordering cannot set off a
+//!   storm of retries and replays.
 //! * A fatal NAK (invalid request, remote access, operational error) for a request behind an
-//!   unanswered READ/atomic is, as in rxe, taken as proof that the earlier response was lost:
-//!   the completer retries from it instead of failing the NAKed request first, so a flush is
-//!   never reported before the error that caused it.
-//! * A gap inside a READ response stream reissues the READ for the rest at once (as rxe), but
-//!   at most once per round trip — until the reply to the previous reissue starts arriving —
-//!   so reordering cannot set off a storm of reissues.
+//!   unanswered READ/atomic is kept until everything before the NAKed request has completed,
+//!   while the READ/atomic is retried: if its response was only overtaken and still
+//!   arrives, the NAKed request then fails with its own error; if it was lost, the retries go
+//!   unanswered (the responder is in ERR) and the oldest request ends in RETRY_EXC_ERR. A flush
+//!   is never reported before the error that caused it.
 //! * A response that does not fit the WQE it names (wrong length or position) is dropped and
 //!   counted; the retransmit timer recovers, and a peer that keeps sending such responses ends
 //!   in RETRY_EXC_ERR.
 
-use lightpath_verbs::{WcStatus, WorkCompletion};
+use lightpath_verbs::{QpState, WcStatus, WorkCompletion};
 use lightpath_wire::{NakCode, OpKind, Position, Psn, Syndrome, TransportHeader};
 
+use super::requester::{Recovery, MAX_UNACKED_PSNS, MIN_SEND_WINDOW};
+use super::response_window::RESPONSE_WINDOW;
+use super::send_queue::SendWqe;
 use super::timers::{ack_timeout_nanos, rnr_delay_nanos};
 use super::Qp;
 use crate::event::Ctx;
 use crate::sgl;
 use crate::time::Time;
+
+/// The shortest probe delay (see `Recovery`).
+const MIN_PROBE_NANOS: u64 = 1_000;
 
 impl Qp {
     /// Handles a response packet (the caller checked opcode, state and addresses).
@@ -40,13 +57,16 @@ impl Qp {
         payload: &[u8],
     ) {
         let psn = header.bth.psn;
-        if kind == OpKind::ReadResponse
-            && matches!(position, Position::First | Position::Only)
-            && self.req.read_reissue == Some(psn)
-        {
-            // The reply to our last READ reissue (even if its data is no longer needed):
-            // a round trip has passed, so another gap may trigger another reissue.
-            self.req.read_reissue = None;
+        self.req.rtt.on_answer(psn, now);
+        let opens_reply = match kind {
+            OpKind::ReadResponse => matches!(position, Position::First | Position::Only),
+            OpKind::AtomicAck => true,
+            _ => false,
+        };
+        if opens_reply && self.req.awaiting_retry_reply == Some(psn) {
+            // The reply to our last retry (even if it is no longer needed): a round trip has
+            // passed, so another missing response may trigger another retry.
+            self.req.awaiting_retry_reply = None;
         }
         if psn.is_before(self.req.una) {
             // An answer to something already acknowledged: a duplicate ACK, or a response
@@ -60,10 +80,7 @@ impl Qp {
         }
         match kind {
             OpKind::Ack => match header.aeth.map(|a| a.syndrome) {
-                Some(Syndrome::Ack { .. }) => {
-                    let progress = self.ack_through(ctx, psn);
-                    self.after_ack(now, progress);
-                }
+                Some(Syndrome::Ack { .. }) => self.on_ack(ctx, now, psn),
                 Some(Syndrome::RnrNak { timer_code }) => self.on_rnr_nak(ctx, now, psn, timer_code),
                 Some(Syndrome::Nak(NakCode::PsnSequenceError)) => self.on_sequence_nak(ctx, now, psn),
                 Some(Syndrome::Nak(code)) => self.on_fatal_nak(ctx, now, psn, code),
@@ -73,36 +90,61 @@ impl Qp {
             OpKind::AtomicAck => self.on_atomic_ack(ctx, now, header),
             _ => ctx.stats.drops_unexpected_response += 1,
         }
+        self.apply_pending_nak(ctx, now);
     }
 
-    /// Completes every SEND/WRITE WQE whose last PSN is at or before `psn` (stopping at the
-    /// first READ/atomic, which only its response completes) and moves `una`. Returns whether
-    /// anything was acknowledged.
-    fn ack_through(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
-        let mut progress = false;
+    /// Records that the responder executed every request packet before `psn`; returns
+    /// whether that is news.
+    fn note_executed(&mut self, psn: Psn) -> bool {
+        let news = psn.is_after(self.req.executed_until);
+        if news {
+            self.req.executed_until = psn;
+        }
+        news
+    }
+
+    /// Completes, in order, every WQE the answers so far allow (SEND/WRITE: executed;
+    /// READ/atomic: every response applied), and moves `una` as far as they reach — also
+    /// into the middle of a message. Returns whether `una` moved.
+    fn settle(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let start = self.req.una;
         while self.sq.has_outstanding() {
             let wqe = self.sq.get(self.sq.head);
-            if wqe.is_read_or_atomic() || !psn.is_after_or_eq(self.req.una) {
-                break;
-            }
-            if psn.is_after_or_eq(wqe.last_psn()) {
-                self.req.una = wqe.last_psn().add(1);
-                self.complete_head(ctx, WcStatus::Success);
-                progress = true;
-            } else {
-                if wqe.contains(psn) {
-                    self.req.una = psn.add(1);
-                    progress = true;
+            let last = wqe.last_psn();
+            if wqe.is_read_or_atomic() {
+                let mut una = self.req.una;
+                while !una.is_after(last) && self.req.answered.contains(una.distance_from(start) as u32) {
+                    una = una.add(1);
                 }
-                break;
+                self.req.una = una;
+                if !una.is_after(last) {
+                    break;
+                }
+            } else {
+                let executed = self.req.executed_until;
+                if !executed.is_after(last) {
+                    if executed.is_after(self.req.una) {
+                        self.req.una = executed;
+                    }
+                    break;
+                }
+                self.req.una = last.add(1);
             }
+            self.complete_head(ctx, WcStatus::Success);
         }
-        progress
+        let moved = self.req.una.distance_from(start);
+        self.req.answered.advance(moved as u32);
+        self.req.window = self.req.window.saturating_add(moved as u32).min(MAX_UNACKED_PSNS as u32);
+        if self.req.una.is_after(self.req.executed_until) {
+            // Keep the two within one window of each other, so PSN comparisons stay valid.
+            self.req.executed_until = self.req.una;
+        }
+        moved > 0
     }
 
     /// Completes the head WQE with `status`. Unsignaled WQEs report only errors.
     fn complete_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        self.req.read_reissue = None;
+        self.req.awaiting_retry_reply = None;
         let wqe = self.sq.get(self.sq.head);
         if wqe.signaled || status != WcStatus::Success {
             let mut wc = WorkCompletion::new(wqe.wr_id, status, wqe.wc_opcode(), self.qpn);
@@ -115,13 +157,15 @@ impl Qp {
         self.sq.head += 1;
     }
 
-    /// Bookkeeping after an acknowledgement: reset the retry counters on progress, keep the
-    /// requester from resending what is already acknowledged, and (re)arm or stop the timer.
+    /// Bookkeeping after an answer: reset the retry counters on progress (the answer
+    /// acknowledged something new), keep the requester from resending what is already
+    /// acknowledged, and (re)arm or stop the timer.
     fn after_ack(&mut self, now: Time, progress: bool) {
         if progress {
             self.req.retry_left = self.params.retry_cnt;
             self.req.rnr_left = self.params.rnr_retry;
             self.req.rewound_at = None;
+            self.recovery_progress(now);
         }
         if self.req.next_psn.is_before(self.req.una) || self.req.next_wqe < self.sq.head {
             self.rewind_to(self.req.una);
@@ -132,6 +176,13 @@ impl Qp {
             // (During an RNR wait nothing is in flight to time out; sending again re-arms.)
             self.arm_retransmit(now);
         }
+    }
+
+    /// Records what an answer said and completes what it allows.
+    fn absorb(&mut self, ctx: &mut Ctx<'_>, now: Time, executed_until: Psn) {
+        let news = self.note_executed(executed_until);
+        let moved = self.settle(ctx);
+        self.after_ack(now, news || moved);
     }
 
     fn arm_retransmit(&mut self, now: Time) {
@@ -151,38 +202,164 @@ impl Qp {
         true
     }
 
-    /// Go-back-N from the oldest unacknowledged PSN, once per loss.
-    fn retry_from_una(&mut self, ctx: &mut Ctx<'_>, now: Time) {
-        let una = self.req.una;
-        if self.req.rewound_at == Some(una) {
+    /// Go-back-N from `psn` (at or after the oldest unacknowledged PSN), once per loss.
+    fn go_back_to(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn) {
+        if self.req.rewound_at == Some(psn) {
             return;
         }
         if !self.spend_retry(ctx) {
             return;
         }
-        self.rewind_to(una);
-        self.req.rewound_at = Some(una);
+        self.rewind_to(psn);
+        self.req.rewound_at = Some(psn);
+        self.req.window /= 2;
         self.arm_retransmit(now);
+    }
+
+    /// The responder executed past the head READ/atomic, but (part of) its response has not
+    /// arrived: take it as lost and ask for it again at once — that one request alone, see
+    /// `reissue` — unless a retry is already awaiting its reply (then this is most likely
+    /// reordering, and the retry in flight covers it).
+    ///
+    /// Such a fast retry neither spends `retry_cnt` nor re-arms the retransmit timer: it is
+    /// a guess that may be wrong under reordering, so it must not use up the retries that
+    /// protect against a dead peer, and a peer that keeps answering without ever sending the
+    /// response still runs into the timer, whose expiries do count.
+    fn retry_missing_response(&mut self) {
+        if self.req.awaiting_retry_reply.is_some() {
+            return;
+        }
+        let una = self.req.una;
+        if self.req.next_psn != una {
+            self.req.reissue = Some(una);
+        }
+        self.req.awaiting_retry_reply = Some(una);
+    }
+
+    /// Whether the head WQE is a READ/atomic still missing a response although the responder
+    /// has executed past its last PSN.
+    fn head_response_missing(&self, executed_past: Psn) -> bool {
+        self.sq.has_outstanding() && {
+            let head = self.sq.get(self.sq.head);
+            head.is_read_or_atomic() && executed_past.is_after(head.last_psn())
+        }
+    }
+
+    fn on_ack(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn) {
+        self.absorb(ctx, now, psn.add(1));
+        if self.head_response_missing(psn) {
+            // An ACK past an unanswered READ/atomic: its response was lost (or overtaken).
+            self.retry_missing_response();
+        }
     }
 
     fn on_sequence_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn) {
         ctx.stats.naks_received += 1;
+        if self.req.executed_until.is_after(psn) {
+            // Overtaken: the responder has executed past the PSN it asked for then (possible
+            // only when a READ/atomic before it still holds `una` back, so the stale check
+            // above did not catch it). Resending from there would be a retry for nothing.
+            ctx.stats.stale_responses += 1;
+            return;
+        }
         if self.timers.rnr.is_some() && self.req.rnr_resume == Some(psn) {
             // rxe follows an RNR NAK with a sequence NAK for the packets behind it; the RNR
             // wait already covers that loss.
             return;
         }
-        let progress = self.ack_through(ctx, psn.sub(1));
-        self.after_ack(now, progress);
-        if self.sq.has_outstanding() {
-            self.retry_from_una(ctx, now);
+        self.absorb(ctx, now, psn);
+        if !self.sq.has_outstanding() {
+            return;
         }
+        let rtt = self.req.rtt.smoothed_nanos();
+        if let (Some(recovery), Some(rtt)) = (self.req.recovery, rtt) {
+            if now < recovery.went_back_at.plus_nanos(rtt) {
+                // Within a round trip of going back: this NAK answers packets sent before the
+                // retransmission (see `Recovery`); the probe timer covers the case where the
+                // retransmission does not fill the gap either.
+                ctx.stats.stale_responses += 1;
+                return;
+            }
+        }
+        // Resend from the NAKed PSN. A READ/atomic before it whose response is still missing
+        // was executed (the responder is past it): its response is on its way or lost, which
+        // the other signs of a missing response and the timers take care of — re-requesting
+        // it here would make the responder replay a READ that may still be streaming.
+        self.go_back_to(ctx, now, psn);
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            let until = self.req.sent_high;
+            self.req.recovery = Some(Recovery { until, went_back_at: now, probes: 0 });
+            self.arm_probe(now);
+        }
+    }
+
+    /// How long the probe timer waits: three round trips, doubled for every probe since the
+    /// last progress. `None` before the first round trip has been measured.
+    fn probe_delay(&self) -> Option<u64> {
+        let rtt = self.req.rtt.smoothed_nanos()?;
+        let probes = self.req.recovery.map_or(0, |r| r.probes).min(16);
+        Some((3 * rtt).max(MIN_PROBE_NANOS) << probes)
+    }
+
+    fn arm_probe(&mut self, now: Time) {
+        self.timers.probe = self.probe_delay().map(|delay| now.plus_nanos(delay));
+    }
+
+    /// Progress during a recovery: it ends once everything outstanding at its start has been
+    /// executed; until then the probe waits again from now.
+    fn recovery_progress(&mut self, now: Time) {
+        let Some(mut recovery) = self.req.recovery else { return };
+        if !self.sq.has_outstanding() || !recovery.until.is_after(self.req.executed_until) {
+            self.req.recovery = None;
+            self.timers.probe = None;
+            return;
+        }
+        recovery.probes = 0;
+        self.req.recovery = Some(recovery);
+        self.arm_probe(now);
+    }
+
+    /// The probe timer fired: nothing was acknowledged for a few round trips while requests
+    /// are still unconfirmed. Go back to the first one not known to be executed (past a READ
+    /// the responder is still answering), and ask again for a missing READ/atomic response.
+    /// Spends no retry (see `Recovery`).
+    fn fire_probe(&mut self, now: Time) {
+        let Some(mut recovery) = self.req.recovery else { return };
+        if !self.sq.has_outstanding() || self.timers.rnr.is_some() {
+            self.req.recovery = None;
+            return;
+        }
+        let mut target = self.req.executed_until;
+        if let Some(index) = self.sq.find_started(target) {
+            let wqe = self.sq.get(index);
+            if wqe.is_read_or_atomic() && target != wqe.first_psn {
+                target = wqe.last_psn().add(1);
+            }
+        }
+        if target.is_before(self.req.sent_high) {
+            self.rewind_to(target);
+            self.req.rewound_at = Some(target);
+            self.req.window /= 2;
+        }
+        if self.sq.get(self.sq.head).is_read_or_atomic() && self.req.executed_until.is_after(self.req.una) {
+            // The responder is past the oldest READ/atomic, whose response is still missing.
+            self.req.awaiting_retry_reply = None;
+            self.retry_missing_response();
+        }
+        recovery.went_back_at = now;
+        recovery.probes += 1;
+        self.req.recovery = Some(recovery);
+        self.arm_probe(now);
     }
 
     fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn, timer_code: u8) {
         ctx.stats.rnr_naks_received += 1;
-        let progress = self.ack_through(ctx, psn.sub(1));
-        self.after_ack(now, progress);
+        if self.req.executed_until.is_after(psn) {
+            // Overtaken, as a stale sequence NAK: the request has executed since.
+            ctx.stats.stale_responses += 1;
+            return;
+        }
+        self.absorb(ctx, now, psn);
         let Some(index) = self.sq.find_started(psn) else { return };
         if self.params.rnr_retry != 7 {
             if self.req.rnr_left == 0 {
@@ -199,28 +376,71 @@ impl Qp {
 
     fn on_fatal_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn, code: NakCode) {
         ctx.stats.naks_received += 1;
-        let progress = self.ack_through(ctx, psn.sub(1));
-        self.after_ack(now, progress);
+        self.absorb(ctx, now, psn);
         let Some(index) = self.sq.find_started(psn) else {
             ctx.stats.drops_unexpected_response += 1;
             return;
         };
-        if index != self.sq.head && self.sq.get(self.sq.head).is_read_or_atomic() {
-            // The NAK implies the responder executed the earlier READ/atomic, whose response
-            // is missing: like rxe, treat that as a lost response and retry from it. (The
-            // responder is in ERR by now, so this normally ends in RETRY_EXC_ERR on the oldest
-            // request — never in a flush reported before an error.)
-            self.retry_from_una(ctx, now);
-            return;
-        }
         let status = match code {
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
             NakCode::RemoteAccessError => WcStatus::RemAccessErr,
             // rxe treats every other code as a remote operational error.
             _ => WcStatus::RemOpErr,
         };
+        if index != self.sq.head {
+            // Only a READ/atomic whose response is missing can hold the head before the NAKed
+            // request (everything else before it is complete now). The NAK proves the
+            // responder executed it: like rxe, take the response as lost and retry it; keep
+            // the NAK for when everything before it has completed (`apply_pending_nak`).
+            if self.req.pending_nak.is_none_or(|(kept, _)| psn.is_before(kept)) {
+                self.req.pending_nak = Some((psn, status));
+            }
+            self.retry_missing_response();
+            return;
+        }
         self.sq.get_mut(index).error = Some(status);
         self.enter_error(ctx, true);
+    }
+
+    /// Lets a fatal NAK kept behind an unanswered READ/atomic take effect once everything
+    /// before the NAKed request has completed.
+    fn apply_pending_nak(&mut self, ctx: &mut Ctx<'_>, now: Time) {
+        let Some((psn, status)) = self.req.pending_nak else { return };
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        self.absorb(ctx, now, psn);
+        if self.sq.has_outstanding() && self.sq.get(self.sq.head).contains(psn) {
+            self.req.pending_nak = None;
+            let head = self.sq.head;
+            self.sq.get_mut(head).error = Some(status);
+            self.enter_error(ctx, true);
+        }
+    }
+
+    /// The WQE a response at `psn` answers and the response's offset in the window, if it is
+    /// a started READ/atomic (per `is_wanted`) within the window and not yet applied.
+    /// Counts the reason when it is not.
+    fn response_target(
+        &self,
+        ctx: &mut Ctx<'_>,
+        psn: Psn,
+        is_wanted: impl Fn(&SendWqe) -> bool,
+    ) -> Option<(u64, u32)> {
+        let Some(index) = self.sq.find_started(psn).filter(|&i| is_wanted(self.sq.get(i))) else {
+            ctx.stats.drops_unexpected_response += 1;
+            return None;
+        };
+        let offset = psn.distance_from(self.req.una) as u32;
+        if self.req.answered.contains(offset) {
+            ctx.stats.stale_responses += 1;
+            return None;
+        }
+        if offset >= RESPONSE_WINDOW {
+            ctx.stats.drops_unexpected_response += 1;
+            return None;
+        }
+        Some((index, offset))
     }
 
     fn on_read_response(
@@ -236,99 +456,121 @@ impl Qp {
             ctx.stats.drops_unexpected_response += 1;
             return;
         }
-        // A READ response implicitly acknowledges the SEND/WRITE requests before it.
-        let implicit = self.ack_through(ctx, psn.sub(1));
-        if implicit {
-            self.after_ack(now, true);
-        }
-        let head = self.sq.head;
-        if !self.sq.has_outstanding() || !self.sq.get(head).is_read() || !self.sq.get(head).contains(psn) {
-            ctx.stats.drops_unexpected_response += 1;
+        // A READ response implicitly acknowledges the requests before it.
+        let news = self.note_executed(psn);
+        let applied = match self.response_target(ctx, psn, |wqe| wqe.is_read()) {
+            Some((index, offset)) => self.apply_read_data(ctx, index, offset, psn, position, payload),
+            None => false,
+        };
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
+        let moved = self.settle(ctx);
+        self.after_ack(now, news || applied || moved);
         if psn.is_after(self.req.una) {
-            // Earlier response packets of this READ are missing: lost, or only overtaken.
-            // Reissue the rest at once (as rxe does), but at most once per round trip, so a
-            // reordering network does not set off a storm of reissues and replays.
-            ctx.stats.drops_unexpected_response += 1;
-            if self.req.read_reissue.is_none() {
-                let una = self.req.una;
-                self.retry_from_una(ctx, now);
-                if self.state != lightpath_verbs::QpState::Err {
-                    self.req.read_reissue = Some(una);
-                }
-            }
-            return;
+            // Responses before this one are missing: lost, or only overtaken.
+            self.retry_missing_response();
         }
-        let wqe = self.sq.get(head);
+    }
+
+    /// Places one READ response packet in the buffer of WQE `index` and records it;
+    /// returns whether it did.
+    fn apply_read_data(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        index: u64,
+        offset: u32,
+        psn: Psn,
+        position: Position,
+        payload: &[u8],
+    ) -> bool {
+        let wqe = self.sq.get(index);
         let pmtu = u64::from(self.params.pmtu);
-        let offset = u64::from(psn.distance_from(wqe.first_psn) as u32) * pmtu;
-        let remaining = u64::from(wqe.length).saturating_sub(offset);
-        let last = psn == wqe.last_psn();
-        let fits = if last {
+        let at = u64::from(psn.distance_from(wqe.first_psn) as u32) * pmtu;
+        let remaining = u64::from(wqe.length).saturating_sub(at);
+        // Any full packet may also close a replay of a sub-range (a reissue asks only for the
+        // missing run), so only the READ's own last packet must be LAST/ONLY.
+        let fits = if psn == wqe.last_psn() {
             payload.len() as u64 == remaining && matches!(position, Position::Last | Position::Only)
         } else {
-            payload.len() as u64 == pmtu && matches!(position, Position::First | Position::Middle)
+            payload.len() as u64 == pmtu
         };
         if !fits {
             ctx.stats.drops_unexpected_response += 1;
-            return;
+            return false;
         }
-        if sgl::scatter(ctx.mrs, &wqe.sges, offset, payload).is_err() {
-            self.sq.get_mut(head).error = Some(WcStatus::LocProtErr);
-            self.enter_error(ctx, true);
-            return;
+        if sgl::scatter(ctx.mrs, &wqe.sges, at, payload).is_err() {
+            if index == self.sq.head {
+                self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
+                self.enter_error(ctx, true);
+            }
+            // (A later WQE fails the same way once it is the oldest: its data is asked again.)
+            return false;
         }
-        self.req.una = psn.add(1);
-        if last {
-            self.complete_head(ctx, WcStatus::Success);
-        }
-        self.after_ack(now, true);
+        self.req.answered.insert(offset)
     }
 
     fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, now: Time, header: &TransportHeader) {
         let psn = header.bth.psn;
-        let implicit = self.ack_through(ctx, psn.sub(1));
-        if implicit {
-            self.after_ack(now, true);
-        }
-        let head = self.sq.head;
-        let (Some(ack), true) = (header.atomic_ack, self.sq.has_outstanding()) else {
+        let Some(ack) = header.atomic_ack else {
             ctx.stats.drops_unexpected_response += 1;
             return;
         };
-        let wqe = self.sq.get(head);
-        if !wqe.op().is_atomic() || wqe.first_psn != psn || psn != self.req.una {
-            ctx.stats.drops_unexpected_response += 1;
+        let news = self.note_executed(psn);
+        let mut applied = false;
+        let target = self.response_target(ctx, psn, |wqe| wqe.op().is_atomic() && wqe.first_psn == psn);
+        if let Some((index, offset)) = target {
+            let wqe = self.sq.get(index);
+            if sgl::scatter(ctx.mrs, &wqe.sges, 0, &ack.orig.to_ne_bytes()).is_ok() {
+                applied = self.req.answered.insert(offset);
+            } else if index == self.sq.head {
+                self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
+                self.enter_error(ctx, true);
+                return;
+            }
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
-        if sgl::scatter(ctx.mrs, &wqe.sges, 0, &ack.orig.to_ne_bytes()).is_err() {
-            self.sq.get_mut(head).error = Some(WcStatus::LocProtErr);
-            self.enter_error(ctx, true);
-            return;
+        let moved = self.settle(ctx);
+        self.after_ack(now, news || applied || moved);
+        if psn.is_after(self.req.una) {
+            self.retry_missing_response();
         }
-        self.req.una = psn.add(1);
-        self.complete_head(ctx, WcStatus::Success);
-        self.after_ack(now, true);
     }
 
-    /// Fires the retransmit and RNR timers that are due.
+    /// Fires the retransmit, RNR and probe timers that are due.
     pub(crate) fn on_timers(&mut self, ctx: &mut Ctx<'_>, now: Time) {
+        if self.timers.probe.is_some_and(|deadline| deadline <= now) {
+            self.timers.probe = None;
+            self.fire_probe(now);
+        }
         if self.timers.rnr.is_some_and(|deadline| deadline <= now) {
             self.timers.rnr = None;
-            self.req.rnr_resume = None;
+            let resume = self.req.rnr_resume.take().filter(|psn| psn.is_after_or_eq(self.req.una));
             if self.sq.has_outstanding() {
-                self.rewind_to(self.req.una);
+                self.rewind_to(resume.unwrap_or(self.req.una));
+                // The responder dropped what followed the NAKed packet; like a go-back-N,
+                // this resend is covered by the recovery probe.
+                let until = self.req.sent_high;
+                self.req.recovery = Some(Recovery { until, went_back_at: now, probes: 0 });
+                self.arm_probe(now);
             }
         }
         if self.timers.retransmit.is_some_and(|deadline| deadline <= now) {
             self.timers.retransmit = None;
-            self.req.read_reissue = None;
+            self.req.awaiting_retry_reply = None;
             if self.sq.has_outstanding() {
                 ctx.stats.timeouts += 1;
                 if !self.spend_retry(ctx) {
                     return;
                 }
+                // Go back to the oldest unacknowledged PSN: everything from there is resent,
+                // so no separate reissue (or recovery probe) is needed.
+                self.req.reissue = None;
+                self.req.recovery = None;
+                self.timers.probe = None;
+                self.req.window = MIN_SEND_WINDOW;
                 self.rewind_to(self.req.una);
                 self.req.rewound_at = Some(self.req.una);
                 self.arm_retransmit(now);

@@ -13,6 +13,7 @@ mod requester;
 mod resources;
 mod responder;
 mod response_queue;
+mod response_window;
 mod responses;
 mod send_queue;
 mod state;
@@ -212,6 +213,9 @@ impl Qp {
         self.sq.started = self.sq.head;
         self.req.next_wqe = self.sq.head;
         self.req.rd_atomic_outstanding = 0;
+        self.req.pending_nak = None;
+        self.req.answered.clear();
+        self.req.reissue = None;
     }
 
     /// Completes every posted receive with WR_FLUSH_ERR.

@@ -10,7 +10,8 @@ use lightpath_verbs::{Error, QpState, Result, SendFlags, SendOp, SendPayload, Se
 use lightpath_wire::{AtomicEthRepr, Opcode, Position, Psn, RethRepr};
 
 use super::packet::{header, packet_count, position, request_opcode};
-use super::timers::ack_timeout_nanos;
+use super::response_window::ResponseWindow;
+use super::timers::{ack_timeout_nanos, RttEstimate};
 use super::{Qp, MAX_MESSAGE};
 use crate::event::Ctx;
 use crate::sgl;
@@ -22,6 +23,8 @@ pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
 /// AckReq is set on the last packet of every message and, in long messages, on every this
 /// many packets, so a peer that only ACKs AckReq packets (rxe) keeps our window moving.
 pub(crate) const ACK_REQ_INTERVAL: u32 = 64;
+/// The smallest send window (in PSNs) a go-back-N shrinks it to.
+pub(crate) const MIN_SEND_WINDOW: u32 = 16;
 
 /// Requester and completer position in the PSN space.
 #[derive(Debug, Default)]
@@ -34,11 +37,22 @@ pub(crate) struct Requester {
     pub(crate) next_pkt: u32,
     /// Oldest PSN not yet acknowledged.
     pub(crate) una: Psn,
+    /// The responder has executed every request packet before this PSN (an ACK, NAK or
+    /// response said so); never behind `una`. SEND/WRITE messages before it are complete.
+    pub(crate) executed_until: Psn,
+    /// READ response and atomic ACK PSNs at or past `una` that have arrived and been applied.
+    pub(crate) answered: ResponseWindow,
     /// One past the highest PSN ever sent (anything before it that is sent again is a
     /// retransmission; responses beyond it answer nothing we asked).
     pub(crate) sent_high: Psn,
     /// Packets sent since the last one with AckReq.
     pub(crate) since_ack_req: u32,
+    /// How far past `una` the requester may send, in PSNs (at most `MAX_UNACKED_PSNS`).
+    /// Every go-back-N halves it, every acknowledged PSN widens it by one, so after a loss
+    /// or under reordering the requester resends short bursts instead of flooding the path
+    /// with window after window of packets that the responder drops (it discards everything
+    /// after a gap). A local choice that rxe does not make; nothing on the wire changes.
+    pub(crate) window: u32,
     /// READ/atomic WQEs transmitted and not yet completed.
     pub(crate) rd_atomic_outstanding: u32,
     /// Transport retries left (timeouts, sequence NAKs, gaps in READ responses).
@@ -50,10 +64,46 @@ pub(crate) struct Requester {
     /// The PSN of the last go-back-N rewind, until progress is made: a second NAK or gap
     /// for the same PSN is the same loss, not a new one.
     pub(crate) rewound_at: Option<Psn>,
-    /// A READ was reissued at this PSN because its responses had a gap. Until the reply to
-    /// that reissue (a FIRST/ONLY response at this PSN) arrives — one round trip — further
-    /// gaps are taken for reordering, not loss, and cause no new reissue.
-    pub(crate) read_reissue: Option<Psn>,
+    /// A READ or atomic was retried at this PSN because its response looked lost (a later
+    /// response or ACK arrived first). Until the reply to that retry (a response opening at
+    /// this PSN) arrives — one round trip — further such signs are taken for reordering, not
+    /// loss, and cause no new retry.
+    pub(crate) awaiting_retry_reply: Option<Psn>,
+    /// Send this READ/atomic request again, alone, before anything else: its response looks
+    /// lost. Unlike a go-back-N rewind it leaves the send cursor where it is, so a missing
+    /// response costs one request (and a READ replays only the missing run), not a resend of
+    /// everything after it.
+    pub(crate) reissue: Option<Psn>,
+    /// The round-trip estimate.
+    pub(crate) rtt: RttEstimate,
+    /// The go-back-N recovery in progress after a sequence NAK, if any.
+    pub(crate) recovery: Option<Recovery>,
+    /// A fatal NAK (its PSN and the status it means) that arrived while an earlier READ or
+    /// atomic was still unanswered. The completer retries that request first; once every
+    /// request before the NAKed one has completed, the NAK takes effect.
+    pub(crate) pending_nak: Option<(Psn, WcStatus)>,
+}
+
+/// A go-back-N recovery: from a sequence NAK until everything that was outstanding then has
+/// been executed by the responder.
+///
+/// Two rules make go-back-N robust when the network reorders, where a responder that drops
+/// everything behind a gap NAKs again and again:
+/// * within a round trip of going back, a sequence NAK is not followed — the responder
+///   cannot have seen the retransmission yet, so the NAK answers packets sent before it;
+/// * if the answers stop while requests are still unconfirmed (the retransmission itself was
+///   overtaken, and the responder dropped the rest silently), the requester goes back again
+///   after a few round trips (the probe timer) instead of waiting for the retransmit timer.
+///   Probes back off exponentially and spend no retries: the retransmit timer alone decides
+///   when a peer is gone.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Recovery {
+    /// The send frontier when the recovery began.
+    pub(crate) until: Psn,
+    /// When the requester last went back.
+    pub(crate) went_back_at: Time,
+    /// Probes fired since the last progress (the backoff exponent).
+    pub(crate) probes: u32,
 }
 
 impl Requester {
@@ -62,9 +112,11 @@ impl Requester {
         Self {
             next_psn: psn,
             una: psn,
+            executed_until: psn,
             sent_high: psn,
             retry_left: retry_cnt,
             rnr_left: rnr_retry,
+            window: MAX_UNACKED_PSNS as u32,
             ..Self::default()
         }
     }
@@ -138,21 +190,35 @@ impl Qp {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.timers.rnr.is_some() {
             return false;
         }
+        if self.req.reissue.is_some() {
+            return true; // a duplicate of a request already sent: the window does not limit it
+        }
         let index = self.req.next_wqe;
-        if index >= self.sq.tail || self.req.next_psn.distance_from(self.req.una) >= MAX_UNACKED_PSNS {
+        if index >= self.sq.tail || self.window_full() {
             return false;
         }
         if index < self.sq.started {
             return true; // a retransmission: only the window limits it
         }
-        if self.state == QpState::Sqd {
-            return false; // draining: no new WQE starts
+        if self.state == QpState::Sqd || self.req.pending_nak.is_some() {
+            // Draining, or a request already failed: no new WQE starts.
+            return false;
         }
         let wqe = self.sq.get(index);
         if wqe.fence && self.req.rd_atomic_outstanding > 0 {
             return false;
         }
         !(wqe.is_read_or_atomic() && self.req.rd_atomic_outstanding >= u32::from(self.params.max_rd_atomic))
+    }
+
+    /// The current send limit in PSNs past `una`.
+    fn send_window(&self) -> i32 {
+        (self.req.window.clamp(MIN_SEND_WINDOW, MAX_UNACKED_PSNS as u32)) as i32
+    }
+
+    /// Whether the next PSN lies at or beyond the send window.
+    fn window_full(&self) -> bool {
+        self.req.next_psn.distance_from(self.req.una) >= self.send_window()
     }
 
     /// Assigns PSNs to the next new WQE and checks its local buffers. On a local protection
@@ -179,10 +245,52 @@ impl Qp {
         true
     }
 
+    /// Writes the READ/atomic request that `reissue` asks for into `buf`. A READ asks only for
+    /// its first missing run: from the PSN up to the next response that already arrived.
+    fn produce_reissue(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn, buf: &mut [u8]) -> Option<usize> {
+        let index = self.sq.find_started(psn).filter(|&i| self.sq.get(i).is_read_or_atomic())?;
+        let wqe = self.sq.get(index);
+        let k = psn.distance_from(wqe.first_psn) as u32;
+        let dest_qpn = self.params.dest_qpn;
+        let len = match wqe.op() {
+            SendOp::Read { remote_addr, rkey } => {
+                let pmtu = u64::from(self.params.pmtu);
+                let offset = u64::from(k) * pmtu;
+                let base = psn.distance_from(self.req.una).max(0) as u32;
+                let run = (1..wqe.psn_count - k)
+                    .find(|&i| self.req.answered.contains(base + i))
+                    .unwrap_or(wqe.psn_count - k);
+                let dma_len = (u64::from(run) * pmtu).min(u64::from(wqe.length).saturating_sub(offset));
+                let mut h = header(Opcode::RC_RDMA_READ_REQUEST, dest_qpn, psn, true, false);
+                h.reth =
+                    Some(RethRepr { va: remote_addr.wrapping_add(offset), rkey, dma_len: dma_len as u32 });
+                h.emit(0, buf).ok()?;
+                h.datagram_len(0)
+            }
+            op => atomic_request(op, dest_qpn, psn, buf)?,
+        };
+        ctx.stats.retransmits += 1;
+        self.req.rtt.on_retransmit();
+        if self.timers.retransmit.is_none() {
+            self.timers.retransmit =
+                ack_timeout_nanos(self.params.timeout).map(|nanos| now.plus_nanos(nanos));
+        }
+        Some(len)
+    }
+
     /// Writes the next request packet into `buf`.
     pub(crate) fn produce_request(&mut self, ctx: &mut Ctx<'_>, now: Time, buf: &mut [u8]) -> Option<usize> {
         if !self.requester_ready() {
             return None;
+        }
+        if let Some(psn) = self.req.reissue.take() {
+            if let Some(len) = self.produce_reissue(ctx, now, psn, buf) {
+                return Some(len);
+            }
+            // (Completed meanwhile: nothing to reissue.)
+            if !self.requester_ready() {
+                return None;
+            }
         }
         if self.req.next_wqe == self.sq.started && !self.start_wqe(ctx) {
             return None;
@@ -206,24 +314,17 @@ impl Qp {
                 h.emit(0, buf).ok()?;
                 (h.datagram_len(0), true, wqe.psn_count - k)
             }
-            SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
-                let mut h = header(Opcode::RC_COMPARE_SWAP, dest_qpn, psn, true, false);
-                h.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare });
-                h.emit(0, buf).ok()?;
-                (h.datagram_len(0), true, 1)
-            }
-            SendOp::FetchAdd { remote_addr, rkey, add } => {
-                let mut h = header(Opcode::RC_FETCH_ADD, dest_qpn, psn, true, false);
-                h.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 });
-                h.emit(0, buf).ok()?;
-                (h.datagram_len(0), true, 1)
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                (atomic_request(op, dest_qpn, psn, buf)?, true, 1)
             }
             _ => {
                 let count = wqe.psn_count;
                 let pos = position(k, count);
                 let last = matches!(pos, Position::Last | Position::Only);
                 let payload_len = (length - offset.min(length)).min(pmtu) as usize;
-                let ack_req = last || self.req.since_ack_req + 1 >= ACK_REQ_INTERVAL;
+                // Also on the packet that fills the send window: only its ACK can open it.
+                let fills_window = psn.add(1).distance_from(self.req.una) >= self.send_window();
+                let ack_req = last || fills_window || self.req.since_ack_req + 1 >= ACK_REQ_INTERVAL;
                 let solicited = last && wqe.solicited && !matches!(op, SendOp::Write { .. });
                 let mut h = header(request_opcode(op, pos), dest_qpn, psn, ack_req, solicited);
                 match op {
@@ -267,6 +368,9 @@ impl Qp {
 
         if psn.is_before(self.req.sent_high) {
             ctx.stats.retransmits += 1;
+            self.req.rtt.on_retransmit();
+        } else {
+            self.req.rtt.on_new_packet(psn, now);
         }
         self.req.next_psn = psn.add(advance);
         if self.req.next_psn.is_after(self.req.sent_high) {
@@ -302,4 +406,22 @@ impl Qp {
         }
         self.req.next_psn = psn;
     }
+}
+
+/// Writes the request packet of an atomic `op` with PSN `psn` into `buf`; returns its length
+/// (`None` for other operations, or when `buf` is too small).
+fn atomic_request(op: SendOp, dest_qpn: u32, psn: Psn, buf: &mut [u8]) -> Option<usize> {
+    let (opcode, atomic) = match op {
+        SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+            (Opcode::RC_COMPARE_SWAP, AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare })
+        }
+        SendOp::FetchAdd { remote_addr, rkey, add } => {
+            (Opcode::RC_FETCH_ADD, AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 })
+        }
+        _ => return None,
+    };
+    let mut h = header(opcode, dest_qpn, psn, true, false);
+    h.atomic_eth = Some(atomic);
+    h.emit(0, buf).ok()?;
+    Some(h.datagram_len(0))
 }

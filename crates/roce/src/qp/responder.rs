@@ -386,17 +386,21 @@ impl Qp {
                 }
                 let replay =
                     ResponseItem::ReadData { psn, va: reth.va, rkey, remaining: want_len, first: true };
-                // If the response stream of that READ is still queued, restart it at the
-                // requested PSN instead of queueing a second stream: a reissue then never
-                // multiplies the traffic, however often the requester asks.
+                let to_the_end = reth.va.wrapping_add(want_len) == va.wrapping_add(len);
+                // If the response stream of that READ is still queued, a duplicate never adds
+                // a second copy of it: one the stream has yet to reach is answered by the
+                // stream itself, and one for the whole rest restarts the stream there. (A
+                // duplicate for a run the stream has already passed is queued on its own.)
                 if let Some(stream) = self.resp.output.read_stream_mut(first, last) {
                     if let ResponseItem::ReadData { psn: next, .. } = *stream {
-                        if next.is_after_or_eq(psn) {
-                            *stream = replay;
+                        if !next.is_after(psn) || to_the_end {
+                            if next.is_after(psn) {
+                                *stream = replay;
+                            }
+                            ctx.stats.duplicates += 1;
+                            return;
                         }
                     }
-                    ctx.stats.duplicates += 1;
-                    return;
                 }
                 if !self.resp.output.has_room_for_work() {
                     ctx.stats.drops_responder_busy += 1;
