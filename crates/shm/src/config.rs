@@ -15,6 +15,12 @@ pub struct ShmConfig {
     /// the ring minus 32). Big messages move in pieces so the receiver copies one piece out
     /// while the sender copies the next one in.
     pub max_fragment: u32,
+    /// SENDs of at least this many bytes (from at most 32 scatter/gather entries) are sent as
+    /// descriptors of where the bytes are, and the receiver copies them straight out of the
+    /// sender's region: one copy instead of two (default 32 KiB; `u32::MAX` turns it off). The
+    /// receiver maps the source region read-only for this, so a peer can read the regions this
+    /// side sends large messages from.
+    pub direct_min: u32,
     /// How long `CompletionQueue::wait` polls before it blocks (waking a blocked thread costs
     /// microseconds, a poll a fraction of one).
     pub spin: Duration,
@@ -42,6 +48,7 @@ impl Default for ShmConfig {
             name: None,
             ring_bytes: 1 << 20,
             max_fragment: 64 << 10,
+            direct_min: 32 << 10,
             spin: Duration::from_micros(50),
             idle_after: Duration::from_millis(1),
             rpc_timeout: Duration::from_secs(5),

@@ -30,6 +30,8 @@ pub enum Fault {
     HeadGarbage,
     /// A status word without its validity bit.
     StatusGarbage,
+    /// A direct SEND whose source descriptor points far outside the sender's region `rkey`.
+    ForgedDescriptor { rkey: u32 },
 }
 
 /// Writes `fault` into `qp`'s segment. Fails if the queue pair has no link.
@@ -76,6 +78,15 @@ pub fn inject(qp: &ShmQp, fault: Fault) -> Result<()> {
             Fault::BadNak => word(OFF_NAK, 1 << 8 | 0xEE),
             Fault::HeadGarbage => word(OFF_HEAD, 3),
             Fault::StatusGarbage => word(OFF_STATE, 0x7777),
+            Fault::ForgedDescriptor { rkey } => {
+                let mut descriptor = [0u8; 16];
+                descriptor[0..4].copy_from_slice(&rkey.to_le_bytes());
+                descriptor[4..8].copy_from_slice(&4096u32.to_le_bytes());
+                descriptor[8..16].copy_from_slice(&(u64::MAX - 100).to_le_bytes());
+                let written = map.write(at + HEADER, &descriptor);
+                debug_assert!(written);
+                forge(3, 16, 0, 4096);
+            }
         }
         Ok(())
     })?

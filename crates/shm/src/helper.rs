@@ -238,6 +238,13 @@ impl Helper<'_> {
 
     /// Applies events and, when the application is idle, processes arrivals and sleeps armed.
     fn drive(&mut self) {
+        if !self.armed && self.app_active() {
+            // The application polls: it applies events and does the work itself; taking its
+            // lock here would only get in its way.
+            self.retry_lock = false;
+            self.deadline = None;
+            return;
+        }
         let mut core = match self.shared.core.try_lock() {
             Ok(core) => core,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),

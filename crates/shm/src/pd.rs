@@ -65,17 +65,17 @@ impl ProtectionDomain for ShmPd {
                 return Err(Error::InvalidAttribute("more memory regions than max_mr"));
             }
             core.regions.insert(lkey, Arc::clone(&region));
-            let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-            if access.bits() & remote.bits() != 0 {
-                let export = ExportedRegion {
-                    memfd: Arc::clone(&region.memfd),
-                    addr: region.addr(),
-                    len: len as u64,
-                    access,
-                    pd: self.id,
-                };
-                shared.exports_write().regions.insert(rkey, export);
-            }
+            // Every region is described to peers that ask through a queue pair of its domain:
+            // for one-sided operations (which the asking side checks against `access`) and as
+            // the source of direct SENDs (which the receiver copies out of).
+            let export = ExportedRegion {
+                memfd: Arc::clone(&region.memfd),
+                addr: region.addr(),
+                len: len as u64,
+                access,
+                pd: self.id,
+            };
+            shared.exports_write().regions.insert(rkey, export);
         }
         Ok(ShmMr { device: Arc::clone(&self.device), region })
     }
@@ -101,8 +101,8 @@ impl ProtectionDomain for ShmPd {
                 return Err(Error::InvalidAttribute("more queue pairs than max_qp"));
             }
             let qpn = core.alloc_qpn().ok_or(Error::InvalidAttribute("no queue-pair number left"))?;
-            let qp =
-                QpCore::new(qpn, self.id, caps, Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
+            let (send, recv) = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
+            let qp = QpCore::new(qpn, self.id, caps, send, recv, shared.ctx.config.direct_min);
             core.qps.insert(qpn, qp);
             shared.exports_write().qp_pds.insert(qpn, self.id);
             qpn

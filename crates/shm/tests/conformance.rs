@@ -16,14 +16,29 @@ impl ConformanceFixture for DefaultRings {
     }
 }
 
-/// The smallest ring with small pieces: every multi-piece, wrap-around and ring-full path runs.
+/// The smallest ring with small pieces and every SEND through the ring: every multi-piece,
+/// wrap-around and ring-full path runs.
 struct TinyRings;
 
 impl ConformanceFixture for TinyRings {
     type Device = ShmDevice;
 
     fn open_pair() -> (ShmDevice, ShmDevice) {
-        let config = ShmConfig { ring_bytes: 4096, max_fragment: 200, ..ShmConfig::default() };
+        let config =
+            ShmConfig { ring_bytes: 4096, max_fragment: 200, direct_min: u32::MAX, ..ShmConfig::default() };
+        let open = || ShmDevice::open(config.clone()).expect("shm device");
+        (open(), open())
+    }
+}
+
+/// Every non-empty SEND as source descriptors (the receiver copies out of the sender's region).
+struct DirectSends;
+
+impl ConformanceFixture for DirectSends {
+    type Device = ShmDevice;
+
+    fn open_pair() -> (ShmDevice, ShmDevice) {
+        let config = ShmConfig { direct_min: 1, ..ShmConfig::default() };
         let open = || ShmDevice::open(config.clone()).expect("shm device");
         (open(), open())
     }
@@ -35,4 +50,8 @@ mod default_rings {
 
 mod tiny_rings {
     lightpath_verbs::conformance_tests!(super::TinyRings);
+}
+
+mod direct_sends {
+    lightpath_verbs::conformance_tests!(super::DirectSends);
 }

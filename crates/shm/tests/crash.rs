@@ -108,7 +108,11 @@ fn child(role: &str) {
             assert_eq!(wait_n(&end.cq, 1)[0].status, WcStatus::Success);
         }
         scribble => {
-            let fault = fault_named(scribble.strip_prefix("scribble:").expect("role"));
+            let name = scribble.strip_prefix("scribble:").expect("role");
+            let fault = match name {
+                "forged-descriptor" => Fault::ForgedDescriptor { rkey: end.mr.rkey() },
+                other => fault_named(other),
+            };
             fault::inject(&end.qp, fault).expect("inject");
             writeln!(writer, "done").expect("report");
             // Stay alive until the runner has checked that it survived the garbage.
@@ -315,13 +319,12 @@ fn peer_scribbles(name: &str, fault: Fault) {
         assert_eq!(read_line(&mut peer.reader), "done");
         let mut posted = 3;
         if fault == Fault::HeadGarbage {
-            // The peer's position is read back only once our ring looks full.
-            for i in 0..40 {
-                let sge = send_sge(&end, (i % 64) * CHUNK, CHUNK as u32);
-                match end.qp.post_send(&SendWr::new(11 + i as u64, SendOp::Send, &sge)) {
-                    Ok(()) => posted += 1,
-                    Err(err) => panic!("post_send: {err}"),
-                }
+            // The peer's position is read back only once our ring looks full: 80 SENDs of 16
+            // KiB (small enough to travel through the ring) fill its 1 MiB.
+            for i in 0..80 {
+                let sge = send_sge(&end, (i % 64) * CHUNK, 16 << 10);
+                end.qp.post_send(&SendWr::new(11 + i as u64, SendOp::Send, &sge)).expect("post_send");
+                posted += 1;
             }
         }
         let wcs = collect(&end, posted);
@@ -352,6 +355,10 @@ fn main() -> ExitCode {
         ("peer_abort_mid_transfer".into(), Box::new(peer_abort_mid_transfer)),
         ("peer_exits_normally".into(), Box::new(peer_exits_normally)),
     ];
+    scenarios.push((
+        "peer_scribbles_forged_descriptor".into(),
+        Box::new(|| peer_scribbles("forged-descriptor", Fault::ForgedDescriptor { rkey: 0 })),
+    ));
     for (name, fault) in FAULTS {
         scenarios.push((
             format!("peer_scribbles_{}", name.replace('-', "_")),

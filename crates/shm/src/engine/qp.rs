@@ -46,6 +46,8 @@ pub(crate) struct QpCore {
     pub(crate) failure: Option<LinkFailure>,
     /// Something the peer may be waiting for was published (ring it if it sleeps).
     pub(crate) published: bool,
+    /// SENDs of at least this many bytes go as source descriptors.
+    pub(crate) direct_min: u32,
 }
 
 /// The shm device has one port (1) and one GID (index 0); refuse anything else up front.
@@ -78,6 +80,7 @@ impl QpCore {
         caps: QpCaps,
         send_cq: Arc<CqShared>,
         recv_cq: Arc<CqShared>,
+        direct_min: u32,
     ) -> Self {
         Self {
             qpn,
@@ -96,6 +99,7 @@ impl QpCore {
             pending: None,
             failure: None,
             published: false,
+            direct_min,
         }
     }
 

@@ -18,6 +18,11 @@ use crate::sys::Mapping;
 /// Ring record kinds (the ring itself reserves 0xFF).
 pub(crate) const KIND_SEND: u8 = 1;
 pub(crate) const KIND_WRITE_IMM: u8 = 2;
+pub(crate) const KIND_SEND_DIRECT: u8 = 3;
+/// Bytes of one source descriptor of a direct SEND: rkey (u32), length (u32), offset (u64).
+pub(crate) const DESCRIPTOR: usize = 16;
+/// Most scatter/gather entries a direct SEND describes (larger lists go through the ring).
+pub(crate) const MAX_DESCRIPTORS: usize = 32;
 /// Record flags.
 pub(crate) const FLAG_IMM: u8 = 1;
 pub(crate) const FLAG_SOLICITED: u8 = 2;
@@ -132,11 +137,14 @@ impl QpCore {
     }
 
     fn issue_one(&mut self, index: usize, regions: &Regions) -> Result<Step, LinkFailure> {
-        let QpCore { req, link, pd, dest, published, .. } = self;
+        let QpCore { req, link, pd, dest, published, direct_min, .. } = self;
         let (Some(link), Some((_, dqpn))) = (link.as_mut(), *dest) else { return Ok(Step::Blocked) };
         let wqe = &mut req.sq[index];
         let pd = *pd;
         let step = match wqe.op {
+            SendOp::Send | SendOp::SendWithImm { .. } if goes_direct(wqe, *direct_min) => {
+                push_direct(wqe, link, regions, pd, &mut req.next_message, published)?
+            }
             SendOp::Send | SendOp::SendWithImm { .. } => {
                 push_message(wqe, link, regions, pd, &mut req.next_message, published)?
             }
@@ -246,6 +254,72 @@ impl Requester {
         }
         self.stopped = true;
     }
+}
+
+/// Whether a SEND should travel as source descriptors (the receiver copies straight out of
+/// our region) instead of through the ring: big enough that one copy instead of two pays for
+/// the receiver's region lookup, and not yet started.
+fn goes_direct(wqe: &SendWqe, direct_min: u32) -> bool {
+    let Payload::Sges(sges) = &wqe.payload else { return false };
+    wqe.len >= direct_min && sges.as_slice().len() <= MAX_DESCRIPTORS && wqe.stage == Stage::NEW
+}
+
+/// Puts a direct SEND into the ring: one record listing where the bytes are in our regions.
+fn push_direct(
+    wqe: &mut SendWqe,
+    link: &mut Link,
+    regions: &Regions,
+    pd: u32,
+    next_message: &mut u64,
+    published: &mut bool,
+) -> Result<Step, LinkFailure> {
+    let Payload::Sges(sges) = &wqe.payload else { return Ok(Step::Blocked) };
+    let mut descriptors = [0u8; DESCRIPTOR * MAX_DESCRIPTORS];
+    let mut count = 0;
+    for sge in sges.as_slice().iter().filter(|sge| sge.length > 0) {
+        let Some((region, offset)) = sge::resolve(sge, regions, pd, false) else {
+            wqe.stage = Stage::Done { status: WcStatus::LocProtErr, byte_len: 0 };
+            return Ok(Step::Issued);
+        };
+        let slot = &mut descriptors[count * DESCRIPTOR..(count + 1) * DESCRIPTOR];
+        slot[0..4].copy_from_slice(&region.rkey.to_le_bytes());
+        slot[4..8].copy_from_slice(&sge.length.to_le_bytes());
+        slot[8..16].copy_from_slice(&(offset as u64).to_le_bytes());
+        count += 1;
+    }
+    let Some(peer) = link.peer.as_ref() else { return Ok(Step::Blocked) };
+    let imm = match wqe.op {
+        SendOp::SendWithImm { imm } => Some(imm),
+        _ => None,
+    };
+    let mut flags = if imm.is_some() { FLAG_IMM } else { 0 };
+    if wqe.solicited {
+        flags |= FLAG_SOLICITED;
+    }
+    let number = *next_message;
+    let bytes = &descriptors[..count * DESCRIPTOR];
+    let header = RecordHeader {
+        kind: KIND_SEND_DIRECT,
+        flags,
+        len: bytes.len() as u32,
+        word2: u64::from(number as u32) | u64::from(imm.unwrap_or(0)) << 32,
+        word3: u64::from(wqe.len),
+    };
+    let ring = link.outbox.ring();
+    let map = link.outbox.map();
+    let fill = |offset: usize| {
+        let written = map.write(ring.segment_offset(offset), bytes);
+        debug_assert!(written);
+    };
+    match link.producer.try_push(&ring, &peer.segment.word(OFF_HEAD), header, fill) {
+        Ok(true) => {}
+        Ok(false) => return Ok(Step::Blocked),
+        Err(_) => return Err(LinkFailure::PeerCorrupt),
+    }
+    *published = true;
+    *next_message += 1;
+    wqe.stage = Stage::AwaitAck { message: number };
+    Ok(Step::Issued)
 }
 
 /// Puts a SEND (or the record of a WRITE with immediate) into the ring, piece by piece.

@@ -14,8 +14,8 @@ use lightpath_verbs::{QpState, WcOpcode, WcStatus, WorkCompletion};
 use super::link::LinkFailure;
 use super::qp::{QpCore, MAX_MESSAGE};
 use super::requester::{
-    FLAG_IMM, FLAG_SOLICITED, KIND_SEND, KIND_WRITE_IMM, NAK_INVALID_REQUEST, NAK_REMOTE_OPERATION,
-    NAK_RNR_EXCEEDED,
+    DESCRIPTOR, FLAG_IMM, FLAG_SOLICITED, KIND_SEND, KIND_SEND_DIRECT, KIND_WRITE_IMM, MAX_DESCRIPTORS,
+    NAK_INVALID_REQUEST, NAK_REMOTE_OPERATION, NAK_RNR_EXCEEDED,
 };
 use super::sge::{self, Regions};
 use super::wqe::RecvWqe;
@@ -99,6 +99,7 @@ impl QpCore {
             let handled = match record.header.kind {
                 KIND_SEND => self.on_send(&record, regions),
                 KIND_WRITE_IMM => self.on_write_imm(&record),
+                KIND_SEND_DIRECT => self.on_send_direct(&record, regions),
                 _ => Err(LinkFailure::PeerCorrupt),
             };
             match handled {
@@ -239,6 +240,8 @@ impl QpCore {
         };
         if header.len > 0 {
             let Some(peer) = self.link.as_ref().and_then(|link| link.peer.as_ref()) else {
+                // Kept, so the failure flushes the receive.
+                self.resp.assembling = Some(assembly);
                 return Err(LinkFailure::PeerGone);
             };
             let source = peer.segment.map();
@@ -271,6 +274,102 @@ impl QpCore {
         } else {
             self.resp.assembling = Some(assembly);
         }
+        Ok(Handled::Consumed)
+    }
+
+    /// A direct SEND: the record lists where the bytes are in the sender's regions; copy them
+    /// straight into the receive (one copy), mapping the sender's regions as needed.
+    fn on_send_direct(&mut self, record: &Record, regions: &Regions) -> Result<Handled, LinkFailure> {
+        let header = record.header;
+        let number = header.word2 as u32;
+        let imm = (header.flags & FLAG_IMM != 0).then_some((header.word2 >> 32) as u32);
+        let total = header.word3 as u32;
+        let len = header.len as usize;
+        let valid = self.resp.assembling.is_none()
+            && number == self.resp.expected as u32
+            && header.word3 >> 32 == 0
+            && u64::from(total) <= MAX_MESSAGE
+            && len > 0
+            && len.is_multiple_of(DESCRIPTOR)
+            && len <= DESCRIPTOR * MAX_DESCRIPTORS;
+        if !valid {
+            return Err(LinkFailure::PeerCorrupt);
+        }
+        // Copied out once; everything below works on this copy.
+        let mut raw = [0u8; DESCRIPTOR * MAX_DESCRIPTORS];
+        let peer = self.link.as_ref().and_then(|link| link.peer.as_ref()).ok_or(LinkFailure::PeerGone)?;
+        if !peer.segment.map().read(RING_OFFSET + record.payload_offset, &mut raw[..len]) {
+            return Err(LinkFailure::PeerCorrupt);
+        }
+        let mut descriptors = [(0u32, 0u64, 0u64); MAX_DESCRIPTORS];
+        let count = len / DESCRIPTOR;
+        let mut sum = 0u64;
+        for (slot, bytes) in descriptors.iter_mut().zip(raw[..len].chunks_exact(DESCRIPTOR)) {
+            let field = |range: std::ops::Range<usize>| {
+                let mut word = [0u8; 8];
+                word[..range.len()].copy_from_slice(&bytes[range]);
+                u64::from_le_bytes(word)
+            };
+            *slot = (field(0..4) as u32, field(4..8), field(8..16));
+            sum += slot.1;
+        }
+        if sum != u64::from(total) {
+            return Err(LinkFailure::PeerCorrupt);
+        }
+        let message = self.resp.expected;
+        let recv = match self.take_recv(message) {
+            Ok(recv) => recv,
+            Err(handled) => return Ok(handled),
+        };
+        if u64::from(total) > recv.capacity {
+            return Ok(self.fail_recv(&recv, message, WcStatus::LocLenErr, NAK_INVALID_REQUEST));
+        }
+        if !sge::check(recv.sges.as_slice(), regions, self.pd, true) {
+            return Ok(self.fail_recv(&recv, message, WcStatus::LocProtErr, NAK_REMOTE_OPERATION));
+        }
+        let dqpn = self.dest.map_or(0, |(_, qpn)| qpn);
+        let mut position = 0u64;
+        for &(rkey, piece, offset) in &descriptors[..count] {
+            // On any failure the receive goes back to the front of the queue, where the NAK
+            // leaves it posted or the link failure flushes it in order.
+            let found = match self.link.as_mut() {
+                Some(link) => link.peer_region(rkey, dqpn),
+                None => Err(LinkFailure::PeerGone),
+            };
+            let source = match found {
+                Ok(Some(source)) if offset.checked_add(piece).is_some_and(|end| end <= source.len) => source,
+                Ok(Some(_)) | Err(_) => {
+                    let failure = found.err().unwrap_or(LinkFailure::PeerCorrupt);
+                    self.resp.rq.push_front(recv);
+                    return Err(failure);
+                }
+                Ok(None) => {
+                    // The sender's buffer is not registered (it broke the rule that buffers
+                    // stay valid until completion): its request fails, the receive stays.
+                    self.resp.rq.push_front(recv);
+                    self.nak(message, NAK_REMOTE_OPERATION);
+                    return Ok(Handled::Stop);
+                }
+            };
+            let base = offset as usize;
+            let copied = sge::pieces(
+                recv.sges.as_slice(),
+                regions,
+                self.pd,
+                true,
+                position,
+                piece,
+                |region, region_offset, rel, n| {
+                    Mapping::copy(&region.map, region_offset, &source.map, base + rel, n)
+                },
+            );
+            if !copied {
+                return Ok(self.fail_recv(&recv, message, WcStatus::LocProtErr, NAK_REMOTE_OPERATION));
+            }
+            position += piece;
+        }
+        let solicited = header.flags & FLAG_SOLICITED != 0;
+        self.complete_recv(&recv, WcOpcode::Recv, total, imm, solicited);
         Ok(Handled::Consumed)
     }
 

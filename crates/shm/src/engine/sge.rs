@@ -71,7 +71,12 @@ impl SgeList {
 
 /// The region an entry names and the entry's offset in it, if the entry is usable by a queue
 /// pair of protection domain `pd` (and the region is locally writable when `write`).
-fn resolve<'r>(sge: &Sge, regions: &'r Regions, pd: u32, write: bool) -> Option<(&'r LocalRegion, usize)> {
+pub(crate) fn resolve<'r>(
+    sge: &Sge,
+    regions: &'r Regions,
+    pd: u32,
+    write: bool,
+) -> Option<(&'r LocalRegion, usize)> {
     let region = regions.get(&sge.lkey)?;
     if region.pd != pd || (write && !region.access.contains(AccessFlags::LOCAL_WRITE)) {
         return None;
