@@ -10,7 +10,7 @@ use std::sync::Arc;
 use lightpath_verbs::{
     AccessFlags, Error, Gid, QpAttr, QpCaps, QpState, RecvWr, Result, SendWr, WorkCompletion,
 };
-use lightpath_wire::icrc::{self, Endpoints};
+use lightpath_wire::icrc::{self, Endpoints, Ipv4IdFlags};
 use lightpath_wire::{Error as WireError, Transport, TransportRepr};
 
 use crate::config::EngineConfig;
@@ -37,6 +37,9 @@ pub struct Engine {
     /// (deadline, QPN); entries may be stale (see `reschedule_timer`).
     timers: BinaryHeap<Reverse<(Time, u32)>>,
     events: VecDeque<EngineEvent>,
+    /// The last IPv4 datagram verified came with the IP header an `IP_PMTUDISC_DO` socket
+    /// sends (ID 0, DF), so the next one is checked against that header first.
+    expect_socket_default_ip_header: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -61,6 +64,7 @@ impl Engine {
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
+            expect_socket_default_ip_header: true,
             config,
         }
     }
@@ -238,7 +242,7 @@ impl Engine {
         }
         if self.config.verify_icrc {
             let endpoints = Endpoints { src: from, dst: to, src_port, dst_port: self.config.roce_port };
-            if !icrc::verify(&endpoints, datagram) {
+            if !self.icrc_ok(&endpoints, datagram) {
                 self.stats.drops_icrc += 1;
                 return;
             }
@@ -272,7 +276,7 @@ impl Engine {
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port: self.config.roce_port };
-            if icrc::seal(&endpoints, &mut buf[..len]).is_err() {
+            if seal(&endpoints, &mut buf[..len]).is_err() {
                 self.stats.tx_errors += 1;
                 continue;
             }
@@ -280,6 +284,38 @@ impl Engine {
             return Some(Transmit { dst, src_port, len });
         }
         None
+    }
+
+    /// Checks a received datagram's ICRC. An IPv4 datagram sent as a socket with
+    /// `IP_PMTUDISC_DO` sends it (ID 0, DF: every Lightpath peer) matches exactly in one CRC
+    /// pass; others (Linux rxe numbers its IDs) need the solve for ID and flags, which also
+    /// tells which kind the peer is, so the exact check is tried only while it keeps matching.
+    fn icrc_ok(&mut self, endpoints: &Endpoints, datagram: &[u8]) -> bool {
+        let (IpAddr::V4(src), IpAddr::V4(dst)) = (endpoints.src, endpoints.dst) else {
+            return icrc::verify(endpoints, datagram);
+        };
+        let default = Ipv4IdFlags::SOCKET_DEFAULT;
+        if self.expect_socket_default_ip_header {
+            let computed = icrc::compute_ipv4(
+                src,
+                dst,
+                default.ident,
+                default.flags_frag,
+                endpoints.src_port,
+                endpoints.dst_port,
+                datagram,
+            );
+            if computed.is_ok_and(|crc| icrc::found(datagram) == Some(crc)) {
+                return true;
+            }
+        }
+        match icrc::solve_ipv4_id_flags(endpoints, datagram) {
+            Some(header) => {
+                self.expect_socket_default_ip_header = header == default;
+                true
+            }
+            None => false,
+        }
     }
 
     /// When `handle_timeout` must next be called (it may be called earlier; a spurious call
@@ -380,11 +416,27 @@ impl Engine {
     }
 }
 
+/// Seals a datagram as `icrc::seal` does (IPv4: as sent with ID 0 and DF), without working
+/// out the address family again for the common all-IPv4 case.
+fn seal(endpoints: &Endpoints, datagram: &mut [u8]) -> lightpath_wire::Result<()> {
+    let crc = match (endpoints.src, endpoints.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let default = Ipv4IdFlags::SOCKET_DEFAULT;
+            let (sport, dport) = (endpoints.src_port, endpoints.dst_port);
+            icrc::compute_ipv4(src, dst, default.ident, default.flags_frag, sport, dport, datagram)?
+        }
+        _ => return icrc::seal(endpoints, datagram),
+    };
+    let at = datagram.len() - lightpath_wire::transport::ICRC_LEN;
+    datagram[at..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
 
-    use lightpath_verbs::{AddressVector, Mtu, SendOp};
+    use lightpath_verbs::{AddressVector, Mtu, SendOp, WcStatus};
 
     use super::*;
 
@@ -422,6 +474,81 @@ mod tests {
         let (entropy, _, _, _) = first_send(None);
         assert_ne!(entropy.src_port, 4791, "without the option the per-QP port is used");
         assert!(!icrc::verify(&sealed_for(entropy.src_port), &datagram), "the ICRC covers the source port");
+    }
+
+    /// Engines A (10.0.0.1) and B (10.0.0.2) with connected queue pairs; B has `recvs`
+    /// receives posted. Returns the engines, their QPNs and B's completion queue.
+    fn connected_pair(recvs: u64) -> ([Engine; 2], [u32; 2], CqHandle) {
+        let ips = [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))];
+        let config = |ip| EngineConfig { fixed_src_port: Some(4791), ..EngineConfig::new(Gid::from_ip(ip)) };
+        let mut engines = ips.map(|ip| Engine::new(config(ip)));
+        let mut cqs = [CqHandle(0); 2];
+        let mut qpns = [0; 2];
+        for i in 0..2 {
+            cqs[i] = engines[i].create_cq(16).expect("cq");
+            qpns[i] = engines[i].create_qp(cqs[i], cqs[i], QpCaps::default()).expect("qp");
+            engines[i]
+                .modify_qp(Time::ZERO, qpns[i], &QpAttr::to_init(AccessFlags::LOCAL_WRITE))
+                .expect("init");
+        }
+        for i in 0..2 {
+            let av = AddressVector::new(Gid::from_ip(ips[1 - i]), 0);
+            let rtr = QpAttr::to_rtr(av, Mtu::Mtu1024, qpns[1 - i], 0);
+            engines[i].modify_qp(Time::ZERO, qpns[i], &rtr).expect("rtr");
+            engines[i].modify_qp(Time::ZERO, qpns[i], &QpAttr::to_rts(0)).expect("rts");
+        }
+        let memory = Arc::new(crate::VecMemory::new(64));
+        let keys = engines[1].reg_mr(memory, 0x1000, AccessFlags::LOCAL_WRITE).expect("mr");
+        let sge = [lightpath_verbs::Sge { addr: 0x1000, length: 64, lkey: keys.lkey }];
+        for wr_id in 0..recvs {
+            engines[1].post_recv(qpns[1], &RecvWr::new(wr_id, &sge)).expect("recv");
+        }
+        (engines, qpns, cqs[1])
+    }
+
+    /// Re-seals `datagram` as if its IPv4 header had had identification `ident` and DF.
+    fn reseal_with_ident(datagram: &mut [u8], ident: u16) {
+        let (src, dst) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let flags = Ipv4IdFlags::SOCKET_DEFAULT.flags_frag;
+        let (sport, dport) = (4791, EngineConfig::ROCE_PORT);
+        let crc = icrc::compute_ipv4(src, dst, ident, flags, sport, dport, datagram).expect("crc");
+        let at = datagram.len() - 4;
+        datagram[at..].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    #[test]
+    fn ipv4_icrc_check_takes_any_identification_and_refuses_corruption() {
+        let (mut engines, qpns, b_cq) = connected_pair(3);
+        let [a, b] = &mut engines;
+        let mut datagrams = Vec::new();
+        for i in 0..3u8 {
+            a.post_send(Time::ZERO, qpns[0], &SendWr::inline(u64::from(i), SendOp::Send, &[i; 8]))
+                .expect("post");
+            let mut buf = vec![0u8; MAX_DATAGRAM];
+            let t = a.poll_transmit(Time::ZERO, &mut buf).expect("a SEND");
+            buf.truncate(t.len);
+            datagrams.push(buf);
+        }
+        let (from, to) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+        let src_port = 4791;
+        let corrupt = |datagram: &[u8]| {
+            let mut bad = datagram.to_vec();
+            bad[14] ^= 0x10;
+            bad
+        };
+        // As rxe sends it (a numbered ID), then one corrupted, then the real one (ID 0).
+        reseal_with_ident(&mut datagrams[0], 0x1234);
+        b.handle_datagram(Time::ZERO, from, to, src_port, &datagrams[0]);
+        b.handle_datagram(Time::ZERO, from, to, src_port, &corrupt(&datagrams[1]));
+        b.handle_datagram(Time::ZERO, from, to, src_port, &datagrams[1]);
+        // Corrupted while the ID-0 check is expected to match, then a numbered ID again.
+        reseal_with_ident(&mut datagrams[2], 7);
+        b.handle_datagram(Time::ZERO, from, to, src_port, &corrupt(&datagrams[2]));
+        b.handle_datagram(Time::ZERO, from, to, src_port, &datagrams[2]);
+        assert_eq!(b.stats().drops_icrc, 2);
+        let mut wcs = [WorkCompletion::new(9, WcStatus::WrFlushErr, lightpath_verbs::WcOpcode::Send, 0); 4];
+        assert_eq!(b.poll_cq(b_cq, &mut wcs), 3);
+        assert!(wcs[..3].iter().all(|wc| wc.status == WcStatus::Success), "{wcs:?}");
     }
 
     #[test]
