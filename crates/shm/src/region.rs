@@ -122,7 +122,8 @@ impl PeerRegion {
         if usize::try_from(len).is_err() || addr.checked_add(len).is_none() {
             return Err("region address range overflows");
         }
-        let map = Mapping::new(&memfd, peer_writes(access)).map_err(|_| "cannot map the peer's region")?;
+        let map =
+            Mapping::peer(&memfd, file, peer_writes(access)).map_err(|_| "cannot map the peer's region")?;
         let word = |offset| map.load_u64(header + offset, Ordering::Acquire).unwrap_or(0);
         if word(OFF_MAGIC) != MAGIC || word(OFF_LEN) != len || word(OFF_RKEY) != u64::from(rkey) {
             return Err("region header does not match the peer's description");

@@ -156,8 +156,16 @@ pub(crate) struct StatusLine {
 impl PeerSegment {
     /// Maps a segment received from a peer and checks its header.
     pub(crate) fn from_memfd(memfd: &Memfd, max_ring: usize) -> Result<Self, &'static str> {
-        let map = Mapping::new(memfd, false).map_err(|_| "cannot map the peer's segment")?;
-        let word = |offset| map.load_u64(offset, StdOrdering::Relaxed).unwrap_or(0);
+        let mut header = [0u8; 32];
+        match rustix::io::pread(memfd, &mut header, 0) {
+            Ok(32) => {}
+            _ => return Err("cannot read the peer's segment header"),
+        }
+        let word = |offset: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&header[offset..offset + 8]);
+            u64::from_ne_bytes(bytes)
+        };
         if word(OFF_MAGIC) != MAGIC || word(OFF_VERSION) != VERSION {
             return Err("the peer's segment has no Lightpath shm header");
         }
@@ -168,9 +176,8 @@ impl PeerSegment {
         if !valid_capacity || max_payload > ring::max_payload_for(capacity) {
             return Err("the peer's ring sizes are invalid");
         }
-        if map.len() < RING_OFFSET + capacity {
-            return Err("the peer's segment is smaller than its ring");
-        }
+        let map = Mapping::peer(memfd, (RING_OFFSET + capacity) as u64, false)
+            .map_err(|_| "the peer's segment is smaller than its ring")?;
         Ok(Self { map, capacity, max_payload })
     }
 

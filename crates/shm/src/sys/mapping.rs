@@ -42,19 +42,32 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps all of `memfd`, read-only or read-write, with its pages pre-faulted.
+    /// Maps all of `memfd` (one we created), read-only or read-write, with its pages
+    /// pre-faulted.
     pub(crate) fn new(memfd: &Memfd, writable: bool) -> io::Result<Self> {
-        let len = usize::try_from(memfd.len())
+        Self::map(memfd, memfd.len(), writable, MapFlags::POPULATE)
+    }
+
+    /// Maps the first `len` bytes of a peer's `memfd` without pre-faulting: a peer decides the
+    /// sizes, so only pages this process actually touches may cost it memory.
+    pub(crate) fn peer(memfd: &Memfd, len: u64, writable: bool) -> io::Result<Self> {
+        if len > memfd.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "mapping larger than the memfd"));
+        }
+        Self::map(memfd, len, writable, MapFlags::empty())
+    }
+
+    fn map(memfd: &Memfd, len: u64, writable: bool, extra: MapFlags) -> io::Result<Self> {
+        let len = usize::try_from(len)
             .ok()
             .filter(|&len| len > 0)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "memfd size cannot be mapped"))?;
         let prot = if writable { ProtFlags::READ | ProtFlags::WRITE } else { ProtFlags::READ };
         // SAFETY: a null hint lets the kernel choose a fresh address range, so no existing
-        // memory is replaced; `len` is the file's (sealed, non-shrinkable) size, so every page
-        // of the range is backed by the file.
-        let ptr = unsafe {
-            mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED | MapFlags::POPULATE, memfd.as_fd(), 0)?
-        };
+        // memory is replaced; `len` is at most the file's size (checked by `peer`, equal in
+        // `new`), which is sealed against shrinking, so every page of the range stays backed.
+        let ptr =
+            unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED | extra, memfd.as_fd(), 0)? };
         let base =
             NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned a null address"))?;
         Ok(Self { base, len, writable })
@@ -204,6 +217,15 @@ mod tests {
         assert!(map.load_u64(4088, Ordering::Relaxed).is_some());
         assert!(map.load_u64(4092, Ordering::Relaxed).is_none(), "misaligned word");
         assert!(map.load_u64(4096, Ordering::Relaxed).is_none(), "word past the end");
+    }
+
+    #[test]
+    fn peer_mappings_cover_only_what_was_asked() {
+        let memfd = Memfd::create("lightpath-shm-test", 8192).expect("memfd");
+        let map = Mapping::peer(&memfd, 4096, false).expect("map");
+        assert_eq!(map.len(), 4096);
+        assert!(Mapping::peer(&memfd, 8193, false).is_err(), "past the end of the file");
+        assert!(Mapping::peer(&memfd, 0, false).is_err(), "empty mapping");
     }
 
     #[test]
