@@ -18,9 +18,11 @@ pub enum ProgressMode {
     Thread,
     /// The application drives the device: every `poll`/`wait` on a completion queue receives
     /// datagrams, runs due timers and transmits, and `wait` spins for `spin` before it blocks
-    /// in `poll(2)` on the socket (waking a blocked thread costs microseconds). A helper
-    /// thread drives the device only when nobody has done so for `assist_after`, so a peer
-    /// still gets ACKs and retransmissions while the application is busy elsewhere.
+    /// in `poll(2)` on the socket (waking a blocked thread costs microseconds). When a poll
+    /// receives completions, it returns them before sending what the engine answered (ACKs);
+    /// that goes out with the next post or at the start of the next poll. A helper thread
+    /// drives the device only when nobody has done so for `assist_after`, so a peer still gets
+    /// ACKs and retransmissions while the application is busy elsewhere.
     Polling {
         /// How long `wait` busy-polls before blocking.
         spin: Duration,

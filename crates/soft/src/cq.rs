@@ -38,18 +38,10 @@ impl SoftCq {
         Ok(Self { inner: Arc::new(CqInner { device, handle, signal, capacity: min_entries.max(1) }) })
     }
 
-    /// Polling mode: one round of driving the device, then the queue. Returns completions
-    /// taken and the time to the engine's next timer.
+    /// Polling mode: one round of driving the device (see `Shared::poll_round`). Returns
+    /// completions taken and the time to the engine's next timer.
     fn drive_and_poll(&self, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
-        let device = &self.inner.device;
-        let mut core = device.lock();
-        let mut count = core.engine.poll_cq(self.inner.handle, out);
-        if count == 0 {
-            device.drive(&mut core);
-            device.note_driven();
-            count = core.engine.poll_cq(self.inner.handle, out);
-        }
-        (count, device.until_next_timer(&core))
+        self.inner.device.poll_round(self.inner.handle, out)
     }
 
     fn wait_thread_mode(&self, out: &mut [WorkCompletion], deadline: Option<Instant>) -> Result<usize> {

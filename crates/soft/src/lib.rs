@@ -15,7 +15,9 @@
 //! receive the engine verifies the ICRC: exactly for IPv6, and for IPv4 — whose ID and flags a
 //! UDP socket does not report — by solving for those 19 bits over GF(2), which accepts a
 //! corrupted datagram with probability around 2^-13 instead of 2^-32. Datagrams move in batches
-//! of up to 32 per `sendmmsg`/`recvmmsg`. The UDP source port of every datagram is the bound
+//! (up to 64 per `sendmmsg`, 32 messages per `recvmmsg`), with the kernel's UDP offloads where
+//! they are safe (`SoftConfig::udp_offload`): runs of equal-size datagrams to a loopback or
+//! IPv6 peer leave as one segmented message, and coalesced datagrams arrive as one. The UDP source port of every datagram is the bound
 //! port (the engine's per-QP entropy port cannot be chosen per datagram on one socket; rxe
 //! accepts any source port), and the engine seals the ICRC for that port
 //! (`EngineConfig::fixed_src_port`), so each datagram is checksummed once.
@@ -26,7 +28,10 @@
 //! sleeps in `ppoll` until a datagram, a timer or an eventfd wake-up. Posting threads transmit
 //! their own packets. In [`ProgressMode::Polling`], `poll`/`wait` on a completion queue drive
 //! the engine themselves (receive, timers, transmit), spinning before they block, and a helper
-//! thread steps in only when the application has not driven the device for a while.
+//! thread steps in only when the application has not driven the device for a while. A poll
+//! that receives a message returns its completion before the engine's answer (the ACK) is
+//! sent; the ACK leaves with the application's next post — in the same `sendmmsg` as a reply —
+//! or at the start of its next poll.
 //!
 //! # Memory
 //!

@@ -75,16 +75,18 @@ impl QueuePair for SoftQp {
         check_addressing(attr)?;
         let device = &self.pd.device;
         let mut core = device.lock();
-        let result = core.engine.modify_qp(device.now(), self.qpn, attr);
-        device.after_call(&mut core);
+        let now = device.now();
+        let result = core.engine.modify_qp(now, self.qpn, attr);
+        device.after_call(&mut core, now);
         result
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let device = &self.pd.device;
         let mut core = device.lock();
-        let result = core.engine.post_send(device.now(), self.qpn, wr);
-        device.after_call(&mut core);
+        let now = device.now();
+        let result = core.engine.post_send(now, self.qpn, wr);
+        device.after_call(&mut core, now);
         result
     }
 
@@ -93,25 +95,26 @@ impl QueuePair for SoftQp {
         let mut core = device.lock();
         let result = core.engine.post_recv(self.qpn, wr);
         // A receive posted in ERR completes (flushed) at once; deliver that notification.
-        device.after_call(&mut core);
+        device.after_recv_post(&mut core);
         result
     }
 
     fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), BatchError> {
-        self.post_batch(wrs, |engine, now, wr| engine.post_send(now, self.qpn, wr))
+        self.post_batch(wrs, true, |engine, now, wr| engine.post_send(now, self.qpn, wr))
     }
 
     fn post_recv_batch(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), BatchError> {
-        self.post_batch(wrs, |engine, _, wr| engine.post_recv(self.qpn, wr))
+        self.post_batch(wrs, false, |engine, _, wr| engine.post_recv(self.qpn, wr))
     }
 }
 
 impl SoftQp {
-    /// Runs `post` for each request under one lock, then sends everything they produced in as
-    /// few `sendmmsg` calls as possible.
+    /// Runs `post` for each request under one lock, then (for sends) sends everything they
+    /// produced in as few `sendmmsg` calls as possible.
     fn post_batch<W>(
         &self,
         wrs: &[W],
+        sends: bool,
         post: impl Fn(&mut lightpath_roce::Engine, lightpath_roce::Time, &W) -> Result<()>,
     ) -> std::result::Result<(), BatchError> {
         let device = &self.pd.device;
@@ -124,7 +127,11 @@ impl SoftQp {
                 break;
             }
         }
-        device.after_call(&mut core);
+        if sends {
+            device.after_call(&mut core, now);
+        } else {
+            device.after_recv_post(&mut core);
+        }
         outcome
     }
 }

@@ -12,6 +12,7 @@ mod socket;
 mod stats;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -21,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
+use lightpath_verbs::WorkCompletion;
 use lightpath_verbs::{Error, Gid, Result};
 
 pub(crate) use signal::CqSignal;
@@ -37,10 +39,35 @@ const MAX_RX_BATCHES_PER_DRIVE: usize = 8;
 /// Sentinel for "the progress thread is awake" in [`Shared::thread_deadline`].
 const AWAKE: u64 = 0;
 
+/// Hashes completion-queue handles (small integers the engine picks) with one multiply: the
+/// map is consulted for every notification, where SipHash would cost more than the rest.
+#[derive(Default)]
+pub(crate) struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// Everything guarded by the device lock.
 pub(crate) struct Core {
     pub(crate) engine: Engine,
-    pub(crate) signals: HashMap<CqHandle, Arc<CqSignal>>,
+    pub(crate) signals: HashMap<CqHandle, Arc<CqSignal>, BuildHasherDefault<HandleHasher>>,
     pub(crate) stats: DriverStats,
     rx: RxBuffers,
     tx: TxBuffers,
@@ -83,7 +110,7 @@ impl Shared {
         });
         let core = Core {
             engine,
-            signals: HashMap::new(),
+            signals: HashMap::default(),
             stats: DriverStats::default(),
             rx: RxBuffers::new(&socket),
             tx: TxBuffers::new(config.udp_offload),
@@ -125,9 +152,21 @@ impl Shared {
 
     /// After a verbs call changed the engine: send what it produced, wake waiters, and make
     /// sure the progress thread's sleep ends no later than the engine's next timer.
-    pub(crate) fn after_call(&self, core: &mut Core) {
-        let now = self.now();
-        self.flush(core, now);
+    pub(crate) fn after_call(&self, core: &mut Core, now: Time) {
+        self.transmit(core, now);
+        self.check_thread_deadline(core);
+    }
+
+    /// After `post_recv`: a receive request never makes the engine send anything, so only the
+    /// notifications (a receive flushed in ERR) are delivered. Output the device still owes
+    /// (ACKs held back by [`Shared::poll_round`]) stays for the next send or poll, which
+    /// usually carries the application's reply in the same system call.
+    pub(crate) fn after_recv_post(&self, core: &mut Core) {
+        self.deliver_events(core);
+        self.check_thread_deadline(core);
+    }
+
+    fn check_thread_deadline(&self, core: &Core) {
         if let Some(next) = core.engine.poll_timeout() {
             if next.as_nanos() < self.thread_deadline.load(Ordering::SeqCst) {
                 self.waker.signal(1);
@@ -136,9 +175,42 @@ impl Shared {
     }
 
     /// Receives what is waiting, runs due timers, transmits and notifies. Returns how many
-    /// datagrams were received.
+    /// messages were received.
     pub(crate) fn drive(&self, core: &mut Core) -> usize {
         let now = self.now();
+        let received = self.receive_and_run(core, now);
+        self.transmit(core, now);
+        received
+    }
+
+    /// One round of a polling-mode `poll` on completion queue `cq`: send what the last round
+    /// held back, take completions waiting in `cq`, and if there are none, receive and run
+    /// timers. When that produces completions for `cq`, they are returned *before* the
+    /// engine's answers (ACKs) go out, so the application sees its message one system call
+    /// sooner; the answers leave with the application's next post (one `sendmmsg` for its
+    /// reply and the ACK) or at the start of its next poll, whichever comes first. Returns the
+    /// completions taken and the time to the engine's next timer.
+    pub(crate) fn poll_round(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
+        let mut core = self.lock();
+        let now = self.now();
+        self.transmit(&mut core, now);
+        let mut count = core.engine.poll_cq(cq, out);
+        if count == 0 {
+            self.receive_and_run(&mut core, now);
+            self.last_driven.store(now.as_nanos(), Ordering::SeqCst);
+            count = core.engine.poll_cq(cq, out);
+            if count == 0 {
+                self.transmit(&mut core, now);
+            }
+        }
+        let next_timer = core.engine.poll_timeout().map(|due| due.saturating_duration_since(now));
+        (count, next_timer)
+    }
+
+    /// Receives up to [`MAX_RX_BATCHES_PER_DRIVE`] batches and runs due timers; delivers
+    /// notifications, but transmits only between full batches (a long burst is answered as it
+    /// arrives).
+    fn receive_and_run(&self, core: &mut Core, now: Time) -> usize {
         let mut received = 0;
         for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
             let Core { engine, rx, stats, .. } = &mut *core;
@@ -147,26 +219,18 @@ impl Shared {
             if count < RECV_BATCH {
                 break;
             }
-            // Answer a long burst as it goes (ACKs, READ responses) rather than at the end.
-            self.flush(core, now);
+            self.transmit(core, now);
         }
         if core.engine.poll_timeout().is_some_and(|due| due <= now) {
             core.engine.handle_timeout(now);
         }
-        self.flush(core, now);
+        self.deliver_events(core);
         received
     }
 
-    /// Records that the application just drove the device (polling mode), which keeps the
-    /// helper thread out of the way.
-    pub(crate) fn note_driven(&self) {
-        self.last_driven.store(self.now().as_nanos(), Ordering::SeqCst);
-    }
-
-    /// Transmits everything pending and delivers completion notifications.
-    fn flush(&self, core: &mut Core, now: Time) {
-        let Core { engine, tx, stats, signals, .. } = core;
-        tx.transmit_all(&self.socket, engine, now, stats);
+    /// Wakes whoever waits for the completion queues that gained entries.
+    fn deliver_events(&self, core: &mut Core) {
+        let Core { engine, signals, .. } = core;
         while let Some(event) = engine.poll_event() {
             if let EngineEvent::Completion(cq) = event {
                 if let Some(signal) = signals.get(&cq) {
@@ -174,6 +238,17 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Delivers notifications, then transmits everything pending (a woken waiter starts
+    /// waking while the datagrams go out).
+    fn transmit(&self, core: &mut Core, now: Time) {
+        self.deliver_events(core);
+        let Core { engine, tx, stats, .. } = core;
+        tx.transmit_all(&self.socket, engine, now, stats);
+        // Building packets can complete work too (a request whose region was deregistered
+        // meanwhile fails, and the queue pair's other requests are flushed).
+        self.deliver_events(core);
     }
 
     /// Time until the engine's next timer, if any.

@@ -227,13 +227,15 @@ impl TxBuffers {
 
     fn send(&mut self, socket: &RoceSocket, stats: &mut DriverStats) {
         let mut slices: [&[u8]; SEND_DATAGRAMS] = [&[]; SEND_DATAGRAMS];
-        for (slice, (buf, out)) in slices.iter_mut().zip(self.bufs.iter().zip(&self.outgoing)) {
+        let filled = self.outgoing.len().min(SEND_DATAGRAMS);
+        for ((slice, buf), out) in slices[..filled].iter_mut().zip(&self.bufs).zip(&self.outgoing) {
             *slice = &buf[..out.len.min(buf.len())];
         }
+        let slices = &slices[..filled];
         let mut start = 0;
         while start < self.messages.len() {
             stats.tx_batches += 1;
-            match self.batch.send(socket.as_fd(), &slices, &self.order, &self.messages[start..]) {
+            match self.batch.send(socket.as_fd(), slices, &self.order, &self.messages[start..]) {
                 Ok(0) => break,
                 Ok(sent) => {
                     stats.tx_segmented +=
