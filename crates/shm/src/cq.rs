@@ -158,12 +158,13 @@ impl CompletionQueue for ShmCq {
         Some(self.shared.notify.as_fd().as_raw_fd())
     }
 
-    /// Arms the queue. Arrivals are turned into completions by whoever drives the device next:
-    /// the application's `poll`/`wait`, or the helper thread once the application has been idle
-    /// for `ShmConfig::idle_after`, so an epoll-driven program gets its fd readable without
+    /// Arms the queue and tells the device's helper thread that the application is about to
+    /// wait on the fd: the helper takes over progress at once (until the application shows it
+    /// keeps polling), so arrivals become completions and the fd fires without the application
     /// polling.
     fn request_notify(&self) -> Result<()> {
         self.shared.armed.store(true, Ordering::Release);
+        self.device.shared.kick.signal(1);
         Ok(())
     }
 

@@ -51,6 +51,9 @@ pub(crate) struct DeviceShared {
     mailbox_pending: AtomicBool,
     pub(crate) listener: Listener,
     pub(crate) stop: EventFd,
+    /// Tells the helper thread the application is about to wait on a notification fd, so it
+    /// takes over at once instead of after `idle_after`.
+    pub(crate) kick: EventFd,
     /// Bumped by every application call that drives the device; the helper thread compares it
     /// between its rounds (cheaper on the hot path than reading a clock).
     drives: AtomicU64,
@@ -80,6 +83,11 @@ impl DeviceShared {
     pub(crate) fn post_event(&self, event: Event) {
         self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(event);
         self.mailbox_pending.store(true, Ordering::Release);
+    }
+
+    /// Whether the helper thread queued events not yet applied.
+    pub(crate) fn has_events(&self) -> bool {
+        self.mailbox_pending.load(Ordering::Relaxed)
     }
 
     /// Applies queued events (with the engine locked).
@@ -216,6 +224,7 @@ impl ShmDevice {
             mailbox_pending: AtomicBool::new(false),
             listener,
             stop: EventFd::new(false)?,
+            kick: EventFd::new(false)?,
             drives: AtomicU64::new(0),
             next_key: AtomicU32::new(0x100),
             key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,

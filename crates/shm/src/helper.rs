@@ -31,6 +31,8 @@ use crate::wire::{Message, MAX_MESSAGE};
 const MAX_PENDING: usize = 256;
 /// How long a new connection may take to introduce itself.
 const HELLO_PATIENCE: Duration = Duration::from_secs(5);
+/// Descriptors polled before the newcomers and the watched sockets.
+const FIXED: usize = 5;
 /// How soon to retry when the engine lock was busy.
 const LOCK_RETRY: Duration = Duration::from_micros(100);
 
@@ -54,6 +56,8 @@ struct Helper<'a> {
     /// The application's drive counter as last seen, and when it last changed.
     drives_seen: u64,
     last_activity: Option<Instant>,
+    /// When the application last armed a notification (see `app_active`).
+    kicked_at: Option<Instant>,
 }
 
 /// The thread body; returns when the device's stop fd is signalled.
@@ -68,6 +72,7 @@ pub(crate) fn run(shared: &DeviceShared) {
         deadline: None,
         drives_seen: 0,
         last_activity: None,
+        kicked_at: None,
     };
     while helper.round() {}
     if helper.armed {
@@ -78,6 +83,7 @@ pub(crate) fn run(shared: &DeviceShared) {
 /// Which descriptors had events in one `poll`.
 struct Ready {
     stop: bool,
+    kick: bool,
     changed: bool,
     listener: bool,
     doorbell: bool,
@@ -91,9 +97,21 @@ impl Helper<'_> {
     }
 
     /// Whether the application drove the device within the last `idle_after`.
+    ///
+    /// For `idle_after` after the application armed a notification it counts as idle whatever
+    /// it does: the notification protocol polls the queue empty right after arming and then
+    /// waits on the fd, and those last polls must not keep the helper napping while the
+    /// application sleeps. An application that keeps polling after that is active again.
     fn app_active(&mut self) -> bool {
         let now = Instant::now();
         let drives = self.shared.drives();
+        if let Some(kicked) = self.kicked_at {
+            self.drives_seen = drives;
+            if now.duration_since(kicked) >= self.config().idle_after {
+                self.kicked_at = None;
+            }
+            return false;
+        }
         if drives != self.drives_seen {
             self.drives_seen = drives;
             self.last_activity = Some(now);
@@ -123,6 +141,7 @@ impl Helper<'_> {
         let ctx = &self.shared.ctx;
         let mut fds = vec![
             PollFd::new(&self.shared.stop, PollFlags::IN),
+            PollFd::new(&self.shared.kick, PollFlags::IN),
             PollFd::new(&ctx.registry.changed, PollFlags::IN),
             PollFd::new(&self.shared.listener, PollFlags::IN),
             PollFd::new(&ctx.doorbell, PollFlags::IN),
@@ -146,6 +165,7 @@ impl Helper<'_> {
         }
         let mut ready = Ready {
             stop: false,
+            kick: false,
             changed: false,
             listener: false,
             doorbell: false,
@@ -159,14 +179,15 @@ impl Helper<'_> {
         }
         let has = |fd: &PollFd<'_>| !fd.revents().is_empty();
         ready.stop = has(&fds[0]);
-        ready.changed = has(&fds[1]);
-        ready.listener = has(&fds[2]);
-        ready.doorbell = has(&fds[3]);
-        let newcomer_fds = &fds[4..4 + self.newcomers.len()];
+        ready.kick = has(&fds[1]);
+        ready.changed = has(&fds[2]);
+        ready.listener = has(&fds[3]);
+        ready.doorbell = has(&fds[4]);
+        let newcomer_fds = &fds[FIXED..FIXED + self.newcomers.len()];
         for (flag, fd) in ready.newcomers.iter_mut().zip(newcomer_fds) {
             *flag = has(fd);
         }
-        for (fd, &index) in fds[4 + self.newcomers.len()..].iter().zip(&polled) {
+        for (fd, &index) in fds[FIXED + self.newcomers.len()..].iter().zip(&polled) {
             ready.watched[index] = fd.revents();
         }
         ready
@@ -217,6 +238,13 @@ impl Helper<'_> {
         if ready.doorbell {
             ctx.doorbell.take();
         }
+        if ready.kick {
+            // The application armed a notification and is about to wait for it: treat it as
+            // idle from now on (its next call that drives the device makes it active again).
+            self.shared.kick.take();
+            self.kicked_at = Some(Instant::now());
+            self.last_activity = None;
+        }
         self.drive();
         true
     }
@@ -238,7 +266,7 @@ impl Helper<'_> {
 
     /// Applies events and, when the application is idle, processes arrivals and sleeps armed.
     fn drive(&mut self) {
-        if !self.armed && self.app_active() {
+        if !self.armed && self.app_active() && !self.shared.has_events() {
             // The application polls: it applies events and does the work itself; taking its
             // lock here would only get in its way.
             self.retry_lock = false;

@@ -14,7 +14,9 @@
 //!   bounds, access of the region and of the peer queue pair). Regions without remote write
 //!   access are sealed so peers can only map them read-only.
 //! - **Each queue pair has a shared segment** it alone writes: a single-producer ring of
-//!   records (SEND payloads in pieces, WRITE-with-immediate notices) and a status line
+//!   records (small SEND payloads in pieces; for large SENDs only descriptors of where the bytes
+//!   are, which the receiver copies straight out of the sender's region; WRITE-with-immediate
+//!   notices) and a status line
 //!   (acknowledgement count, NAK, state). Its peer maps it read-only and validates everything
 //!   it reads, so a broken or hostile peer can fail its own connection but not corrupt or crash
 //!   this process. See [`ring`] for the memory-ordering design (model-checked with loom).
@@ -26,7 +28,9 @@
 //!   pairs of two processes as it does soft ones.
 //! - **Polling fits the machine**: the application's `poll` does the work directly (no thread
 //!   hop, no system call on the data path); `wait` spins briefly, then sleeps on the device's
-//!   doorbell, which peers ring only while someone sleeps. A helper thread per device accepts
+//!   doorbell, which peers ring only while someone sleeps; `request_notify` hands progress to
+//!   the helper thread at once, so an epoll/tokio program that only waits on the notification
+//!   fd gets its completions. A helper thread per device accepts
 //!   connections, answers region lookups, notices dead peers (socket hang-up: the survivor's
 //!   queue pair goes to ERR with flush completions), and takes over progress when the
 //!   application is idle; with nothing to do it blocks without a timeout.

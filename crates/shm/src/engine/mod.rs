@@ -7,7 +7,8 @@
 //!
 //! | operation | who does the work | when it completes |
 //! |---|---|---|
-//! | SEND (with immediate) | the sender copies the payload into its ring (in pieces of at most `max_fragment`); the receiver copies it out into a posted receive | at the sender when the receiver publishes that it received the whole message |
+//! | SEND (with immediate) below `direct_min` | the sender copies the payload into its ring (in pieces of at most `max_fragment`); the receiver copies it out into a posted receive | at the sender when the receiver publishes that it received the whole message |
+//! | SEND from `direct_min` (32 KiB) on | the sender puts descriptors of its scatter/gather entries (rkey, offset, length) into the ring; the receiver maps those regions and copies straight into the posted receive: one copy | as above |
 //! | RDMA WRITE | the requester copies straight into the peer's region, mapped here | at once |
 //! | WRITE with immediate | as WRITE, then a ring record that consumes a receive | when the receiver acknowledges the record |
 //! | RDMA READ | the requester copies out of the peer's region | at once |
