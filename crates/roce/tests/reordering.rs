@@ -310,3 +310,41 @@ fn drop_nth_of(net: &mut Net, nth: usize, pred: impl Fn(&Seen) -> bool + 'static
         Verdict::Deliver
     });
 }
+
+#[test]
+fn a_sequence_nak_overtaken_by_an_ack_still_gets_the_dropped_packets_resent() {
+    // Simulator: `--reorder 0.2 --negative 0`, seeds 56, 81 and 211 (no failure, but each
+    // needed the retransmit timer). The first SEND is overtaken by the next three: the
+    // responder NAKs it and drops those three; then the first arrives and is ACKed — and that
+    // ACK overtakes the NAK. The NAK is stale (its PSN is acknowledged) but still says that
+    // packets behind it were dropped; the requester resends them after a few round trips
+    // instead of waiting 67 ms for its retransmit timer.
+    let mut net = Net::new(2);
+    let c = connect(&mut net, 0, 1, &Opts::default());
+    let src = reg(&mut net, 0, pattern(64, 3), 0x1000, rw());
+    let inbox = reg(&mut net, 1, vec![0; 4 * 16], 0x2000, rw());
+    for i in 0..4 {
+        post_recv(&mut net, c.b, i, &[inbox.sge(16 * i as usize, 16)]);
+    }
+    let (mut held_send, mut held_nak) = (false, false);
+    net.set_filter(move |s| {
+        if s.from == 0 && s.opcode == Opcode::RC_SEND_ONLY && !held_send {
+            held_send = true;
+            return Verdict::Hold(3);
+        }
+        if s.syndrome == Some(SEQ_NAK) && !held_nak {
+            held_nak = true;
+            return Verdict::Hold(1);
+        }
+        Verdict::Deliver
+    });
+    for i in 0..4u64 {
+        post_send(&mut net, c.a, &send_wr(i, SendOp::Send, &[src.sge(16 * i as usize, 16)]));
+    }
+    net.run();
+    let expected: Vec<_> = (0..4).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(statuses(&mut net, c.a), expected);
+    assert_eq!(inbox.contents(), pattern(64, 3));
+    assert_eq!(net.naks(SEQ_NAK), 1);
+    assert_eq!(net.engines[0].stats().timeouts, 0);
+}

@@ -70,8 +70,13 @@ impl Qp {
         }
         if psn.is_before(self.req.una) {
             // An answer to something already acknowledged: a duplicate ACK, or a response
-            // overtaken by a retransmission's answer. Nothing to do.
+            // overtaken by a retransmission's answer. Nothing to do — except for a sequence
+            // NAK (see `overtaken_sequence_nak`).
             ctx.stats.stale_responses += 1;
+            let syndrome = header.aeth.map(|a| a.syndrome);
+            if kind == OpKind::Ack && syndrome == Some(Syndrome::Nak(NakCode::PsnSequenceError)) {
+                self.overtaken_sequence_nak(now);
+            }
             return;
         }
         if !self.sq.has_outstanding() || !psn.is_before(self.req.sent_high) {
@@ -256,10 +261,10 @@ impl Qp {
     fn on_sequence_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn) {
         ctx.stats.naks_received += 1;
         if self.req.executed_until.is_after(psn) {
-            // Overtaken: the responder has executed past the PSN it asked for then (possible
-            // only when a READ/atomic before it still holds `una` back, so the stale check
-            // above did not catch it). Resending from there would be a retry for nothing.
+            // Overtaken (a READ/atomic before it holds `una` back, so the stale check in
+            // `handle_response` did not catch it).
             ctx.stats.stale_responses += 1;
+            self.overtaken_sequence_nak(now);
             return;
         }
         if self.timers.rnr.is_some() && self.req.rnr_resume == Some(psn) {
@@ -278,6 +283,7 @@ impl Qp {
                 // retransmission (see `Recovery`); the probe timer covers the case where the
                 // retransmission does not fill the gap either.
                 ctx.stats.stale_responses += 1;
+                self.overtaken_sequence_nak(now);
                 return;
             }
         }
@@ -287,10 +293,32 @@ impl Qp {
         // it here would make the responder replay a READ that may still be streaming.
         self.go_back_to(ctx, now, psn);
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
-            let until = self.req.sent_high;
-            self.req.recovery = Some(Recovery { until, went_back_at: now, probes: 0 });
-            self.arm_probe(now);
+            self.start_recovery(now);
         }
+    }
+
+    /// A sequence NAK that is not followed: it arrived after the responder had already
+    /// executed the PSN it asks for (an ACK overtook it), or within a round trip of the last
+    /// go-back-N. Resending from there would be a retry for nothing — but the NAK
+    /// still says that the responder dropped whatever arrived behind the gap until the gap
+    /// was filled. If answers for those packets do not follow, they were lost: let the
+    /// recovery probe find out (it spends no retry).
+    fn overtaken_sequence_nak(&mut self, now: Time) {
+        if !self.sq.has_outstanding() {
+            return;
+        }
+        match self.req.recovery.as_mut() {
+            // Whatever was sent until now may be among the dropped packets.
+            Some(recovery) => recovery.until = self.req.sent_high,
+            None => self.start_recovery(now),
+        }
+    }
+
+    /// Starts a go-back-N recovery (see `Recovery`) covering everything sent so far.
+    fn start_recovery(&mut self, now: Time) {
+        let until = self.req.sent_high;
+        self.req.recovery = Some(Recovery { until, went_back_at: now, probes: 0 });
+        self.arm_probe(now);
     }
 
     /// How long the probe timer waits: three round trips, doubled for every probe since the
@@ -552,9 +580,7 @@ impl Qp {
                 self.rewind_to(resume.unwrap_or(self.req.una));
                 // The responder dropped what followed the NAKed packet; like a go-back-N,
                 // this resend is covered by the recovery probe.
-                let until = self.req.sent_high;
-                self.req.recovery = Some(Recovery { until, went_back_at: now, probes: 0 });
-                self.arm_probe(now);
+                self.start_recovery(now);
             }
         }
         if self.timers.retransmit.is_some_and(|deadline| deadline <= now) {
