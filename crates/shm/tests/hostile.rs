@@ -13,7 +13,10 @@ use lightpath_verbs::conformance::harness::{
     assert_success, connect, pattern, read_region, Pair, PairOptions,
 };
 use lightpath_verbs::conformance::ConformanceFixture;
-use lightpath_verbs::{AccessFlags, Gid, MemoryRegion, QueuePair, SendOp, SendWr, WcOpcode};
+use lightpath_verbs::{
+    AccessFlags, AddressVector, Error, Gid, MemoryRegion, QpAttr, QpState, QueuePair, SendOp, SendWr,
+    WcOpcode,
+};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
 use rustix::net::{
@@ -120,6 +123,26 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
     assert_success(&pair.b.wait_one(), 1, WcOpcode::Recv);
     assert_success(&pair.a.wait_one(), 2, WcOpcode::Send);
     assert_eq!(read_region(&inbox, 0, 300), pattern(300, 3));
+}
+
+/// A queue pair told to connect to a GID where no device listens (a closed device, or one in
+/// another network namespace) is refused at RTR with the reason, and stays in INIT.
+#[test]
+fn rtr_towards_a_missing_device_is_refused() {
+    let pair = Pair::<ShmDevice>::unconnected_with::<Fixture>(&PairOptions::default());
+    let gone = pair.b.device.gid();
+    let qpn = pair.b.qp.qpn();
+    drop(pair.b);
+    let qp = &pair.a.qp;
+    qp.modify(&QpAttr::to_init(AccessFlags::ALL)).expect("INIT");
+    let rtr = QpAttr::to_rtr(AddressVector::new(gone, 0), pair.mtu, qpn, 0);
+    match qp.modify(&rtr) {
+        Err(Error::Unavailable(reason)) => assert!(reason.contains("no shm device"), "{reason}"),
+        other => panic!("RTR towards a closed device: {other:?}"),
+    }
+    assert_eq!(qp.state().expect("state"), QpState::Init);
+    let not_shm = QpAttr::to_rtr(AddressVector::new("10.0.0.1".parse().expect("gid"), 0), pair.mtu, qpn, 0);
+    assert!(matches!(qp.modify(&not_shm), Err(Error::InvalidAttribute(_))), "a RoCE GID was accepted");
 }
 
 #[test]

@@ -261,7 +261,10 @@ impl Requester {
 /// the receiver's region lookup, and not yet started.
 fn goes_direct(wqe: &SendWqe, direct_min: u32) -> bool {
     let Payload::Sges(sges) = &wqe.payload else { return false };
-    wqe.len >= direct_min && sges.as_slice().len() <= MAX_DESCRIPTORS && wqe.stage == Stage::NEW
+    wqe.len > 0
+        && wqe.len >= direct_min
+        && sges.as_slice().len() <= MAX_DESCRIPTORS
+        && wqe.stage == Stage::NEW
 }
 
 /// Puts a direct SEND into the ring: one record listing where the bytes are in our regions.
