@@ -2,11 +2,23 @@
 //!
 //! Checked per direction: every posted work request completes exactly once and in order
 //! (signaled ones with a completion, unsignaled ones silently unless they fail), with an
-//! allowed status (success, the known error of a negative case, retry exhaustion only when the
-//! faults allow it, flushes only after an error); completions carry the right opcode, lengths,
-//! immediate data and QP numbers; receives match the messages that consumed them; every region
-//! holds exactly what the model expects, its guards are intact, and the engine never accessed
-//! memory out of bounds. Clean runs must also leave every QP in RTS.
+//! allowed status — successes, then at most one error, then flushes; completions carry the
+//! right opcode, lengths, immediate data and QP numbers; receives match the messages that
+//! consumed them; every region holds exactly what the model expects, its guards are intact,
+//! and the engine never accessed memory out of bounds. Clean runs must also leave every QP in
+//! RTS.
+//!
+//! The one error a direction may report is exact:
+//! * a negative request fails with its own status (REM_ACCESS_ERR or REM_INV_REQ_ERR), and
+//!   every request before it succeeds — on any network that loses nothing, however it
+//!   reorders or duplicates;
+//! * if the network loses datagrams, the NAK of a negative request (or an answer before it)
+//!   may be lost while the responder is already in ERR: then the oldest incomplete request
+//!   at or before the negative one ends in RETRY_EXC_ERR instead (digest §6.3, §6.7);
+//! * RETRY_EXC_ERR anywhere only when the faults make it likely
+//!   ([`SimConfig::may_exhaust_retries`]) or a node died;
+//! * the other direction of a connection with a negative request reports no error at all:
+//!   its requester is the QP that went to ERR, so everything it has outstanding is flushed.
 
 use std::collections::BTreeMap;
 
@@ -130,17 +142,33 @@ impl<'a> DirectionCheck<'a> {
         )
     }
 
-    /// Whether the transport may legitimately give up on this connection.
-    fn may_exhaust(&self) -> bool {
-        self.config.may_exhaust_retries()
-            || (self.connection_negative && !self.config.is_lossless())
-            || !self.requester_alive
-            || !self.responder_alive
+    /// Whether the network or the nodes may make any request of this direction run out of
+    /// retries, whatever the workload.
+    fn may_exhaust_anywhere(&self) -> bool {
+        self.config.may_exhaust_retries() || !self.requester_alive || !self.responder_alive
+    }
+
+    /// Whether op `index` may legitimately end with RETRY_EXC_ERR.
+    ///
+    /// Besides the faults of [`Self::may_exhaust_anywhere`], exactly one case allows it: a
+    /// negative request moves the responder to ERR (class C error, digest §6.10 and §9.16),
+    /// after which it answers nothing. If the NAK, or the response to an earlier READ/atomic,
+    /// is lost, the requester retries into silence and the oldest incomplete request — the
+    /// negative one or one before it — ends with RETRY_EXC_ERR (digest §6.3: a NAK past an
+    /// unanswered READ/atomic is a lost response, so the retry starts there). Over a network
+    /// that loses nothing (however it reorders or duplicates) every answer arrives, so the
+    /// negative request must fail with its own error.
+    fn may_exhaust_at(&self, index: usize) -> bool {
+        if self.may_exhaust_anywhere() {
+            return true;
+        }
+        let negative = self.plan.negative_index().filter(|&k| self.dir.refused[k].is_none());
+        negative.is_some_and(|k| index <= k) && !self.config.is_lossless()
     }
 
     /// Whether this connection's QPs may legitimately end in ERR.
     fn may_fail(&self) -> bool {
-        self.may_exhaust() || self.connection_negative
+        self.may_exhaust_anywhere() || self.connection_negative
     }
 
     fn run(&self, result: &mut CheckResult) {
@@ -290,7 +318,7 @@ impl<'a> DirectionCheck<'a> {
                     failed_at.get_or_insert(i);
                     let expected = op.negative.map(Negative::expected_status);
                     let allowed =
-                        Some(status) == expected || (status == WcStatus::RetryExcErr && self.may_exhaust());
+                        Some(status) == expected || (status == WcStatus::RetryExcErr && self.may_exhaust_at(i));
                     if !allowed {
                         let want = match expected {
                             Some(s) => format!("{s:?}"),

@@ -166,15 +166,18 @@ impl SimConfig {
     }
 
     /// Whether the faults may make a transport legitimately run out of retries: nothing gets
-    /// through, a peer dies or is cut off for good, or random loss is high enough that
+    /// through, a peer dies or is cut off for good, random loss is high enough that
     /// `retry_cnt + 1` attempts in a row all fail with a probability above 1e-5 (an attempt
     /// fails when its request or its response is lost; 20% loss with 7 retries gives 3e-4,
-    /// 5% gives 1e-8).
+    /// 5% gives 1e-8), or `retry_cnt` is 0 on a reordering network: one overtaken packet
+    /// makes the responder NAK a sequence error, and a NAK retry counts like a timeout
+    /// (digest §6.7), so the first one already exceeds the count.
     pub fn may_exhaust_retries(&self) -> bool {
         self.is_black_hole()
             || self.scripted.iter().any(ScriptedFault::can_exhaust_retries)
             || self.random_exhaustion_probability() > 1e-5
             || self.link_mtu_too_small()
+            || (self.qp.retry_cnt == 0 && self.link.reorder > 0.0)
     }
 
     /// Whether full-sized packets of some connection exceed the link MTU (and so never

@@ -106,8 +106,8 @@ fn everything_at_once() {
 }
 
 #[test]
-fn mtu_256_and_4096() {
-    for (mtu, first) in [(Mtu::Mtu256, 0), (Mtu::Mtu4096, 5000)] {
+fn mtu_256_1024_and_4096() {
+    for (mtu, first) in [(Mtu::Mtu256, 0), (Mtu::Mtu1024, 2500), (Mtu::Mtu4096, 5000)] {
         let mut config = config();
         config.qp.mtu = Some(mtu);
         config.workload.max_message = 256 * 1024;
@@ -136,4 +136,75 @@ fn three_node_ring() {
     config.nodes = 3;
     let summary = assert_all_pass("3-node ring", &config, 0, 150);
     assert_meaningful("3-node ring", &summary, 1500);
+}
+
+#[test]
+fn loss_1_percent_with_negative_cases() {
+    let mut config = lossy(0.01, 0.0, 0.0, 0.0);
+    config.workload.negative = 0.3;
+    let summary = assert_all_pass("loss 1% + negatives", &config, 0, 300);
+    assert_meaningful("loss 1% + negatives", &summary, 1500);
+    // Exhaustion is allowed only at or before a negative request whose NAK may be lost.
+    assert!(summary.stats.retry_exhausted < 30, "{}", summary.stats.retry_exhausted);
+}
+
+#[test]
+fn loss_50_percent_gives_up_in_order() {
+    let mut config = lossy(0.5, 0.0, 0.0, 0.0);
+    config.workload.max_message = 16 * 1024;
+    config.workload.big_message = 0.0;
+    config.workload.max_ops = 6;
+    // Half of all datagrams lost: connections may give up (RETRY_EXC_ERR on the oldest
+    // request, then flushes), but everything that succeeded must be exact.
+    let summary = assert_all_pass("loss 50%", &config, 0, 200);
+    assert!(summary.stats.retry_exhausted > 0);
+    assert!(summary.ops.values().map(|c| c.succeeded).sum::<u64>() > 200);
+}
+
+#[test]
+fn reordering_20_and_50_percent() {
+    for (reorder, count) in [(0.2, 300), (0.5, 150)] {
+        let summary = assert_all_pass("heavy reordering", &lossy(0.0, 0.0, reorder, 0.0), 0, count);
+        assert_meaningful("heavy reordering", &summary, 5 * count);
+        assert_eq!(summary.stats.retry_exhausted, 0, "reordering alone never exhausts 7 retries");
+    }
+}
+
+#[test]
+fn duplication_20_percent_and_corruption_1_percent() {
+    let mut config = lossy(0.0, 0.2, 0.0, 0.01);
+    config.workload.negative = 0.3;
+    let summary = assert_all_pass("dup 20% + corrupt 1%", &config, 0, 300);
+    assert_meaningful("dup 20% + corrupt 1%", &summary, 1500);
+    assert!(summary.stats.packets_duplicated > 0 && summary.stats.drops_icrc > 0);
+}
+
+#[test]
+fn negative_case_on_every_connection_under_every_fault() {
+    let mut config = lossy(0.05, 0.05, 0.1, 0.02);
+    config.workload.negative = 1.0;
+    let summary = assert_all_pass("negatives + all faults", &config, 0, 300);
+    let negatives: u64 = summary.ops.values().map(|c| c.negative).sum();
+    assert!(negatives > 250, "{negatives}");
+}
+
+#[test]
+fn few_retries() {
+    // Two retries at 5% loss may run out now and then (p ≈ 1e-3 per stall): allowed, and
+    // the checker still demands the first error, then flushes.
+    let mut config = lossy(0.05, 0.0, 0.05, 0.0);
+    config.qp.retry_cnt = 2;
+    config.workload.negative = 0.5;
+    assert_all_pass("retry_cnt 2", &config, 0, 300);
+    // No retries at all on a reordering network: the first sequence NAK ends the connection
+    // (a NAK retry counts like a timeout), so some connections give up.
+    let mut config = lossy(0.0, 0.0, 0.2, 0.0);
+    config.qp.retry_cnt = 0;
+    let summary = assert_all_pass("retry_cnt 0", &config, 0, 200);
+    assert!(summary.stats.retry_exhausted > 0);
+    // …but without reordering or loss nothing needs a retry.
+    let mut config = lossy(0.0, 0.2, 0.0, 0.0);
+    config.qp.retry_cnt = 0;
+    let summary = assert_all_pass("retry_cnt 0, duplicates only", &config, 0, 200);
+    assert_eq!(summary.stats.retry_exhausted, 0);
 }

@@ -26,6 +26,27 @@ pub fn assert_all_pass(label: &str, config: &SimConfig, first: u64, count: u64) 
     summary
 }
 
+/// Runs the listed seeds and fails with every failing one, as [`assert_all_pass`] does.
+pub fn assert_seeds_pass(label: &str, config: &SimConfig, seeds: &[u64]) -> Summary {
+    let mut summary = Summary::default();
+    let mut failures = Vec::new();
+    for &seed in seeds {
+        let report = run_seed(config, seed);
+        if !report.passed {
+            failures.push(format!("  seed {seed}: {}", report.failures.join("\n      ")));
+        }
+        summary.record(&report);
+    }
+    assert!(
+        failures.is_empty(),
+        "{label}: {} of {} seeds failed (replay one with `lightpath sim --trace SEED` and the same options):\n{}",
+        failures.len(),
+        seeds.len(),
+        failures.join("\n")
+    );
+    summary
+}
+
 /// Every op kind was posted and most requests succeeded (so the suite is not vacuous).
 pub fn assert_meaningful(label: &str, summary: &Summary, min_posted: u64) {
     let posted: u64 = summary.ops.values().map(|c| c.posted).sum();
