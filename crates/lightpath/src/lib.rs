@@ -35,9 +35,13 @@ mod listener;
 mod negotiate;
 pub mod options;
 mod rdma;
+mod reaper;
 mod soft_device;
 mod stream;
 mod tcp;
+#[cfg(feature = "tokio")]
+#[path = "tokio_driver.rs"]
+pub mod tokio;
 
 pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 pub use listener::Listener;

@@ -101,17 +101,18 @@ pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negoti
     let hello = Message::ClientHello { min_version, max_version, providers, host_id: host_id() };
     let mut out = CLIENT_MAGIC.to_vec();
     hello.emit(&mut out);
-    tcp.write_all(&out)?;
+    tcp.write_all(&out).map_err(|err| match err.kind() {
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => not_lightpath_closed(),
+        _ => err,
+    })?;
 
     let mut magic = Vec::with_capacity(8);
     let mut byte = [0u8; 8];
     while magic.len() < 8 {
         let n = match tcp.read(&mut byte[..8 - magic.len()]) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionRefused,
-                    "lightpath: the server closed the connection without answering: it is not a Lightpath listener",
-                ))
+            Ok(0) => return Err(not_lightpath_closed()),
+            Err(err) if matches!(err.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
+                return Err(not_lightpath_closed())
             }
             Ok(n) => n,
             Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
@@ -189,6 +190,13 @@ pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negoti
     Ok(Negotiated::Soft(Box::new(conn)))
 }
 
+fn not_lightpath_closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionRefused,
+        "lightpath: the server closed the connection without answering: it is not a Lightpath listener",
+    )
+}
+
 fn finish_tcp(tcp: TcpStream, reason: FallbackReason) -> io::Result<Negotiated> {
     tcp.set_read_timeout(None)?;
     Ok(tcp_outcome(tcp, reason))
@@ -198,25 +206,28 @@ fn finish_tcp(tcp: TcpStream, reason: FallbackReason) -> io::Result<Negotiated> 
 pub(crate) enum Accepted {
     /// A stream for the application.
     Stream(Negotiated),
-    /// Nothing (the client went away or spoke garbage); the reason, for logs.
-    Dropped(io::Error),
+    /// Nothing: the client went away or spoke garbage (it was told why, if it can parse it).
+    Dropped,
 }
 
 /// The server side, on an accepted TCP stream.
 pub(crate) fn server(mut tcp: TcpStream, options: &Options) -> Accepted {
-    match server_inner(&mut tcp, options) {
-        Ok(Some(negotiated)) => Accepted::Stream(negotiated),
-        Ok(None) => Accepted::Dropped(io::Error::other("unreachable")),
+    let mut magic_sent = false;
+    match server_inner(&mut tcp, options, &mut magic_sent) {
+        Ok(negotiated) => Accepted::Stream(negotiated),
         Err(err) => {
             if err.kind() == io::ErrorKind::InvalidData {
-                let _ = send(&mut tcp, &Message::Error(err.to_string()));
+                // Tell the client why, in a form it parses: after the server magic.
+                let mut out = if magic_sent { Vec::new() } else { SERVER_MAGIC.to_vec() };
+                Message::Error(err.to_string()).emit(&mut out);
+                let _ = tcp.write_all(&out);
             }
-            Accepted::Dropped(err)
+            Accepted::Dropped
         }
     }
 }
 
-fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Negotiated>> {
+fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -> io::Result<Negotiated> {
     tcp.set_nodelay(true)?;
     // Is this a Lightpath client? Read the magic; any other first byte is a plain client.
     let mut prefix = Vec::with_capacity(8);
@@ -231,13 +242,13 @@ fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Neg
             Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 // A client that waits for the server to speak first: plain TCP.
                 tcp.set_read_timeout(None)?;
-                return Ok(Some(plain(tcp, prefix)?));
+                return plain(tcp, prefix);
             }
             Err(err) => return Err(err),
         }
         if match_magic(&prefix, &CLIENT_MAGIC) == MagicMatch::Mismatch {
             tcp.set_read_timeout(None)?;
-            return Ok(Some(plain(tcp, prefix)?));
+            return plain(tcp, prefix);
         }
     }
     tcp.set_read_timeout(Some(options.handshake_timeout))?;
@@ -253,7 +264,8 @@ fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Neg
         Message::ServerHello { version: VERSION, choice: Choice::Tcp(FallbackReason::VersionMismatch) }
             .emit(&mut out);
         tcp.write_all(&out)?;
-        return finish_tcp(tcp.try_clone()?, FallbackReason::VersionMismatch).map(Some);
+        *magic_sent = true;
+        return finish_tcp(tcp.try_clone()?, FallbackReason::VersionMismatch);
     };
     let chosen = options.providers.iter().copied().find(|p| offered.contains(p));
     let fallback = |reason| Message::ServerHello { version, choice: Choice::Tcp(reason) };
@@ -268,21 +280,23 @@ fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Neg
         Err(reason) => {
             fallback(reason).emit(&mut out);
             tcp.write_all(&out)?;
-            return finish_tcp(tcp.try_clone()?, reason).map(Some);
+            *magic_sent = true;
+            return finish_tcp(tcp.try_clone()?, reason);
         }
     };
     Message::ServerHello { version, choice: Choice::Rdma(ProviderId::Soft, setup.endpoint()) }.emit(&mut out);
     tcp.write_all(&out)?;
+    *magic_sent = true;
     let client_endpoint = match read_message(tcp, &mut pending)? {
         Message::Connect(endpoint) => endpoint,
-        Message::Fallback { reason, .. } => return finish_tcp(tcp.try_clone()?, reason).map(Some),
+        Message::Fallback { reason, .. } => return finish_tcp(tcp.try_clone()?, reason),
         other => return Err(invalid(format!("expected Connect, got {:?}", other.message_type()))),
     };
     let mut conn = match setup.connect(&client_endpoint, tcp.try_clone()?) {
         Ok(conn) => conn,
         Err(err) => {
             send(tcp, &Message::Fallback { reason: FallbackReason::SetupFailed, detail: err.to_string() })?;
-            return finish_tcp(tcp.try_clone()?, FallbackReason::SetupFailed).map(Some);
+            return finish_tcp(tcp.try_clone()?, FallbackReason::SetupFailed);
         }
     };
     send(tcp, &Message::Ready)?;
@@ -292,7 +306,7 @@ fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Neg
         Message::Confirm => {}
         Message::Fallback { reason, .. } => {
             drop(conn);
-            return finish_tcp(tcp.try_clone()?, reason).map(Some);
+            return finish_tcp(tcp.try_clone()?, reason);
         }
         other => return Err(invalid(format!("expected Confirm, got {:?}", other.message_type()))),
     }
@@ -300,7 +314,7 @@ fn server_inner(tcp: &mut TcpStream, options: &Options) -> io::Result<Option<Neg
         return Err(invalid("the client sent data before the connection was set up"));
     }
     conn.activate()?;
-    Ok(Some(Negotiated::Soft(Box::new(conn))))
+    Ok(Negotiated::Soft(Box::new(conn)))
 }
 
 fn plain(tcp: &TcpStream, prefix: Vec<u8>) -> io::Result<Negotiated> {

@@ -344,6 +344,11 @@ impl<D: Device> RdmaConn<D> {
 
     /// Reads what the TCP connection has: the peer's clean close, an error, or EOF.
     fn check_tcp(&mut self) {
+        // Never block here, whatever mode another handle of this socket left it in.
+        if self.tcp.set_nonblocking(true).is_err() {
+            self.tcp_eof = true;
+            return;
+        }
         let mut buf = [0u8; 512];
         loop {
             match self.tcp.read(&mut buf) {
@@ -669,6 +674,17 @@ impl<D: Device> RdmaConn<D> {
         let _ = self.tcp.shutdown(std::net::Shutdown::Write);
     }
 
+    /// Whether the close handshake finished (the queue pair must then outlive this call
+    /// until the peer closes too, see `reaper`).
+    pub(crate) fn closed_cleanly(&self) -> bool {
+        self.failed.is_none() && self.core.is_flushed() && !self.tcp_eof
+    }
+
+    /// How long a closed connection waits for its peer.
+    pub(crate) fn linger(&self) -> Duration {
+        self.linger
+    }
+
     /// The TCP connection.
     pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp
@@ -694,5 +710,12 @@ impl<D: Device> RdmaConn<D> {
     /// Nonblocking look at the TCP connection (for event-loop drivers).
     pub(crate) fn poll_tcp(&mut self) {
         self.check_tcp();
+    }
+}
+
+impl<D: Device + 'static> crate::reaper::Parked for RdmaConn<D> {
+    fn peer_done(&mut self) -> bool {
+        self.check_tcp();
+        self.tcp_eof
     }
 }

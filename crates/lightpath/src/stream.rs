@@ -43,6 +43,12 @@ impl std::fmt::Display for Transport {
 pub(crate) enum Backend {
     Soft(Box<RdmaConn<SoftDevice>>),
     Tcp(TcpConn),
+    /// Only while the stream is being dropped.
+    Closed,
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "lightpath: the stream is closed")
 }
 
 /// A connected stream: bytes (`Read`/`Write`) or messages ([`Stream::send_msg`] /
@@ -106,6 +112,7 @@ impl Stream {
         let tcp = match &backend {
             Backend::Soft(conn) => conn.tcp(),
             Backend::Tcp(conn) => conn.tcp(),
+            Backend::Closed => return Err(closed()),
         };
         let (local, peer) = (tcp.local_addr()?, tcp.peer_addr()?);
         Ok(Stream {
@@ -204,6 +211,7 @@ impl Stream {
                 Ok(())
             }
             Backend::Tcp(conn) => conn.tcp().set_nodelay(nodelay),
+            Backend::Closed => Err(closed()),
         }
     }
 
@@ -229,6 +237,7 @@ impl Stream {
                 }
                 Ok(())
             }
+            Backend::Closed => Err(closed()),
         }
     }
 
@@ -238,6 +247,7 @@ impl Stream {
         match &mut self.backend {
             Backend::Soft(conn) => conn.send_msg(msg, deadline),
             Backend::Tcp(conn) => conn.send_msg(msg),
+            Backend::Closed => Err(closed()),
         }
     }
 
@@ -247,6 +257,7 @@ impl Stream {
         match &mut self.backend {
             Backend::Soft(conn) => conn.recv_msg(deadline),
             Backend::Tcp(conn) => conn.recv_msg(),
+            Backend::Closed => Err(closed()),
         }
     }
 
@@ -261,6 +272,7 @@ impl Read for Stream {
         match &mut self.backend {
             Backend::Soft(conn) => conn.read(buf, deadline),
             Backend::Tcp(conn) => conn.read(buf),
+            Backend::Closed => Err(closed()),
         }
     }
 }
@@ -271,6 +283,7 @@ impl Write for Stream {
         match &mut self.backend {
             Backend::Soft(conn) => conn.write(buf, deadline),
             Backend::Tcp(conn) => conn.write(buf),
+            Backend::Closed => Err(closed()),
         }
     }
 
@@ -281,15 +294,23 @@ impl Write for Stream {
         match &mut self.backend {
             Backend::Soft(conn) => conn.flush(deadline),
             Backend::Tcp(conn) => conn.flush(),
+            Backend::Closed => Err(closed()),
         }
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        match &mut self.backend {
-            Backend::Soft(conn) => conn.close(),
-            Backend::Tcp(conn) => conn.close(),
+        match std::mem::replace(&mut self.backend, Backend::Closed) {
+            Backend::Soft(mut conn) => {
+                conn.close();
+                if conn.closed_cleanly() {
+                    let linger = conn.linger();
+                    crate::reaper::park(conn, linger);
+                }
+            }
+            Backend::Tcp(mut conn) => conn.close(),
+            Backend::Closed => {}
         }
     }
 }

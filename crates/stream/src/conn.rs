@@ -387,13 +387,14 @@ impl Conn {
         self.close != CloseState::Open
     }
 
-    /// Whether every committed byte and the close record (if any) have been posted, and every
-    /// posted request has completed.
+    /// Whether every committed byte and the close record (if any) have been posted and
+    /// acknowledged. (Records are always signaled; a plain credit write posted after the last
+    /// signaled request carries no data and is not waited for.)
     pub fn is_flushed(&self) -> bool {
         self.pending.is_empty()
             && self.close != CloseState::Queued
             && self.notice_wanted.is_none()
-            && self.completed_seq + 1 == self.next_seq
+            && self.completed_seq >= self.last_signaled
     }
 
     /// Whether records are waiting to be posted (held back by corking, the send queue or
