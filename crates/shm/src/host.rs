@@ -39,6 +39,28 @@ impl HostIdentity {
     pub fn can_share_with(&self, other: &HostIdentity) -> bool {
         self == other
     }
+
+    /// The identity as 16 bytes, for protocols with a fixed-size field (equal identities give
+    /// equal bytes; for one boot, different namespaces give different bytes): the boot id's
+    /// bytes, the first half mixed with the network namespace and the second with the IPC
+    /// namespace (each through a multiplication by an odd constant, which is invertible, so no
+    /// two namespaces of one boot collide).
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let hex: String = self.boot_id.chars().filter(|c| *c != '-').collect();
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0);
+        }
+        let mut first = [0u8; 8];
+        let mut second = [0u8; 8];
+        first.copy_from_slice(&bytes[..8]);
+        second.copy_from_slice(&bytes[8..]);
+        let first = u64::from_be_bytes(first) ^ self.net_ns.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let second = u64::from_be_bytes(second) ^ self.ipc_ns.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        bytes[..8].copy_from_slice(&first.to_be_bytes());
+        bytes[8..].copy_from_slice(&second.to_be_bytes());
+        bytes
+    }
 }
 
 fn is_uuid(text: &str) -> bool {
@@ -93,6 +115,20 @@ mod tests {
         assert!(here.can_share_with(&parsed));
         let elsewhere = HostIdentity { net_ns: here.net_ns + 1, ..here.clone() };
         assert!(!here.can_share_with(&elsewhere));
+    }
+
+    #[test]
+    fn byte_form_tells_namespaces_and_boots_apart() {
+        let here = HostIdentity::current().expect("identity");
+        assert_eq!(here.to_bytes(), here.clone().to_bytes());
+        assert_ne!(here.to_bytes(), [0u8; 16]);
+        let other_net = HostIdentity { net_ns: here.net_ns + 1, ..here.clone() };
+        let other_ipc = HostIdentity { ipc_ns: here.ipc_ns + 1, ..here.clone() };
+        let other_boot =
+            HostIdentity { boot_id: "123e4567-e89b-12d3-a456-426614174000".into(), ..here.clone() };
+        for other in [other_net, other_ipc, other_boot] {
+            assert_ne!(here.to_bytes(), other.to_bytes(), "{other}");
+        }
     }
 
     #[test]

@@ -34,8 +34,12 @@
 //!   connections, answers region lookups, notices dead peers (socket hang-up: the survivor's
 //!   queue pair goes to ERR with flush completions), and takes over progress when the
 //!   application is idle; with nothing to do it blocks without a timeout.
-//! - **Same host**: [`HostIdentity`] (boot id and namespaces) tells a transport negotiation
-//!   whether two processes can use shm; [`probe`] checks that a given device answers.
+//! - **Same host**: [`HostIdentity`] (boot id and namespaces, as text or as 16 bytes with
+//!   [`HostIdentity::to_bytes`]) tells a transport negotiation whether two processes can use
+//!   shm; [`probe`] checks that a given device answers. A negotiation that picked shm then
+//!   opens an [`ShmDevice`], exchanges GIDs and queue-pair numbers over its existing connection
+//!   (or runs [`connect::exchange`] over it) and moves the queue pairs to RTS: the GID is the
+//!   rendezvous, nothing else needs exchanging.
 //!
 //! # Unsafe code
 //!
