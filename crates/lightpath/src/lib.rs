@@ -46,4 +46,4 @@ pub mod tokio;
 pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 pub use listener::Listener;
 pub use options::Options;
-pub use stream::{Stream, Transport};
+pub use stream::{Readiness, Stream, Transport};

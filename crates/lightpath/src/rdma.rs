@@ -707,6 +707,19 @@ impl<D: Device> RdmaConn<D> {
         let _ = self.cq.take_notify();
     }
 
+    /// Whether a read would not block (data, end of stream or an error).
+    pub(crate) fn readable_now(&self) -> bool {
+        self.core.front().is_some() || self.at_eof() || self.failed.is_some() || self.peer_vanished()
+    }
+
+    /// Whether a write would not block.
+    pub(crate) fn writable_now(&self) -> bool {
+        self.failed.is_some()
+            || self.core.is_shut_down()
+            || self.tcp_eof
+            || self.core.send_room(RecordKind::Data, 1).is_some()
+    }
+
     /// Nonblocking look at the TCP connection (for event-loop drivers).
     pub(crate) fn poll_tcp(&mut self) {
         self.check_tcp();

@@ -261,8 +261,53 @@ impl Stream {
         }
     }
 
+    #[cfg(feature = "tokio")]
     pub(crate) fn backend_mut(&mut self) -> &mut Backend {
         &mut self.backend
+    }
+}
+
+/// What a stream can do without blocking, from [`Stream::poll_ready`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// A read (or `recv_msg`) would return data, end of stream or an error at once.
+    pub readable: bool,
+    /// A write would accept bytes (or fail) at once.
+    pub writable: bool,
+}
+
+impl Stream {
+    /// File descriptors an event loop (epoll, poll, mio…) waits on for *readability* before
+    /// calling [`Stream::poll_ready`]: the completion queue's notification fd and the TCP
+    /// connection for an RDMA stream; the socket for a TCP stream (for which writability can
+    /// also be waited on directly, as with any socket).
+    ///
+    /// The protocol mirrors a completion channel: call `poll_ready` (which arms the
+    /// notification) and act on what it reports; when it reports nothing you wanted, wait for
+    /// one of these fds to become readable, then call `poll_ready` again.
+    pub fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match &self.backend {
+            Backend::Soft(conn) => conn.notify_fd().into_iter().chain([conn.tcp().as_raw_fd()]).collect(),
+            Backend::Tcp(conn) => vec![conn.tcp().as_raw_fd()],
+            Backend::Closed => Vec::new(),
+        }
+    }
+
+    /// Arms the event fds and reports what the stream can do now.
+    pub fn poll_ready(&mut self) -> io::Result<Readiness> {
+        match &mut self.backend {
+            Backend::Soft(conn) => {
+                conn.take_notify();
+                conn.poll_tcp();
+                conn.arm()?;
+                Ok(Readiness { readable: conn.readable_now(), writable: conn.writable_now() })
+            }
+            Backend::Tcp(conn) => {
+                Ok(Readiness { readable: conn.readable_now(self.nonblocking)?, writable: true })
+            }
+            Backend::Closed => Err(closed()),
+        }
     }
 }
 

@@ -46,6 +46,22 @@ impl TcpConn {
         &self.tcp
     }
 
+    /// Whether a read would not block (buffered prefix, or the socket has bytes or EOF).
+    pub(crate) fn readable_now(&self, nonblocking: bool) -> io::Result<bool> {
+        if !self.prefix.is_empty() || self.read_shut {
+            return Ok(true);
+        }
+        self.tcp.set_nonblocking(true)?;
+        let mut probe = [0u8; 1];
+        let ready = match self.tcp.peek(&mut probe) {
+            Ok(_) => true,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => false,
+            Err(_) => true,
+        };
+        self.tcp.set_nonblocking(nonblocking)?;
+        Ok(ready)
+    }
+
     fn vanished() -> io::Error {
         reset("the peer vanished (its TCP connection ended without a clean close)")
     }
