@@ -1,6 +1,7 @@
 //! `lightpath perf --provider shm` end to end: a server and a client process on this host for
 //! every verbs test, checking the JSON each size prints and that payloads were verified; every
-//! size of `--all`; and the server's refusal of a client that claims to run on another host.
+//! size of `--all`; the server's refusal of a client that claims to run on another host; and
+//! the shm entry of `lightpath devices`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -160,4 +161,21 @@ fn a_client_on_another_host_is_refused() {
     assert!(reason.contains("one host"), "{reason}");
     let server = wait_with_deadline(server, Duration::from_secs(10));
     assert!(!server.status.success());
+}
+
+/// `lightpath devices` lists shm as available, with its one device and this host's identity.
+#[test]
+fn devices_lists_shm() {
+    let out = Command::new(BIN).args(["devices", "--json"]).output().expect("run lightpath");
+    assert!(out.status.success());
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let shm = reports
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["provider"] == "shm"))
+        .unwrap_or_else(|| panic!("no shm report: {reports}"));
+    assert_eq!(shm["available"], true, "{shm}");
+    let device = &shm["devices"][0];
+    assert_eq!((device["name"].as_str(), device["usable"].as_bool()), (Some("shm"), Some(true)), "{shm}");
+    assert!(device["gid"].as_str().is_some_and(|gid| gid.starts_with("fd53:484d:")), "{shm}");
+    assert!(device["note"].as_str().is_some_and(|note| note.contains("boot=")), "{shm}");
 }
