@@ -300,3 +300,36 @@ fn invalidating_an_unknown_rkey() {
     let recv: Vec<_> = poll_all(&mut net, 1, c.b.recv_cq).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(recv, vec![(7, WcStatus::LocProtErr)]);
 }
+
+#[test]
+fn responses_owed_before_a_fatal_error_still_go_out() {
+    // A driver may hand the responder several requests before it asks for output (a batch
+    // from recvmmsg). If a READ is followed by a request that fails, the READ's responses are
+    // still owed and must go out ahead of the NAK, as rxe sends them: otherwise the requester
+    // takes them for lost, retries into a responder in ERR and reports RETRY_EXC_ERR on the
+    // READ instead of success and REM_ACCESS_ERR on the bad request.
+    let mut net = Net::new(2);
+    let c = connect(&mut net, 0, 1, &Opts { mtu: Mtu::Mtu256, timeout: 8, retry_cnt: 1, ..Opts::default() });
+    let remote = reg(&mut net, 1, pattern(1000, 2), 0x4000, rw());
+    let local = reg(&mut net, 0, vec![0; 1008], 0x8000, rw());
+    let rkey = remote.keys.rkey;
+    let read = SendOp::Read { remote_addr: 0x4000, rkey };
+    post_send(&mut net, c.a, &send_wr(1, read, &[local.sge(0, 1000)]));
+    let bad = SendOp::FetchAdd { remote_addr: 0x4000 + 1000, rkey, add: 1 };
+    post_send(&mut net, c.a, &send_wr(2, bad, &[local.sge(1000, 8)]));
+    let mut buf = vec![0; lightpath_roce::MAX_DATAGRAM];
+    let mut requests = Vec::new();
+    while let Some(t) = net.engines[0].poll_transmit(net.now, &mut buf) {
+        requests.push((t.src_port, buf[..t.len].to_vec()));
+    }
+    assert_eq!(requests.len(), 2);
+    for (port, datagram) in &requests {
+        net.inject(0, 1, *port, datagram);
+    }
+    net.run();
+    let done: Vec<_> = poll_all(&mut net, 0, c.a.send_cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(done, vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]);
+    assert_eq!(&local.contents()[..1000], pattern(1000, 2).as_slice());
+    assert_eq!(net.engines[0].stats().timeouts, 0);
+    assert_eq!(net.engines[1].qp_state(c.b.qpn).unwrap(), QpState::Err);
+}

@@ -113,7 +113,13 @@ impl Qp {
             }
             self.resp.recv_active = false;
         }
+        // Responses to the requests executed before this one are still owed (rxe has sent
+        // them by now: it answers each request before it looks at the next). Keep them, ahead
+        // of the NAK; entering ERR would discard them, and the requester would take the
+        // missing READ/atomic responses for lost ones and end in RETRY_EXC_ERR.
+        let owed = std::mem::take(&mut self.resp.output);
         self.enter_error(ctx, true);
+        self.resp.output = owed;
         let msn = self.resp.msn;
         self.queue_ack(ctx, psn, Syndrome::Nak(fatal.nak), msn);
     }

@@ -1,8 +1,12 @@
 //! Turning the responder's output queue into packets: ACKNOWLEDGE, ATOMIC ACKNOWLEDGE and
 //! READ responses, the latter read from registered memory straight into the datagram buffer
 //! one PMTU at a time.
+//!
+//! In ERR the queue holds only what a responder error kept — the responses owed to the
+//! requests executed before the failing one, then its NAK — and those still go out; every
+//! other way into ERR empties the queue.
 
-use lightpath_verbs::{AccessFlags, QpState};
+use lightpath_verbs::AccessFlags;
 use lightpath_wire::{AethRepr, AtomicAckEthRepr, Opcode, Position, Syndrome};
 
 use super::packet::{header, read_response_opcode};
@@ -30,8 +34,6 @@ impl Qp {
                     }
                     return Some(h.datagram_len(0));
                 }
-                // In ERR only the final NAK still goes out.
-                _ if self.state == QpState::Err => self.resp.output.pop(),
                 ResponseItem::AtomicAck { psn, orig, msn } => {
                     let mut h = header(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest_qpn, psn, false, false);
                     h.aeth = Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn });
