@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cat;
 mod decode;
 mod demo;
 mod devices;
@@ -35,6 +36,8 @@ enum Command {
     Pingpong(pingpong::Args),
     /// The Lightpath side of the interop test protocol (interop/PROTOCOL.md) against verbs_peer on rxe.
     InteropPeer(interop_peer::Args),
+    /// netcat over Lightpath streams: `cat -l PORT` or `cat HOST PORT`; stdin to the peer, the peer to stdout.
+    Cat(cat::Args),
     /// perftest-style latency and bandwidth tests between two lightpath processes.
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
@@ -42,8 +45,22 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    // `perf stream_…` has options of its own (see `perf::stream`).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let result =
+        if perf::stream::wants(&args) { perf::stream::run_from(args) } else { dispatch(Cli::parse()) };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("lightpath: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Cat(args) => cat::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Devices(args) => devices::run(args),
         Command::Decode(args) => decode::run(args),
@@ -51,12 +68,5 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(args),
         Command::Pingpong(args) => pingpong::run(args),
         Command::InteropPeer(args) => interop_peer::run(args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("lightpath: {err:#}");
-            ExitCode::from(2)
-        }
     }
 }

@@ -21,6 +21,7 @@ mod session;
 mod shm;
 mod soft;
 mod stats;
+pub mod stream;
 mod tcp;
 
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
