@@ -33,23 +33,27 @@ use super::stats::{BandwidthSummary, LatencySummary};
 
 /// The stream-layer tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
 pub enum StreamTest {
     /// Ping-pong of `size` bytes; one-way latency.
-    StreamLat,
+    #[value(name = "stream_lat")]
+    #[serde(rename = "stream_lat")]
+    Lat,
     /// Streamed writes of `size` bytes; bandwidth.
-    StreamBw,
+    #[value(name = "stream_bw")]
+    #[serde(rename = "stream_bw")]
+    Bw,
     /// Request/response over many connections at once.
-    StreamRr,
+    #[value(name = "stream_rr")]
+    #[serde(rename = "stream_rr")]
+    Rr,
 }
 
 impl StreamTest {
     fn name(self) -> &'static str {
         match self {
-            StreamTest::StreamLat => "stream_lat",
-            StreamTest::StreamBw => "stream_bw",
-            StreamTest::StreamRr => "stream_rr",
+            StreamTest::Lat => "stream_lat",
+            StreamTest::Bw => "stream_bw",
+            StreamTest::Rr => "stream_rr",
         }
     }
 }
@@ -148,7 +152,7 @@ fn options(args: &StreamArgs) -> Result<Options> {
 }
 
 fn plan(args: &StreamArgs) -> Vec<(usize, u64)> {
-    let latency = args.test != StreamTest::StreamBw;
+    let latency = args.test != StreamTest::Bw;
     let sizes: Vec<usize> = if args.all {
         (1..=23).map(|shift| 1usize << shift).collect()
     } else {
@@ -269,13 +273,13 @@ fn serve_conn(mut stream: Stream, plan: &Plan) -> Result<()> {
     for &(size, iters) in &plan.sizes {
         let mut buf = vec![0u8; size];
         match plan.test {
-            StreamTest::StreamLat | StreamTest::StreamRr => {
+            StreamTest::Lat | StreamTest::Rr => {
                 for _ in 0..iters + warmup(iters) {
                     stream.read_exact(&mut buf)?;
                     stream.write_all(&buf)?;
                 }
             }
-            StreamTest::StreamBw => {
+            StreamTest::Bw => {
                 for _ in 0..iters {
                     stream.read_exact(&mut buf)?;
                 }
@@ -309,9 +313,9 @@ fn check_transport(stream: &Stream, args: &StreamArgs) -> Result<String> {
 
 fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<StreamResult>> {
     let sizes = plan(args);
-    let conns = if args.test == StreamTest::StreamRr { args.conns } else { 1 };
+    let conns = if args.test == StreamTest::Rr { args.conns } else { 1 };
     let plan = Plan { magic: MAGIC.into(), test: args.test, sizes: sizes.clone(), conns };
-    if args.test == StreamTest::StreamRr {
+    if args.test == StreamTest::Rr {
         return rr_client(args, server, options, &plan);
     }
     let mut stream = connect(server, args, options)?;
@@ -334,7 +338,7 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
             verified: true,
         };
         match args.test {
-            StreamTest::StreamLat | StreamTest::StreamRr => {
+            StreamTest::Lat | StreamTest::Rr => {
                 let mut samples = Vec::with_capacity(iters as usize);
                 for i in 0..iters + warmup(iters) {
                     stamp(&mut buf, i);
@@ -349,7 +353,7 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
                 }
                 results.push(result(LatencySummary::from_nanos(&mut samples, 2), None, None));
             }
-            StreamTest::StreamBw => {
+            StreamTest::Bw => {
                 stamp(&mut buf, 0);
                 let started = Instant::now();
                 for i in 0..iters {

@@ -1,0 +1,144 @@
+//! `lightpath cat` and `lightpath perf stream_*` as processes: bytes both ways through cat with
+//! end of stream, and small perf runs over soft and tcp whose JSON is checked.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lightpath");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // A plain probe connection would be taken as a client by `cat -l`, so only wait a little
+    // for the process to bind; the client side retries refused connections itself.
+    while Instant::now() < deadline {
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listened on port {port}");
+}
+
+fn cat_round_trip(provider: &str) {
+    let port = free_port();
+    let mut server = Command::new(BIN)
+        .args(["cat", "-l", &port.to_string(), "-v", "--provider", provider])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    let mut client = Command::new(BIN)
+        .args(["cat", "127.0.0.1", &port.to_string(), "-v", "--provider", provider])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let to_server: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let to_client: Vec<u8> = (0..70_000u32).map(|i| (i % 13) as u8 + b'a').collect();
+    let mut client_in = client.stdin.take().unwrap();
+    let mut server_in = server.stdin.take().unwrap();
+    let (a, b) = (to_server.clone(), to_client.clone());
+    let writers = std::thread::spawn(move || {
+        client_in.write_all(&a).unwrap();
+        drop(client_in);
+        server_in.write_all(&b).unwrap();
+        drop(server_in);
+    });
+    let client_out = client.wait_with_output().unwrap();
+    let server_out = server.wait_with_output().unwrap();
+    writers.join().unwrap();
+    assert!(client_out.status.success(), "{}", String::from_utf8_lossy(&client_out.stderr));
+    assert!(server_out.status.success(), "{}", String::from_utf8_lossy(&server_out.stderr));
+    assert_eq!(server_out.stdout, to_server);
+    assert_eq!(client_out.stdout, to_client);
+    let expected = if provider == "soft" { "transport rdma/soft" } else { "transport tcp" };
+    assert!(
+        String::from_utf8_lossy(&client_out.stderr).contains(expected),
+        "{}",
+        String::from_utf8_lossy(&client_out.stderr)
+    );
+}
+
+#[test]
+fn cat_over_soft() {
+    cat_round_trip("soft");
+}
+
+#[test]
+fn cat_over_tcp() {
+    cat_round_trip("tcp");
+}
+
+fn perf(test: &str, provider: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let port = free_port().to_string();
+    let mut server = Command::new(BIN)
+        .args(["perf", test, "-p", &port, "--provider", provider])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = Command::new(BIN)
+        .args(["perf", test, "127.0.0.1", "-p", &port, "--provider", provider, "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let status = server.wait().unwrap();
+    let mut server_err = String::new();
+    server.stderr.take().unwrap().read_to_string(&mut server_err).unwrap();
+    assert!(client.status.success(), "client: {}", String::from_utf8_lossy(&client.stderr));
+    assert!(status.success(), "server: {server_err}");
+    String::from_utf8(client.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn perf_stream_tests_over_soft_and_tcp() {
+    for provider in ["soft", "tcp"] {
+        let lat = perf("stream_lat", provider, &["-s", "4096", "-n", "50"]);
+        assert_eq!(lat.len(), 1);
+        assert_eq!(lat[0]["test"], "stream_lat");
+        assert_eq!(lat[0]["size"], 4096);
+        assert!(lat[0]["lat_us"]["median"].as_f64().unwrap() > 0.0);
+        assert_eq!(lat[0]["transport"].as_str().unwrap().starts_with("rdma/soft"), provider == "soft");
+
+        let bw = perf("stream_bw", provider, &["-s", "65536", "-n", "64"]);
+        assert!(bw[0]["bw_mb_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(bw[0]["verified"], true);
+
+        let rr = perf("stream_rr", provider, &["--conns", "8", "-n", "20", "-s", "64"]);
+        assert_eq!(rr[0]["conns"], 8);
+        assert!(rr[0]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn cat_to_a_plain_tcp_server_fails_clearly() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        if let Ok((mut conn, _)) = tcp.accept() {
+            let _ = conn.write_all(b"SSH-2.0-test\r\n");
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    });
+    let out = Command::new(BIN)
+        .args(["cat", "127.0.0.1", &port.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a Lightpath listener"), "{err}");
+}
