@@ -226,16 +226,12 @@ impl TxBuffers {
     }
 
     fn send(&mut self, socket: &RoceSocket, stats: &mut DriverStats) {
-        let mut slices: [&[u8]; SEND_DATAGRAMS] = [&[]; SEND_DATAGRAMS];
-        let filled = self.outgoing.len().min(SEND_DATAGRAMS);
-        for ((slice, buf), out) in slices[..filled].iter_mut().zip(&self.bufs).zip(&self.outgoing) {
-            *slice = &buf[..out.len.min(buf.len())];
-        }
-        let slices = &slices[..filled];
+        let (bufs, outgoing) = (&self.bufs, &self.outgoing);
+        let datagram = |i: usize| bufs.get(i)?.get(..outgoing.get(i)?.len);
         let mut start = 0;
         while start < self.messages.len() {
             stats.tx_batches += 1;
-            match self.batch.send(socket.as_fd(), slices, &self.order, &self.messages[start..]) {
+            match self.batch.send(socket.as_fd(), datagram, &self.order, &self.messages[start..]) {
                 Ok(0) => break,
                 Ok(sent) => {
                     stats.tx_segmented +=
@@ -268,13 +264,17 @@ impl TxBuffers {
 }
 
 /// Whether `datagram` can ride in the segmented message `last` (its datagrams are
-/// `order[last.first..][..last.count]`): same peer, room left, and every datagram but the last
-/// of a message exactly the segment size.
+/// `order[last.first..][..last.count]`): same peer, same stream, room left, and every datagram
+/// but the last of a message exactly the segment size.
+///
+/// Requests and responses never share a message: a segmented message reaches the peer as one
+/// unit, so an ACK riding with a reply would hold the reply back until the ACK is through the
+/// stack too (measured: +0.5 µs on an 8-byte ping-pong over loopback).
 fn joins(last: &OutMessage, datagram: Outgoing, outgoing: &[Outgoing], order: &[usize]) -> bool {
     let Some(size) = last.segment_size.map(usize::from) else { return false };
     let tail = order.get(last.first + last.count - 1).and_then(|&i| outgoing.get(i));
     last.dst == datagram.dst
-        && tail.is_some_and(|tail| tail.len == size)
+        && tail.is_some_and(|tail| tail.len == size && tail.response == datagram.response)
         && datagram.len <= size
         && last.count < MAX_SEGMENTS
         && size * last.count + datagram.len <= MAX_SEGMENTED_BYTES
@@ -344,9 +344,11 @@ mod tests {
             (lo, 100, false), // a short last segment
             (lo, 100, false), // cannot follow a short one
             (other_lo, 100, false),
+            (other_lo, 100, true), // a response (sent last) never joins a request
+            (other_lo, 100, true),
         ];
         let (order, messages) = planned(true, &batch);
-        assert_eq!(order, [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(order, [0, 1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(
             messages,
             [
@@ -354,6 +356,7 @@ mod tests {
                 message(lo, 2, 3, Some(4112)),
                 message(lo, 5, 1, Some(100)),
                 message(other_lo, 6, 1, Some(100)),
+                message(other_lo, 7, 2, Some(100)),
             ]
         );
     }

@@ -230,15 +230,15 @@ impl SendBatch {
         }
     }
 
-    /// Sends `messages`, whose datagrams are `datagrams[order[position]]` for the positions
+    /// Sends `messages`, whose datagrams are `datagram(order[position])` for the positions
     /// each message names, blocking while the socket buffer is full. Returns how many
     /// messages the kernel took: fewer than asked only if one failed, and then the error is
     /// about the message after the last one sent (the next call starting there returns it).
     /// Messages beyond the batch limits, or naming datagrams that do not exist, are not sent.
-    pub(crate) fn send(
+    pub(crate) fn send<'a>(
         &mut self,
         fd: BorrowedFd<'_>,
-        datagrams: &[&[u8]],
+        datagram: impl Fn(usize) -> Option<&'a [u8]>,
         order: &[usize],
         messages: &[OutMessage],
     ) -> io::Result<usize> {
@@ -256,7 +256,7 @@ impl SendBatch {
             let iov_start = iov_used;
             let mut complete = true;
             for &index in positions {
-                let Some(data) = datagrams.get(index) else {
+                let Some(data) = datagram(index) else {
                     complete = false;
                     break;
                 };
@@ -364,7 +364,7 @@ mod tests {
         let messages: Vec<OutMessage> =
             (0..5).map(|first| OutMessage { dst, first, count: 1, segment_size: None }).collect();
         let mut send = SendBatch::new();
-        assert_eq!(send.send(tx.as_fd(), &datagrams, &order, &messages).expect("send"), 5);
+        assert_eq!(send.send(tx.as_fd(), |i| datagrams.get(i).copied(), &order, &messages).expect("send"), 5);
 
         let mut batch = RecvBatch::new(12);
         let got = receive(&mut batch, &rx, 5);
@@ -406,7 +406,10 @@ mod tests {
                 OutMessage { dst, first: 0, count: 3, segment_size: Some(100) },
                 OutMessage { dst, first: 3, count: 1, segment_size: Some(7) },
             ];
-            assert_eq!(send.send(tx.as_fd(), &datagrams, &[0, 1, 2, 3], &messages).expect("send"), 2);
+            assert_eq!(
+                send.send(tx.as_fd(), |i| datagrams.get(i).copied(), &[0, 1, 2, 3], &messages).expect("send"),
+                2
+            );
         }
         let mut batch = RecvBatch::new(64 << 10);
         let coalesced = receive(&mut batch, &with_gro, 2);
@@ -425,11 +428,20 @@ mod tests {
         let data: [&[u8]; 1] = [b"x"];
         let mut send = SendBatch::new();
         let past_order = OutMessage { dst, first: 1, count: 1, segment_size: None };
-        assert_eq!(send.send(tx.as_fd(), &data, &[0], &[past_order]).expect("nothing sent"), 0);
+        assert_eq!(
+            send.send(tx.as_fd(), |i| data.get(i).copied(), &[0], &[past_order]).expect("nothing sent"),
+            0
+        );
         let no_datagram = OutMessage { dst, first: 0, count: 1, segment_size: None };
-        assert_eq!(send.send(tx.as_fd(), &data, &[3], &[no_datagram]).expect("nothing sent"), 0);
+        assert_eq!(
+            send.send(tx.as_fd(), |i| data.get(i).copied(), &[3], &[no_datagram]).expect("nothing sent"),
+            0
+        );
         let overflow = OutMessage { dst, first: usize::MAX, count: 2, segment_size: None };
-        assert_eq!(send.send(tx.as_fd(), &data, &[0], &[overflow]).expect("nothing sent"), 0);
+        assert_eq!(
+            send.send(tx.as_fd(), |i| data.get(i).copied(), &[0], &[overflow]).expect("nothing sent"),
+            0
+        );
     }
 
     #[test]
