@@ -311,6 +311,71 @@ impl Stream {
     }
 }
 
+fn rdma_only() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "lightpath: remote buffers need an RDMA transport")
+}
+
+impl Stream {
+    /// Registers a zero-filled buffer of `len` bytes with this stream's RDMA device, for
+    /// one-sided transfers. RDMA streams only (`Unsupported` over TCP).
+    pub fn register_buf(&self, len: usize) -> io::Result<crate::RegisteredBuf> {
+        match &self.backend {
+            Backend::Soft(conn) => Ok(crate::RegisteredBuf { mr: conn.register(len)? }),
+            _ => Err(rdma_only()),
+        }
+    }
+
+    /// Writes `len` bytes of `local` (from `local_offset`) into the peer's buffer `remote` at
+    /// `remote_offset`, without the peer's application taking part; with `notify`, the peer's
+    /// [`Stream::recv_notify`] returns that value (27 bits) after the bytes have landed.
+    /// Returns once the peer has acknowledged the write.
+    pub fn write_remote(
+        &mut self,
+        local: &crate::RegisteredBuf,
+        local_offset: usize,
+        remote: &crate::RemoteBuf,
+        remote_offset: u64,
+        len: u32,
+        notify: Option<u32>,
+    ) -> io::Result<()> {
+        let deadline = self.write_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => {
+                conn.write_remote(&local.mr, local_offset, remote, remote_offset, len, notify, deadline)
+            }
+            _ => Err(rdma_only()),
+        }
+    }
+
+    /// Reads `len` bytes of the peer's buffer `remote` (from `remote_offset`) into `local` at
+    /// `local_offset`; returns once they have arrived.
+    pub fn read_remote(
+        &mut self,
+        local: &crate::RegisteredBuf,
+        local_offset: usize,
+        remote: &crate::RemoteBuf,
+        remote_offset: u64,
+        len: u32,
+    ) -> io::Result<()> {
+        let deadline = self.read_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => {
+                conn.read_remote(&local.mr, local_offset, remote, remote_offset, len, deadline)
+            }
+            _ => Err(rdma_only()),
+        }
+    }
+
+    /// Waits for the next notification of a peer's [`Stream::write_remote`].
+    pub fn recv_notify(&mut self) -> io::Result<u32> {
+        let deadline = self.read_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.recv_notify(deadline),
+            _ => Err(rdma_only()),
+        }
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = self.read_deadline();

@@ -711,6 +711,11 @@ impl Conn {
         (Imm::new(RecordKind::Notify, value).encode(), seq)
     }
 
+    /// Whether the signaled request `seq` has completed.
+    pub fn is_complete(&self, seq: u64) -> bool {
+        self.completed_seq >= seq
+    }
+
     /// A one-sided write of the driver's own (no immediate) needs a send-queue slot.
     pub fn plain_seq(&mut self) -> Option<u64> {
         (self.sq_free() > 0).then(|| self.take_seq(true).0)

@@ -1,0 +1,124 @@
+//! Registered buffers and one-sided remote buffers: memory the application fills or reads in
+//! place, that the peer can RDMA-read or RDMA-write directly, with an optional notification
+//! (a write with immediate) that arrives after the written bytes.
+
+use lightpath_soft::SoftMr;
+use lightpath_verbs::MemoryRegion;
+
+use std::io;
+
+/// A buffer registered with a stream's RDMA device (`Stream::register_buf`).
+///
+/// Its bytes are reached through copying accessors or, without copying, inside
+/// [`RegisteredBuf::with_bytes`] / [`RegisteredBuf::with_bytes_mut`] (the device cannot touch
+/// the buffer while the closure runs, so keep it short). A peer that was given
+/// [`RegisteredBuf::remote`] may read and write it at any time, as a NIC would by DMA.
+pub struct RegisteredBuf {
+    pub(crate) mr: SoftMr,
+}
+
+impl std::fmt::Debug for RegisteredBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredBuf").field("len", &self.mr.len()).field("remote", &self.remote()).finish()
+    }
+}
+
+impl RegisteredBuf {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.mr.is_empty()
+    }
+
+    /// Copies `src` into the buffer at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> io::Result<()> {
+        self.mr.write(offset, src).map_err(crate::error::from_verbs)
+    }
+
+    /// Copies bytes at `offset` out of the buffer.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> io::Result<()> {
+        self.mr.read(offset, dst).map_err(crate::error::from_verbs)
+    }
+
+    /// Runs `f` on the bytes in place (no copy).
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.mr.with_bytes(f)
+    }
+
+    /// Runs `f` on the bytes in place, mutably (no copy).
+    pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        self.mr.with_bytes_mut(f)
+    }
+
+    /// What the peer needs to read or write this buffer.
+    pub fn remote(&self) -> RemoteBuf {
+        RemoteBuf { addr: self.mr.addr(), len: self.mr.len() as u64, rkey: self.mr.rkey() }
+    }
+}
+
+/// A peer's buffer, as its [`RegisteredBuf::remote`] described it. Send it to the peer over
+/// the stream itself (for example as a message of [`RemoteBuf::to_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    /// Address of the first byte (the owner's).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteBuf {
+    /// 20 bytes: address, length, key (big-endian).
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut out = [0u8; 20];
+        out[..8].copy_from_slice(&self.addr.to_be_bytes());
+        out[8..16].copy_from_slice(&self.len.to_be_bytes());
+        out[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        out
+    }
+
+    /// Parses [`RemoteBuf::to_bytes`]; `None` unless exactly 20 bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<RemoteBuf> {
+        let bytes: &[u8; 20] = bytes.try_into().ok()?;
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_be_bytes(b)
+        };
+        Some(RemoteBuf {
+            addr: u64_at(0),
+            len: u64_at(8),
+            rkey: u32::from_be_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]),
+        })
+    }
+
+    /// The address `offset` bytes in, if `offset + len` stays inside the buffer.
+    pub(crate) fn range(&self, offset: u64, len: u64) -> io::Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
+            _ => {
+                Err(io::Error::new(io::ErrorKind::InvalidInput, "lightpath: range outside the remote buffer"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_buf_bytes() {
+        let remote = RemoteBuf { addr: 0x1122_3344_5566_7788, len: 4096, rkey: 0xAABBCCDD };
+        assert_eq!(RemoteBuf::from_bytes(&remote.to_bytes()), Some(remote));
+        assert_eq!(RemoteBuf::from_bytes(&[0u8; 19]), None);
+        assert_eq!(remote.range(4000, 96).unwrap(), remote.addr + 4000);
+        assert!(remote.range(4000, 97).is_err());
+        assert!(remote.range(u64::MAX, 2).is_err());
+    }
+}

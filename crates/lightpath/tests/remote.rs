@@ -1,0 +1,61 @@
+//! One-sided remote buffers: the server exposes a buffer, the client writes into it with a
+//! notification and reads it back, all verified byte for byte; bad ranges are refused locally;
+//! TCP streams refuse remote buffers clearly.
+
+mod common;
+
+use std::io::ErrorKind;
+
+use common::{listener, pattern};
+use lightpath::{Options, ProviderId, RemoteBuf, Stream};
+
+#[test]
+fn write_with_notify_then_read_back() {
+    let options = Options::default().with_providers(&[ProviderId::Soft]);
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let exposed = stream.register_buf(1 << 20).unwrap();
+        exposed.write(0, b"server was here").unwrap();
+        stream.send_msg(&exposed.remote().to_bytes()).unwrap();
+        // The client writes 700 KiB at offset 4096 and notifies with 77.
+        assert_eq!(stream.recv_notify().unwrap(), 77);
+        let expected = pattern(700 << 10, 1);
+        let matches = exposed.with_bytes(|bytes| bytes[4096..4096 + expected.len()] == expected[..]);
+        assert!(matches, "the written bytes are in place when the notification arrives");
+        // Let the client read it back, then close.
+        assert_eq!(stream.recv_msg().unwrap().as_deref(), Some(&b"done"[..]));
+    });
+    let mut stream = Stream::connect_with(addr, &options).unwrap();
+    let remote = RemoteBuf::from_bytes(&stream.recv_msg().unwrap().unwrap()).unwrap();
+    assert_eq!(remote.len, 1 << 20);
+    let local = stream.register_buf(1 << 20).unwrap();
+    let data = pattern(700 << 10, 1);
+    local.write(0, &data).unwrap();
+    stream.write_remote(&local, 0, &remote, 4096, data.len() as u32, Some(77)).unwrap();
+    let back = stream.register_buf(1 << 20).unwrap();
+    stream.read_remote(&back, 0, &remote, 0, 15).unwrap();
+    stream.read_remote(&back, 100, &remote, 4096, data.len() as u32).unwrap();
+    let mut head = [0u8; 15];
+    back.read(0, &mut head).unwrap();
+    assert_eq!(&head, b"server was here");
+    assert!(back.with_bytes(|bytes| bytes[100..100 + data.len()] == data[..]));
+    let err = stream.write_remote(&local, 0, &remote, (1 << 20) - 10, 11, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let err = stream.read_remote(&back, (1 << 20) - 1, &remote, 0, 2).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    stream.send_msg(b"done").unwrap();
+    server.join().unwrap();
+}
+
+#[test]
+fn tcp_streams_refuse_remote_buffers() {
+    let listener = listener(Options::tcp_only());
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || listener.accept().map(drop));
+    let mut stream = Stream::connect_with(addr, &Options::tcp_only()).unwrap();
+    assert_eq!(stream.register_buf(64).unwrap_err().kind(), ErrorKind::Unsupported);
+    assert_eq!(stream.recv_notify().unwrap_err().kind(), ErrorKind::Unsupported);
+    server.join().unwrap().unwrap();
+}
