@@ -58,6 +58,11 @@ pub struct Args {
     /// Transport retry count of every QP (7 retries, not infinite, in this engine).
     #[arg(long, default_value_t = 7)]
     retry_cnt: u8,
+    /// Read the network only every this many microseconds, handing each engine every
+    /// datagram that arrived since before it transmits (as a driver reading batches with
+    /// recvmmsg does); 0 hands over each datagram as it arrives.
+    #[arg(long, default_value_t = 0)]
+    receive_batch_us: u64,
     /// IP version of the GIDs: v4, v6 or random (random picks v6 when corrupting).
     #[arg(long, default_value = "random")]
     family: String,
@@ -120,6 +125,7 @@ fn config_from(args: &Args) -> anyhow::Result<SimConfig> {
         qp: QpConfig { mtu, retry_cnt: args.retry_cnt, ..defaults.qp.clone() },
         family,
         trace: args.trace.is_some(),
+        receive_batch: std::time::Duration::from_micros(args.receive_batch_us),
         ..defaults
     })
 }
@@ -180,6 +186,9 @@ fn render_json(args: &Args, summary: &Summary, traced: Option<&SeedReport>) -> a
             "corrupt": args.corrupt,
             "mtu": args.mtu,
             "retry_cnt": args.retry_cnt,
+            "nodes": args.nodes,
+            "negative": args.negative,
+            "receive_batch_us": args.receive_batch_us,
         },
     });
     if let Some(report) = traced {

@@ -79,3 +79,16 @@ fn invalid_options_are_refused() {
     assert_eq!(lightpath(&["sim", "--mtu", "1500"]).status.code(), Some(2));
     assert_eq!(lightpath(&["sim", "--ops", "teleport"]).status.code(), Some(2));
 }
+
+#[test]
+fn batched_receive_option_is_applied_and_reported() {
+    let output = lightpath(&["sim", "--seeds", "6", "--receive-batch-us", "10", "--negative", "1", "--json"]);
+    assert_eq!(output.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let report = json_of(&output);
+    assert_eq!(report["passed"], 6);
+    assert_eq!(report["config"]["receive_batch_us"], 10);
+    assert_eq!(report["config"]["negative"], 1.0);
+    let negatives: u64 =
+        report["ops"].as_object().unwrap().values().map(|c| c["negative"].as_u64().unwrap()).sum();
+    assert!(negatives > 0);
+}

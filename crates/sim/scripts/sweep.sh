@@ -41,6 +41,9 @@ configs=(
   "--retry-cnt 1 --loss 0.01"
   "--retry-cnt 1 --reorder 0.2"
   "--retry-cnt 2 --loss 0.05 --negative 0.5"
+  "--receive-batch-us 5 --negative 1"
+  "--receive-batch-us 10 --loss 0.05 --dup 0.05 --reorder 0.05 --corrupt 0.01"
+  "--receive-batch-us 50 --reorder 0.2 --negative 0.5 --nodes 3"
   "--family v4 --loss 0.05 --reorder 0.05"
   "--family v6 --loss 0.05 --reorder 0.05 --corrupt 0.02"
 )

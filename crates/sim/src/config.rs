@@ -135,6 +135,11 @@ pub struct SimConfig {
     pub drain: Duration,
     /// Record every datagram.
     pub trace: bool,
+    /// The driver reads the network only every this often and hands each engine every
+    /// datagram that arrived since before the engine may transmit — as a driver that polls
+    /// its socket with `recvmmsg` does. Zero (the default): each datagram is handed over when
+    /// it arrives and followed at once by the transmissions it causes.
+    pub receive_batch: Duration,
 }
 
 impl Default for SimConfig {
@@ -150,6 +155,7 @@ impl Default for SimConfig {
             max_steps: 3_000_000,
             drain: Duration::from_millis(50),
             trace: false,
+            receive_batch: Duration::ZERO,
         }
     }
 }

@@ -3,9 +3,10 @@
 //! finished (or the run hangs), and records what it observed.
 //!
 //! Stepping follows the sans-I/O contract: after any call that may produce output the driver
-//! drains `poll_transmit`, and it calls `handle_timeout` when `poll_timeout` says so. Events
-//! at the same virtual time are processed in a fixed order (posts, then arrivals in arrival
-//! order, then timers by node index), so a run is deterministic.
+//! drains `poll_transmit` (with a `receive_batch` interval, only after handing over every
+//! datagram that arrived in the interval, as a driver reading with `recvmmsg` does), and it
+//! calls `handle_timeout` when `poll_timeout` says so. Events at the same virtual time are processed in a fixed order (posts, then
+//! arrivals in arrival order, then timers by node index), so a run is deterministic.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -326,6 +327,16 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// When the driver hands over a datagram that arrives at `at`: at once, or at the end of
+    /// the receive-batch interval it falls into.
+    fn receive_time(&self, at: SimTime) -> SimTime {
+        let quantum = u64::try_from(self.config.receive_batch.as_nanos()).unwrap_or(u64::MAX);
+        if quantum == 0 {
+            return at;
+        }
+        SimTime::from_nanos(at.as_nanos().div_ceil(quantum).saturating_mul(quantum))
+    }
+
     fn alive(&self, node: usize, now: SimTime) -> bool {
         self.network.is_alive(node, now)
     }
@@ -449,7 +460,8 @@ impl Runner<'_> {
                 .map(|t| SimTime::from_nanos(t.as_nanos()))
                 .min();
             let next_action = self.actions.get(self.next_action).map(|(t, _)| *t);
-            let next = [self.network.next_arrival(), timers, next_action].into_iter().flatten().min();
+            let arrival = self.network.next_arrival().map(|at| self.receive_time(at));
+            let next = [arrival, timers, next_action].into_iter().flatten().min();
             let Some(next) = next else {
                 if drain_until.is_none() {
                     self.obs.finished_at = now;
@@ -487,6 +499,7 @@ impl Runner<'_> {
                 self.next_action += 1;
                 self.perform(action, now);
             }
+            let mut received = Vec::new();
             while let Some(delivery) = self.network.pop_due(now) {
                 let engine = &mut self.engines[delivery.to];
                 engine.handle_datagram(
@@ -496,7 +509,15 @@ impl Runner<'_> {
                     delivery.src_port,
                     &delivery.bytes,
                 );
-                self.flush(delivery.to, now);
+                if self.config.receive_batch.is_zero() {
+                    self.flush(delivery.to, now);
+                } else if !received.contains(&delivery.to) {
+                    received.push(delivery.to);
+                }
+            }
+            received.sort_unstable();
+            for node in received {
+                self.flush(node, now);
             }
             for node in 0..self.engines.len() {
                 if !self.alive(node, now) {

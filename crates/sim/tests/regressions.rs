@@ -119,3 +119,17 @@ fn one_retry_under_reordering() {
     let summary = assert_all_pass("retry_cnt 1, reorder 50%", &config, 0, 100);
     assert_eq!(summary.stats.retry_exhausted, 0);
 }
+
+/// A responder error discarded the responses still owed to requests executed before it
+/// (queued READ data, atomic ACKs) when a driver handed over several requests before polling
+/// for output: the requester then retried the READ/atomic into a responder in ERR and ended
+/// in RETRY_EXC_ERR. Found once the driver could batch receives: `lightpath sim
+/// --receive-batch-us 5 --negative 1` failed 162 of seeds 0..1000 (seed 2 first). Engine
+/// test: `protection.rs::responses_owed_before_a_fatal_error_still_go_out`.
+#[test]
+fn responses_owed_before_a_responder_error_with_batched_receive() {
+    let mut config = SimConfig { receive_batch: std::time::Duration::from_micros(5), ..SimConfig::default() };
+    config.workload.negative = 1.0;
+    let summary = assert_seeds_pass("batched receive, negatives", &config, &seeds_with(&[2], 0..300));
+    assert_eq!(summary.stats.retry_exhausted, 0, "lossless: every negative request fails with its own error");
+}

@@ -208,3 +208,14 @@ fn few_retries() {
     let summary = assert_all_pass("retry_cnt 0, duplicates only", &config, 0, 200);
     assert_eq!(summary.stats.retry_exhausted, 0);
 }
+
+#[test]
+fn batched_receive_under_every_fault() {
+    // The driver reads the network every 10 µs and hands each engine the whole batch before
+    // it may transmit, as a recvmmsg-based driver does.
+    let mut config = lossy(0.05, 0.05, 0.05, 0.01);
+    config.receive_batch = std::time::Duration::from_micros(10);
+    config.workload.negative = 0.3;
+    let summary = assert_all_pass("batched receive + all faults", &config, 0, 300);
+    assert_meaningful("batched receive + all faults", &summary, 1500);
+}
