@@ -82,6 +82,7 @@ pub fn run_seed(config: &SimConfig, seed: u64) -> SeedReport {
         naks_sent: sum(|s| s.naks_sent),
         rnr_naks_sent: sum(|s| s.rnr_naks_sent),
         drops_icrc: sum(|s| s.drops_icrc),
+        undetected_corruptions: observation.undetected_corruption.len() as u64,
         bytes_delivered: result.bytes_delivered,
         retry_exhausted: result.retry_exhausted,
         virtual_nanos: observation.finished_at.as_nanos(),

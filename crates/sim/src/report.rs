@@ -57,6 +57,9 @@ pub struct RunStats {
     pub rnr_naks_sent: u64,
     /// Datagrams the engines dropped for a bad ICRC.
     pub drops_icrc: u64,
+    /// Damaged datagrams an engine processed (IPv4 ICRC false accepts); their connection is
+    /// checked for memory safety only.
+    pub undetected_corruptions: u64,
     /// Application bytes of successfully completed operations.
     pub bytes_delivered: u64,
     /// Requests that ended with RETRY_EXC_ERR.
@@ -75,6 +78,7 @@ impl RunStats {
         self.packets_duplicated += other.packets_duplicated;
         self.packets_corrupted += other.packets_corrupted;
         self.packets_reordered += other.packets_reordered;
+        self.undetected_corruptions += other.undetected_corruptions;
         self.retransmits += other.retransmits;
         self.timeouts += other.timeouts;
         self.naks_sent += other.naks_sent;
