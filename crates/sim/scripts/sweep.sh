@@ -46,6 +46,7 @@ configs=(
   "--receive-batch-us 50 --reorder 0.2 --negative 0.5 --nodes 3"
   "--family v4 --loss 0.05 --reorder 0.05"
   "--family v6 --loss 0.05 --reorder 0.05 --corrupt 0.02"
+  "--family v4 --corrupt 0.05"
 )
 
 status=0
