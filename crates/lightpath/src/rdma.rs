@@ -261,7 +261,6 @@ impl<D: Device> RdmaConn<D> {
                 break;
             }
         }
-        progressed |= self.read_slot();
         self.post_ops();
         progressed
     }
@@ -453,8 +452,13 @@ impl<D: Device> RdmaConn<D> {
         if buf.is_empty() {
             return Ok(0);
         }
+        // `wait` returns right after a pump that made progress; pumping again at once would
+        // cost a system call per message for nothing.
+        let mut just_pumped = false;
         loop {
-            self.pump();
+            if !just_pumped {
+                self.pump();
+            }
             let mut done = 0;
             while done < buf.len() {
                 let Some(front) = self.core.front() else { break };
@@ -482,6 +486,7 @@ impl<D: Device> RdmaConn<D> {
                 return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
             }
             self.wait(deadline)?;
+            just_pumped = true;
         }
     }
 
@@ -524,6 +529,7 @@ impl<D: Device> RdmaConn<D> {
         }
         loop {
             self.check_writable()?;
+            self.read_slot();
             let mut done = 0;
             while done < buf.len() {
                 let Some((grant, offset)) = self.core.send_room(RecordKind::Data, buf.len() - done) else {
@@ -540,7 +546,6 @@ impl<D: Device> RdmaConn<D> {
             self.core.note_blocked();
             self.post_ops();
             self.wait(deadline)?;
-            self.pump();
         }
     }
 
@@ -549,6 +554,7 @@ impl<D: Device> RdmaConn<D> {
         let mut done = 0;
         loop {
             self.check_writable()?;
+            self.read_slot();
             let left = msg.len() - done;
             match self.core.send_room(RecordKind::MsgPart, left) {
                 Some((grant, offset)) => {
@@ -570,7 +576,6 @@ impl<D: Device> RdmaConn<D> {
                     // A message once started is finished even in nonblocking mode.
                     let deadline = if done > 0 { Deadline::At(None) } else { deadline };
                     self.wait(deadline)?;
-                    self.pump();
                 }
             }
         }
@@ -578,8 +583,11 @@ impl<D: Device> RdmaConn<D> {
 
     /// Receives one message; `None` at end of stream.
     pub(crate) fn recv_msg(&mut self, deadline: Deadline) -> io::Result<Option<Vec<u8>>> {
+        let mut just_pumped = false;
         loop {
-            self.pump();
+            if !just_pumped {
+                self.pump();
+            }
             while let Some(front) = self.core.front() {
                 if !front.kind.is_message() {
                     return Err(invalid("the peer sent stream bytes here; use read"));
@@ -608,6 +616,7 @@ impl<D: Device> RdmaConn<D> {
                 return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
             }
             self.wait(deadline)?;
+            just_pumped = true;
         }
     }
 
@@ -837,7 +846,8 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// Whether a write would not block.
-    pub(crate) fn writable_now(&self) -> bool {
+    pub(crate) fn writable_now(&mut self) -> bool {
+        self.read_slot();
         self.failed.is_some()
             || self.core.is_shut_down()
             || self.tcp_eof

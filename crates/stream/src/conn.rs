@@ -446,7 +446,12 @@ impl Conn {
 
     /// The next work request to post, if any. Call until `None` after every change.
     pub fn poll_op(&mut self) -> Option<Op> {
-        if self.repost_pending > 0 {
+        // Receives are reposted in small batches (one lock and one call for several), at once
+        // when the peer is waiting or running low.
+        let batch = (self.config.local_recv_depth / 8).max(1);
+        let peer_view = self.recvs_posted - self.imms_received;
+        let urgent = self.peer_wants.is_some() || peer_view <= u64::from(self.config.local_recv_depth / 2);
+        if self.repost_pending >= batch || (self.repost_pending > 0 && urgent) {
             let count = self.repost_pending;
             self.repost_pending = 0;
             self.recvs_posted += u64::from(count);

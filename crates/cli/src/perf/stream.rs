@@ -88,8 +88,8 @@ pub struct StreamArgs {
     /// Connections (stream_rr).
     #[arg(long, default_value_t = 16)]
     pub conns: usize,
-    /// Drive the soft device from the calling threads (busy polling, as the verbs tests do)
-    /// instead of its progress thread.
+    /// Drive the soft device from the calling threads and busy-poll (as the verbs tests do)
+    /// instead of sleeping until the progress thread wakes them.
     #[arg(long)]
     pub polling: bool,
     /// Print one JSON object per size instead of a table.
@@ -146,7 +146,10 @@ fn options(args: &StreamArgs) -> Result<Options> {
     let providers = lightpath::options::parse_providers(&args.provider).map_err(anyhow::Error::msg)?;
     let mut options = Options { providers, ..Options::default() };
     if args.polling {
+        // Busy-poll as the verbs tests do: the calling thread drives the device and does not
+        // sleep between messages (liveness is still checked after each 100 ms of spinning).
         options.soft_progress = ProgressMode::polling();
+        options.spin = Duration::from_millis(100);
     }
     Ok(options)
 }
