@@ -27,7 +27,10 @@ pub struct Options {
     pub probe_timeout: Duration,
     /// How long dropping a stream may wait for its last writes to be acknowledged.
     pub linger: Duration,
-    /// How long a blocked read or write busy-polls before it sleeps.
+    /// How long a blocked read or write busy-polls before it sleeps. With the soft
+    /// provider's progress thread (the default) spinning only helps when a core is free for
+    /// that thread, so the default is not to spin; with `ProgressMode::Polling` the calling
+    /// thread drives the device itself and a spin of tens of µs (or more) pays off.
     pub spin: Duration,
     /// Progress mode of the soft device the first connection opens.
     pub soft_progress: ProgressMode,
@@ -74,7 +77,7 @@ impl Default for Options {
             plain_client_wait: Duration::from_secs(2),
             probe_timeout: Duration::from_secs(3),
             linger: Duration::from_secs(10),
-            spin: Duration::from_micros(50),
+            spin: Duration::ZERO,
             soft_progress: ProgressMode::Thread,
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,

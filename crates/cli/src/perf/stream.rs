@@ -92,6 +92,9 @@ pub struct StreamArgs {
     /// instead of sleeping until the progress thread wakes them.
     #[arg(long)]
     pub polling: bool,
+    /// How long a blocked call busy-polls before it sleeps, in µs (default: the library's).
+    #[arg(long)]
+    pub spin_us: Option<u64>,
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -150,6 +153,9 @@ fn options(args: &StreamArgs) -> Result<Options> {
         // sleep between messages (liveness is still checked after each 100 ms of spinning).
         options.soft_progress = ProgressMode::polling();
         options.spin = Duration::from_millis(100);
+    }
+    if let Some(spin) = args.spin_us {
+        options.spin = Duration::from_micros(spin);
     }
     Ok(options)
 }
