@@ -138,6 +138,13 @@ impl SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
-        let _ = self.pd.device.lock().engine.destroy_qp(self.qpn);
+        let device = &self.pd.device;
+        let mut core = device.lock();
+        // Polling mode holds the engine's answers (ACKs) back until the next post or poll; send
+        // them before the queue pair goes, or a peer waiting for the ACK of its last message
+        // retries into the void and ends with retry-exceeded (as a NIC would have ACKed it).
+        let now = device.now();
+        device.after_call(&mut core, now);
+        let _ = core.engine.destroy_qp(self.qpn);
     }
 }

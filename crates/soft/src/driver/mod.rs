@@ -71,6 +71,49 @@ pub(crate) struct Core {
     pub(crate) stats: DriverStats,
     rx: RxBuffers,
     tx: TxBuffers,
+    rx_pace: RxPace,
+}
+
+/// How many messages a polling round asks the kernel for first.
+///
+/// With sparse traffic (ping-pong: rounds that find nothing between messages) the first
+/// `recvmmsg` takes one message. A reply and the ACK its sender sent right behind it then do
+/// not both go through the kernel and the engine before the application sees the reply; the
+/// ACK waits in the socket for the next round (measured: −0.7 µs one-way for 4 KiB SENDs).
+/// Once several rounds in a row find a message waiting, the traffic is a stream and rounds
+/// ask for full batches again, until a batch comes back (nearly) empty.
+#[derive(Debug, Default)]
+struct RxPace {
+    stream: bool,
+    /// Consecutive one-message rounds that found their message waiting.
+    busy_rounds: u8,
+}
+
+impl RxPace {
+    /// Rounds in a row that must find a message waiting before full batches are asked for.
+    const STREAM_AFTER: u8 = 4;
+
+    fn first_batch(&self) -> usize {
+        if self.stream {
+            RECV_BATCH
+        } else {
+            1
+        }
+    }
+
+    /// A round asked for `first` messages first and received `received` in all.
+    fn record(&mut self, first: usize, received: usize) {
+        if self.stream {
+            if received <= 1 {
+                *self = Self::default();
+            }
+        } else if first == 1 && received >= 1 {
+            self.busy_rounds += 1;
+            self.stream = self.busy_rounds >= Self::STREAM_AFTER;
+        } else {
+            self.busy_rounds = 0;
+        }
+    }
 }
 
 /// State shared by a device's objects and its helper thread.
@@ -114,6 +157,7 @@ impl Shared {
             stats: DriverStats::default(),
             rx: RxBuffers::new(&socket),
             tx: TxBuffers::new(config.udp_offload),
+            rx_pace: RxPace::default(),
         };
         Ok(Self {
             core: Mutex::new(core),
@@ -178,7 +222,7 @@ impl Shared {
     /// messages were received.
     pub(crate) fn drive(&self, core: &mut Core) -> usize {
         let now = self.now();
-        let received = self.receive_and_run(core, now);
+        let received = self.receive_and_run(core, now, RECV_BATCH, None);
         self.transmit(core, now);
         received
     }
@@ -196,7 +240,9 @@ impl Shared {
         self.transmit(&mut core, now);
         let mut count = core.engine.poll_cq(cq, out);
         if count == 0 {
-            self.receive_and_run(&mut core, now);
+            let first = core.rx_pace.first_batch();
+            let received = self.receive_and_run(&mut core, now, first, Some(cq));
+            core.rx_pace.record(first, received);
             self.last_driven.store(now.as_nanos(), Ordering::SeqCst);
             count = core.engine.poll_cq(cq, out);
             if count == 0 {
@@ -207,19 +253,25 @@ impl Shared {
         (count, next_timer)
     }
 
-    /// Receives up to [`MAX_RX_BATCHES_PER_DRIVE`] batches and runs due timers; delivers
-    /// notifications, but transmits only between full batches (a long burst is answered as it
-    /// arrives).
-    fn receive_and_run(&self, core: &mut Core, now: Time) -> usize {
+    /// Receives up to [`MAX_RX_BATCHES_PER_DRIVE`] batches (the first of at most `first`
+    /// messages, the others full size) and runs due timers; delivers notifications, but
+    /// transmits only between full batches (a long burst is answered as it arrives). With
+    /// `stop_for`, stops receiving as soon as that completion queue has entries. Returns how
+    /// many messages were received.
+    fn receive_and_run(&self, core: &mut Core, now: Time, first: usize, stop_for: Option<CqHandle>) -> usize {
         let mut received = 0;
+        let mut limit = first;
         for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
             let Core { engine, rx, stats, .. } = &mut *core;
-            let count = rx.receive(&self.socket, engine, now, stats);
+            let count = rx.receive(&self.socket, engine, now, stats, limit);
             received += count;
-            if count < RECV_BATCH {
+            if count < limit || stop_for.is_some_and(|cq| core.engine.cq_len(cq) > 0) {
                 break;
             }
-            self.transmit(core, now);
+            if limit == RECV_BATCH {
+                self.transmit(core, now);
+            }
+            limit = RECV_BATCH;
         }
         if core.engine.poll_timeout().is_some_and(|due| due <= now) {
             core.engine.handle_timeout(now);
@@ -299,5 +351,33 @@ impl Drop for DeviceInner {
             // The thread only ever panics on a bug; there is nothing to do with that here.
             let _ = handle.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rx_pace_follows_the_traffic() {
+        let mut pace = RxPace::default();
+        // Ping-pong: a message, then rounds that find nothing.
+        for _ in 0..10 {
+            assert_eq!(pace.first_batch(), 1);
+            pace.record(1, 1);
+            pace.record(1, 0);
+        }
+        assert_eq!(pace.first_batch(), 1);
+        // A stream: every round finds a message waiting.
+        for _ in 0..RxPace::STREAM_AFTER {
+            assert_eq!(pace.first_batch(), 1);
+            pace.record(1, 1);
+        }
+        assert_eq!(pace.first_batch(), RECV_BATCH);
+        pace.record(RECV_BATCH, 20);
+        assert_eq!(pace.first_batch(), RECV_BATCH);
+        // The stream dries up.
+        pace.record(RECV_BATCH, 1);
+        assert_eq!(pace.first_batch(), 1);
     }
 }

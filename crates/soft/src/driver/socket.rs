@@ -70,17 +70,19 @@ impl RxBuffers {
         Self { batch: RecvBatch::new(if socket.gro { RX_BUFFER_GRO } else { RX_BUFFER }) }
     }
 
-    /// Receives what is waiting (up to one batch) and feeds it to the engine. Returns how many
-    /// messages arrived (a message may hold several coalesced datagrams); a full batch
-    /// ([`RECV_BATCH`](crate::sys::RECV_BATCH)) means more may be waiting.
+    /// Receives what is waiting (up to `limit` messages, at most
+    /// [`RECV_BATCH`](crate::sys::RECV_BATCH)) and feeds it to the engine. Returns how many
+    /// messages arrived (a message may hold several coalesced datagrams); as many as `limit`
+    /// means more may be waiting.
     pub(crate) fn receive(
         &mut self,
         socket: &RoceSocket,
         engine: &mut Engine,
         now: Time,
         stats: &mut DriverStats,
+        limit: usize,
     ) -> usize {
-        let count = match self.batch.recv(socket.as_fd()) {
+        let count = match self.batch.recv(socket.as_fd(), limit) {
             Ok(count) => count,
             Err(_) => {
                 stats.rx_errors += 1;

@@ -115,9 +115,11 @@ impl RecvBatch {
         batch
     }
 
-    /// Receives what is waiting (up to [`RECV_BATCH`] messages) without blocking. Returns how
-    /// many arrived (0 when none was waiting); read them with [`RecvBatch::get`].
-    pub(crate) fn recv(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+    /// Receives what is waiting (up to `limit` messages, at most [`RECV_BATCH`]) without
+    /// blocking. Returns how many arrived (0 when none was waiting); read them with
+    /// [`RecvBatch::get`].
+    pub(crate) fn recv(&mut self, fd: BorrowedFd<'_>, limit: usize) -> io::Result<usize> {
+        let limit = limit.clamp(1, RECV_BATCH);
         // Only the headers the previous call returned were changed by the kernel.
         for entry in &mut self.headers[..self.received] {
             entry.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -130,21 +132,21 @@ impl RecvBatch {
             // SAFETY: every header points (since `new`) to its own name slot, control buffer
             // and iovec, and each iovec to `buffer_len` writable bytes of `buffers`; all of them
             // are owned by `self`, which is exclusively borrowed for the call, and their lengths
-            // are the ones reset above. The count is the length of `headers`; the timeout may be
-            // null.
+            // are the ones reset above. The count is at most the length of `headers`; the
+            // timeout may be null.
             let ret = unsafe {
                 libc::syscall(
                     libc::SYS_recvmmsg,
                     fd.as_raw_fd(),
                     self.headers.as_mut_ptr(),
-                    RECV_BATCH as libc::c_uint,
+                    limit as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut::<libc::timespec>(),
                 )
             };
             match syscall_result(ret) {
                 Ok(count) => {
-                    self.received = count.min(RECV_BATCH);
+                    self.received = count.min(limit);
                     return Ok(self.received);
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
@@ -339,7 +341,7 @@ mod tests {
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(5);
         while got.len() < want && Instant::now() < deadline {
-            let n = batch.recv(socket.as_fd()).expect("recv");
+            let n = batch.recv(socket.as_fd(), RECV_BATCH).expect("recv");
             for i in 0..n {
                 let d = batch.get(i).expect("received");
                 let owned = Datagram { data: &[], ..d };
@@ -374,7 +376,7 @@ mod tests {
         assert!(got[0].0.truncated, "14 bytes into a 12-byte buffer");
         assert_eq!((got[3].1.as_slice(), got[3].0.truncated), (&payloads[1][..], false));
         assert_eq!(got[3].0.segment_size, None, "no receive offload asked for");
-        assert_eq!(batch.recv(rx.as_fd()).expect("recv"), 0, "nothing more waiting");
+        assert_eq!(batch.recv(rx.as_fd(), RECV_BATCH).expect("recv"), 0, "nothing more waiting");
         assert!(batch.get(0).is_none());
     }
 
