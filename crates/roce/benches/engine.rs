@@ -137,31 +137,39 @@ fn sends(c: &mut Criterion) {
     group.finish();
 }
 
-/// The engine's share of one `send_lat` half round trip: an 8-byte inline SEND goes out, the
-/// peer takes it (ICRC check, receive completion, ACK), polls it and re-posts its receive. The
-/// ACK of each SEND travels with the next message the other way, as the soft driver sends it.
-fn ping_pong(c: &mut Criterion) {
+/// The engine's share of one `send_lat` half round trip: a SEND of `size` bytes goes out
+/// (8 bytes inline, larger ones gathered from a registered region), the peer takes it (ICRC
+/// check, receive completion, ACK), polls it and re-posts its receive. The ACK of each SEND
+/// travels with the next message the other way, as the soft driver sends it.
+fn ping_pong(c: &mut Criterion, size: usize) {
     let mut group = c.benchmark_group("engine");
     let mut pair = Pair::new(Mtu::Mtu4096, true);
-    let inbox = [Arc::new(VecMemory::new(64)), Arc::new(VecMemory::new(64))];
-    let keys =
-        [0, 1].map(|i| pair.engines[i].reg_mr(inbox[i].clone(), 0x2000, AccessFlags::LOCAL_WRITE).unwrap());
-    let sges = keys.map(|k| [Sge { addr: 0x2000, length: 64, lkey: k.lkey }]);
-    for (i, sge) in sges.iter().enumerate() {
+    // Each side's region: the message to send at 0, the receive buffer at `size`.
+    let regions = [Arc::new(VecMemory::new(2 * size)), Arc::new(VecMemory::new(2 * size))];
+    let access = AccessFlags::LOCAL_WRITE;
+    let keys = [0, 1].map(|i| pair.engines[i].reg_mr(regions[i].clone(), 0x2000, access).unwrap());
+    let len = size as u32;
+    let recv_sges = keys.map(|k| [Sge { addr: 0x2000 + size as u64, length: len, lkey: k.lkey }]);
+    let send_sges = keys.map(|k| [Sge { addr: 0x2000, length: len, lkey: k.lkey }]);
+    for (i, sge) in recv_sges.iter().enumerate() {
         for _ in 0..4 {
             pair.engines[i].post_recv(pair.qpns[i], &RecvWr::new(1, sge)).unwrap();
         }
     }
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 8];
+    let inline = vec![7u8; size];
     let mut from = 0;
     group.throughput(Throughput::Elements(1));
-    group.bench_function("send_8B_one_way", |b| {
+    group.bench_function(format!("send_{size}B_one_way"), |b| {
         b.iter(|| {
             let to = 1 - from;
-            pair.engines[from]
-                .post_send(Time::ZERO, pair.qpns[from], &SendWr::inline(2, SendOp::Send, b"8 bytes!"))
-                .unwrap();
+            let wr = if size <= 8 {
+                SendWr::inline(2, SendOp::Send, &inline)
+            } else {
+                SendWr::new(2, SendOp::Send, &send_sges[from])
+            };
+            pair.engines[from].post_send(Time::ZERO, pair.qpns[from], &wr).unwrap();
             while let Some(t) = pair.engines[from].poll_transmit(Time::ZERO, &mut buf) {
                 let (src, dst) = (pair.ips[from], pair.ips[to]);
                 pair.engines[to].handle_datagram(Time::ZERO, src, dst, t.src_port, &buf[..t.len]);
@@ -172,12 +180,17 @@ fn ping_pong(c: &mut Criterion) {
                 received = wcs[..n].iter().any(|wc| wc.opcode == WcOpcode::Recv);
                 assert!(n > 0, "the SEND arrived");
             }
-            pair.engines[to].post_recv(pair.qpns[to], &RecvWr::new(1, &sges[to])).unwrap();
+            pair.engines[to].post_recv(pair.qpns[to], &RecvWr::new(1, &recv_sges[to])).unwrap();
             from = to;
         })
     });
     group.finish();
 }
 
-criterion_group!(benches, sends, ping_pong);
+fn ping_pongs(c: &mut Criterion) {
+    ping_pong(c, 8);
+    ping_pong(c, 4096);
+}
+
+criterion_group!(benches, sends, ping_pongs);
 criterion_main!(benches);
