@@ -243,7 +243,8 @@ impl Shared {
             let first = core.rx_pace.first_batch();
             let received = self.receive_and_run(&mut core, now, first, Some(cq));
             core.rx_pace.record(first, received);
-            self.last_driven.store(now.as_nanos(), Ordering::SeqCst);
+            // Only a hint for the helper thread: no ordering with anything else is needed.
+            self.last_driven.store(now.as_nanos(), Ordering::Relaxed);
             count = core.engine.poll_cq(cq, out);
             if count == 0 {
                 self.transmit(&mut core, now);
