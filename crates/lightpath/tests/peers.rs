@@ -40,6 +40,84 @@ fn child_writer() {
     }
 }
 
+/// Child-process side of `flushed_bytes_survive_a_killed_writer`: writes 200 KB (less than
+/// the receive ring, so no reader is needed), flushes, says so, then waits to be killed.
+#[test]
+fn child_flusher() {
+    let Ok(addr) = std::env::var("LIGHTPATH_TEST_FLUSH_ADDR") else { return };
+    let mut stream = Stream::connect_with(addr.as_str(), &soft()).expect("child connect");
+    stream.write_all(&pattern(200_000, 42)).unwrap();
+    stream.flush().unwrap();
+    println!("flushed");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn flushed_bytes_survive_a_killed_writer() {
+    let listener = listener(soft());
+    let addr = listener.local_addr().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_flusher", "--nocapture", "--test-threads=1"])
+        .env("LIGHTPATH_TEST_FLUSH_ADDR", addr.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut stream, _) = listener.accept_timeout(Duration::from_secs(20)).expect("child connected");
+    assert!(stream.transport().is_rdma());
+    // Wait until the child's flush returned, without reading the stream yet.
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !String::from_utf8_lossy(&seen).contains("flushed") {
+        assert_eq!(out.read(&mut byte).unwrap(), 1, "the child ended before flushing");
+        seen.push(byte[0]);
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    // Everything the child's flush acknowledged is readable, then the loss is reported.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let err = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => panic!("a killed peer must not look like a clean close"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    assert_eq!(got.len(), 200_000);
+    assert_eq!(checksum(&got), checksum(&pattern(200_000, 42)));
+}
+
+#[test]
+fn timeouts_and_nonblocking_mode() {
+    for options in [soft(), Options::tcp_only()] {
+        let listener = listener(options.clone());
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1];
+            stream.read_exact(&mut buf).unwrap();
+        });
+        let mut stream = Stream::connect_with(addr, &options).unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        assert_eq!(stream.read_timeout(), Some(Duration::from_millis(100)));
+        let started = Instant::now();
+        let err = stream.read(&mut [0u8; 4]).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock), "{err}");
+        assert!(started.elapsed() >= Duration::from_millis(90));
+        assert!(stream.set_read_timeout(Some(Duration::ZERO)).is_err());
+        stream.set_read_timeout(None).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        assert_eq!(stream.read(&mut [0u8; 4]).unwrap_err().kind(), ErrorKind::WouldBlock);
+        stream.set_nonblocking(false).unwrap();
+        assert_eq!(stream.local_addr().unwrap().ip(), stream.peer_addr().unwrap().ip());
+        stream.write_all(b"x").unwrap();
+        server.join().unwrap();
+    }
+}
+
 #[test]
 fn peer_killed_mid_transfer() {
     let listener = listener(soft());
