@@ -15,6 +15,8 @@ pub enum ProgressMode {
     /// the engine's next timer as timeout, and wakes blocked `wait` callers. Posting threads
     /// transmit their own packets directly (no thread hop on the send path); they wake the
     /// progress thread only when a new timer is due earlier than the one it sleeps towards.
+    /// A thread blocked in `wait` watches the socket itself and drives the device when a
+    /// datagram arrives (the progress thread then watches only its timers and eventfd).
     Thread,
     /// The application drives the device: every `poll`/`wait` on a completion queue receives
     /// datagrams, runs due timers and transmits, and `wait` spins for `spin` before it blocks

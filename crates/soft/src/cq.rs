@@ -1,6 +1,6 @@
 //! [`SoftCq`]: a completion queue, with blocking waits and a pollable notification fd.
 
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,6 @@ use lightpath_verbs::{CompletionQueue, Error, Result, WorkCompletion};
 
 use crate::config::ProgressMode;
 use crate::driver::{CqSignal, DeviceInner};
-use crate::sys;
 
 /// A completion queue of a [`SoftDevice`](crate::SoftDevice). The engine's queue is destroyed
 /// when the last handle and the last queue pair using it are gone.
@@ -44,10 +43,15 @@ impl SoftCq {
         self.inner.device.poll_round(self.inner.handle, out)
     }
 
+    /// With the progress thread: the waiting thread blocks on the socket as well as on the
+    /// queue's wake-up fd and drives the device itself when a datagram arrives (one wake-up
+    /// instead of the progress thread's and then its own; see `Shared::watch_socket`).
     fn wait_thread_mode(&self, out: &mut [WorkCompletion], deadline: Option<Instant>) -> Result<usize> {
+        let device = &self.inner.device;
         let _waiter = self.inner.signal.register_waiter();
+        let _watch = device.watch_socket();
         loop {
-            let count = self.inner.device.lock().engine.poll_cq(self.inner.handle, out);
+            let (count, next_timer) = device.wait_round(self.inner.handle, out);
             if count > 0 {
                 return Ok(count);
             }
@@ -58,7 +62,11 @@ impl SoftCq {
                 },
                 None => None,
             };
-            sys::wait_readable(&[self.inner.signal.wake.as_fd()], remaining)?;
+            let timeout = match (remaining, next_timer) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            device.block_on_socket(&self.inner.signal.wake, timeout)?;
             self.inner.signal.wake.take();
         }
     }

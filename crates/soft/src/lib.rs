@@ -26,7 +26,9 @@
 //!
 //! By default a progress thread owns the socket's receive side and the engine's timers; it
 //! sleeps in `ppoll` until a datagram, a timer or an eventfd wake-up. Posting threads transmit
-//! their own packets. In [`ProgressMode::Polling`], `poll`/`wait` on a completion queue drive
+//! their own packets, and a thread blocked in `wait` on a completion queue watches the socket
+//! itself (the progress thread leaves it to such threads), so a completion that arrives by
+//! the network costs one wake-up, not two. In [`ProgressMode::Polling`], `poll`/`wait` on a completion queue drive
 //! the engine themselves (receive, timers, transmit), spinning before they block, and a helper
 //! thread steps in only when the application has not driven the device for a while. A poll
 //! that receives a message returns its completion before the engine's answer (the ACK) is

@@ -290,3 +290,40 @@ fn loopback_writes_ride_segmented_messages() {
     let (sender, receiver) = large_write(false);
     assert_eq!((sender.driver.tx_segmented, receiver.driver.rx_coalesced), (0, 0));
 }
+
+#[test]
+fn progress_thread_watches_the_socket_again_after_a_wait() {
+    // No retransmit timers: B's progress thread has nothing to wake it but datagrams (while it
+    // watches the socket) and its eventfd.
+    let options = PairOptions { timeout: 0, ..PairOptions::default() };
+    let (a, b) = common::open_pair(ProgressMode::Thread);
+    let mtu = lightpath_verbs::conformance::harness::common_mtu(&a, &b);
+    let (a, b) = (Side::new(a, &options), Side::new(b, &options));
+    connect(&a.qp, &b.qp, mtu, &options);
+    let inbox = b.alloc(64, MR_ALL);
+    b.post_recv(1, &inbox, 0, 8);
+    b.post_recv(2, &inbox, 8, 8);
+    std::thread::scope(|scope| {
+        // A thread of B waits for the first message, watching the socket itself…
+        let waiter = scope.spawn(|| wait_n(&b.cq, 1)[0]);
+        // …while a WRITE (no completion at B) wakes B's progress thread, which then leaves the
+        // socket to the waiter.
+        let remote = inbox.remote();
+        let op = SendOp::Write { remote_addr: remote.addr + 32, rkey: remote.rkey };
+        a.qp.post_send(&SendWr::inline(9, op, b"written.")).expect("write");
+        assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
+        a.qp.post_send(&SendWr::inline(1, SendOp::Send, b"first...")).expect("send");
+        let wc = waiter.join().expect("waiter");
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    });
+    // Nobody waits any more: the second message must be taken in by the progress thread,
+    // which shows on the completion fd.
+    let fd = b.cq.notify_fd().expect("notification fd");
+    b.cq.request_notify().expect("arm");
+    a.qp.post_send(&SendWr::inline(2, SendOp::Send, b"second..")).expect("send");
+    assert!(poll_readable(fd, DEADLINE), "nobody received the second message");
+    let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 2];
+    assert_eq!(b.cq.poll(&mut out).expect("poll"), 1);
+    assert_eq!((out[0].wr_id, out[0].status), (2, WcStatus::Success));
+    assert_eq!(wait_n(&a.cq, 2).len(), 2, "both SENDs acknowledged");
+}

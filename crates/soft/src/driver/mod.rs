@@ -16,7 +16,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -132,6 +132,9 @@ pub(crate) struct Shared {
     thread_deadline: AtomicU64,
     /// When the device was last driven (polling mode), in nanoseconds since `epoch`.
     last_driven: AtomicU64,
+    /// Application threads blocked in a progress-thread-mode `wait` that watch the socket
+    /// themselves; while there are any, the progress thread leaves the socket to them.
+    socket_watchers: AtomicU32,
 }
 
 impl Shared {
@@ -170,6 +173,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
+            socket_watchers: AtomicU32::new(0),
         })
     }
 
@@ -254,6 +258,36 @@ impl Shared {
         (count, next_timer)
     }
 
+    /// One round of a progress-thread-mode `wait` on `cq`: take its completions, or drive the
+    /// device (receive, timers, transmit) and take them. Returns the completions taken and the
+    /// time to the engine's next timer.
+    pub(crate) fn wait_round(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
+        let mut core = self.lock();
+        let mut count = core.engine.poll_cq(cq, out);
+        if count == 0 {
+            self.drive(&mut core);
+            self.check_thread_deadline(&core);
+            count = core.engine.poll_cq(cq, out);
+        }
+        (count, self.until_next_timer(&core))
+    }
+
+    /// Marks the calling thread as watching the socket (it blocks on it and drives the device
+    /// when it becomes readable) until the guard is dropped.
+    ///
+    /// A thread waiting for a completion that arrives by the network then wakes once, when the
+    /// datagram does, instead of waiting for the progress thread to wake, process it and wake
+    /// it in turn (two wake-ups, each several microseconds).
+    pub(crate) fn watch_socket(&self) -> SocketWatch<'_> {
+        self.socket_watchers.fetch_add(1, Ordering::SeqCst);
+        SocketWatch(self)
+    }
+
+    /// Whether some application thread watches the socket (see [`Shared::watch_socket`]).
+    pub(crate) fn socket_watched(&self) -> bool {
+        self.socket_watchers.load(Ordering::SeqCst) > 0
+    }
+
     /// Receives up to [`MAX_RX_BATCHES_PER_DRIVE`] batches (the first of at most `first`
     /// messages, the others full size) and runs due timers; delivers notifications, but
     /// transmits only between full batches (a long burst is answered as it arrives). With
@@ -318,6 +352,18 @@ impl Shared {
     pub(crate) fn stats(&self) -> SoftStats {
         let core = self.lock();
         SoftStats { engine: core.engine.stats().clone(), driver: core.stats.clone() }
+    }
+}
+
+/// An application thread watching the socket; see [`Shared::watch_socket`].
+pub(crate) struct SocketWatch<'a>(&'a Shared);
+
+impl Drop for SocketWatch<'_> {
+    fn drop(&mut self) {
+        // The last watcher leaves: the progress thread must watch the socket again.
+        if self.0.socket_watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.waker.signal(1);
+        }
     }
 }
 

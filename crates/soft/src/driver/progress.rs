@@ -35,8 +35,12 @@ fn run_progress(shared: &Shared) {
             (received, timeout)
         };
         if received < RECV_BATCH {
+            // Application threads blocked in `wait` may watch the socket themselves; then this
+            // thread only keeps the timers (and is woken when the last of them leaves).
+            let watch_both = [shared.socket.as_fd(), shared.waker.as_fd()];
+            let fds = if shared.socket_watched() { &watch_both[1..] } else { &watch_both[..] };
             // A failed poll would spin this loop; back off briefly instead of giving up.
-            if sys::wait_readable(&[shared.socket.as_fd(), shared.waker.as_fd()], timeout).is_err() {
+            if sys::wait_readable(fds, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             shared.waker.take();
