@@ -1,0 +1,369 @@
+//! The blocking driver of an RDMA connection: verbs objects around one
+//! [`lightpath_stream::Conn`], generic over the provider's [`Device`].
+//!
+//! Memory per connection: one region `[credit slot (64 B) | receive ring]` the peer writes
+//! into, and one staging region mirroring the peer's ring. Both sizes are fixed at set-up,
+//! so a connection's memory is bounded whatever the traffic.
+//!
+//! Completions of a connection go to its own completion queue, polled by whichever thread
+//! is inside a call on the stream; a blocked call spins for `Options::spin`, then sleeps in
+//! the queue's `wait` in slices of [`LIVENESS_SLICE`], checking the TCP connection (the
+//! liveness channel) between slices so that a peer that died is noticed promptly.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use lightpath_stream::negotiate::{Message, RdmaEndpoint};
+use lightpath_stream::{Arrival, Conn, ConnConfig, CreditWord, Op, RecordKind};
+use lightpath_verbs::{
+    AccessFlags, AddressVector, CompletionQueue, CqOf, Device, Gid, MemoryRegion, MrOf, Mtu, PdOf,
+    ProtectionDomain, QpAttr, QpCaps, QpOf, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use crate::error::{from_verbs, invalid, reset};
+use crate::options::Options;
+
+mod one_sided;
+mod setup;
+mod stream_ops;
+
+pub(crate) use setup::RdmaSetup;
+
+/// Bytes before the ring in the receive region (the credit slot, padded to a cache line).
+const SLOT_AREA: usize = 64;
+/// Longest a blocked call sleeps before it looks at the TCP connection.
+pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(20);
+/// Work request id of the set-up probe (outside the core's sequence numbers).
+const PROBE_ID: u64 = u64::MAX;
+/// Largest record this side sends.
+const MAX_RECORD: u32 = 1 << 20;
+
+/// When a blocking call gives up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// Do not block at all.
+    Now,
+    /// Block until this instant (or forever).
+    At(Option<Instant>),
+}
+
+impl Deadline {
+    pub(crate) fn after(timeout: Option<Duration>) -> Self {
+        Deadline::At(timeout.and_then(|t| Instant::now().checked_add(t)))
+    }
+}
+
+/// A connected RDMA stream. Field order is drop order: the queue pair goes first.
+pub(crate) struct RdmaConn<D: Device> {
+    core: Conn,
+    qp: QpOf<D>,
+    recv_mr: MrOf<D>,
+    staging: MrOf<D>,
+    cq: CqOf<D>,
+    _pd: PdOf<D>,
+    _device: D,
+    peer: RdmaEndpoint,
+    wcs: Vec<WorkCompletion>,
+    /// Set once the connection is broken; every later call returns it.
+    failed: Option<(io::ErrorKind, String)>,
+    /// The TCP connection (nonblocking): liveness and the close handshake.
+    tcp: TcpStream,
+    control: Vec<u8>,
+    /// Records the peer sent in total, from its clean-close message.
+    peer_bye: Option<u64>,
+    tcp_eof: bool,
+    read_shut: bool,
+    spin: Duration,
+    linger: Duration,
+    /// A message being received (kept across calls so nonblocking reads lose nothing).
+    message: Vec<u8>,
+}
+
+impl<D: Device> RdmaConn<D> {
+    /// Negotiation is over: the TCP connection becomes the (nonblocking) liveness channel.
+    pub(crate) fn activate(&mut self) -> io::Result<()> {
+        self.tcp.set_read_timeout(None)?;
+        self.tcp.set_nonblocking(true)
+    }
+
+    fn fail(&mut self, kind: io::ErrorKind, what: String) {
+        if self.failed.is_none() {
+            self.failed = Some((kind, what));
+        }
+    }
+
+    fn failure(&self) -> Option<io::Error> {
+        self.failed.as_ref().map(|(kind, what)| io::Error::new(*kind, format!("lightpath: {what}")))
+    }
+
+    /// Polls completions, reads the credit slot and posts what the core wants. Returns
+    /// whether anything happened.
+    fn pump(&mut self) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        let mut progressed = false;
+        loop {
+            let n = match self.cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(err) => {
+                    self.fail(io::ErrorKind::Other, format!("polling the completion queue: {err}"));
+                    return true;
+                }
+            };
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.handle(wc);
+            }
+            progressed |= n > 0;
+            if n < self.wcs.len() {
+                break;
+            }
+        }
+        self.post_ops();
+        progressed
+    }
+
+    fn read_slot(&mut self) -> bool {
+        let mut word = [0u8; 8];
+        if self.recv_mr.read(0, &mut word).is_err() {
+            return false;
+        }
+        self.core.on_credit_word(CreditWord::from_bytes(word))
+    }
+
+    fn handle(&mut self, wc: WorkCompletion) {
+        if !wc.status.is_success() {
+            if wc.status != WcStatus::WrFlushErr || self.failed.is_none() {
+                self.fail(io::ErrorKind::ConnectionReset, format!("RDMA transfer failed ({})", wc.status));
+            }
+            return;
+        }
+        match wc.opcode {
+            WcOpcode::RecvRdmaWithImm => match self.core.on_recv(wc.imm_data.unwrap_or(0), wc.byte_len) {
+                Ok(Arrival::Credit) => {
+                    self.read_slot();
+                }
+                Ok(_) => {}
+                Err(err) => self.fail(io::ErrorKind::InvalidData, format!("protocol violation: {err}")),
+            },
+            WcOpcode::Recv => self.fail(io::ErrorKind::InvalidData, "peer sent a SEND".into()),
+            _ => self.core.on_send_complete(wc.wr_id),
+        }
+    }
+
+    fn post_ops(&mut self) {
+        while self.failed.is_none() {
+            let Some(op) = self.core.poll_op() else { break };
+            if let Err(err) = self.post(op) {
+                self.fail(io::ErrorKind::ConnectionReset, format!("posting a work request: {err}"));
+            }
+        }
+    }
+
+    fn post(&self, op: Op) -> lightpath_verbs::Result<()> {
+        match op {
+            Op::PostRecv { count } => {
+                let recvs: Vec<RecvWr<'_>> = (0..count).map(|_| RecvWr::new(0, &[])).collect();
+                self.qp.post_recv_batch(&recvs).map_err(|err| err.error)
+            }
+            Op::Write { seq, pos, len, imm, signaled } => {
+                let offset = pos % u64::from(self.peer.ring_len);
+                let remote_addr = self.peer.ring_addr + offset;
+                let rkey = self.peer.ring_rkey;
+                let op = match imm {
+                    Some(imm) => SendOp::WriteWithImm { remote_addr, rkey, imm },
+                    None => SendOp::Write { remote_addr, rkey },
+                };
+                let sge = [self.staging.sge(offset as usize, len)];
+                let sges: &[Sge] = if len == 0 { &[] } else { &sge };
+                let flags = if signaled {
+                    lightpath_verbs::SendFlags::SIGNALED
+                } else {
+                    lightpath_verbs::SendFlags::NONE
+                };
+                self.qp.post_send(&SendWr::new(seq, op, sges).with_flags(flags))
+            }
+            Op::Credit { seq, word, imm, signaled } => {
+                let (remote_addr, rkey) = (self.peer.credit_addr, self.peer.credit_rkey);
+                let op = match imm {
+                    Some(imm) => SendOp::WriteWithImm { remote_addr, rkey, imm },
+                    None => SendOp::Write { remote_addr, rkey },
+                };
+                let bytes = word.to_bytes();
+                let mut wr = SendWr::inline(seq, op, &bytes);
+                if !signaled {
+                    wr.flags = lightpath_verbs::SendFlags::INLINE;
+                }
+                self.qp.post_send(&wr)
+            }
+        }
+    }
+
+    /// Reads what the TCP connection has: the peer's clean close, an error, or EOF.
+    fn check_tcp(&mut self) {
+        // Never block here, whatever mode another handle of this socket left it in.
+        if self.tcp.set_nonblocking(true).is_err() {
+            self.tcp_eof = true;
+            return;
+        }
+        let mut buf = [0u8; 512];
+        loop {
+            match self.tcp.read(&mut buf) {
+                Ok(0) => {
+                    self.tcp_eof = true;
+                    break;
+                }
+                Ok(n) => self.control.extend_from_slice(&buf[..n]),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.tcp_eof = true;
+                    break;
+                }
+            }
+        }
+        loop {
+            match Message::parse(&self.control) {
+                Ok(Some((message, used))) => {
+                    self.control.drain(..used);
+                    match message {
+                        Message::Bye { records, .. } => self.peer_bye = Some(records),
+                        Message::Error(text) => {
+                            self.fail(io::ErrorKind::ConnectionReset, format!("peer: {text}"))
+                        }
+                        other => self.fail(
+                            io::ErrorKind::InvalidData,
+                            format!("unexpected {:?} message on the liveness channel", other.message_type()),
+                        ),
+                    }
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    self.fail(io::ErrorKind::InvalidData, format!("liveness channel: {err}"));
+                    break;
+                }
+            }
+        }
+        if self.peer_bye.is_some() {
+            // Everything the peer sent was acknowledged before its goodbye: collect it.
+            self.pump();
+        }
+    }
+
+    /// Whether the peer is gone for good (its process died or it closed without goodbye).
+    fn peer_vanished(&self) -> bool {
+        self.tcp_eof && self.peer_bye.is_none()
+    }
+
+    /// Whether the peer will send nothing more and everything it sent has been read.
+    fn at_eof(&self) -> bool {
+        if self.read_shut || self.core.at_eof() {
+            return true;
+        }
+        match self.peer_bye {
+            Some(records) => self.core.records_received() >= records && self.core.front().is_none(),
+            None => false,
+        }
+    }
+
+    /// One blocking step: spin, then sleep on the completion queue for at most a slice, and
+    /// look at the TCP connection. Errors with `TimedOut` past the deadline.
+    fn wait(&mut self, deadline: Deadline) -> io::Result<()> {
+        let Deadline::At(deadline) = deadline else {
+            self.check_tcp();
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let spin_until = Instant::now() + self.spin;
+        while Instant::now() < spin_until {
+            if self.pump() {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        let now = Instant::now();
+        let slice = match deadline {
+            Some(deadline) if deadline <= now => return Err(io::ErrorKind::TimedOut.into()),
+            Some(deadline) => (deadline - now).min(LIVENESS_SLICE),
+            None => LIVENESS_SLICE,
+        };
+        let n = self.cq.wait(&mut self.wcs, slice).map_err(from_verbs)?;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            self.handle(wc);
+        }
+        self.pump();
+        if n == 0 {
+            self.check_tcp();
+        }
+        Ok(())
+    }
+
+    fn check_usable(&mut self) -> io::Result<()> {
+        if let Some(err) = self.failure() {
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Whether the close handshake finished (the queue pair must then outlive this call
+    /// until the peer closes too, see `reaper`).
+    pub(crate) fn closed_cleanly(&self) -> bool {
+        self.failed.is_none() && self.core.is_flushed() && !self.tcp_eof
+    }
+
+    /// How long a closed connection waits for its peer.
+    pub(crate) fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    /// The TCP connection.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Arms the completion queue's notification and returns the fds to wait on (queue,
+    /// TCP); `false` in the second field means something is ready already.
+    pub(crate) fn arm(&mut self) -> io::Result<bool> {
+        self.cq.request_notify().map_err(from_verbs)?;
+        Ok(!self.pump())
+    }
+
+    /// The completion queue's notification fd, if the provider has one.
+    pub(crate) fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.cq.notify_fd()
+    }
+
+    /// Consumes a pending notification.
+    pub(crate) fn take_notify(&mut self) {
+        let _ = self.cq.take_notify();
+    }
+
+    /// Whether a read would not block (data, end of stream or an error).
+    pub(crate) fn readable_now(&self) -> bool {
+        self.core.front().is_some() || self.at_eof() || self.failed.is_some() || self.peer_vanished()
+    }
+
+    /// Whether a write would not block.
+    pub(crate) fn writable_now(&mut self) -> bool {
+        self.read_slot();
+        self.failed.is_some()
+            || self.core.is_shut_down()
+            || self.tcp_eof
+            || self.core.send_room(RecordKind::Data, 1).is_some()
+    }
+
+    /// Nonblocking look at the TCP connection (for event-loop drivers).
+    pub(crate) fn poll_tcp(&mut self) {
+        self.check_tcp();
+    }
+}
+
+impl<D: Device + 'static> crate::reaper::Parked for RdmaConn<D> {
+    fn peer_done(&mut self) -> bool {
+        self.check_tcp();
+        self.tcp_eof
+    }
+}

@@ -1,0 +1,154 @@
+//! Setting up an RDMA connection: the verbs objects before the peer is known, connecting the
+//! queue pair to the peer's endpoint, and the probe that proves the path works.
+
+use super::*;
+
+/// Verbs objects of one side before the peer's endpoint is known. Field order is drop order.
+pub(crate) struct RdmaSetup<D: Device> {
+    qp: QpOf<D>,
+    recv_mr: MrOf<D>,
+    cq: CqOf<D>,
+    pd: PdOf<D>,
+    device: D,
+    psn: u32,
+    gid: Gid,
+    udp_port: u16,
+    mtu: Mtu,
+    options: Options,
+}
+
+impl<D: Device> RdmaSetup<D> {
+    /// Creates the queue pair (in INIT), its completion queue and the receive region.
+    pub(crate) fn new(device: D, udp_port: u16, mtu: Mtu, options: &Options) -> io::Result<Self> {
+        let ring = options.ring_size.max(4096);
+        let pd = device.alloc_pd().map_err(from_verbs)?;
+        let cq = device.create_cq(options.send_depth + options.recv_depth + 16).map_err(from_verbs)?;
+        let caps = QpCaps {
+            max_send_wr: options.send_depth,
+            max_recv_wr: options.recv_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let qp = pd.create_qp(&cq, &cq, caps).map_err(from_verbs)?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        qp.modify(&QpAttr::to_init(access)).map_err(from_verbs)?;
+        let recv_mr = pd.alloc_mr(SLOT_AREA + ring as usize, access).map_err(from_verbs)?;
+        let gid = qp.endpoint().gid;
+        let psn = random_psn(qp.qpn());
+        let options = Options { ring_size: ring, ..options.clone() };
+        Ok(Self { qp, recv_mr, cq, pd, device, psn, gid, udp_port, mtu, options })
+    }
+
+    /// What the peer needs to reach this side.
+    pub(crate) fn endpoint(&self) -> RdmaEndpoint {
+        let mut gid = self.gid.0;
+        if self.options.fault_blackhole_rdma {
+            // An address on this host where nothing listens: packets to it vanish.
+            gid = Gid::from_ip("127.254.254.254".parse().expect("constant address")).0;
+        }
+        RdmaEndpoint {
+            gid,
+            udp_port: self.udp_port,
+            qpn: self.qp.qpn(),
+            psn: self.psn,
+            mtu: self.mtu.bytes() as u16,
+            ring_addr: self.recv_mr.addr() + SLOT_AREA as u64,
+            ring_len: self.options.ring_size,
+            ring_rkey: self.recv_mr.rkey(),
+            credit_addr: self.recv_mr.addr(),
+            credit_rkey: self.recv_mr.rkey(),
+            recv_depth: self.options.recv_depth as u16,
+        }
+    }
+
+    /// Connects the queue pair to `peer`, allocates the staging mirror and posts the initial
+    /// receives. The result may receive at once; it sends only after the caller says so.
+    pub(crate) fn connect(self, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<RdmaConn<D>> {
+        if peer.udp_port != 0 && self.udp_port != 0 && peer.udp_port != self.udp_port {
+            return Err(io::Error::other(format!(
+                "the peer's soft device is on UDP port {}, this side's on {}; both must use the same",
+                peer.udp_port, self.udp_port
+            )));
+        }
+        let mtu = Mtu::from_bytes(u32::from(peer.mtu)).unwrap_or(Mtu::Mtu1024).min(self.mtu);
+        let av = AddressVector::new(Gid(peer.gid), self.qp.endpoint().gid_index);
+        self.qp.modify(&QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn)).map_err(from_verbs)?;
+        let mut rts = QpAttr::to_rts(self.psn);
+        // 268 ms ACK timeout, 7 retries: about 2 s before a silent path is declared dead, so a
+        // progress thread starved for a second on a busy machine does not kill the connection
+        // (a peer that dies is noticed through its TCP connection much sooner).
+        rts.timeout = Some(16);
+        self.qp.modify(&rts).map_err(from_verbs)?;
+        let staging =
+            self.pd.alloc_mr(peer.ring_len as usize, AccessFlags::LOCAL_WRITE).map_err(from_verbs)?;
+        let depth = self.options.recv_depth;
+        let recvs: Vec<RecvWr<'_>> = (0..depth).map(|i| RecvWr::new(u64::from(i), &[])).collect();
+        self.qp.post_recv_batch(&recvs).map_err(|err| from_verbs(err.error))?;
+        let config = ConnConfig {
+            local_ring: self.options.ring_size,
+            peer_ring: peer.ring_len,
+            local_recv_depth: depth,
+            peer_recv_depth: u32::from(peer.recv_depth),
+            send_depth: self.options.send_depth,
+            max_record: MAX_RECORD,
+            cork_depth: if self.options.nodelay { 0 } else { 2 },
+        };
+        config.validate().map_err(invalid)?;
+        Ok(RdmaConn {
+            core: Conn::new(config),
+            qp: self.qp,
+            recv_mr: self.recv_mr,
+            staging,
+            cq: self.cq,
+            _pd: self.pd,
+            _device: self.device,
+            peer: *peer,
+            wcs: vec![WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32],
+            failed: None,
+            tcp,
+            control: Vec::new(),
+            peer_bye: None,
+            tcp_eof: false,
+            read_shut: false,
+            spin: self.options.spin,
+            linger: self.options.linger,
+            message: Vec::new(),
+        })
+    }
+}
+
+fn random_psn(salt: u32) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(salt);
+    (hasher.finish() & 0xFF_FFFF) as u32
+}
+
+impl<D: Device> RdmaConn<D> {
+    /// Sends a probe over the queue pair and waits for its acknowledgement: proof that the
+    /// RDMA path works both ways.
+    pub(crate) fn probe(&mut self, timeout: Duration) -> io::Result<()> {
+        let word = CreditWord::new(0, u64::from(self.core.config().local_recv_depth)).to_bytes();
+        let op = SendOp::Write { remote_addr: self.peer.credit_addr, rkey: self.peer.credit_rkey };
+        self.qp.post_send(&SendWr::inline(PROBE_ID, op, &word)).map_err(from_verbs)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the RDMA probe was not acknowledged"));
+            }
+            let n = self.cq.wait(&mut self.wcs[..1], left).map_err(from_verbs)?;
+            if n == 1 {
+                let wc = self.wcs[0];
+                if wc.wr_id == PROBE_ID {
+                    return if wc.status.is_success() {
+                        Ok(())
+                    } else {
+                        Err(io::Error::other(format!("the RDMA probe failed: {}", wc.status)))
+                    };
+                }
+            }
+        }
+    }
+}
