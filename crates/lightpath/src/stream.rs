@@ -366,6 +366,19 @@ impl Stream {
         }
     }
 
+    /// Writes `len` bytes of the registered buffer `local` (from `offset`) into the stream
+    /// without copying them into the staging ring: the device reads them from the buffer
+    /// itself. Returns once the peer has acknowledged them (so the buffer may be reused); the
+    /// peer reads them as ordinary stream bytes. RDMA streams only (registered buffers exist
+    /// only there).
+    pub fn write_buf(&mut self, local: &crate::RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
+        let deadline = self.write_deadline();
+        match &mut self.backend {
+            Backend::Soft(conn) => conn.write_buf(&local.mr, offset, len, deadline),
+            _ => Err(rdma_only()),
+        }
+    }
+
     /// Waits for the next notification of a peer's [`Stream::write_remote`].
     pub fn recv_notify(&mut self) -> io::Result<u32> {
         let deadline = self.read_deadline();

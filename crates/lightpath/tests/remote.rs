@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 
 use common::{listener, pattern};
 use lightpath::{Options, ProviderId, RemoteBuf, Stream};
@@ -47,6 +47,42 @@ fn write_with_notify_then_read_back() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     stream.send_msg(b"done").unwrap();
     server.join().unwrap();
+}
+
+#[test]
+fn zero_copy_writes_keep_stream_order() {
+    let options = Options::default().with_providers(&[ProviderId::Soft]);
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let total = 4 + 1_500_000 + 4 + 300_000 + 4;
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut got = vec![0u8; total];
+        stream.read_exact(&mut got).unwrap();
+        assert_eq!(stream.read(&mut [0u8; 1]).unwrap(), 0);
+        got
+    });
+    let mut stream = Stream::connect_with(addr, &options).unwrap();
+    let big = pattern(1_500_000, 5);
+    let small = pattern(300_000, 6);
+    let buf = stream.register_buf(2_000_000).unwrap();
+    buf.write(100, &big).unwrap();
+    stream.write_all(b"head").unwrap();
+    stream.write_buf(&buf, 100, big.len()).unwrap();
+    stream.write_all(b"mid!").unwrap();
+    // The buffer may be reused as soon as write_buf returns.
+    buf.write(7, &small).unwrap();
+    stream.write_buf(&buf, 7, small.len()).unwrap();
+    stream.write_all(b"tail").unwrap();
+    assert_eq!(stream.write_buf(&buf, 1_999_999, 2).unwrap_err().kind(), ErrorKind::InvalidInput);
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = server.join().unwrap();
+    let mut expected = b"head".to_vec();
+    expected.extend_from_slice(&big);
+    expected.extend_from_slice(b"mid!");
+    expected.extend_from_slice(&small);
+    expected.extend_from_slice(b"tail");
+    assert!(got == expected, "the stream differs");
 }
 
 #[test]

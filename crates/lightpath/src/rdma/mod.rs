@@ -79,6 +79,19 @@ pub(crate) struct RdmaConn<D: Device> {
     linger: Duration,
     /// A message being received (kept across calls so nonblocking reads lose nothing).
     message: Vec<u8>,
+    /// Stream bytes `[start, start + len)` that live in a registered buffer of the
+    /// application (`write_buf`), not in staging: posted straight from `sge_base`.
+    zero_copy: Option<ZeroCopySpan>,
+}
+
+/// Where the bytes of a zero-copy write come from.
+#[derive(Clone, Copy, Debug)]
+struct ZeroCopySpan {
+    start: u64,
+    len: u64,
+    sge_base: Sge,
+    /// Last work request that carried some of these bytes.
+    last_seq: u64,
 }
 
 impl<D: Device> RdmaConn<D> {
@@ -163,7 +176,7 @@ impl<D: Device> RdmaConn<D> {
         }
     }
 
-    fn post(&self, op: Op) -> lightpath_verbs::Result<()> {
+    fn post(&mut self, op: Op) -> lightpath_verbs::Result<()> {
         match op {
             Op::PostRecv { count } => {
                 let recvs: Vec<RecvWr<'_>> = (0..count).map(|_| RecvWr::new(0, &[])).collect();
@@ -177,7 +190,20 @@ impl<D: Device> RdmaConn<D> {
                     Some(imm) => SendOp::WriteWithImm { remote_addr, rkey, imm },
                     None => SendOp::Write { remote_addr, rkey },
                 };
-                let sge = [self.staging.sge(offset as usize, len)];
+                let sge = match self.zero_copy {
+                    Some(span) if pos >= span.start && pos < span.start + span.len => Sge {
+                        addr: span.sge_base.addr + (pos - span.start),
+                        length: len,
+                        lkey: span.sge_base.lkey,
+                    },
+                    _ => self.staging.sge(offset as usize, len),
+                };
+                if let Some(span) = self.zero_copy.as_mut() {
+                    if pos >= span.start && pos < span.start + span.len {
+                        span.last_seq = seq;
+                    }
+                }
+                let sge = [sge];
                 let sges: &[Sge] = if len == 0 { &[] } else { &sge };
                 let flags = if signaled {
                     lightpath_verbs::SendFlags::SIGNALED

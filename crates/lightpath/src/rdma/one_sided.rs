@@ -127,4 +127,63 @@ impl<D: Device> RdmaConn<D> {
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         self._pd.alloc_mr(len, access).map_err(from_verbs)
     }
+
+    /// Writes `len` stream bytes straight from a registered buffer (no copy into staging):
+    /// the bytes are read by the device from `local` itself, so this returns only once the
+    /// peer has acknowledged them and the buffer may be reused.
+    pub(crate) fn write_buf(
+        &mut self,
+        local: &MrOf<D>,
+        local_offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        if local_offset.checked_add(len).is_none_or(|end| end > local.len()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "lightpath: range outside the local buffer",
+            ));
+        }
+        // Staged bytes must not share a record with these: post everything pending first.
+        self.core.uncork();
+        self.pump();
+        while self.core.has_pending() {
+            self.check_writable()?;
+            self.wait(deadline)?;
+        }
+        let start = self.core.bytes_committed();
+        let sge_base = local.sge(local_offset, 0);
+        self.zero_copy = Some(ZeroCopySpan { start, len: len as u64, sge_base, last_seq: 0 });
+        let outcome = self.write_buf_inner(len, deadline);
+        self.zero_copy = None;
+        outcome
+    }
+
+    fn write_buf_inner(&mut self, len: usize, deadline: Deadline) -> io::Result<()> {
+        let mut done = 0;
+        while done < len {
+            self.check_writable()?;
+            self.read_slot();
+            match self.core.send_room(RecordKind::Data, len - done) {
+                Some((grant, _)) => {
+                    self.core.commit(RecordKind::Data, grant);
+                    self.core.uncork();
+                    done += grant as usize;
+                    self.post_ops();
+                }
+                None => {
+                    self.core.note_blocked();
+                    self.post_ops();
+                    self.wait(deadline)?;
+                }
+            }
+        }
+        // Every byte posted (from the application's buffer), then acknowledged.
+        while self.core.has_pending() {
+            self.check_writable()?;
+            self.wait(deadline)?;
+        }
+        let last = self.zero_copy.map_or(0, |span| span.last_seq);
+        self.wait_for(last, deadline)
+    }
 }

@@ -114,6 +114,7 @@ impl<D: Device> RdmaSetup<D> {
             spin: self.options.spin,
             linger: self.options.linger,
             message: Vec::new(),
+            zero_copy: None,
         })
     }
 }
