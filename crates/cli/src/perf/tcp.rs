@@ -1,5 +1,7 @@
 //! The kernel-TCP baseline: each test's message pattern over one TCP connection (the control
 //! connection itself, after the handshake), so RDMA numbers have a side-by-side reference.
+//! Latency tests busy-poll a nonblocking socket, as the RDMA tests busy-poll their completion
+//! queues, so neither side pays for a thread wake-up the other does not.
 //!
 //! | test | client → server | server → client | reported |
 //! |---|---|---|---|
@@ -23,6 +25,36 @@ use super::progress::Progress;
 use super::report::{Reporter, SizeResult};
 use super::session;
 use super::stats::{BandwidthSummary, LatencySummary};
+
+/// Reads exactly `buf.len()` bytes from a nonblocking socket by spinning, as the RDMA tests spin
+/// on their completion queues: a blocking `read` would add a kernel wake-up (tens of µs on an
+/// idle machine) to every TCP round trip and make the baseline look worse than it is.
+fn spin_read_exact(stream: &mut TcpStream, mut buf: &mut [u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match stream.read(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` to a nonblocking socket, spinning while the send buffer is full.
+fn spin_write_all(stream: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match stream.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
 
 /// Unmeasured iterations before each latency measurement.
 fn warmup(iters: u64) -> u64 {
@@ -94,12 +126,15 @@ pub fn client_stream(
 }
 
 fn serve_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64) -> Result<()> {
+    // Latency tests spin on a nonblocking socket (see `spin_read_exact`); bandwidth tests block.
+    let spin = test.is_latency();
+    stream.set_nonblocking(spin)?;
     match test {
         PerfTest::SendLat | PerfTest::WriteLat => {
             let mut buf = vec![0u8; size];
             for _ in 0..iters + warmup(iters) {
-                stream.read_exact(&mut buf)?;
-                stream.write_all(&buf)?;
+                spin_read_exact(stream, &mut buf)?;
+                spin_write_all(stream, &buf)?;
             }
         }
         PerfTest::ReadLat | PerfTest::ReadBw => {
@@ -107,18 +142,26 @@ fn serve_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64) -
             let mut request = [0u8; 8];
             let total = if test == PerfTest::ReadLat { iters + warmup(iters) } else { iters };
             for _ in 0..total {
-                stream.read_exact(&mut request)?;
+                if spin {
+                    spin_read_exact(stream, &mut request)?;
+                } else {
+                    stream.read_exact(&mut request)?;
+                }
                 ensure!(u64::from_be_bytes(request) == size as u64, "read request for the wrong size");
-                stream.write_all(&data)?;
+                if spin {
+                    spin_write_all(stream, &data)?;
+                } else {
+                    stream.write_all(&data)?;
+                }
             }
         }
         PerfTest::AtomicLat => {
             let mut counter = 0u64;
             let mut request = [0u8; 16];
             for _ in 0..iters + warmup(iters) {
-                stream.read_exact(&mut request)?;
+                spin_read_exact(stream, &mut request)?;
                 let add = u64::from_be_bytes(request[8..].try_into().expect("8 bytes"));
-                stream.write_all(&counter.to_be_bytes())?;
+                spin_write_all(stream, &counter.to_be_bytes())?;
                 counter = counter.wrapping_add(add);
             }
         }
@@ -130,6 +173,7 @@ fn serve_size(stream: &mut TcpStream, test: PerfTest, size: usize, iters: u64) -
             stream.write_all(&pattern::checksum(&buf).to_be_bytes())?;
         }
     }
+    stream.set_nonblocking(false)?;
     Ok(())
 }
 
@@ -145,14 +189,18 @@ fn run_size(
         PerfTest::SendLat | PerfTest::WriteLat | PerfTest::ReadLat | PerfTest::AtomicLat => {
             let mut samples = Vec::with_capacity(iters as usize);
             let mut exchange = LatencyExchange::new(test, size);
+            stream.set_nonblocking(true)?;
+            let mut previous = Instant::now();
             for i in 0..iters + warmup(iters) {
-                let start = Instant::now();
                 exchange.once(stream)?;
+                let now = Instant::now();
                 if i >= warmup(iters) {
-                    samples.push(start.elapsed().as_nanos() as u64);
+                    samples.push(now.duration_since(previous).as_nanos() as u64);
                     progress.update(samples.len() as u64);
                 }
+                previous = now;
             }
+            stream.set_nonblocking(false)?;
             exchange.verify(iters + warmup(iters))?;
             let divisor = if test.reports_round_trip() { 1 } else { 2 };
             let lat = LatencySummary::from_nanos(&mut samples, divisor).expect("at least one iteration");
@@ -215,8 +263,8 @@ impl LatencyExchange {
 
     #[inline]
     fn once(&mut self, stream: &mut TcpStream) -> Result<()> {
-        stream.write_all(&self.message)?;
-        stream.read_exact(&mut self.reply)?;
+        spin_write_all(stream, &self.message)?;
+        spin_read_exact(stream, &mut self.reply)?;
         if self.test == PerfTest::AtomicLat {
             let old = u64::from_be_bytes(self.reply[..8].try_into().expect("8 bytes"));
             ensure!(
