@@ -6,75 +6,19 @@
 //!
 //! Every test uses its own TCP port and UDP port, so the tests run in parallel.
 
-use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 const OPS: [&str; 7] = ["send", "send_imm", "write", "write_imm", "read", "cmp_swap", "fetch_add"];
 
-/// Ports handed out in this process, so that two tests never get the same one.
-static TAKEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+mod common;
 
-fn take(port: u16) -> bool {
-    TAKEN.lock().unwrap().get_or_insert_with(HashSet::new).insert(port)
-}
-
-fn free_tcp_port() -> u16 {
-    loop {
-        let port = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap().local_addr().unwrap().port();
-        if take(port) {
-            return port;
-        }
-    }
-}
-
-/// A UDP port free on 127.0.0.1 to 127.0.0.3.
-fn free_udp_port() -> u16 {
-    loop {
-        let first = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 1), 0)).unwrap();
-        let port = first.local_addr().unwrap().port();
-        let others_free = (2..=3).all(|last| UdpSocket::bind((Ipv4Addr::new(127, 0, 0, last), port)).is_ok());
-        if others_free && take(port) {
-            return port;
-        }
-    }
-}
-
-/// A child process that is killed if the test ends before it does.
-struct Running(Option<Child>);
-
-impl Running {
-    fn output(mut self) -> Output {
-        self.0.take().unwrap().wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use common::{free_tcp_port, free_udp_port, strings, Running};
 
 fn spawn(args: &[String]) -> Running {
-    let child = Command::new(env!("CARGO_BIN_EXE_lightpath"))
-        .arg("interop-peer")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Running(Some(child))
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| s.to_string()).collect()
+    common::spawn("interop-peer", args)
 }
 
 fn stdout(output: &Output) -> String {

@@ -1,0 +1,72 @@
+//! Process harness shared by the CLI tests that run two `lightpath` processes on loopback:
+//! ports no other test in this process uses, children killed when a test ends early.
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+
+/// Ports handed out in this process, so that two tests never get the same one.
+static TAKEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+fn take(port: u16) -> bool {
+    TAKEN.lock().unwrap().get_or_insert_with(HashSet::new).insert(port)
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_tcp_port() -> u16 {
+    loop {
+        let port = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap().local_addr().unwrap().port();
+        if take(port) {
+            return port;
+        }
+    }
+}
+
+/// A UDP port free on 127.0.0.1, 127.0.0.2 and 127.0.0.3.
+pub fn free_udp_port() -> u16 {
+    loop {
+        let first = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 1), 0)).unwrap();
+        let port = first.local_addr().unwrap().port();
+        let others_free = (2..=3).all(|last| UdpSocket::bind((Ipv4Addr::new(127, 0, 0, last), port)).is_ok());
+        if others_free && take(port) {
+            return port;
+        }
+    }
+}
+
+/// A child process that is killed if the test ends before it does.
+pub struct Running(Option<Child>);
+
+impl Running {
+    pub fn output(mut self) -> Output {
+        self.0.take().unwrap().wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts `lightpath SUBCOMMAND ARGS…` with piped output.
+pub fn spawn(subcommand: &str, args: &[String]) -> Running {
+    let child = Command::new(env!("CARGO_BIN_EXE_lightpath"))
+        .arg(subcommand)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Running(Some(child))
+}
+
+/// Owned copies of string arguments.
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
