@@ -7,7 +7,10 @@ use lightpath_verbs::Gid;
 pub struct EngineConfig {
     /// The engine's one local address (GID index 0).
     pub gid: Gid,
-    /// UDP destination port of every transmit (4791).
+    /// The UDP port this engine receives on (4791), which received ICRCs are checked with,
+    /// and the destination port of a queue pair whose address vector names none
+    /// (`udp_dport` 0). A queue pair with a `udp_dport` sends there instead, so engines on
+    /// different ports (several processes sharing one IP address) can talk to each other.
     pub roce_port: u16,
     /// Check the ICRC of received datagrams.
     pub verify_icrc: bool,

@@ -241,6 +241,9 @@ impl Engine {
             return;
         }
         if self.config.verify_icrc {
+            // The datagram came to the port this engine receives on, whatever port the peer
+            // sent it from (a soft peer sends from its own receive port, rxe from an entropy
+            // port), so only the destination port is taken from the configuration.
             let endpoints = Endpoints { src: from, dst: to, src_port, dst_port: self.config.roce_port };
             if !self.icrc_ok(&endpoints, datagram) {
                 self.stats.drops_icrc += 1;
@@ -260,28 +263,33 @@ impl Engine {
 
     /// Writes the next datagram to send into `buf` (which must hold [`MAX_DATAGRAM`] bytes;
     /// a smaller buffer gets nothing) and says where it goes. The ICRC is sealed for the
-    /// source port in the returned [`Transmit`] (the configured fixed port, if any).
+    /// ports in the returned [`Transmit`]: the source port (the configured fixed port, if any)
+    /// and the destination port (the queue pair's `udp_dport`, else the configured RoCE port).
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         if buf.len() < MAX_DATAGRAM {
             return None;
         }
-        let fixed_src_port = self.config.fixed_src_port;
+        let (fixed_src_port, default_dst_port) = (self.config.fixed_src_port, self.config.roce_port);
         while let Some(qpn) = self.ready.pop_front() {
             let (qps, mut ctx) = self.ctx();
             let Some(qp) = qps.get_mut(qpn) else { continue };
             qp.in_ready_list = false;
             let produced = qp.produce(&mut ctx, now, buf);
             let src_port = fixed_src_port.unwrap_or(qp.params.src_port);
+            let dst_port = match qp.params.dst_port {
+                0 => default_dst_port,
+                port => port,
+            };
             let (dst, local_ip) = (qp.params.peer_ip, qp.params.local_ip);
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
-            let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port: self.config.roce_port };
+            let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port };
             if seal(&endpoints, &mut buf[..len]).is_err() {
                 self.stats.tx_errors += 1;
                 continue;
             }
             self.stats.tx_datagrams += 1;
-            return Some(Transmit { dst, src_port, len });
+            return Some(Transmit { dst, dst_port, src_port, len });
         }
         None
     }
@@ -440,23 +448,31 @@ mod tests {
 
     use super::*;
 
-    /// One engine's queue pair in RTS towards `peer`, and its completion queue.
-    fn ready_engine(config: EngineConfig, peer: IpAddr) -> (Engine, u32) {
+    /// One engine's queue pair in RTS towards `peer` (at UDP port `udp_dport`, 0: the default).
+    fn ready_engine(config: EngineConfig, peer: IpAddr, udp_dport: u16) -> (Engine, u32) {
         let mut engine = Engine::new(config);
         let cq = engine.create_cq(16).expect("cq");
         let qpn = engine.create_qp(cq, cq, QpCaps::default()).expect("qp");
         let access = AccessFlags::LOCAL_WRITE;
         engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_init(access)).expect("init");
-        let av = AddressVector::new(Gid::from_ip(peer), 0);
+        let av = AddressVector { udp_dport, ..AddressVector::new(Gid::from_ip(peer), 0) };
         engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rtr(av, Mtu::Mtu1024, 0x99, 0)).expect("rtr");
         engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rts(0)).expect("rts");
         (engine, qpn)
     }
 
     fn first_send(fixed_src_port: Option<u16>) -> (Transmit, Vec<u8>, IpAddr, IpAddr) {
+        let config = |local| EngineConfig { fixed_src_port, ..EngineConfig::new(Gid::from_ip(local)) };
+        first_send_with(config, 0)
+    }
+
+    /// The first datagram of a SEND on a fresh queue pair from 10.0.0.1 to 10.0.0.2.
+    fn first_send_with(
+        config: impl FnOnce(IpAddr) -> EngineConfig,
+        udp_dport: u16,
+    ) -> (Transmit, Vec<u8>, IpAddr, IpAddr) {
         let (local, peer) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
-        let config = EngineConfig { fixed_src_port, ..EngineConfig::new(Gid::from_ip(local)) };
-        let (mut engine, qpn) = ready_engine(config, peer);
+        let (mut engine, qpn) = ready_engine(config(local), peer, udp_dport);
         engine.post_send(Time::ZERO, qpn, &SendWr::inline(1, SendOp::Send, b"hello")).expect("post");
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let transmit = engine.poll_transmit(Time::ZERO, &mut buf).expect("a SEND to transmit");
@@ -474,6 +490,32 @@ mod tests {
         let (entropy, _, _, _) = first_send(None);
         assert_ne!(entropy.src_port, 4791, "without the option the per-QP port is used");
         assert!(!icrc::verify(&sealed_for(entropy.src_port), &datagram), "the ICRC covers the source port");
+    }
+
+    #[test]
+    fn address_vector_port_is_the_destination_and_is_sealed() {
+        let config = |local| EngineConfig::new(Gid::from_ip(local));
+        let (transmit, datagram, local, peer) = first_send_with(config, 6000);
+        assert_eq!(transmit.dst_port, 6000);
+        let sealed_for =
+            |dst_port| Endpoints { src: local, dst: peer, src_port: transmit.src_port, dst_port };
+        assert!(icrc::verify(&sealed_for(6000), &datagram));
+        assert!(!icrc::verify(&sealed_for(EngineConfig::ROCE_PORT), &datagram), "the ICRC covers the port");
+    }
+
+    #[test]
+    fn port_zero_sends_to_the_configured_roce_port() {
+        let (transmit, datagram, local, peer) =
+            first_send_with(|local| EngineConfig::new(Gid::from_ip(local)), 0);
+        assert_eq!(transmit.dst_port, EngineConfig::ROCE_PORT);
+        let endpoints = |dst_port| Endpoints { src: local, dst: peer, src_port: transmit.src_port, dst_port };
+        assert!(icrc::verify(&endpoints(EngineConfig::ROCE_PORT), &datagram));
+        // An engine listening elsewhere sends to its own port, as every soft device did before.
+        let on_5811 = |local| EngineConfig { roce_port: 5811, ..EngineConfig::new(Gid::from_ip(local)) };
+        let (transmit, datagram, _, _) = first_send_with(on_5811, 0);
+        assert_eq!(transmit.dst_port, 5811);
+        let sealed = Endpoints { src: local, dst: peer, src_port: transmit.src_port, dst_port: 5811 };
+        assert!(icrc::verify(&sealed, &datagram));
     }
 
     /// Engines A (10.0.0.1) and B (10.0.0.2) with connected queue pairs; B has `recvs`

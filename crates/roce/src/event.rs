@@ -11,13 +11,17 @@ use crate::cq::{CqHandle, CqTable, Pushed};
 use crate::memory::MrTable;
 use crate::stats::EngineStats;
 
-/// A datagram written by `poll_transmit`: send `len` bytes of the buffer to `dst` at the
-/// configured RoCE port, from the engine's address and UDP port `src_port`.
+/// A datagram written by `poll_transmit`: send `len` bytes of the buffer to `dst` at UDP port
+/// `dst_port`, from the engine's address and UDP port `src_port`. The ICRC is sealed for
+/// exactly these ports, so the driver must not send it anywhere else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transmit {
     /// The peer's IP address.
     pub dst: IpAddr,
-    /// UDP source port (flow entropy, as rxe chooses it).
+    /// UDP destination port: the queue pair's address-vector `udp_dport`, or the configured
+    /// [`EngineConfig::roce_port`](crate::EngineConfig::roce_port) when that is 0.
+    pub dst_port: u16,
+    /// UDP source port (flow entropy, as rxe chooses it, or the configured fixed port).
     pub src_port: u16,
     /// Bytes written at the start of the buffer (BTH … ICRC).
     pub len: usize,

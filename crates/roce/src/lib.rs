@@ -15,8 +15,10 @@
 //!
 //! After any call that may produce output (`post_send`, `handle_datagram`, `handle_timeout`,
 //! `modify_qp`) the driver calls `poll_transmit` until it returns `None`, sends each datagram
-//! to its `dst` at the configured RoCE port (4791) from the engine's own IP and the given UDP
-//! source port, and then sleeps until `poll_timeout` (or the next datagram). [`Time`] is a
+//! to its `dst` and `dst_port` (the queue pair's address-vector `udp_dport`, or the configured
+//! RoCE port, 4791, when that is 0) from the engine's own IP and the given UDP source port,
+//! and then sleeps until `poll_timeout` (or the next datagram). Received datagrams are
+//! matched to queue pairs by QPN and peer IP, never by UDP port. [`Time`] is a
 //! nanosecond count from an epoch the driver chooses.
 //!
 //! # Structure

@@ -88,13 +88,29 @@ pub struct AddressVector {
     pub sl: u8,
     /// Local port number (1-based).
     pub port_num: u8,
+    /// UDP destination port of the peer's RoCE v2 endpoint; 0 means the provider's default
+    /// (the soft device's own port, 4791 for hardware). Real RNICs and rxe listen only on
+    /// 4791; Lightpath soft devices may listen elsewhere so several processes share an
+    /// address. The ibverbs provider refuses any other value than 0 or 4791 (libibverbs cannot
+    /// choose the port); the shared-memory provider ignores it (GIDs are its addresses).
+    pub udp_dport: u16,
 }
 
 impl AddressVector {
     /// A route to `dgid` from local GID index `sgid_index` with the defaults rdma-core's
-    /// examples use (hop limit 64, traffic class 0, port 1).
+    /// examples use (hop limit 64, traffic class 0, port 1) and the provider's default UDP
+    /// destination port.
     pub fn new(dgid: Gid, sgid_index: u8) -> Self {
-        Self { dgid, sgid_index, hop_limit: 64, traffic_class: 0, flow_label: 0, sl: 0, port_num: 1 }
+        Self {
+            dgid,
+            sgid_index,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            sl: 0,
+            port_num: 1,
+            udp_dport: 0,
+        }
     }
 }
 

@@ -126,6 +126,8 @@ impl<D: Device> PingPong<D> {
             flow_label: 0,
             sl: path.sl,
             port_num: path.port_num,
+            // ibv_rc_pingpong's handshake has no port: the peer listens on its provider's.
+            udp_dport: 0,
         };
         let mut rtr = QpAttr::to_rtr(av, path.mtu, remote.qpn, remote.psn);
         rtr.max_dest_rd_atomic = Some(1);

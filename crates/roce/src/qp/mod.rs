@@ -54,6 +54,8 @@ pub(crate) struct Params {
     pub(crate) local_ip: IpAddr,
     pub(crate) peer_ip: IpAddr,
     pub(crate) src_port: u16,
+    /// The peer's UDP port from the address vector; 0: the engine's configured RoCE port.
+    pub(crate) dst_port: u16,
     pub(crate) flow_label: u32,
     pub(crate) rq_psn: u32,
     pub(crate) sq_psn: u32,
@@ -74,6 +76,7 @@ impl Params {
             local_ip,
             peer_ip: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             src_port: 0xC000,
+            dst_port: 0,
             flow_label: 0,
             rq_psn: 0,
             sq_psn: 0,

@@ -35,6 +35,7 @@ impl Qp {
         if let Some(av) = attr.av {
             p.peer_ip = av.dgid.to_ip();
             p.flow_label = av.flow_label;
+            p.dst_port = av.udp_dport;
         }
         if let Some(mtu) = attr.path_mtu {
             p.pmtu = mtu.bytes();
