@@ -44,9 +44,13 @@ impl ProgressMode {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SoftConfig {
     /// Local address and UDP port. The address must be a specific (not unspecified) IPv4 or
-    /// IPv6 address: it is the device's GID. The port is both the one the device listens on
-    /// and the destination port of everything it sends, so all peers must use the same port
-    /// (4791 for interoperation with rxe and RNICs).
+    /// IPv6 address: it is the device's GID. The port is the one the device listens on and
+    /// sends from (0: one the kernel picks, see [`SoftDevice::local_addr`]), and where a queue
+    /// pair sends unless its address vector names the peer's port (`udp_dport`); several
+    /// processes can so share one address with a device each on its own port. Peers that are
+    /// rxe or RNICs listen on 4791 only.
+    ///
+    /// [`SoftDevice::local_addr`]: crate::SoftDevice::local_addr
     pub local: SocketAddr,
     /// Name reported by `Device::name` (default: `soft-<ip>` or `soft-<ip>-<port>`).
     pub name: Option<String>,

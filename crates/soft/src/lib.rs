@@ -2,10 +2,13 @@
 //! sockets, behind the provider-neutral verbs traits of `lightpath-verbs`.
 //!
 //! One [`SoftDevice`] is one engine with one UDP socket bound to one local address and port
-//! (4791 by default; several devices on one host use 127.0.0.1, 127.0.0.2, … or distinct
-//! ports, and every peer must use the same port because RoCE always sends to the RoCE port).
+//! (4791 by default; port 0 takes a free one, which [`SoftDevice::local_addr`] reports).
 //! Its one GID (index 0) is the bound address: `::ffff:a.b.c.d` for IPv4, the address itself
-//! for IPv6.
+//! for IPv6. A queue pair sends to the UDP port its address vector names
+//! (`AddressVector::udp_dport`), or to the device's own port when that is 0 — so devices in
+//! several processes can share one address on distinct ports, as long as each tells its
+//! peers its port; rxe and RNICs listen on 4791 only. Received datagrams are matched to queue
+//! pairs by QPN and peer address whatever port they come from.
 //!
 //! # On the wire
 //!

@@ -182,7 +182,7 @@ impl TxBuffers {
             while self.outgoing.len() < SEND_DATAGRAMS {
                 let buf = &mut self.bufs[self.outgoing.len()];
                 let Some(transmit) = engine.poll_transmit(now, buf) else { break };
-                let Some(dst) = destination(socket.local(), transmit.dst) else {
+                let Some(dst) = destination(socket.local(), transmit.dst, transmit.dst_port) else {
                     stats.tx_errors += 1;
                     continue;
                 };
@@ -294,14 +294,15 @@ fn segmentation_safe(dst: SocketAddr) -> bool {
     dst.ip().is_loopback() || dst.is_ipv6()
 }
 
-/// Where a datagram for peer `ip` goes: the peer's IP at our port (every RoCE endpoint listens
-/// on the same port), with our scope for link-local IPv6. `None` if the families differ.
-fn destination(local: SocketAddr, ip: IpAddr) -> Option<SocketAddr> {
+/// Where a datagram for peer `ip` goes: the peer's IP at the port the engine sealed it for
+/// (the queue pair's `udp_dport`, or our own port), with our scope for link-local IPv6. `None`
+/// if the families differ.
+fn destination(local: SocketAddr, ip: IpAddr, port: u16) -> Option<SocketAddr> {
     match (local, ip) {
-        (SocketAddr::V4(local), IpAddr::V4(ip)) => Some(SocketAddr::new(IpAddr::V4(ip), local.port())),
+        (SocketAddr::V4(_), IpAddr::V4(ip)) => Some(SocketAddr::new(IpAddr::V4(ip), port)),
         (SocketAddr::V6(local), IpAddr::V6(ip)) => {
             let scope = if ip.is_unicast_link_local() { local.scope_id() } else { 0 };
-            Some(SocketAddr::V6(std::net::SocketAddrV6::new(ip, local.port(), 0, scope)))
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(ip, port, 0, scope)))
         }
         _ => None,
     }
@@ -385,14 +386,14 @@ mod tests {
     fn destinations() {
         let v4: SocketAddr = "127.0.0.1:4791".parse().expect("addr");
         assert_eq!(
-            destination(v4, "10.0.0.2".parse().expect("ip")),
-            Some("10.0.0.2:4791".parse().expect("addr"))
+            destination(v4, "10.0.0.2".parse().expect("ip"), 6000),
+            Some("10.0.0.2:6000".parse().expect("addr"))
         );
-        assert_eq!(destination(v4, "::1".parse().expect("ip")), None);
+        assert_eq!(destination(v4, "::1".parse().expect("ip"), 4791), None);
         let v6: SocketAddr = "[fe80::1%7]:5000".parse().expect("addr");
-        let dst = destination(v6, "fe80::2".parse().expect("ip")).expect("same family");
-        assert_eq!(dst, "[fe80::2%7]:5000".parse().expect("addr"));
-        let global = destination(v6, "2001:db8::2".parse().expect("ip")).expect("same family");
+        let dst = destination(v6, "fe80::2".parse().expect("ip"), 5001).expect("same family");
+        assert_eq!(dst, "[fe80::2%7]:5001".parse().expect("addr"));
+        let global = destination(v6, "2001:db8::2".parse().expect("ip"), 5000).expect("same family");
         assert_eq!(global, "[2001:db8::2]:5000".parse().expect("addr"));
     }
 }
