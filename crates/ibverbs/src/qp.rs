@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use lightpath_verbs::{
-    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
+    AddressVector, BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
 };
 
 use crate::cq::{CqInner, IbvCq};
@@ -208,6 +208,7 @@ impl IbvQp {
             return Err(Error::InvalidAttribute("port_num: no such port on this device"));
         }
         if let Some(av) = attr.av {
+            check_udp_dport(&av)?;
             if av.port_num == 0 || av.port_num > ports {
                 return Err(Error::InvalidAttribute("av.port_num: no such port on this device"));
             }
@@ -217,6 +218,20 @@ impl IbvQp {
             }
         }
         Ok(())
+    }
+}
+
+/// The RoCE port every RNIC and rxe send to and listen on.
+const ROCE_PORT: u16 = 4791;
+
+/// Refuses an address vector that names a UDP port other than the RoCE port: `ibv_ah_attr`
+/// has no port field, so the device would silently send to 4791 and the peer never hear it.
+fn check_udp_dport(av: &AddressVector) -> Result<()> {
+    match av.udp_dport {
+        0 | ROCE_PORT => Ok(()),
+        _ => Err(Error::InvalidAttribute(
+            "av.udp_dport: libibverbs always sends to UDP port 4791; only 0 or 4791 can be used",
+        )),
     }
 }
 
@@ -574,6 +589,22 @@ mod tests {
                 | qp_mask::MAX_QP_RD_ATOMIC
         );
         assert_eq!((c.sq_psn, c.timeout, c.retry_cnt, c.rnr_retry, c.max_rd_atomic), (0x777, 14, 7, 7, 16));
+    }
+
+    #[test]
+    fn only_the_roce_port_can_be_named_in_an_address_vector() {
+        let av = AddressVector::new("10.78.0.2".parse().expect("gid"), 1);
+        for port in [0, 4791] {
+            assert!(check_udp_dport(&AddressVector { udp_dport: port, ..av }).is_ok(), "port {port}");
+        }
+        for port in [1, 4790, 5811, u16::MAX] {
+            match check_udp_dport(&AddressVector { udp_dport: port, ..av }) {
+                Err(Error::InvalidAttribute(why)) => {
+                    assert!(why.contains("udp_dport") && why.contains("4791"))
+                }
+                other => panic!("port {port}: {other:?}"),
+            }
+        }
     }
 
     #[test]
