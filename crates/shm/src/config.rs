@@ -1,5 +1,5 @@
 //! How an shm device is set up: ring sizes, how long waiters spin before they sleep, when the
-//! device's helper thread steps in, and who may connect.
+//! device's driver thread steps in, and who may connect.
 
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ pub struct ShmConfig {
     /// How long `CompletionQueue::wait` polls before it blocks (waking a blocked thread costs
     /// microseconds, a poll a fraction of one).
     pub spin: Duration,
-    /// When the application has not polled the device for this long, the helper thread takes
+    /// When the application has not polled the device for this long, the driver thread takes
     /// over: it sleeps until a peer rings the device's doorbell, then processes arrivals so
     /// peers' sends complete and notification fds fire. While the application polls, peers
     /// never make a system call to wake anyone.

@@ -158,8 +158,8 @@ impl CompletionQueue for ShmCq {
         Some(self.shared.notify.as_fd().as_raw_fd())
     }
 
-    /// Arms the queue and tells the device's helper thread that the application is about to
-    /// wait on the fd: the helper takes over progress at once (until the application shows it
+    /// Arms the queue and tells the device's driver thread that the application is about to
+    /// wait on the fd: the driver takes over progress at once (until the application shows it
     /// keeps polling), so arrivals become completions and the fd fires without the application
     /// polling.
     fn request_notify(&self) -> Result<()> {

@@ -1,5 +1,6 @@
 //! [`ShmDevice`]: one shm endpoint of this process — a GID, the abstract socket it listens on,
-//! a doorbell eventfd peers ring, the engine behind a lock, and a helper thread.
+//! a doorbell eventfd peers ring, the engine behind a lock, and two helper threads (see
+//! [`crate::helper`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -30,7 +31,7 @@ pub(crate) struct ExportedRegion {
     pub(crate) pd: u32,
 }
 
-/// What the helper thread answers peers' questions from, without the engine lock (so a peer
+/// What the socket thread answers peers' questions from, without the engine lock (so a peer
 /// blocked on an answer while holding its own lock can never deadlock with us).
 #[derive(Debug, Default)]
 pub(crate) struct Exports {
@@ -40,21 +41,26 @@ pub(crate) struct Exports {
     pub(crate) qp_pds: HashMap<u32, u32>,
 }
 
-/// Everything the device's objects and its helper thread share.
+/// Everything the device's objects and its helper threads share.
 #[derive(Debug)]
 pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) ctx: DeviceContext,
     pub(crate) core: Mutex<DeviceCore>,
     pub(crate) exports: RwLock<Exports>,
+    /// Events the socket thread learned, applied by whoever next holds the engine lock.
     mailbox: Mutex<Vec<Event>>,
     mailbox_pending: AtomicBool,
+    /// Rung by the socket thread after it posted an event, so the driver thread applies it
+    /// even while the application is idle.
+    pub(crate) events_bell: EventFd,
     pub(crate) listener: Listener,
+    /// Stops both helper threads.
     pub(crate) stop: EventFd,
-    /// Tells the helper thread the application is about to wait on a notification fd, so it
+    /// Tells the driver thread the application is about to wait on a notification fd, so it
     /// takes over at once instead of after `idle_after`.
     pub(crate) kick: EventFd,
-    /// Bumped by every application call that drives the device; the helper thread compares it
+    /// Bumped by every application call that drives the device; the driver thread compares it
     /// between its rounds (cheaper on the hot path than reading a clock).
     drives: AtomicU64,
     next_key: AtomicU32,
@@ -79,13 +85,14 @@ impl DeviceShared {
         self.exports.write().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Queues something the helper thread learned.
+    /// Queues something the socket thread learned and rings the driver thread.
     pub(crate) fn post_event(&self, event: Event) {
         self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(event);
         self.mailbox_pending.store(true, Ordering::Release);
+        self.events_bell.signal(1);
     }
 
-    /// Whether the helper thread queued events not yet applied.
+    /// Whether the socket thread queued events not yet applied.
     pub(crate) fn has_events(&self) -> bool {
         self.mailbox_pending.load(Ordering::Relaxed)
     }
@@ -104,9 +111,9 @@ impl DeviceShared {
         }
     }
 
-    /// Notes that the application is driving the device (so the helper thread stays out).
+    /// Notes that the application is driving the device (so the driver thread stays out).
     /// Not an atomic increment: concurrent callers may lose a count, but any change is all
-    /// the helper looks for.
+    /// the driver thread looks for.
     pub(crate) fn touch(&self) {
         let drives = self.drives.load(Ordering::Relaxed);
         self.drives.store(drives.wrapping_add(1), Ordering::Relaxed);
@@ -175,18 +182,19 @@ impl DeviceShared {
     }
 }
 
-/// The device as its objects hold it: the shared part plus the helper thread, which is stopped
-/// and joined when the last object goes.
+/// The device as its objects hold it: the shared part plus the helper threads, which are
+/// stopped and joined when the last object goes.
 #[derive(Debug)]
 pub(crate) struct DeviceInner {
     pub(crate) shared: Arc<DeviceShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        // The stop fd is never taken, so it stays readable for both threads.
         self.shared.stop.signal(1);
-        if let Some(thread) = self.thread.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
@@ -222,6 +230,7 @@ impl ShmDevice {
             exports: RwLock::new(Exports::default()),
             mailbox: Mutex::new(Vec::new()),
             mailbox_pending: AtomicBool::new(false),
+            events_bell: EventFd::new(false)?,
             listener,
             stop: EventFd::new(false)?,
             kick: EventFd::new(false)?,
@@ -230,11 +239,8 @@ impl ShmDevice {
             key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,
             next_id: AtomicU32::new(1),
         });
-        let for_thread = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name(helper_thread_name(gid))
-            .spawn(move || crate::helper::run(&for_thread))?;
-        Ok(Self { inner: Arc::new(DeviceInner { shared, thread: Mutex::new(Some(thread)) }) })
+        let threads = crate::helper::start(&shared)?;
+        Ok(Self { inner: Arc::new(DeviceInner { shared, threads }) })
     }
 
     /// The device's GID: also its address (see [`crate::address::rendezvous_name`]).
@@ -251,12 +257,6 @@ impl ShmDevice {
     pub fn qp_count(&self) -> usize {
         self.inner.shared.lock_core().qps.len()
     }
-}
-
-/// The helper thread's name: `lpshm-` and 8 hex digits of the GID (thread names are limited
-/// to 15 bytes), so tools and tests can tell devices' threads apart.
-pub fn helper_thread_name(gid: Gid) -> String {
-    format!("lpshm-{}", &gid.to_hex()[24..32])
 }
 
 /// Binds the rendezvous socket of a new random GID (retrying on the astronomically unlikely

@@ -29,11 +29,13 @@
 //! - **Polling fits the machine**: the application's `poll` does the work directly (no thread
 //!   hop, no system call on the data path); `wait` spins briefly, then sleeps on the device's
 //!   doorbell, which peers ring only while someone sleeps; `request_notify` hands progress to
-//!   the helper thread at once, so an epoll/tokio program that only waits on the notification
-//!   fd gets its completions. A helper thread per device accepts
-//!   connections, answers region lookups, notices dead peers (socket hang-up: the survivor's
-//!   queue pair goes to ERR with flush completions), and takes over progress when the
-//!   application is idle; with nothing to do it blocks without a timeout.
+//!   the driver thread at once, so an epoll/tokio program that only waits on the notification
+//!   fd gets its completions. Each device has two helper threads (module `helper`): a socket thread
+//!   accepts connections, answers region lookups and notices dead peers (socket hang-up: the
+//!   survivor's queue pair goes to ERR with flush completions), and a driver thread takes over
+//!   progress when the application is idle. The socket thread never waits on anything, so a
+//!   device that asks itself — or two devices asking each other at once — always gets its
+//!   answer. With nothing to do both block without a timeout.
 //! - **Same host**: [`HostIdentity`] (boot id and namespaces, as text or as 16 bytes with
 //!   [`HostIdentity::to_bytes`]) tells a transport negotiation whether two processes can use
 //!   shm; [`probe`] checks that a given device answers. A negotiation that picked shm then
@@ -69,7 +71,8 @@ mod wire;
 
 pub use config::ShmConfig;
 pub use cq::ShmCq;
-pub use device::{helper_thread_name, ShmDevice};
+pub use device::ShmDevice;
+pub use helper::helper_thread_names;
 pub use host::HostIdentity;
 pub use mr::ShmMr;
 pub use pd::ShmPd;

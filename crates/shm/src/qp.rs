@@ -25,7 +25,7 @@ impl std::fmt::Debug for ShmQp {
 
 impl ShmQp {
     /// Runs `f` on this queue pair's engine state with the device locked (after applying what
-    /// the helper thread learned); `f` also gets the region table and the current wake value.
+    /// the socket thread learned); `f` also gets the region table and the current wake value.
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut QpCore, &Regions, Option<u64>) -> R) -> Result<R> {
         let shared = &self.pd.device.shared;
         shared.touch();

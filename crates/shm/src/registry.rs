@@ -1,9 +1,9 @@
-//! The sockets a device's helper thread watches, and who owns them.
+//! The sockets a device's socket thread watches, and who owns them.
 //!
 //! Every connection between two queue pairs' devices is a Unix socket; when the peer process
 //! dies, the kernel closes its end and ours reports a hang-up, which is how a survivor learns
 //! about a crash within microseconds. The queue pair owns its sockets through
-//! [`SocketGuard`]s; the helper thread polls whatever is registered. Dropping a guard removes
+//! [`SocketGuard`]s; the socket thread polls whatever is registered. Dropping a guard removes
 //! the socket and pokes the thread, which lets go of its copy, so the socket closes and the
 //! peer in turn sees the hang-up.
 

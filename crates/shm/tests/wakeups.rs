@@ -1,11 +1,11 @@
 //! Polling that fits the machine: the notification fd fires for a program that only waits on
 //! it (epoll-style, never polling the queue), blocked waiters sleep instead of spinning, and an
-//! idle device's helper thread blocks without a timeout.
+//! idle device's helper threads (socket and driver) block without a timeout.
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use lightpath_shm::{helper_thread_name, ShmConfig, ShmDevice};
+use lightpath_shm::{helper_thread_names, ShmConfig, ShmDevice};
 use lightpath_verbs::conformance::harness::{assert_success, wait_n, Pair};
 use lightpath_verbs::conformance::ConformanceFixture;
 use lightpath_verbs::{
@@ -94,8 +94,8 @@ fn waiters_sleep_after_spinning() {
     assert!(own_blocks() > blocks_before, "the waiter never blocked");
 }
 
-/// After traffic stops and the application stops calling in, each device's helper thread
-/// blocks in `poll(2)` with no timeout: it does not wake up at all while nothing happens.
+/// After traffic stops and the application stops calling in, both helper threads of each device
+/// block in `poll(2)` with no timeout: they do not wake up at all while nothing happens.
 #[test]
 fn idle_helper_threads_do_not_wake() {
     let pair = Pair::<ShmDevice>::connected::<Fixture>();
@@ -109,7 +109,10 @@ fn idle_helper_threads_do_not_wake() {
     // Let both helpers notice the application went idle and go to sleep for good.
     let idle_after = pair.a.device.config().idle_after;
     std::thread::sleep(idle_after * 20 + Duration::from_millis(50));
-    let names = [helper_thread_name(pair.a.device.gid()), helper_thread_name(pair.b.device.gid())];
+    let names: Vec<String> = [&pair.a.device, &pair.b.device]
+        .into_iter()
+        .flat_map(|device| helper_thread_names(device.gid()))
+        .collect();
     let before: Vec<u64> = names.iter().map(|n| thread_status(n, "voluntary_ctxt_switches")).collect();
     std::thread::sleep(Duration::from_millis(200));
     let after: Vec<u64> = names.iter().map(|n| thread_status(n, "voluntary_ctxt_switches")).collect();

@@ -15,7 +15,7 @@ use crate::address::rendezvous_name;
 use crate::region::{self, PeerRegion};
 use crate::registry::{SocketGuard, SocketRole};
 use crate::ring::{self, Consumer, Producer};
-use crate::segment::{OwnSegment, PeerSegment, OFF_WAKE};
+use crate::segment::{OwnSegment, PeerSegment, PeerStatus, OFF_WAKE};
 use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
 use crate::wire::{Message, MAX_MESSAGE};
 
@@ -51,7 +51,7 @@ impl LinkFailure {
     }
 }
 
-/// A peer queue pair introducing itself (received by the helper thread, applied under the
+/// A peer queue pair introducing itself (received by the socket thread, applied under the
 /// device lock).
 #[derive(Debug)]
 pub(crate) struct PeerAttach {
@@ -100,9 +100,20 @@ pub(crate) struct Link {
 impl Link {
     /// Creates our segment and introduces queue pair `qpn` to the device with GID `dgid`,
     /// asking for its queue pair `dqpn`. Fails if no such device is reachable.
-    pub(crate) fn establish(qpn: u32, dgid: Gid, dqpn: u32, ctx: &DeviceContext) -> Result<Self> {
+    ///
+    /// `status` (the queue pair's status once in RTR) is published before the introduction is
+    /// sent: the peer may attach and carry out requests the moment it reads the introduction,
+    /// and would fail them against a segment that does not say RTR yet.
+    pub(crate) fn establish(
+        qpn: u32,
+        dgid: Gid,
+        dqpn: u32,
+        status: PeerStatus,
+        ctx: &DeviceContext,
+    ) -> Result<Self> {
         let config = &ctx.config;
         let outbox = OwnSegment::create(config.ring_bytes, config.max_fragment)?;
+        outbox.publish_status(status);
         let producer = Producer::new(config.ring_bytes, config.max_fragment)
             .ok_or(Error::InvalidAttribute("ring size"))?;
         let socket = SeqPacket::connect_abstract(&rendezvous_name(dgid)).map_err(|err| {
@@ -216,5 +227,47 @@ fn query_region(
         return PeerRegion::map(memfd, rkey, addr, len, access)
             .map(Some)
             .map_err(|_| LinkFailure::PeerCorrupt);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lightpath_verbs::QpState;
+
+    use super::*;
+    use crate::config::ShmConfig;
+    use crate::registry::SocketRegistry;
+    use crate::segment::RING_OFFSET;
+    use crate::sys::Listener;
+
+    /// The segment handed over with the introduction already says RTR: a peer that attaches
+    /// the moment it reads the introduction (before `modify` returns) sees a queue pair ready to
+    /// receive, not an unpublished status that fails its requests.
+    #[test]
+    fn the_introduced_segment_already_says_rtr() {
+        let peer_gid = crate::address::random_gid().expect("gid");
+        let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
+        let ctx = DeviceContext {
+            gid: crate::address::random_gid().expect("gid"),
+            uid: rustix::process::getuid().as_raw(),
+            config: ShmConfig { ring_bytes: 4096, max_fragment: 512, ..ShmConfig::default() },
+            doorbell: EventFd::new(false).expect("eventfd"),
+            registry: Arc::new(SocketRegistry::new().expect("registry")),
+        };
+        let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
+        let link = Link::establish(7, peer_gid, 9, status, &ctx).expect("establish");
+
+        let served = listener.accept().expect("accept").expect("a connection");
+        let mut buf = [0u8; MAX_MESSAGE];
+        let hello = served.recv(&mut buf).expect("recv").expect("the introduction");
+        assert_eq!(
+            Message::decode(&buf[..hello.len]),
+            Some(Message::Hello { from_gid: ctx.gid, from_qpn: 7, to_qpn: 9 })
+        );
+        let segment_fd = hello.fds.into_iter().next().expect("the segment");
+        let memfd = Memfd::from_peer(segment_fd, RING_OFFSET as u64).expect("memfd");
+        let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).expect("segment");
+        assert_eq!(segment.status_line().status, Some(status));
+        drop(link);
     }
 }

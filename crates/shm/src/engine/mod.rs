@@ -1,6 +1,6 @@
 //! The shm transport engine: queue pairs with their send and receive queues, the requester
 //! and responder sides of each, and the device-wide tables they share. Everything here runs
-//! under the device lock (one `Mutex<DeviceCore>` per device); the helper thread and the
+//! under the device lock (one `Mutex<DeviceCore>` per device); the driver thread and the
 //! application's calls take turns.
 //!
 //! # How operations move
@@ -53,7 +53,7 @@ pub(crate) struct DeviceContext {
     pub(crate) registry: Arc<SocketRegistry>,
 }
 
-/// Something the helper thread learned, applied under the device lock.
+/// Something the socket thread learned, applied under the device lock.
 #[derive(Debug)]
 pub(crate) enum Event {
     /// A peer queue pair introduced itself.
@@ -67,7 +67,7 @@ pub(crate) enum Event {
 pub(crate) struct DeviceCore {
     pub(crate) qps: IdMap<QpCore>,
     pub(crate) regions: Regions,
-    /// Threads sleeping until a peer rings (the helper thread, blocked waiters).
+    /// Threads sleeping until a peer rings (the driver thread, blocked waiters).
     sleepers: u32,
     /// Counts sleeps, so each one has its own wake value.
     epoch: u64,
@@ -108,7 +108,7 @@ impl DeviceCore {
         next
     }
 
-    /// Applies something the helper thread learned.
+    /// Applies something the socket thread learned.
     pub(crate) fn apply(&mut self, event: Event) {
         let sleep_value = self.sleep_value();
         match event {

@@ -137,16 +137,21 @@ impl QpCore {
                 let av = attr.av.ok_or_else(|| missing(from, to, "av"))?;
                 let dqpn = attr.dest_qp_num.ok_or_else(|| missing(from, to, "dest_qp_num"))?;
                 let min_rnr_timer = attr.min_rnr_timer.ok_or_else(|| missing(from, to, "min_rnr_timer"))?;
-                let link = Link::establish(self.qpn, av.dgid, dqpn, ctx)?;
+                let access = attr.access.unwrap_or(self.access);
+                let status = PeerStatus { state: QpState::Rtr, access, rnr_retry: self.rnr_retry };
+                let link = Link::establish(self.qpn, av.dgid, dqpn, status, ctx)?;
                 if let Some(value) = sleep_value {
                     ring::announce_sleep(&link.outbox.word(OFF_WAKE), value);
                 }
                 self.link = Some(link);
                 self.dest = Some((av.dgid, dqpn));
                 self.min_rnr_timer = min_rnr_timer;
-                self.access = attr.access.unwrap_or(self.access);
+                self.access = access;
                 self.req = Requester::default();
+                // Receives may be posted from INIT on; a fresh responder keeps them.
+                let posted = std::mem::take(&mut self.resp.rq);
                 self.resp = Responder::default();
+                self.resp.rq = posted;
                 self.failure = None;
                 self.state = QpState::Rtr;
                 self.publish_status();

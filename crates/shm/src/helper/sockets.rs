@@ -1,27 +1,23 @@
-//! The device's helper thread: the part of the device that runs when the application does
-//! not.
+//! The socket thread: everything a device does on its sockets.
 //!
-//! It accepts peers' introductions on the rendezvous socket, answers their questions about
-//! memory regions, notices hang-ups (a peer that crashed or closed), and — once the
-//! application has not driven the device for `ShmConfig::idle_after` — sleeps until a peer
-//! rings the doorbell and then processes what arrived, so peers' requests complete and
-//! notification fds fire. With nothing to do it blocks in `poll(2)` without a timeout: an idle
-//! device costs no CPU.
-//!
-//! It never blocks on the engine lock (`try_lock`, retried shortly), and answers questions
-//! without it, so two devices whose applications hold their locks while asking each other
-//! something cannot deadlock.
+//! It accepts connections on the rendezvous socket and reads their introductions (or probes),
+//! answers peers' questions about memory regions from the device's exports, and watches every
+//! registered connection for a hang-up — how a crashed or closed peer is noticed within
+//! microseconds. What it learns (an introduction, a hang-up) it posts to the mailbox and then
+//! rings the driver thread's bell. It never takes the engine lock and never waits for another
+//! device, so a question to this device is answered whatever this device's driver thread, or
+//! its application, is blocked on (see the [module docs](super)).
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, TryLockError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
 use crate::config::ShmConfig;
 use crate::device::DeviceShared;
-use crate::engine::{DeviceCore, Event, PeerAttach};
+use crate::engine::{Event, PeerAttach};
 use crate::registry::{SocketRole, Watched};
 use crate::segment::{PeerSegment, RING_OFFSET};
 use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
@@ -32,9 +28,7 @@ const MAX_PENDING: usize = 256;
 /// How long a new connection may take to introduce itself.
 const HELLO_PATIENCE: Duration = Duration::from_secs(5);
 /// Descriptors polled before the newcomers and the watched sockets.
-const FIXED: usize = 5;
-/// How soon to retry when the engine lock was busy.
-const LOCK_RETRY: Duration = Duration::from_micros(100);
+const FIXED: usize = 3;
 
 /// A connection waiting for its first message.
 struct Newcomer {
@@ -43,97 +37,43 @@ struct Newcomer {
 }
 
 /// The thread's state between rounds.
-struct Helper<'a> {
+struct SocketThread<'a> {
     shared: &'a DeviceShared,
     newcomers: Vec<Newcomer>,
     watched: Vec<Watched>,
     /// Sockets already reported closed (not polled again: a hang-up stays readable).
     closed: HashSet<u64>,
-    /// This thread counts as a sleeper (peers ring).
-    armed: bool,
-    retry_lock: bool,
-    deadline: Option<Instant>,
-    /// The application's drive counter as last seen, and when it last changed.
-    drives_seen: u64,
-    last_activity: Option<Instant>,
-    /// When the application last armed a notification (see `app_active`).
-    kicked_at: Option<Instant>,
 }
 
 /// The thread body; returns when the device's stop fd is signalled.
-pub(crate) fn run(shared: &DeviceShared) {
-    let mut helper = Helper {
+pub(super) fn run(shared: &DeviceShared) {
+    let mut thread = SocketThread {
         shared,
         newcomers: Vec::new(),
         watched: shared.ctx.registry.snapshot(),
         closed: HashSet::new(),
-        armed: false,
-        retry_lock: false,
-        deadline: None,
-        drives_seen: 0,
-        last_activity: None,
-        kicked_at: None,
     };
-    while helper.round() {}
-    if helper.armed {
-        shared.lock_core().disarm();
-    }
+    while thread.round() {}
 }
 
 /// Which descriptors had events in one `poll`.
 struct Ready {
     stop: bool,
-    kick: bool,
     changed: bool,
     listener: bool,
-    doorbell: bool,
     newcomers: Vec<bool>,
     watched: Vec<PollFlags>,
 }
 
-impl Helper<'_> {
+impl SocketThread<'_> {
     fn config(&self) -> &ShmConfig {
         &self.shared.ctx.config
     }
 
-    /// Whether the application drove the device within the last `idle_after`.
-    ///
-    /// For `idle_after` after the application armed a notification it counts as idle whatever
-    /// it does: the notification protocol polls the queue empty right after arming and then
-    /// waits on the fd, and those last polls must not keep the helper napping while the
-    /// application sleeps. An application that keeps polling after that is active again.
-    fn app_active(&mut self) -> bool {
-        let now = Instant::now();
-        let drives = self.shared.drives();
-        if let Some(kicked) = self.kicked_at {
-            self.drives_seen = drives;
-            if now.duration_since(kicked) >= self.config().idle_after {
-                self.kicked_at = None;
-            }
-            return false;
-        }
-        if drives != self.drives_seen {
-            self.drives_seen = drives;
-            self.last_activity = Some(now);
-        }
-        self.last_activity.is_some_and(|last| now.duration_since(last) < self.config().idle_after)
-    }
-
-    fn timeout(&mut self) -> Option<Duration> {
-        let active = self.app_active();
-        let now = Instant::now();
-        let mut timeout = if self.retry_lock {
-            Some(LOCK_RETRY)
-        } else if active {
-            Some(self.config().idle_after)
-        } else {
-            self.deadline.map(|d| d.saturating_duration_since(now))
-        };
-        if let Some(oldest) = self.newcomers.iter().map(|n| n.since).min() {
-            let expiry = (oldest + HELLO_PATIENCE).saturating_duration_since(now);
-            timeout = Some(timeout.map_or(expiry, |t| t.min(expiry)));
-        }
-        timeout
+    /// Until the oldest newcomer runs out of patience; forever without newcomers.
+    fn timeout(&self) -> Option<Duration> {
+        let oldest = self.newcomers.iter().map(|n| n.since).min()?;
+        Some((oldest + HELLO_PATIENCE).saturating_duration_since(Instant::now()))
     }
 
     fn wait(&mut self) -> Ready {
@@ -141,10 +81,8 @@ impl Helper<'_> {
         let ctx = &self.shared.ctx;
         let mut fds = vec![
             PollFd::new(&self.shared.stop, PollFlags::IN),
-            PollFd::new(&self.shared.kick, PollFlags::IN),
             PollFd::new(&ctx.registry.changed, PollFlags::IN),
             PollFd::new(&self.shared.listener, PollFlags::IN),
-            PollFd::new(&ctx.doorbell, PollFlags::IN),
         ];
         for newcomer in &self.newcomers {
             fds.push(PollFd::new(&newcomer.socket, PollFlags::IN));
@@ -165,10 +103,8 @@ impl Helper<'_> {
         }
         let mut ready = Ready {
             stop: false,
-            kick: false,
             changed: false,
             listener: false,
-            doorbell: false,
             newcomers: vec![false; self.newcomers.len()],
             watched: vec![PollFlags::empty(); self.watched.len()],
         };
@@ -179,10 +115,8 @@ impl Helper<'_> {
         }
         let has = |fd: &PollFd<'_>| !fd.revents().is_empty();
         ready.stop = has(&fds[0]);
-        ready.kick = has(&fds[1]);
-        ready.changed = has(&fds[2]);
-        ready.listener = has(&fds[3]);
-        ready.doorbell = has(&fds[4]);
+        ready.changed = has(&fds[1]);
+        ready.listener = has(&fds[2]);
         let newcomer_fds = &fds[FIXED..FIXED + self.newcomers.len()];
         for (flag, fd) in ready.newcomers.iter_mut().zip(newcomer_fds) {
             *flag = has(fd);
@@ -193,7 +127,7 @@ impl Helper<'_> {
         ready
     }
 
-    /// One round: wait, handle what happened, drive the engine. Returns false to stop.
+    /// One round: wait, then answer, accept and report what happened. Returns false to stop.
     fn round(&mut self) -> bool {
         let ready = self.wait();
         if ready.stop {
@@ -235,17 +169,6 @@ impl Helper<'_> {
         if ready.listener {
             self.accept();
         }
-        if ready.doorbell {
-            ctx.doorbell.take();
-        }
-        if ready.kick {
-            // The application armed a notification and is about to wait for it: treat it as
-            // idle from now on (its next call that drives the device makes it active again).
-            self.shared.kick.take();
-            self.kicked_at = Some(Instant::now());
-            self.last_activity = None;
-        }
-        self.drive();
         true
     }
 
@@ -262,47 +185,6 @@ impl Helper<'_> {
                 Ok(None) | Err(_) => return,
             }
         }
-    }
-
-    /// Applies events and, when the application is idle, processes arrivals and sleeps armed.
-    fn drive(&mut self) {
-        if !self.armed && self.app_active() && !self.shared.has_events() {
-            // The application polls: it applies events and does the work itself; taking its
-            // lock here would only get in its way.
-            self.retry_lock = false;
-            self.deadline = None;
-            return;
-        }
-        let mut core = match self.shared.core.try_lock() {
-            Ok(core) => core,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                self.retry_lock = true;
-                return;
-            }
-        };
-        self.retry_lock = false;
-        self.shared.apply_events(&mut core);
-        self.step(&mut core);
-    }
-
-    fn step(&mut self, core: &mut DeviceCore) {
-        if self.app_active() {
-            // The application polls: it does the work, and peers need not ring anyone.
-            if self.armed {
-                core.disarm();
-                self.armed = false;
-            }
-            self.deadline = None;
-            return;
-        }
-        // A fresh sleep each round, so peers that rang for the last one ring again.
-        if self.armed {
-            core.disarm();
-        }
-        core.arm();
-        self.armed = true;
-        self.deadline = core.progress();
     }
 }
 
