@@ -30,6 +30,7 @@
 //! Providers: the soft RoCE v2 provider today; the provider enum
 //! ([`lightpath_stream::negotiate::ProviderId`]) already names ibverbs and shm so they slot in.
 
+mod devices;
 mod error;
 mod listener;
 mod negotiate;
@@ -37,7 +38,6 @@ pub mod options;
 mod rdma;
 mod reaper;
 mod remote;
-mod soft_device;
 mod stream;
 mod tcp;
 #[cfg(feature = "tokio")]

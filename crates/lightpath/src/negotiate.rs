@@ -6,23 +6,20 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use lightpath_soft::SoftDevice;
+use crate::devices;
+use crate::error::invalid;
+use crate::options::Options;
+use crate::rdma::{PendingSetup, RdmaStream};
+use crate::Transport;
 use lightpath_stream::negotiate::{
     match_magic, pick_version, Choice, FallbackReason, MagicMatch, Message, ProviderId, CLIENT_MAGIC,
     SERVER_MAGIC, VERSION,
 };
-use lightpath_verbs::Mtu;
-
-use crate::error::invalid;
-use crate::options::Options;
-use crate::rdma::{RdmaConn, RdmaSetup};
-use crate::soft_device::{device_for, DeviceKey};
-use crate::Transport;
 
 /// How a negotiation ended.
 pub(crate) enum Negotiated {
-    /// RDMA over the soft provider.
-    Soft(Box<RdmaConn<SoftDevice>>),
+    /// RDMA over `provider`.
+    Rdma { conn: Box<dyn RdmaStream>, provider: ProviderId },
     /// Data over the TCP connection.
     Tcp { tcp: TcpStream, framed: bool, prefix: Vec<u8>, transport: Transport },
 }
@@ -69,36 +66,18 @@ fn send(tcp: &mut TcpStream, message: &Message) -> io::Result<()> {
     tcp.write_all(&message.to_bytes())
 }
 
-/// Identifies this host for same-host providers (zeros when unknown).
-fn host_id() -> [u8; 16] {
-    let mut id = [0u8; 16];
-    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
-        for (i, pair) in hex.chunks(2).take(16).enumerate() {
-            let digit = |b: u8| (b as char).to_digit(16).unwrap_or(0) as u8;
-            id[i] = digit(pair[0]) << 4 | pair.get(1).map_or(0, |&b| digit(b));
-        }
-    }
-    id
-}
-
-/// The soft device and verbs objects for this connection.
-fn soft_setup(tcp: &TcpStream, options: &Options) -> io::Result<RdmaSetup<SoftDevice>> {
-    let key = DeviceKey::for_connection(tcp.local_addr()?, tcp.peer_addr()?);
-    let device = device_for(key, options)?;
-    let port = device.local_addr().port();
-    let mtu = device.config().mtu;
-    RdmaSetup::new(device, port, mtu.min(Mtu::Mtu4096), options)
-}
-
 /// The client side, on a connected TCP stream.
 pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negotiated> {
     tcp.set_nodelay(true)?;
     tcp.set_read_timeout(Some(options.handshake_timeout))?;
     let (min_version, max_version) = options.fault_versions.unwrap_or((VERSION, VERSION));
     let providers: Vec<ProviderId> =
-        options.providers.iter().copied().filter(|p| *p == ProviderId::Soft).collect();
-    let hello = Message::ClientHello { min_version, max_version, providers, host_id: host_id() };
+        options.providers.iter().copied().filter(|p| devices::usable(*p, &tcp)).collect();
+    let mut host_id = devices::shm::host_id();
+    if options.fault_other_host {
+        host_id[0] ^= 0xFF;
+    }
+    let hello = Message::ClientHello { min_version, max_version, providers: providers.clone(), host_id };
     let mut out = CLIENT_MAGIC.to_vec();
     hello.emit(&mut out);
     tcp.write_all(&out).map_err(|err| match err.kind() {
@@ -148,14 +127,14 @@ pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negoti
         Choice::Tcp(reason) => return finish_tcp(tcp, reason),
         Choice::Rdma(provider, endpoint) => (provider, endpoint),
     };
-    if provider != ProviderId::Soft {
+    if !providers.contains(&provider) {
         send(
             &mut tcp,
             &Message::Fallback { reason: FallbackReason::NoCommonProvider, detail: String::new() },
         )?;
         return finish_tcp(tcp, FallbackReason::NoCommonProvider);
     }
-    let setup = match soft_setup(&tcp, options) {
+    let setup = match devices::setup(provider, &tcp, options) {
         Ok(setup) => setup,
         Err(err) => {
             send(&mut tcp, &Message::Fallback { reason: FallbackReason::NoDevice, detail: err.to_string() })?;
@@ -187,7 +166,7 @@ pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negoti
     }
     send(&mut tcp, &Message::Confirm)?;
     conn.activate()?;
-    Ok(Negotiated::Soft(Box::new(conn)))
+    Ok(Negotiated::Rdma { conn, provider })
 }
 
 fn not_lightpath_closed() -> io::Error {
@@ -253,9 +232,9 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
     }
     tcp.set_read_timeout(Some(options.handshake_timeout))?;
     let mut pending = Vec::new();
-    let (min_version, max_version, offered) = match read_message(tcp, &mut pending)? {
-        Message::ClientHello { min_version, max_version, providers, .. } => {
-            (min_version, max_version, providers)
+    let (min_version, max_version, offered, client_host) = match read_message(tcp, &mut pending)? {
+        Message::ClientHello { min_version, max_version, providers, host_id } => {
+            (min_version, max_version, providers, host_id)
         }
         other => return Err(invalid(format!("expected a client hello, got {:?}", other.message_type()))),
     };
@@ -267,16 +246,9 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
         *magic_sent = true;
         return finish_tcp(tcp.try_clone()?, FallbackReason::VersionMismatch);
     };
-    let chosen = options.providers.iter().copied().find(|p| offered.contains(p));
     let fallback = |reason| Message::ServerHello { version, choice: Choice::Tcp(reason) };
-    let setup = match chosen {
-        None if options.providers.is_empty() || offered.is_empty() => Err(FallbackReason::Disabled),
-        None => Err(FallbackReason::NoCommonProvider),
-        Some(ProviderId::Soft) => soft_setup(tcp, options).map_err(|_| FallbackReason::NoDevice),
-        Some(_) => Err(FallbackReason::NoDevice),
-    };
-    let setup = match setup {
-        Ok(setup) => setup,
+    let (provider, setup) = match choose_provider(tcp, options, &offered, client_host) {
+        Ok(chosen) => chosen,
         Err(reason) => {
             fallback(reason).emit(&mut out);
             tcp.write_all(&out)?;
@@ -284,7 +256,7 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
             return finish_tcp(tcp.try_clone()?, reason);
         }
     };
-    Message::ServerHello { version, choice: Choice::Rdma(ProviderId::Soft, setup.endpoint()) }.emit(&mut out);
+    Message::ServerHello { version, choice: Choice::Rdma(provider, setup.endpoint()) }.emit(&mut out);
     tcp.write_all(&out)?;
     *magic_sent = true;
     let client_endpoint = match read_message(tcp, &mut pending)? {
@@ -310,11 +282,39 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
         }
         other => return Err(invalid(format!("expected Confirm, got {:?}", other.message_type()))),
     }
-    if !pending.is_empty() {
-        return Err(invalid("the client sent data before the connection was set up"));
-    }
+    // Anything after the confirmation is the liveness channel's (a client that closes at
+    // once sends its goodbye right behind it).
+    conn.take_control_bytes(pending);
     conn.activate()?;
-    Ok(Negotiated::Soft(Box::new(conn)))
+    Ok(Negotiated::Rdma { conn, provider })
+}
+
+/// The server's pick: the first of its own providers, in its order of preference, that the
+/// client offered, that fits the pair (shm only between processes of one host and namespace)
+/// and whose device opens here.
+fn choose_provider(
+    tcp: &TcpStream,
+    options: &Options,
+    offered: &[ProviderId],
+    client_host: [u8; 16],
+) -> Result<(ProviderId, Box<dyn PendingSetup>), FallbackReason> {
+    if options.providers.is_empty() || offered.is_empty() {
+        return Err(FallbackReason::Disabled);
+    }
+    let same_host = client_host != [0; 16] && client_host == devices::shm::host_id();
+    let candidates: Vec<ProviderId> = options
+        .providers
+        .iter()
+        .copied()
+        .filter(|p| offered.contains(p) && (*p != ProviderId::Shm || same_host))
+        .collect();
+    if candidates.is_empty() {
+        return Err(FallbackReason::NoCommonProvider);
+    }
+    candidates
+        .into_iter()
+        .find_map(|p| devices::setup(p, tcp, options).ok().map(|setup| (p, setup)))
+        .ok_or(FallbackReason::NoDevice)
 }
 
 fn plain(tcp: &TcpStream, prefix: Vec<u8>) -> io::Result<Negotiated> {

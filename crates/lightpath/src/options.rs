@@ -5,8 +5,11 @@ use std::time::Duration;
 use lightpath_soft::ProgressMode;
 use lightpath_stream::negotiate::ProviderId;
 
-/// How a connection is set up and sized. `Options::default()` reads `LIGHTPATH_PROVIDERS`
-/// (a comma-separated list such as `soft` or `tcp`; `tcp` alone turns RDMA off).
+/// How a connection is set up and sized. `Options::default()` offers shm (chosen only between
+/// processes of one host and network namespace), then ibverbs (chosen when an RDMA device has
+/// a RoCE v2 GID for the connection's local address), then soft; the environment variable
+/// `LIGHTPATH_PROVIDERS` overrides that list (comma-separated, best first, such as `shm,soft`
+/// or `soft`; `tcp` alone turns RDMA off).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
     /// RDMA providers to offer or accept, best first; empty means TCP only.
@@ -34,7 +37,9 @@ pub struct Options {
     pub spin: Duration,
     /// Progress mode of the soft device the first connection opens.
     pub soft_progress: ProgressMode,
-    /// UDP port of the soft device (both sides must use the same; default 4791).
+    /// UDP port the soft device takes if it is free (default 4791, where hardware and rxe
+    /// peers send); otherwise it takes a port the kernel picks, which Lightpath peers learn
+    /// in the negotiation.
     pub soft_udp_port: u16,
     /// Start with corking off (see [`crate::Stream::set_nodelay`]).
     pub nodelay: bool,
@@ -45,6 +50,9 @@ pub struct Options {
     /// Test hook: offer this protocol version range instead of the real one.
     #[doc(hidden)]
     pub fault_versions: Option<(u8, u8)>,
+    /// Test hook: a client that claims to run on another host (so shm is never chosen).
+    #[doc(hidden)]
+    pub fault_other_host: bool,
 }
 
 /// Parses a provider list as `LIGHTPATH_PROVIDERS` spells it.
@@ -67,7 +75,7 @@ impl Default for Options {
         let providers = std::env::var("LIGHTPATH_PROVIDERS")
             .ok()
             .and_then(|text| parse_providers(&text).ok())
-            .unwrap_or_else(|| vec![ProviderId::Soft]);
+            .unwrap_or_else(|| vec![ProviderId::Shm, ProviderId::Ibverbs, ProviderId::Soft]);
         Self {
             providers,
             ring_size: 256 << 10,
@@ -83,6 +91,7 @@ impl Default for Options {
             nodelay: true,
             fault_blackhole_rdma: false,
             fault_versions: None,
+            fault_other_host: false,
         }
     }
 }

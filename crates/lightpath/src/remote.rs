@@ -2,61 +2,128 @@
 //! place, that the peer can RDMA-read or RDMA-write directly, with an optional notification
 //! (a write with immediate) that arrives after the written bytes.
 
-use lightpath_soft::SoftMr;
 use lightpath_verbs::MemoryRegion;
 
 use std::io;
 
-/// A buffer registered with a stream's RDMA device (`Stream::register_buf`).
+/// A memory region a [`RegisteredBuf`] can wrap: any provider's, with in-place access where
+/// the provider allows it.
+pub(crate) trait BufRegion: MemoryRegion {
+    /// Runs `f` on the bytes. The soft provider lends its memory in place; providers whose
+    /// memory a peer process maps (shm) or a NIC writes by DMA (ibverbs) never hand out a Rust
+    /// reference to it, so they copy out (and, for `with_bytes_mut`, back in).
+    fn with_bytes_dyn(&self, f: &mut dyn FnMut(&[u8]));
+    /// Mutable form of [`BufRegion::with_bytes_dyn`].
+    fn with_bytes_mut_dyn(&self, f: &mut dyn FnMut(&mut [u8]));
+}
+
+impl BufRegion for lightpath_soft::SoftMr {
+    fn with_bytes_dyn(&self, f: &mut dyn FnMut(&[u8])) {
+        self.with_bytes(f)
+    }
+    fn with_bytes_mut_dyn(&self, f: &mut dyn FnMut(&mut [u8])) {
+        self.with_bytes_mut(f)
+    }
+}
+
+/// Copy-out/copy-in access for providers that never lend their memory.
+macro_rules! copying_buf_region {
+    ($mr:ty) => {
+        impl BufRegion for $mr {
+            fn with_bytes_dyn(&self, f: &mut dyn FnMut(&[u8])) {
+                let mut bytes = vec![0u8; self.len()];
+                // Reading the whole region from offset 0 is always in bounds.
+                let _ = self.read(0, &mut bytes);
+                f(&bytes)
+            }
+            fn with_bytes_mut_dyn(&self, f: &mut dyn FnMut(&mut [u8])) {
+                let mut bytes = vec![0u8; self.len()];
+                let _ = self.read(0, &mut bytes);
+                f(&mut bytes);
+                let _ = self.write(0, &bytes);
+            }
+        }
+    };
+}
+copying_buf_region!(lightpath_shm::ShmMr);
+copying_buf_region!(lightpath_ibverbs::IbvMr);
+
+/// A buffer registered with a stream's RDMA device (`Stream::register_buf`), usable with
+/// that stream only.
 ///
-/// Its bytes are reached through copying accessors or, without copying, inside
-/// [`RegisteredBuf::with_bytes`] / [`RegisteredBuf::with_bytes_mut`] (the device cannot touch
-/// the buffer while the closure runs, so keep it short). A peer that was given
+/// Its bytes are reached through copying accessors or inside [`RegisteredBuf::with_bytes`] /
+/// [`RegisteredBuf::with_bytes_mut`] (in place on the soft provider, where the device cannot
+/// touch the buffer while the closure runs, so keep it short; through a copy on shm and
+/// ibverbs, whose memory a peer or NIC may change at any moment). A peer that was given
 /// [`RegisteredBuf::remote`] may read and write it at any time, as a NIC would by DMA.
 pub struct RegisteredBuf {
-    pub(crate) mr: SoftMr,
+    region: Box<dyn BufRegion>,
+    /// The connection it was registered for.
+    owner: u64,
 }
 
 impl std::fmt::Debug for RegisteredBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisteredBuf").field("len", &self.mr.len()).field("remote", &self.remote()).finish()
+        f.debug_struct("RegisteredBuf").field("len", &self.len()).field("remote", &self.remote()).finish()
     }
 }
 
 impl RegisteredBuf {
+    pub(crate) fn new(region: Box<dyn BufRegion>, owner: u64) -> Self {
+        Self { region, owner }
+    }
+
+    /// The region, if the buffer belongs to connection `id` (another connection's keys would
+    /// fail on this one's queue pair and break it).
+    pub(crate) fn region_for(&self, id: u64) -> io::Result<&dyn BufRegion> {
+        if self.owner != id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "lightpath: this buffer was registered with another stream",
+            ));
+        }
+        Ok(&*self.region)
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mr.len()
+        self.region.len()
     }
 
     /// Whether the buffer has no bytes.
     pub fn is_empty(&self) -> bool {
-        self.mr.is_empty()
+        self.region.len() == 0
     }
 
     /// Copies `src` into the buffer at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> io::Result<()> {
-        self.mr.write(offset, src).map_err(crate::error::from_verbs)
+        self.region.write(offset, src).map_err(crate::error::from_verbs)
     }
 
     /// Copies bytes at `offset` out of the buffer.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> io::Result<()> {
-        self.mr.read(offset, dst).map_err(crate::error::from_verbs)
+        self.region.read(offset, dst).map_err(crate::error::from_verbs)
     }
 
-    /// Runs `f` on the bytes in place (no copy).
+    /// Runs `f` on the bytes (in place on the soft provider, see the type's docs).
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.mr.with_bytes(f)
+        let mut f = Some(f);
+        let mut out = None;
+        self.region.with_bytes_dyn(&mut |bytes| out = f.take().map(|f| f(bytes)));
+        out.expect("the provider runs the closure exactly once")
     }
 
-    /// Runs `f` on the bytes in place, mutably (no copy).
+    /// Runs `f` on the bytes mutably (in place on the soft provider, see the type's docs).
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        self.mr.with_bytes_mut(f)
+        let mut f = Some(f);
+        let mut out = None;
+        self.region.with_bytes_mut_dyn(&mut |bytes| out = f.take().map(|f| f(bytes)));
+        out.expect("the provider runs the closure exactly once")
     }
 
     /// What the peer needs to read or write this buffer.
     pub fn remote(&self) -> RemoteBuf {
-        RemoteBuf { addr: self.mr.addr(), len: self.mr.len() as u64, rkey: self.mr.rkey() }
+        RemoteBuf { addr: self.region.addr(), len: self.region.len() as u64, rkey: self.region.rkey() }
     }
 }
 

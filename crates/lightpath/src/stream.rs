@@ -4,12 +4,11 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use lightpath_soft::SoftDevice;
 use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 
 use crate::negotiate::{self, Negotiated};
 use crate::options::Options;
-use crate::rdma::{Deadline, RdmaConn};
+use crate::rdma::{Deadline, RdmaStream};
 use crate::tcp::TcpConn;
 
 /// Which transport carries a stream's data.
@@ -41,7 +40,7 @@ impl std::fmt::Display for Transport {
 }
 
 pub(crate) enum Backend {
-    Soft(Box<RdmaConn<SoftDevice>>),
+    Rdma(Box<dyn RdmaStream>),
     Tcp(TcpConn),
     /// Only while the stream is being dropped.
     Closed,
@@ -104,13 +103,13 @@ impl Stream {
 
     pub(crate) fn from_negotiated(negotiated: Negotiated) -> io::Result<Stream> {
         let (backend, transport) = match negotiated {
-            Negotiated::Soft(conn) => (Backend::Soft(conn), Transport::Rdma(ProviderId::Soft)),
+            Negotiated::Rdma { conn, provider } => (Backend::Rdma(conn), Transport::Rdma(provider)),
             Negotiated::Tcp { tcp, framed, prefix, transport } => {
                 (Backend::Tcp(TcpConn::new(tcp, framed, prefix)), transport)
             }
         };
         let tcp = match &backend {
-            Backend::Soft(conn) => conn.tcp(),
+            Backend::Rdma(conn) => conn.tcp(),
             Backend::Tcp(conn) => conn.tcp(),
             Backend::Closed => return Err(closed()),
         };
@@ -206,7 +205,7 @@ impl Stream {
     /// `flush` before going idle). Over TCP this is `TCP_NODELAY`.
     pub fn set_nodelay(&mut self, nodelay: bool) -> io::Result<()> {
         match &mut self.backend {
-            Backend::Soft(conn) => {
+            Backend::Rdma(conn) => {
                 conn.set_cork(!nodelay);
                 Ok(())
             }
@@ -219,7 +218,7 @@ impl Stream {
     /// reads end of stream once it has read everything written before.
     pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         match &mut self.backend {
-            Backend::Soft(conn) => {
+            Backend::Rdma(conn) => {
                 if matches!(how, Shutdown::Read | Shutdown::Both) {
                     conn.shutdown_read();
                 }
@@ -245,7 +244,7 @@ impl Stream {
     pub fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.send_msg(msg, deadline),
+            Backend::Rdma(conn) => conn.send_msg(msg, deadline),
             Backend::Tcp(conn) => conn.send_msg(msg),
             Backend::Closed => Err(closed()),
         }
@@ -255,7 +254,7 @@ impl Stream {
     pub fn recv_msg(&mut self) -> io::Result<Option<Vec<u8>>> {
         let deadline = self.read_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.recv_msg(deadline),
+            Backend::Rdma(conn) => conn.recv_msg(deadline),
             Backend::Tcp(conn) => conn.recv_msg(),
             Backend::Closed => Err(closed()),
         }
@@ -288,7 +287,7 @@ impl Stream {
     pub fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match &self.backend {
-            Backend::Soft(conn) => conn.notify_fd().into_iter().chain([conn.tcp().as_raw_fd()]).collect(),
+            Backend::Rdma(conn) => conn.notify_fd().into_iter().chain([conn.tcp().as_raw_fd()]).collect(),
             Backend::Tcp(conn) => vec![conn.tcp().as_raw_fd()],
             Backend::Closed => Vec::new(),
         }
@@ -297,7 +296,7 @@ impl Stream {
     /// Arms the event fds and reports what the stream can do now.
     pub fn poll_ready(&mut self) -> io::Result<Readiness> {
         match &mut self.backend {
-            Backend::Soft(conn) => {
+            Backend::Rdma(conn) => {
                 conn.take_notify();
                 conn.poll_tcp();
                 conn.arm()?;
@@ -320,7 +319,7 @@ impl Stream {
     /// one-sided transfers. RDMA streams only (`Unsupported` over TCP).
     pub fn register_buf(&self, len: usize) -> io::Result<crate::RegisteredBuf> {
         match &self.backend {
-            Backend::Soft(conn) => Ok(crate::RegisteredBuf { mr: conn.register(len)? }),
+            Backend::Rdma(conn) => conn.register(len),
             _ => Err(rdma_only()),
         }
     }
@@ -340,8 +339,8 @@ impl Stream {
     ) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => {
-                conn.write_remote(&local.mr, local_offset, remote, remote_offset, len, notify, deadline)
+            Backend::Rdma(conn) => {
+                conn.write_remote(local, local_offset, remote, remote_offset, len, notify, deadline)
             }
             _ => Err(rdma_only()),
         }
@@ -359,8 +358,8 @@ impl Stream {
     ) -> io::Result<()> {
         let deadline = self.read_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => {
-                conn.read_remote(&local.mr, local_offset, remote, remote_offset, len, deadline)
+            Backend::Rdma(conn) => {
+                conn.read_remote(local, local_offset, remote, remote_offset, len, deadline)
             }
             _ => Err(rdma_only()),
         }
@@ -374,7 +373,7 @@ impl Stream {
     pub fn write_buf(&mut self, local: &crate::RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.write_buf(&local.mr, offset, len, deadline),
+            Backend::Rdma(conn) => conn.write_buf(local, offset, len, deadline),
             _ => Err(rdma_only()),
         }
     }
@@ -383,7 +382,7 @@ impl Stream {
     pub fn recv_notify(&mut self) -> io::Result<u32> {
         let deadline = self.read_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.recv_notify(deadline),
+            Backend::Rdma(conn) => conn.recv_notify(deadline),
             _ => Err(rdma_only()),
         }
     }
@@ -393,7 +392,7 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = self.read_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.read(buf, deadline),
+            Backend::Rdma(conn) => conn.read(buf, deadline),
             Backend::Tcp(conn) => conn.read(buf),
             Backend::Closed => Err(closed()),
         }
@@ -404,7 +403,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let deadline = self.write_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.write(buf, deadline),
+            Backend::Rdma(conn) => conn.write(buf, deadline),
             Backend::Tcp(conn) => conn.write(buf),
             Backend::Closed => Err(closed()),
         }
@@ -415,7 +414,7 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
-            Backend::Soft(conn) => conn.flush(deadline),
+            Backend::Rdma(conn) => conn.flush(deadline),
             Backend::Tcp(conn) => conn.flush(),
             Backend::Closed => Err(closed()),
         }
@@ -425,11 +424,11 @@ impl Write for Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.backend, Backend::Closed) {
-            Backend::Soft(mut conn) => {
+            Backend::Rdma(mut conn) => {
                 conn.close();
                 if conn.closed_cleanly() {
                     let linger = conn.linger();
-                    crate::reaper::park(conn, linger);
+                    crate::reaper::park(conn.into_parked(), linger);
                 }
             }
             Backend::Tcp(mut conn) => conn.close(),

@@ -75,7 +75,7 @@ impl Stream {
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         inner.set_nonblocking(true)?;
         let (cq_fd, tcp) = match inner.backend_mut() {
-            Backend::Soft(conn) => (conn.notify_fd(), conn.tcp().try_clone()?),
+            Backend::Rdma(conn) => (conn.notify_fd(), conn.tcp().try_clone()?),
             Backend::Tcp(conn) => (None, conn.tcp().try_clone()?),
             Backend::Closed => return Err(io::ErrorKind::NotConnected.into()),
         };
@@ -142,7 +142,7 @@ impl Stream {
     /// Ready when the stream may have made progress (so the caller tries again).
     fn poll_ready(&mut self, cx: &mut Context<'_>, wait: &Wait) -> Poll<io::Result<()>> {
         match self.inner.backend_mut() {
-            Backend::Soft(conn) => {
+            Backend::Rdma(conn) => {
                 if !conn.arm()? {
                     return Poll::Ready(Ok(()));
                 }

@@ -26,11 +26,23 @@ fn quick() -> Options {
     }
 }
 
+/// The options a child process was told to use (`LIGHTPATH_TEST_CHILD_PROVIDER`, default soft).
+fn child_options() -> Options {
+    match std::env::var("LIGHTPATH_TEST_CHILD_PROVIDER").as_deref() {
+        Ok("shm") => Options::default().with_providers(&[ProviderId::Shm]),
+        _ => soft(),
+    }
+}
+
+fn provider_options(provider: ProviderId) -> Options {
+    Options::default().with_providers(&[provider])
+}
+
 /// Child-process side of `peer_killed_mid_transfer`: connects, writes forever.
 #[test]
 fn child_writer() {
     let Ok(addr) = std::env::var("LIGHTPATH_TEST_CHILD_ADDR") else { return };
-    let mut stream = Stream::connect_with(addr.as_str(), &soft()).expect("child connect");
+    let mut stream = Stream::connect_with(addr.as_str(), &child_options()).expect("child connect");
     println!("transport {}", stream.transport());
     let chunk = pattern(1 << 16, 1);
     loop {
@@ -45,7 +57,7 @@ fn child_writer() {
 #[test]
 fn child_flusher() {
     let Ok(addr) = std::env::var("LIGHTPATH_TEST_FLUSH_ADDR") else { return };
-    let mut stream = Stream::connect_with(addr.as_str(), &soft()).expect("child connect");
+    let mut stream = Stream::connect_with(addr.as_str(), &child_options()).expect("child connect");
     stream.write_all(&pattern(200_000, 42)).unwrap();
     stream.flush().unwrap();
     println!("flushed");
@@ -54,17 +66,27 @@ fn child_flusher() {
 }
 
 #[test]
-fn flushed_bytes_survive_a_killed_writer() {
-    let listener = listener(soft());
+fn flushed_bytes_survive_a_killed_writer_over_soft() {
+    flushed_bytes_survive_a_killed_writer(ProviderId::Soft);
+}
+
+#[test]
+fn flushed_bytes_survive_a_killed_writer_over_shm() {
+    flushed_bytes_survive_a_killed_writer(ProviderId::Shm);
+}
+
+fn flushed_bytes_survive_a_killed_writer(provider: ProviderId) {
+    let listener = listener(provider_options(provider));
     let addr = listener.local_addr().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("LIGHTPATH_TEST_CHILD_PROVIDER", provider.name())
         .args(["--exact", "child_flusher", "--nocapture", "--test-threads=1"])
         .env("LIGHTPATH_TEST_FLUSH_ADDR", addr.to_string())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let (mut stream, _) = listener.accept_timeout(Duration::from_secs(20)).expect("child connected");
-    assert!(stream.transport().is_rdma());
+    assert_eq!(stream.transport(), Transport::Rdma(provider));
     // Wait until the child's flush returned, without reading the stream yet.
     let mut out = child.stdout.take().unwrap();
     let mut seen = Vec::new();
@@ -119,17 +141,27 @@ fn timeouts_and_nonblocking_mode() {
 }
 
 #[test]
-fn peer_killed_mid_transfer() {
-    let listener = listener(soft());
+fn peer_killed_mid_transfer_over_soft() {
+    peer_killed_mid_transfer(ProviderId::Soft);
+}
+
+#[test]
+fn peer_killed_mid_transfer_over_shm() {
+    peer_killed_mid_transfer(ProviderId::Shm);
+}
+
+fn peer_killed_mid_transfer(provider: ProviderId) {
+    let listener = listener(provider_options(provider));
     let addr = listener.local_addr().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("LIGHTPATH_TEST_CHILD_PROVIDER", provider.name())
         .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
         .env("LIGHTPATH_TEST_CHILD_ADDR", addr.to_string())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let (mut stream, _) = listener.accept_timeout(Duration::from_secs(20)).expect("child connected");
-    assert!(stream.transport().is_rdma(), "{}", stream.transport());
+    assert_eq!(stream.transport(), Transport::Rdma(provider));
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0usize;
     while total < 4 << 20 {
@@ -386,5 +418,62 @@ fn fuzzed_server_answers_end_in_errors() {
             // as far as falling back to TCP.
             assert!(!stream.transport().is_rdma(), "case {case}");
         }
+    }
+}
+
+/// Child-process side of `processes_share_an_address_over_soft`: echoes one connection.
+#[test]
+fn child_echo_server() {
+    let Ok(port_file) = std::env::var("LIGHTPATH_TEST_ECHO_PORT_FILE") else { return };
+    let listener = listener(soft());
+    std::fs::write(&port_file, listener.local_addr().unwrap().port().to_string()).unwrap();
+    let (mut stream, _) = listener.accept_timeout(Duration::from_secs(30)).expect("accept");
+    assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Soft));
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = stream.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        stream.write_all(&buf[..n]).unwrap();
+    }
+}
+
+#[test]
+fn processes_share_an_address_over_soft() {
+    // Two echo servers in two processes and this one: three soft devices on 127.0.0.1, so at
+    // most one holds the RoCE v2 port and the others use ports of their own.
+    let dir = std::env::temp_dir();
+    let mut children = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..2 {
+        let port_file = dir.join(format!("lightpath-share-{}-{i}", std::process::id()));
+        let _ = std::fs::remove_file(&port_file);
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_echo_server", "--nocapture", "--test-threads=1"])
+            .env("LIGHTPATH_TEST_ECHO_PORT_FILE", &port_file)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        children.push(child);
+        let started = Instant::now();
+        let port = loop {
+            if let Some(port) = std::fs::read_to_string(&port_file).ok().and_then(|t| t.parse::<u16>().ok()) {
+                break port;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "child {i} did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let _ = std::fs::remove_file(&port_file);
+        ports.push(port);
+    }
+    for (i, port) in ports.into_iter().enumerate() {
+        let stream = Stream::connect_with(("127.0.0.1", port), &soft()).unwrap();
+        assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Soft), "server {i}");
+        let data = pattern(300_000, i as u32);
+        assert_eq!(checksum(&echo(stream, data.clone())), checksum(&data));
+    }
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
     }
 }

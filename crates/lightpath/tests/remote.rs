@@ -7,11 +7,20 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 
 use common::{listener, pattern};
-use lightpath::{Options, ProviderId, RemoteBuf, Stream};
+use lightpath::{Options, ProviderId, RemoteBuf, Stream, Transport};
 
 #[test]
-fn write_with_notify_then_read_back() {
-    let options = Options::default().with_providers(&[ProviderId::Soft]);
+fn write_with_notify_then_read_back_over_soft() {
+    write_with_notify_then_read_back(ProviderId::Soft);
+}
+
+#[test]
+fn write_with_notify_then_read_back_over_shm() {
+    write_with_notify_then_read_back(ProviderId::Shm);
+}
+
+fn write_with_notify_then_read_back(provider: ProviderId) {
+    let options = Options::default().with_providers(&[provider]);
     let listener = listener(options.clone());
     let addr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
@@ -28,6 +37,7 @@ fn write_with_notify_then_read_back() {
         assert_eq!(stream.recv_msg().unwrap().as_deref(), Some(&b"done"[..]));
     });
     let mut stream = Stream::connect_with(addr, &options).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(provider));
     let remote = RemoteBuf::from_bytes(&stream.recv_msg().unwrap().unwrap()).unwrap();
     assert_eq!(remote.len, 1 << 20);
     let local = stream.register_buf(1 << 20).unwrap();
@@ -50,8 +60,17 @@ fn write_with_notify_then_read_back() {
 }
 
 #[test]
-fn zero_copy_writes_keep_stream_order() {
-    let options = Options::default().with_providers(&[ProviderId::Soft]);
+fn zero_copy_writes_keep_stream_order_over_soft() {
+    zero_copy_writes_keep_stream_order(ProviderId::Soft);
+}
+
+#[test]
+fn zero_copy_writes_keep_stream_order_over_shm() {
+    zero_copy_writes_keep_stream_order(ProviderId::Shm);
+}
+
+fn zero_copy_writes_keep_stream_order(provider: ProviderId) {
+    let options = Options::default().with_providers(&[provider]);
     let listener = listener(options.clone());
     let addr = listener.local_addr().unwrap();
     let total = 4 + 1_500_000 + 4 + 300_000 + 4;
@@ -63,6 +82,7 @@ fn zero_copy_writes_keep_stream_order() {
         got
     });
     let mut stream = Stream::connect_with(addr, &options).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(provider));
     let big = pattern(1_500_000, 5);
     let small = pattern(300_000, 6);
     let buf = stream.register_buf(2_000_000).unwrap();
@@ -94,4 +114,37 @@ fn tcp_streams_refuse_remote_buffers() {
     assert_eq!(stream.register_buf(64).unwrap_err().kind(), ErrorKind::Unsupported);
     assert_eq!(stream.recv_notify().unwrap_err().kind(), ErrorKind::Unsupported);
     server.join().unwrap().unwrap();
+}
+
+#[test]
+fn buffers_of_another_stream_are_refused() {
+    let options = Options::default().with_providers(&[ProviderId::Soft]);
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut streams = Vec::new();
+        for _ in 0..2 {
+            let (mut stream, _) = listener.accept().unwrap();
+            let exposed = stream.register_buf(4096).unwrap();
+            stream.send_msg(&exposed.remote().to_bytes()).unwrap();
+            streams.push((stream, exposed));
+        }
+        for (stream, _) in &mut streams {
+            assert_eq!(stream.recv_msg().unwrap(), None);
+        }
+    });
+    let mut first = Stream::connect_with(addr, &options).unwrap();
+    let mut second = Stream::connect_with(addr, &options).unwrap();
+    let remote = RemoteBuf::from_bytes(&first.recv_msg().unwrap().unwrap()).unwrap();
+    let _ = second.recv_msg().unwrap().unwrap();
+    let foreign = second.register_buf(4096).unwrap();
+    let err = first.write_remote(&foreign, 0, &remote, 0, 8, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert_eq!(first.write_buf(&foreign, 0, 8).unwrap_err().kind(), ErrorKind::InvalidInput);
+    // The refused calls broke nothing: the stream still works.
+    let own = first.register_buf(4096).unwrap();
+    own.write(0, b"12345678").unwrap();
+    first.write_remote(&own, 0, &remote, 0, 8, None).unwrap();
+    drop((first, second));
+    server.join().unwrap();
 }

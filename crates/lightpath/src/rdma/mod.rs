@@ -25,10 +25,12 @@ use lightpath_verbs::{
 use crate::error::{from_verbs, invalid, reset};
 use crate::options::Options;
 
+mod dynamic;
 mod one_sided;
 mod setup;
 mod stream_ops;
 
+pub(crate) use dynamic::{PendingSetup, RdmaStream};
 pub(crate) use setup::RdmaSetup;
 
 /// Bytes before the ring in the receive region (the credit slot, padded to a cache line).
@@ -57,6 +59,8 @@ impl Deadline {
 
 /// A connected RDMA stream. Field order is drop order: the queue pair goes first.
 pub(crate) struct RdmaConn<D: Device> {
+    /// Unique in the process: which connection a [`crate::RegisteredBuf`] belongs to.
+    id: u64,
     core: Conn,
     qp: QpOf<D>,
     recv_mr: MrOf<D>,

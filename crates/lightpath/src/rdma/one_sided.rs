@@ -2,6 +2,7 @@
 //! RDMA READ, each waited for until it completes.
 
 use super::*;
+use crate::remote::BufRegion;
 
 impl<D: Device> RdmaConn<D> {
     /// Waits until the signaled request `seq` completes.
@@ -28,7 +29,7 @@ impl<D: Device> RdmaConn<D> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_remote(
         &mut self,
-        local: &MrOf<D>,
+        local: &dyn BufRegion,
         local_offset: usize,
         remote: &crate::RemoteBuf,
         remote_offset: u64,
@@ -76,7 +77,7 @@ impl<D: Device> RdmaConn<D> {
     /// `local_offset` (one-sided RDMA READ); returns once they have arrived.
     pub(crate) fn read_remote(
         &mut self,
-        local: &MrOf<D>,
+        local: &dyn BufRegion,
         local_offset: usize,
         remote: &crate::RemoteBuf,
         remote_offset: u64,
@@ -133,7 +134,7 @@ impl<D: Device> RdmaConn<D> {
     /// peer has acknowledged them and the buffer may be reused.
     pub(crate) fn write_buf(
         &mut self,
-        local: &MrOf<D>,
+        local: &dyn BufRegion,
         local_offset: usize,
         len: usize,
         deadline: Deadline,

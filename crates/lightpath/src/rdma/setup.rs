@@ -65,14 +65,11 @@ impl<D: Device> RdmaSetup<D> {
     /// Connects the queue pair to `peer`, allocates the staging mirror and posts the initial
     /// receives. The result may receive at once; it sends only after the caller says so.
     pub(crate) fn connect(self, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<RdmaConn<D>> {
-        if peer.udp_port != 0 && self.udp_port != 0 && peer.udp_port != self.udp_port {
-            return Err(io::Error::other(format!(
-                "the peer's soft device is on UDP port {}, this side's on {}; both must use the same",
-                peer.udp_port, self.udp_port
-            )));
-        }
         let mtu = Mtu::from_bytes(u32::from(peer.mtu)).unwrap_or(Mtu::Mtu1024).min(self.mtu);
-        let av = AddressVector::new(Gid(peer.gid), self.qp.endpoint().gid_index);
+        let mut av = AddressVector::new(Gid(peer.gid), self.qp.endpoint().gid_index);
+        // Soft devices of several processes share an address on different UDP ports; a peer
+        // without one (hardware) listens on the RoCE v2 port.
+        av.udp_dport = if peer.udp_port == 0 { lightpath_soft::ROCE_PORT } else { peer.udp_port };
         self.qp.modify(&QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn)).map_err(from_verbs)?;
         let mut rts = QpAttr::to_rts(self.psn);
         // 268 ms ACK timeout, 7 retries: about 2 s before a silent path is declared dead, so a
@@ -95,7 +92,9 @@ impl<D: Device> RdmaSetup<D> {
             cork_depth: if self.options.nodelay { 0 } else { 2 },
         };
         config.validate().map_err(invalid)?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(RdmaConn {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             core: Conn::new(config),
             qp: self.qp,
             recv_mr: self.recv_mr,
@@ -146,7 +145,10 @@ impl<D: Device> RdmaConn<D> {
                     return if wc.status.is_success() {
                         Ok(())
                     } else {
-                        Err(io::Error::other(format!("the RDMA probe failed: {}", wc.status)))
+                        Err(io::Error::other(format!(
+                            "the RDMA probe failed: {} (vendor error {:#x})",
+                            wc.status, wc.vendor_err
+                        )))
                     };
                 }
             }

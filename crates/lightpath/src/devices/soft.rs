@@ -1,11 +1,12 @@
 //! The soft devices of this process: one per local address, shared by every connection.
 //!
-//! A soft device is one UDP socket, and every soft peer sends to the same UDP port, so two
-//! processes on one host cannot both hold `ip:4791`. Connections between processes of the
-//! same host (loopback, or a host talking to its own address) therefore use a device on a
-//! loopback address picked for this process in 127.100.0.0 – 127.199.255.255 (every 127/8
-//! address is loopback on Linux); connections to other hosts use the local address of the
-//! TCP connection.
+//! A soft device is one UDP socket. It takes the RoCE v2 port (4791, or
+//! `Options::soft_udp_port`) when that is free, so hardware and rxe peers can reach it; when
+//! another process already holds it, the device takes a port the kernel picks and advertises
+//! it in its endpoint: Lightpath peers send to each queue pair's advertised port, so any
+//! number of processes share an address. Connections between processes of the same host
+//! (loopback, or a host talking to its own address) use a device on 127.0.0.1; connections
+//! to other hosts use the local address of the TCP connection.
 
 use std::collections::HashMap;
 use std::io;
@@ -16,6 +17,7 @@ use lightpath_soft::{SoftConfig, SoftDevice};
 use lightpath_verbs::Mtu;
 
 use crate::options::Options;
+use crate::rdma::{PendingSetup, RdmaSetup};
 
 /// Where a device is needed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,12 +58,27 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options) -> io::Result<SoftDe
     if let Some(device) = devices.get(&key) {
         return Ok(device.clone());
     }
-    let device = match key {
-        DeviceKey::Loopback => open_loopback(options)?,
-        DeviceKey::Local(ip) => open(SocketAddr::new(ip, options.soft_udp_port), key.mtu(), options)?,
+    let ip = match key {
+        DeviceKey::Loopback => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        DeviceKey::Local(ip) => ip,
+    };
+    let device = match open(SocketAddr::new(ip, options.soft_udp_port), key.mtu(), options) {
+        Err(err) if err.kind() == io::ErrorKind::AddrInUse => {
+            open(SocketAddr::new(ip, 0), key.mtu(), options)?
+        }
+        other => other?,
     };
     devices.insert(key, device.clone());
     Ok(device)
+}
+
+/// This side's verbs objects for the connection `tcp`.
+pub(crate) fn setup(tcp: &std::net::TcpStream, options: &Options) -> io::Result<Box<dyn PendingSetup>> {
+    let key = DeviceKey::for_connection(tcp.local_addr()?, tcp.peer_addr()?);
+    let device = device_for(key, options)?;
+    let port = device.local_addr().port();
+    let mtu = device.config().mtu.min(Mtu::Mtu4096);
+    Ok(Box::new(RdmaSetup::new(device, port, mtu, options)?))
 }
 
 fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice> {
@@ -70,22 +87,6 @@ fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice>
     config.mode = options.soft_progress;
     config.lock_memory = false;
     SoftDevice::open(config).map_err(crate::error::from_verbs)
-}
-
-fn open_loopback(options: &Options) -> io::Result<SoftDevice> {
-    let mut seed = std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
-    let mut last_error = None;
-    for _ in 0..32 {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let bits = (seed >> 32) as u32;
-        let ip = Ipv4Addr::new(127, 100 + (bits % 100) as u8, (bits >> 8) as u8, ((bits >> 16) as u8).max(1));
-        match open(SocketAddr::new(IpAddr::V4(ip), options.soft_udp_port), Mtu::Mtu4096, options) {
-            Ok(device) => return Ok(device),
-            Err(err) if err.kind() == io::ErrorKind::AddrInUse => last_error = Some(err),
-            Err(err) => return Err(err),
-        }
-    }
-    Err(last_error.unwrap_or_else(|| io::Error::other("no free loopback address for a soft device")))
 }
 
 #[cfg(test)]

@@ -1,0 +1,59 @@
+//! The libibverbs devices of this process, one per local IP address: the device whose port
+//! has a RoCE v2 GID equal to the address the TCP connection runs from, sending from that GID.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, TcpStream};
+use std::sync::{Mutex, OnceLock};
+
+use lightpath_ibverbs::gid::GidKind;
+use lightpath_ibverbs::{IbvConfig, IbvDevice, IbvProvider};
+use lightpath_verbs::{Device, Gid, Provider};
+
+use crate::options::Options;
+use crate::rdma::{PendingSetup, RdmaSetup};
+
+/// Devices by local address; `None` caches "no device has this address".
+fn registry() -> &'static Mutex<HashMap<IpAddr, Option<IbvDevice>>> {
+    static DEVICES: OnceLock<Mutex<HashMap<IpAddr, Option<IbvDevice>>>> = OnceLock::new();
+    DEVICES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Finds and opens the device with a RoCE v2 (or InfiniBand) GID for `ip` on port 1.
+fn open_for(ip: IpAddr) -> Option<IbvDevice> {
+    IbvProvider::load().ok()?;
+    let wanted = Gid::from_ip(ip);
+    let provider = IbvProvider::default();
+    for name in provider.devices().ok()? {
+        let Ok(device) = provider.open(&name) else { continue };
+        let Ok(entries) = device.gid_entries(1) else { continue };
+        let found =
+            entries.iter().find(|e| e.gid == wanted && matches!(e.kind, GidKind::RoceV2 | GidKind::Ib));
+        if let Some(entry) = found {
+            let config = IbvConfig { port: Some(1), gid_index: Some(entry.index) };
+            return IbvProvider::with_config(config).open(&name).ok();
+        }
+    }
+    None
+}
+
+fn device_for(ip: IpAddr) -> Option<IbvDevice> {
+    let ip = ip.to_canonical();
+    let mut devices = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    devices.entry(ip).or_insert_with(|| open_for(ip)).clone()
+}
+
+/// Whether an RDMA device serves `ip`.
+pub(crate) fn available_for(ip: IpAddr) -> bool {
+    device_for(ip).is_some()
+}
+
+/// This side's verbs objects for a connection from the local address of `tcp`.
+pub(crate) fn setup(tcp: &TcpStream, options: &Options) -> io::Result<Box<dyn PendingSetup>> {
+    let local = tcp.local_addr()?.ip();
+    let device = device_for(local).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("no RDMA device has a RoCE v2 GID for {local}"))
+    })?;
+    let mtu = device.query_port(1).map_err(crate::error::from_verbs)?.active_mtu;
+    Ok(Box::new(RdmaSetup::new(device, 0, mtu, options)?))
+}

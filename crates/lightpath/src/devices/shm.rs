@@ -1,0 +1,46 @@
+//! The shm device of this process: one for every same-host connection.
+//!
+//! Stream connections move their data with RDMA WRITEs straight into the peer's receive ring
+//! (the shm requester copies into the peer's mapped region), so the queue pairs' own rings
+//! only carry completion notices: a small ring keeps a thousand connections cheap.
+
+use std::io;
+use std::sync::{Mutex, OnceLock};
+
+use lightpath_shm::{ShmConfig, ShmDevice};
+use lightpath_verbs::Mtu;
+
+use crate::options::Options;
+use crate::rdma::{PendingSetup, RdmaSetup};
+
+/// Bytes of each stream queue pair's notice ring.
+const NOTICE_RING: usize = 64 << 10;
+
+fn device() -> io::Result<ShmDevice> {
+    static DEVICE: OnceLock<Mutex<Option<ShmDevice>>> = OnceLock::new();
+    let mut slot = DEVICE.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(device) = slot.as_ref() {
+        return Ok(device.clone());
+    }
+    let config = ShmConfig {
+        name: Some("shm-stream".into()),
+        ring_bytes: NOTICE_RING,
+        max_fragment: 8 << 10,
+        ..ShmConfig::default()
+    };
+    let device = ShmDevice::open(config).map_err(crate::error::from_verbs)?;
+    *slot = Some(device.clone());
+    Ok(device)
+}
+
+/// This side's verbs objects for a same-host connection.
+pub(crate) fn setup(options: &Options) -> io::Result<Box<dyn PendingSetup>> {
+    Ok(Box::new(RdmaSetup::new(device()?, 0, Mtu::Mtu4096, options)?))
+}
+
+/// The 16-byte identity of this host and namespace, as the client hello carries it (zeros if
+/// it cannot be read, which never matches: shm is then not chosen).
+pub(crate) fn host_id() -> [u8; 16] {
+    static ID: OnceLock<[u8; 16]> = OnceLock::new();
+    *ID.get_or_init(|| lightpath_shm::HostIdentity::current().map(|id| id.to_bytes()).unwrap_or([0; 16]))
+}

@@ -1,0 +1,198 @@
+//! The provider-independent face of an RDMA connection: [`RdmaStream`] is what the
+//! [`crate::Stream`] and the tokio driver call, implemented once for [`RdmaConn`] of every
+//! provider's device, so the rest of the crate never names a provider type. [`PendingSetup`]
+//! does the same for a connection still being negotiated.
+
+use super::*;
+use crate::remote::RegisteredBuf;
+
+/// An established RDMA connection of any provider.
+pub(crate) trait RdmaStream: crate::reaper::Parked {
+    fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize>;
+    fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize>;
+    fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()>;
+    fn recv_msg(&mut self, deadline: Deadline) -> io::Result<Option<Vec<u8>>>;
+    fn flush(&mut self, deadline: Deadline) -> io::Result<()>;
+    fn set_cork(&mut self, cork: bool);
+    fn shutdown_write(&mut self) -> io::Result<()>;
+    fn shutdown_read(&mut self);
+    fn close(&mut self);
+    fn closed_cleanly(&self) -> bool;
+    fn linger(&self) -> Duration;
+    fn tcp(&self) -> &TcpStream;
+    fn arm(&mut self) -> io::Result<bool>;
+    fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
+    fn take_notify(&mut self);
+    fn readable_now(&self) -> bool;
+    fn writable_now(&mut self) -> bool;
+    fn poll_tcp(&mut self);
+    fn probe(&mut self, timeout: Duration) -> io::Result<()>;
+    fn activate(&mut self) -> io::Result<()>;
+    /// Liveness-channel bytes that arrived together with the end of the negotiation.
+    fn take_control_bytes(&mut self, bytes: Vec<u8>);
+    fn register(&self, len: usize) -> io::Result<RegisteredBuf>;
+    #[allow(clippy::too_many_arguments)]
+    fn write_remote(
+        &mut self,
+        local: &RegisteredBuf,
+        local_offset: usize,
+        remote: &crate::RemoteBuf,
+        remote_offset: u64,
+        len: u32,
+        notify: Option<u32>,
+        deadline: Deadline,
+    ) -> io::Result<()>;
+    fn read_remote(
+        &mut self,
+        local: &RegisteredBuf,
+        local_offset: usize,
+        remote: &crate::RemoteBuf,
+        remote_offset: u64,
+        len: u32,
+        deadline: Deadline,
+    ) -> io::Result<()>;
+    fn write_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<()>;
+    fn recv_notify(&mut self, deadline: Deadline) -> io::Result<u32>;
+    /// Hands the connection to the reaper (see [`crate::reaper`]).
+    fn into_parked(self: Box<Self>) -> Box<dyn crate::reaper::Parked>;
+}
+
+impl<D: Device + 'static> RdmaStream for RdmaConn<D>
+where
+    MrOf<D>: crate::remote::BufRegion + 'static,
+{
+    fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize> {
+        RdmaConn::read(self, buf, deadline)
+    }
+    fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize> {
+        RdmaConn::write(self, buf, deadline)
+    }
+    fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()> {
+        RdmaConn::send_msg(self, msg, deadline)
+    }
+    fn recv_msg(&mut self, deadline: Deadline) -> io::Result<Option<Vec<u8>>> {
+        RdmaConn::recv_msg(self, deadline)
+    }
+    fn flush(&mut self, deadline: Deadline) -> io::Result<()> {
+        RdmaConn::flush(self, deadline)
+    }
+    fn set_cork(&mut self, cork: bool) {
+        RdmaConn::set_cork(self, cork)
+    }
+    fn shutdown_write(&mut self) -> io::Result<()> {
+        RdmaConn::shutdown_write(self)
+    }
+    fn shutdown_read(&mut self) {
+        RdmaConn::shutdown_read(self)
+    }
+    fn close(&mut self) {
+        RdmaConn::close(self)
+    }
+    fn closed_cleanly(&self) -> bool {
+        RdmaConn::closed_cleanly(self)
+    }
+    fn linger(&self) -> Duration {
+        RdmaConn::linger(self)
+    }
+    fn tcp(&self) -> &TcpStream {
+        RdmaConn::tcp(self)
+    }
+    fn arm(&mut self) -> io::Result<bool> {
+        RdmaConn::arm(self)
+    }
+    fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
+        RdmaConn::notify_fd(self)
+    }
+    fn take_notify(&mut self) {
+        RdmaConn::take_notify(self)
+    }
+    fn readable_now(&self) -> bool {
+        RdmaConn::readable_now(self)
+    }
+    fn writable_now(&mut self) -> bool {
+        RdmaConn::writable_now(self)
+    }
+    fn poll_tcp(&mut self) {
+        RdmaConn::poll_tcp(self)
+    }
+    fn probe(&mut self, timeout: Duration) -> io::Result<()> {
+        RdmaConn::probe(self, timeout)
+    }
+    fn activate(&mut self) -> io::Result<()> {
+        RdmaConn::activate(self)
+    }
+    fn take_control_bytes(&mut self, bytes: Vec<u8>) {
+        self.control.extend_from_slice(&bytes);
+    }
+    fn register(&self, len: usize) -> io::Result<RegisteredBuf> {
+        let mr = RdmaConn::register(self, len)?;
+        Ok(RegisteredBuf::new(Box::new(mr), self.id))
+    }
+    fn write_remote(
+        &mut self,
+        local: &RegisteredBuf,
+        local_offset: usize,
+        remote: &crate::RemoteBuf,
+        remote_offset: u64,
+        len: u32,
+        notify: Option<u32>,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        let local = local.region_for(self.id)?;
+        RdmaConn::write_remote(self, local, local_offset, remote, remote_offset, len, notify, deadline)
+    }
+    fn read_remote(
+        &mut self,
+        local: &RegisteredBuf,
+        local_offset: usize,
+        remote: &crate::RemoteBuf,
+        remote_offset: u64,
+        len: u32,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        let local = local.region_for(self.id)?;
+        RdmaConn::read_remote(self, local, local_offset, remote, remote_offset, len, deadline)
+    }
+    fn write_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        let local = local.region_for(self.id)?;
+        RdmaConn::write_buf(self, local, offset, len, deadline)
+    }
+    fn recv_notify(&mut self, deadline: Deadline) -> io::Result<u32> {
+        RdmaConn::recv_notify(self, deadline)
+    }
+    fn into_parked(self: Box<Self>) -> Box<dyn crate::reaper::Parked> {
+        self
+    }
+}
+
+/// A connection being negotiated: verbs objects made, the peer's endpoint not yet known.
+pub(crate) trait PendingSetup: Send {
+    /// What the peer needs to reach this side.
+    fn endpoint(&self) -> RdmaEndpoint;
+    /// Connects to the peer (see [`RdmaSetup::connect`]).
+    fn connect(self: Box<Self>, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<Box<dyn RdmaStream>>;
+}
+
+impl<D: Device + 'static> PendingSetup for RdmaSetup<D>
+where
+    MrOf<D>: crate::remote::BufRegion + 'static,
+{
+    fn endpoint(&self) -> RdmaEndpoint {
+        RdmaSetup::endpoint(self)
+    }
+    fn connect(self: Box<Self>, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<Box<dyn RdmaStream>> {
+        Ok(Box::new(RdmaSetup::connect(*self, peer, tcp)?))
+    }
+}

@@ -1,0 +1,142 @@
+//! Streams between processes of one host pick the shm provider on their own, carry bytes and
+//! messages of every size, and step aside for soft (or TCP) when the peer is elsewhere.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use common::{checksum, echo, echo_server, listener, pattern};
+use lightpath::{FallbackReason, Options, ProviderId, Stream, Transport};
+
+/// What a program gets without configuring anything, minus the environment override.
+fn defaults() -> Options {
+    Options::default().with_providers(&[ProviderId::Shm, ProviderId::Ibverbs, ProviderId::Soft])
+}
+
+#[test]
+fn same_host_peers_pick_shm() {
+    let listener = listener(defaults());
+    let addr = listener.local_addr().unwrap();
+    let server = echo_server(listener, 1);
+    let stream = Stream::connect_with(addr, &defaults()).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Shm));
+    let data = pattern(100_000, 3);
+    assert_eq!(checksum(&echo(stream, data.clone())), checksum(&data));
+    assert_eq!(server.join().unwrap(), vec![Transport::Rdma(ProviderId::Shm)]);
+}
+
+#[test]
+fn peers_on_other_hosts_get_soft() {
+    let listener = listener(defaults());
+    let addr = listener.local_addr().unwrap();
+    let server = echo_server(listener, 1);
+    let elsewhere = Options { fault_other_host: true, ..defaults() };
+    let stream = Stream::connect_with(addr, &elsewhere).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Soft));
+    let data = pattern(10_000, 4);
+    assert_eq!(checksum(&echo(stream, data.clone())), checksum(&data));
+    assert_eq!(server.join().unwrap(), vec![Transport::Rdma(ProviderId::Soft)]);
+}
+
+#[test]
+fn shm_only_peers_on_other_hosts_fall_back_to_tcp() {
+    let shm_only = Options::default().with_providers(&[ProviderId::Shm]);
+    let listener = listener(shm_only.clone());
+    let addr = listener.local_addr().unwrap();
+    let server = echo_server(listener, 1);
+    let elsewhere = Options { fault_other_host: true, ..shm_only };
+    let stream = Stream::connect_with(addr, &elsewhere).unwrap();
+    assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::NoCommonProvider));
+    let data = pattern(10_000, 5);
+    assert_eq!(checksum(&echo(stream, data.clone())), checksum(&data));
+    server.join().unwrap();
+}
+
+#[test]
+fn the_server_preference_wins() {
+    // The client would rather have shm; the server only does soft.
+    let listener = listener(Options::default().with_providers(&[ProviderId::Soft]));
+    let addr = listener.local_addr().unwrap();
+    let server = echo_server(listener, 1);
+    let stream = Stream::connect_with(addr, &defaults()).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Soft));
+    drop(stream);
+    server.join().unwrap();
+}
+
+#[test]
+fn echo_sizes_over_shm() {
+    let sizes = [1usize, 7, 4096, 65_537, 262_144, 1 << 20, 3 << 20, 64 << 20];
+    let listener = listener(defaults());
+    let addr = listener.local_addr().unwrap();
+    let server = echo_server(listener, sizes.len());
+    for (i, &size) in sizes.iter().enumerate() {
+        let stream = Stream::connect_with(addr, &defaults()).unwrap();
+        assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Shm));
+        let data = pattern(size, i as u32);
+        let back = echo(stream, data.clone());
+        assert_eq!(back.len(), size);
+        assert_eq!(checksum(&back), checksum(&data), "size {size}");
+    }
+    server.join().unwrap();
+}
+
+#[test]
+fn messages_and_half_close_over_shm() {
+    let listener = listener(defaults());
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut lengths = Vec::new();
+        while let Some(msg) = stream.recv_msg().unwrap() {
+            assert_eq!(msg, pattern(msg.len(), msg.len() as u32));
+            lengths.push(msg.len());
+        }
+        // Half close: the client stopped sending but still reads our answer.
+        stream.send_msg(format!("{}", lengths.len()).as_bytes()).unwrap();
+        lengths
+    });
+    let mut stream = Stream::connect_with(addr, &defaults()).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Shm));
+    let lengths = [0usize, 1, 100, 4096, 100_000, 1 << 20, 5 << 20];
+    for &len in &lengths {
+        stream.send_msg(&pattern(len, len as u32)).unwrap();
+    }
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(stream.recv_msg().unwrap().as_deref(), Some(&b"7"[..]));
+    assert_eq!(stream.recv_msg().unwrap(), None);
+    assert_eq!(server.join().unwrap(), lengths);
+}
+
+#[test]
+fn many_shm_streams_at_once() {
+    let listener = listener(defaults());
+    let addr = listener.local_addr().unwrap();
+    let count = 64;
+    let server = std::thread::spawn(move || {
+        // Negotiations finish in parallel, so streams may be accepted out of connect order.
+        let mut streams: Vec<Stream> = (0..count).map(|_| listener.accept().unwrap().0).collect();
+        let mut seen = Vec::new();
+        for stream in &mut streams {
+            let mut word = [0u8; 4];
+            stream.read_exact(&mut word).unwrap();
+            seen.push(u32::from_be_bytes(word));
+            stream.write_all(&word).unwrap();
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..count as u32).collect::<Vec<_>>());
+    });
+    let mut clients = Vec::new();
+    for i in 0..count {
+        let mut stream = Stream::connect_with(addr, &defaults()).unwrap();
+        assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Shm), "connection {i}");
+        stream.write_all(&(i as u32).to_be_bytes()).unwrap();
+        clients.push(stream);
+    }
+    for (i, stream) in clients.iter_mut().enumerate() {
+        let mut word = [0u8; 4];
+        stream.read_exact(&mut word).unwrap();
+        assert_eq!(u32::from_be_bytes(word), i as u32);
+    }
+    server.join().unwrap();
+}
