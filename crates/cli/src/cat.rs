@@ -20,9 +20,11 @@ pub struct Args {
     pub host: String,
     /// PORT to connect to.
     pub port: Option<u16>,
-    /// Data transport to offer: soft (RDMA, falling back to TCP) or tcp.
-    #[arg(long, default_value = "soft")]
-    pub provider: String,
+    /// Data transports to offer, best first (comma-separated: shm, ibverbs, soft, tcp; RDMA
+    /// falls back to TCP). Default: the library's (shm for peers on this host, else ibverbs
+    /// if a device serves the address, else soft; `LIGHTPATH_PROVIDERS` overrides).
+    #[arg(long)]
+    pub provider: Option<String>,
     /// Print the transport the connection got on stderr.
     #[arg(short = 'v', long)]
     pub verbose: bool,
@@ -30,8 +32,10 @@ pub struct Args {
 
 /// Runs `lightpath cat`.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let providers = lightpath::options::parse_providers(&args.provider).map_err(anyhow::Error::msg)?;
-    let options = Options { providers, ..Options::default() };
+    let mut options = Options::default();
+    if let Some(list) = &args.provider {
+        options.providers = lightpath::options::parse_providers(list).map_err(anyhow::Error::msg)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let stream = if args.listen {

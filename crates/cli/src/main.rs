@@ -39,6 +39,9 @@ enum Command {
     /// netcat over Lightpath streams: `cat -l PORT` or `cat HOST PORT`; stdin to the peer, the peer to stdout.
     Cat(cat::Args),
     /// perftest-style latency and bandwidth tests between two lightpath processes.
+    #[command(after_help = "Stream-layer tests (lightpath::Stream, as applications use it) take the same \
+form with options of their own:\n  lightpath perf stream_lat|stream_bw|stream_rr [SERVER] --provider soft|shm|tcp \
+[-s SIZE] [-n ITERS] [--conns N] [--json]\nSee `lightpath perf stream_lat --help`.")]
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),

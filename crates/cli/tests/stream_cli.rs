@@ -1,5 +1,5 @@
 //! `lightpath cat` and `lightpath perf stream_*` as processes: bytes both ways through cat with
-//! end of stream, and small perf runs over soft and tcp whose JSON is checked.
+//! end of stream, and small perf runs over soft, shm and tcp whose JSON is checked.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -60,9 +60,12 @@ fn cat_round_trip(provider: &str) {
     assert!(server_out.status.success(), "{}", String::from_utf8_lossy(&server_out.stderr));
     assert_eq!(server_out.stdout, to_server);
     assert_eq!(client_out.stdout, to_client);
-    let expected = if provider == "soft" { "transport rdma/soft" } else { "transport tcp" };
+    let expected = match provider {
+        "soft" | "shm" => format!("transport rdma/{provider}"),
+        _ => "transport tcp".to_string(),
+    };
     assert!(
-        String::from_utf8_lossy(&client_out.stderr).contains(expected),
+        String::from_utf8_lossy(&client_out.stderr).contains(&expected),
         "{}",
         String::from_utf8_lossy(&client_out.stderr)
     );
@@ -71,6 +74,11 @@ fn cat_round_trip(provider: &str) {
 #[test]
 fn cat_over_soft() {
     cat_round_trip("soft");
+}
+
+#[test]
+fn cat_over_shm() {
+    cat_round_trip("shm");
 }
 
 #[test]
@@ -104,14 +112,16 @@ fn perf(test: &str, provider: &str, extra: &[&str]) -> Vec<serde_json::Value> {
 }
 
 #[test]
-fn perf_stream_tests_over_soft_and_tcp() {
-    for provider in ["soft", "tcp"] {
+fn perf_stream_tests_over_soft_shm_and_tcp() {
+    for provider in ["soft", "shm", "tcp"] {
         let lat = perf("stream_lat", provider, &["-s", "4096", "-n", "50"]);
         assert_eq!(lat.len(), 1);
         assert_eq!(lat[0]["test"], "stream_lat");
         assert_eq!(lat[0]["size"], 4096);
         assert!(lat[0]["lat_us"]["median"].as_f64().unwrap() > 0.0);
-        assert_eq!(lat[0]["transport"].as_str().unwrap().starts_with("rdma/soft"), provider == "soft");
+        let transport = lat[0]["transport"].as_str().unwrap();
+        assert_eq!(transport.starts_with("rdma/"), provider != "tcp", "{transport}");
+        assert!(transport.starts_with(&format!("rdma/{provider}")) || provider == "tcp", "{transport}");
 
         let bw = perf("stream_bw", provider, &["-s", "65536", "-n", "64"]);
         assert!(bw[0]["bw_mb_s"].as_f64().unwrap() > 0.0);

@@ -1,6 +1,6 @@
 //! `lightpath perf stream_lat|stream_bw|stream_rr [SERVER]`: the stream layer's own numbers,
-//! measured through `lightpath::Stream` exactly as applications use it, over the soft provider
-//! or (`--provider tcp`) over the same API on kernel TCP — the baseline.
+//! measured through `lightpath::Stream` exactly as applications use it, over the soft or shm
+//! provider or (`--provider tcp`) over the same API on kernel TCP — the baseline.
 //!
 //! | test | pattern | reported |
 //! |---|---|---|
@@ -67,7 +67,9 @@ pub struct StreamArgs {
     pub test: StreamTest,
     /// Server to connect to. Without it, this process is the server.
     pub server: Option<String>,
-    /// Data transport: soft (RDMA over the soft provider) or tcp (the same API over kernel TCP).
+    /// Data transport: soft (RDMA over the soft provider), shm (shared memory, both processes
+    /// on this host) or tcp (the same API over kernel TCP); a comma-separated list offers
+    /// several, best first.
     #[arg(long, default_value = "soft")]
     pub provider: String,
     /// Message size in bytes (default 8 for latency and rr, 65536 for bandwidth).
@@ -314,8 +316,8 @@ fn connect(server: &str, args: &StreamArgs, options: &Options) -> Result<Stream>
 
 fn check_transport(stream: &Stream, args: &StreamArgs) -> Result<String> {
     let transport = stream.transport();
-    if args.provider == "soft" && !transport.is_rdma() {
-        bail!("asked for soft but the connection fell back to {transport}");
+    if args.provider != "tcp" && !transport.is_rdma() {
+        bail!("asked for {} but the connection fell back to {transport}", args.provider);
     }
     Ok(transport.to_string())
 }
