@@ -97,6 +97,10 @@ done
 for t in send_lat write_lat read_lat send_bw write_bw read_bw; do
     cases+=("ibverbs-perf-$t|Lightpath ibverbs vs perftest (rxe0)|case_ibverbs_perf $t")
 done
+for t in stream_lat stream_bw; do
+    cases+=("stream-ibverbs-$t|lightpath::Stream, both ends on rxe0: negotiation picks ibverbs|case_stream_ibverbs $t")
+    cases+=("stream-soft-to-ibverbs-$t|Lightpath soft stream (host) -> ibverbs listener (VM)|case_stream_soft_to_ibverbs $t")
+done
 cases+=("ibverbs-overhead|Lightpath ibverbs wrapper vs direct C calls (rxe0)|case_ibverbs_overhead")
 cases+=("ibverbs-bad-input|Lightpath ibverbs: refused inputs (rxe0)|case_ibverbs_bad_input")
 cases+=("ibverbs-no-leaks|rdma resource after the ibverbs cases|case_ibverbs_no_leaks")
@@ -412,6 +416,78 @@ for line in sys.stdin:
 # on rxe0: reports the per-iteration medians (a measurement for the record, not a pass/fail
 # threshold: TCG timing is too noisy for one).
 IBV_OVERHEAD=""
+# Sizes and counts of the stream cases (TCG makes rxe slow: a few MB in all).
+stream_extra() {
+    case $1 in
+        stream_lat) echo "-s 64 -n 200" ;;
+        *) echo "-s 65536 -n 100" ;;
+    esac
+}
+
+# Checks a stream perf client's JSON: the transport it reports and verified data.
+stream_result_ok() {
+    local out=$1 transport=$2
+    grep -q "\"transport\":\"$transport\"" <<< "$out" && grep -q '"verified":true' <<< "$out"
+}
+
+stream_summary() {
+    sed -n 's/.*"transport":"\([^"]*\)".*"median":\([0-9.]*\).*/\1, median \2 us/p; s/.*"transport":"\([^"]*\)".*"bw_mb_s":\([0-9.]*\).*/\1, \2 MB\/s/p' <<< "$1" | head -n 1
+}
+
+# lightpath::Stream with both ends in the VM, connected to the VM's own address: the
+# negotiation finds rxe0's RoCE v2 GID for that address and picks ibverbs.
+case_stream_ibverbs() {
+    local t=$1 port id out rc=0
+    need_ibverbs perf || return $NOT_RUN
+    take_port
+    id=stream-ibv-$t-$port
+    lpvm_job_start "$id" "lp_serve $port $VLP perf $t --provider ibverbs -p $port" $T_CASE
+    if ! lpvm_job_wait_listening "$id" 30; then
+        note "lightpath perf $t (ibverbs) in the VM never listened on TCP $port"
+        lpvm_job_wait "$id" 60
+        cat "$LPVM_SHARE/jobs/$id.log"
+        return 1
+    fi
+    out=$(lpvm_job "$id-c" "$VLP perf $t $LPVM_VM_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
+    lpvm_job_wait "$id" $((T_CASE + 30)) || rc=$?
+    echo "$out"
+    sed 's/^/[server] /' "$LPVM_SHARE/jobs/$id.log" 2> /dev/null
+    if [ "$rc" = 0 ] && stream_result_ok "$out" "rdma/ibverbs"; then
+        note "$(stream_summary "$out")"
+        return 0
+    fi
+    note "rc=$rc: $(grep -m1 -E 'error|lightpath:' <<< "$out")"
+    return 1
+}
+
+# A host with no RDMA device (soft) reaches a listener with one (ibverbs on rxe0): the same
+# RoCE v2 wire, so the server serves the soft client from its device.
+case_stream_soft_to_ibverbs() {
+    local t=$1 port id out rc=0
+    need_ibverbs perf || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    id=stream-s2i-$t-$port
+    lpvm_job_start "$id" "lp_serve $port $VLP perf $t --provider ibverbs,soft -p $port" $T_CASE
+    if ! lpvm_job_wait_listening "$id" 30; then
+        note "lightpath perf $t (ibverbs) in the VM never listened on TCP $port"
+        lpvm_job_wait "$id" 60
+        cat "$LPVM_SHARE/jobs/$id.log"
+        return 1
+    fi
+    out=$(lpvm_ns timeout --kill-after=3 $T_CASE "$LP" perf "$t" "$LPVM_VM_IP" --provider soft -p "$port" \
+        $(stream_extra "$t") --json 2>&1) || rc=$?
+    lpvm_job_wait "$id" $((T_CASE + 30)) || rc=$?
+    echo "$out"
+    sed 's/^/[server] /' "$LPVM_SHARE/jobs/$id.log" 2> /dev/null
+    if [ "$rc" = 0 ] && stream_result_ok "$out" "rdma/soft" && grep -q 'rdma/ibverbs' "$LPVM_SHARE/jobs/$id.log"; then
+        note "$(stream_summary "$out"); server on rdma/ibverbs"
+        return 0
+    fi
+    note "rc=$rc: $(grep -m1 -E 'error|lightpath:' <<< "$out")"
+    return 1
+}
+
 case_ibverbs_overhead() {
     [ -n "$IBV_OVERHEAD" ] || { note "NOT RUN: the overhead example was not built"; return $NOT_RUN; }
     local out rc=0

@@ -247,7 +247,7 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
         return finish_tcp(tcp.try_clone()?, FallbackReason::VersionMismatch);
     };
     let fallback = |reason| Message::ServerHello { version, choice: Choice::Tcp(reason) };
-    let (provider, setup) = match choose_provider(tcp, options, &offered, client_host) {
+    let (provider, announced, setup) = match choose_provider(tcp, options, &offered, client_host) {
         Ok(chosen) => chosen,
         Err(reason) => {
             fallback(reason).emit(&mut out);
@@ -256,7 +256,7 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
             return finish_tcp(tcp.try_clone()?, reason);
         }
     };
-    Message::ServerHello { version, choice: Choice::Rdma(provider, setup.endpoint()) }.emit(&mut out);
+    Message::ServerHello { version, choice: Choice::Rdma(announced, setup.endpoint()) }.emit(&mut out);
     tcp.write_all(&out)?;
     *magic_sent = true;
     let client_endpoint = match read_message(tcp, &mut pending)? {
@@ -289,31 +289,40 @@ fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -
     Ok(Negotiated::Rdma { conn, provider })
 }
 
-/// The server's pick: the first of its own providers, in its order of preference, that the
-/// client offered, that fits the pair (shm only between processes of one host and namespace)
-/// and whose device opens here.
+/// The server's pick: the first of its own providers, in its order of preference, that fits
+/// the client's offer (shm only between processes of one host and namespace) and whose device
+/// opens here. Returns the provider this side uses, the one the client is told to use and the
+/// set-up. They differ in one case: soft and RoCE hardware speak the same RoCE v2 wire
+/// protocol, so a server with an RDMA NIC serves a soft-only client from its ibverbs device.
 fn choose_provider(
     tcp: &TcpStream,
     options: &Options,
     offered: &[ProviderId],
     client_host: [u8; 16],
-) -> Result<(ProviderId, Box<dyn PendingSetup>), FallbackReason> {
+) -> Result<(ProviderId, ProviderId, Box<dyn PendingSetup>), FallbackReason> {
     if options.providers.is_empty() || offered.is_empty() {
         return Err(FallbackReason::Disabled);
     }
     let same_host = client_host != [0; 16] && client_host == devices::shm::host_id();
-    let candidates: Vec<ProviderId> = options
-        .providers
-        .iter()
-        .copied()
-        .filter(|p| offered.contains(p) && (*p != ProviderId::Shm || same_host))
-        .collect();
+    let mut candidates = Vec::new();
+    for &provider in &options.providers {
+        if offered.contains(&provider) && (provider != ProviderId::Shm || same_host) {
+            candidates.push((provider, provider));
+        } else if provider == ProviderId::Ibverbs
+            && offered.contains(&ProviderId::Soft)
+            && devices::ibverbs::serves_roce(tcp)
+        {
+            candidates.push((ProviderId::Ibverbs, ProviderId::Soft));
+        }
+    }
     if candidates.is_empty() {
         return Err(FallbackReason::NoCommonProvider);
     }
     candidates
         .into_iter()
-        .find_map(|p| devices::setup(p, tcp, options).ok().map(|setup| (p, setup)))
+        .find_map(|(local, announced)| {
+            devices::setup(local, tcp, options).ok().map(|setup| (local, announced, setup))
+        })
         .ok_or(FallbackReason::NoDevice)
 }
 

@@ -48,6 +48,12 @@ pub(crate) fn available_for(ip: IpAddr) -> bool {
     device_for(ip).is_some()
 }
 
+/// Whether an RDMA device with an Ethernet (RoCE) port serves the local address of `tcp`.
+pub(crate) fn serves_roce(tcp: &TcpStream) -> bool {
+    let Ok(local) = tcp.local_addr() else { return false };
+    device_for(local.ip()).is_some_and(|device| device.is_ethernet())
+}
+
 /// This side's verbs objects for a connection from the local address of `tcp`.
 pub(crate) fn setup(tcp: &TcpStream, options: &Options) -> io::Result<Box<dyn PendingSetup>> {
     let local = tcp.local_addr()?.ip();
