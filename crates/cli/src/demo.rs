@@ -1,7 +1,8 @@
 //! `lightpath demo`: the README's first command. On one machine with nothing installed, it
 //! starts two soft RoCE v2 endpoints on loopback (127.0.0.1 and 127.0.0.2), performs every RDMA
-//! operation between them with verified data, then measures the soft provider side by side
-//! with kernel TCP (latency at 8 B and 4 KiB, bandwidth at 64 KiB and 1 MiB).
+//! operation between them with verified data, shows `lightpath::Stream` choosing its transport
+//! (see `demo_streams`), then measures the soft provider side by side with kernel TCP (latency
+//! at 8 B and 4 KiB, bandwidth at 64 KiB and 1 MiB).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
@@ -34,6 +35,9 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     println!("Lightpath demo: two soft RoCE v2 endpoints on loopback\n");
     let port = operations().context("the operations demo failed")?;
+    println!("\nStreams (lightpath::Stream, the socket-like API): negotiated over a TCP connection, then");
+    println!("RDMA where both sides can — shared memory between processes of one host:\n");
+    crate::demo_streams::run()?;
     if args.no_bench {
         return Ok(ExitCode::SUCCESS);
     }

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod cat;
 mod decode;
 mod demo;
+mod demo_streams;
 mod devices;
 mod interop_peer;
 mod perf;
