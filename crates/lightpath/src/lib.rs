@@ -36,6 +36,7 @@ mod listener;
 mod negotiate;
 pub mod options;
 mod rdma;
+mod readiness;
 mod reaper;
 mod remote;
 mod stream;

@@ -56,9 +56,12 @@ fn closed() -> io::Error {
 /// application's contract, as with `SOCK_STREAM` versus `SOCK_SEQPACKET`.
 ///
 /// Dropping a stream closes it cleanly: it sends what was written, waits (at most
-/// `Options::linger`) for the peer to acknowledge it, then closes the TCP connection.
+/// `Options::linger`) for the peer to acknowledge it, then closes the TCP connection. Event
+/// loops that must not wait use [`Stream::close_in_background`] instead.
 pub struct Stream {
     backend: Backend,
+    /// The epoll fd behind [`Stream::readiness_fd`] (RDMA streams; made on first use).
+    readiness: crate::readiness::ReadinessEpoll,
     transport: Transport,
     local: SocketAddr,
     peer: SocketAddr,
@@ -116,6 +119,7 @@ impl Stream {
         let (local, peer) = (tcp.local_addr()?, tcp.peer_addr()?);
         Ok(Stream {
             backend,
+            readiness: Default::default(),
             transport,
             local,
             peer,
@@ -276,14 +280,46 @@ pub struct Readiness {
 }
 
 impl Stream {
-    /// File descriptors an event loop (epoll, poll, mio…) waits on for *readability* before
-    /// calling [`Stream::poll_ready`]: the completion queue's notification fd and the TCP
-    /// connection for an RDMA stream; the socket for a TCP stream (for which writability can
-    /// also be waited on directly, as with any socket).
+    /// The one file descriptor an event loop (epoll, poll, mio, tokio's `AsyncFd`…) waits on
+    /// for this stream. Use the stream in nonblocking mode ([`Stream::set_nonblocking`]).
     ///
-    /// The protocol mirrors a completion channel: call `poll_ready` (which arms the
-    /// notification) and act on what it reports; when it reports nothing you wanted, wait for
-    /// one of these fds to become readable, then call `poll_ready` again.
+    /// The contract, for every transport:
+    ///
+    /// 1. Call [`Stream::poll_ready`] before the first wait and after every wake-up. It
+    ///    consumes the wake-up, re-arms the fd and says precisely whether a read and a write
+    ///    would proceed. Act on it (read or write until `WouldBlock`); wait only when it
+    ///    reports nothing you want.
+    /// 2. An RDMA stream's fd is an epoll instance holding the completion queue's
+    ///    notification fd and the TCP liveness connection. **Register it for readability
+    ///    (`EPOLLIN`) only**, level- or edge-triggered: it becomes readable when the stream
+    ///    may have become readable *or* writable (data, a peer's wake-up after it freed room,
+    ///    an acknowledgement, the peer's close or death). It never reports `EPOLLOUT`; after
+    ///    `poll_ready` said "not writable", the stream has asked the peer to wake it when room
+    ///    returns, so readability is the signal for that too.
+    /// 3. A TCP stream's fd is its socket: readability and writability (`EPOLLOUT`) are the
+    ///    socket's own, and the same loop works unchanged. Still call `poll_ready` before
+    ///    waiting: bytes the negotiation read ahead are readable without the socket saying so.
+    ///
+    /// As with a socket at end of stream, an RDMA fd stays readable once the peer has closed.
+    /// The fd is owned by the stream: do not close it or read from it. Why a method rather
+    /// than `AsRawFd`/`AsFd`: an RDMA stream's fd is not its data channel (reading it, or
+    /// waiting for `EPOLLOUT`, would be wrong), and it is created on first use, which can fail
+    /// (`Unsupported` for a provider without a notification fd; `EMFILE`).
+    pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        match &self.backend {
+            Backend::Rdma(conn) => self.readiness.get_or_create(conn.notify_fd(), conn.tcp().as_fd()),
+            Backend::Tcp(conn) => Ok(conn.tcp().as_fd()),
+            Backend::Closed => Err(closed()),
+        }
+    }
+
+    /// The descriptors behind [`Stream::readiness_fd`], separately: the completion queue's
+    /// notification fd and the TCP connection for an RDMA stream; the socket for a TCP stream.
+    /// Wait for readability on all of them, with the same `poll_ready` protocol.
+    ///
+    /// Superseded by [`Stream::readiness_fd`] (one fd per stream); kept for loops that already
+    /// register both.
     pub fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match &self.backend {
@@ -293,17 +329,24 @@ impl Stream {
         }
     }
 
-    /// Arms the event fds and reports what the stream can do now.
+    /// Consumes any wake-up, arms the readiness fd and reports what the stream can do now.
+    /// When it reports "not writable" on an RDMA stream, it also makes sure the peer will wake
+    /// this side once room returns (see [`Stream::readiness_fd`]).
     pub fn poll_ready(&mut self) -> io::Result<Readiness> {
         match &mut self.backend {
             Backend::Rdma(conn) => {
                 conn.take_notify();
                 conn.poll_tcp();
                 conn.arm()?;
-                Ok(Readiness { readable: conn.readable_now(), writable: conn.writable_now() })
+                let readiness = Readiness { readable: conn.readable_now(), writable: conn.writable_now() };
+                if !readiness.writable {
+                    conn.note_write_blocked();
+                }
+                Ok(readiness)
             }
             Backend::Tcp(conn) => {
-                Ok(Readiness { readable: conn.readable_now(self.nonblocking)?, writable: true })
+                let readable = conn.readable_now(self.nonblocking)?;
+                Ok(Readiness { readable, writable: crate::readiness::socket_writable(conn.tcp()) })
             }
             Backend::Closed => Err(closed()),
         }
@@ -421,6 +464,31 @@ impl Write for Stream {
     }
 }
 
+impl Stream {
+    /// Closes the stream without waiting: the clean close (send what was written, wait at most
+    /// `Options::linger` for the peer's acknowledgements, say goodbye, keep the queue pair
+    /// until the peer closes too) finishes on Lightpath's background thread. Written bytes are
+    /// still delivered if the peer is alive — as long as this process runs: a process that
+    /// exits at once may cut the close short (the peer then sees `ConnectionReset`). To know
+    /// the bytes arrived, `shutdown(Write)` and `flush` first, or drop the stream (which
+    /// waits). The tokio stream closes this way when dropped.
+    pub fn close_in_background(mut self) {
+        self.hand_off_close();
+    }
+
+    /// Hands the backend to the reaper's background close; the stream is `Closed` afterwards.
+    pub(crate) fn hand_off_close(&mut self) {
+        match std::mem::replace(&mut self.backend, Backend::Closed) {
+            Backend::Rdma(conn) => crate::reaper::close_rdma(conn),
+            Backend::Tcp(conn) => crate::reaper::close_tcp(conn),
+            Backend::Closed => {}
+        }
+    }
+}
+
+/// Dropping closes cleanly and *waits* (at most `Options::linger`) until the peer has
+/// acknowledged everything written, so the bytes are known to be delivered when `drop`
+/// returns; see [`Stream::close_in_background`] for the variant that does not wait.
 impl Drop for Stream {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.backend, Backend::Closed) {

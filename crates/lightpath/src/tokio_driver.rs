@@ -2,45 +2,37 @@
 //! readiness instead of blocking. `AsyncRead`/`AsyncWrite` are implemented, so
 //! `tokio::io::split`, `copy` and `copy_bidirectional` work.
 //!
-//! An RDMA stream waits on two file descriptors through `AsyncFd`: its completion queue's
-//! notification fd (armed before every wait, as a completion channel is) and its TCP
-//! connection (the liveness channel). A TCP stream waits on its socket. Connecting and
-//! accepting run the blocking negotiation on tokio's blocking pool; dropping a stream closes
-//! it as the blocking one does (it may wait up to `Options::linger` for the last
-//! acknowledgements).
+//! A stream waits on one file descriptor through `AsyncFd`: a duplicate of the stream's
+//! readiness fd ([`crate::Stream::readiness_fd`]) — for an RDMA stream the epoll instance that
+//! holds its completion queue's notification fd (armed before every wait, as a completion
+//! channel is) and its TCP liveness connection; for a TCP stream the socket. Connecting and
+//! accepting run the blocking negotiation on tokio's blocking pool.
+//!
+//! Closing: dropping a stream never blocks the runtime. The clean close (everything written
+//! is sent and acknowledged, then the goodbye) finishes on Lightpath's background thread, so
+//! the bytes still reach a live peer. A program that needs to know they did — or that exits
+//! right after — awaits [`Stream::close`] (or `AsyncWriteExt::shutdown`) first.
 
 use std::future::poll_fn;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::OwnedFd;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use ::tokio::io::unix::AsyncFd;
-use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 use crate::options::Options;
 use crate::stream::Backend;
 use crate::Transport;
 
-/// A file descriptor owned elsewhere (the completion queue's notification fd), which outlives
-/// this registration because the stream holding both drops the registration first.
-#[derive(Debug)]
-struct Fd(RawFd);
-
-impl AsRawFd for Fd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
-}
-
 /// An asynchronous Lightpath stream.
 pub struct Stream {
     // Field order is drop order: deregister before the stream closes its fds.
-    cq_fd: Option<AsyncFd<Fd>>,
-    tcp_fd: AsyncFd<std::net::TcpStream>,
+    fd: AsyncFd<OwnedFd>,
     inner: crate::Stream,
 }
 
@@ -74,23 +66,29 @@ impl Stream {
     /// Wraps a blocking stream (it is switched to nonblocking mode).
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         inner.set_nonblocking(true)?;
-        let (cq_fd, tcp) = match inner.backend_mut() {
-            Backend::Rdma(conn) => (conn.notify_fd(), conn.tcp().try_clone()?),
-            Backend::Tcp(conn) => (None, conn.tcp().try_clone()?),
-            Backend::Closed => return Err(io::ErrorKind::NotConnected.into()),
+        // A duplicate, owned by the registration: it stays open exactly as long as tokio
+        // watches it, and refers to the same epoll instance (or socket) as the stream's fd.
+        let fd = inner.readiness_fd()?.try_clone_to_owned()?;
+        let interest = if inner.transport().is_rdma() {
+            // An epoll fd never reports writability (see `crate::Stream::readiness_fd`).
+            Interest::READABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
         };
-        let cq_fd = match cq_fd {
-            // SAFETY: the fd belongs to the stream's completion queue, which lives inside
-            // `inner`; `inner` is declared after `cq_fd` in `Stream`, so the registration is
-            // dropped (deregistered) before the queue can close the fd, and the queue never
-            // replaces its notification fd.
-            Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(io::Error::from)?),
-            None => None,
-        };
-        // SAFETY: `tcp` is a duplicate owned by the registration itself, so the fd stays open
-        // and refers to the same socket for exactly as long as the `AsyncFd` exists.
-        let tcp_fd = unsafe { AsyncFd::register(tcp) }.map_err(io::Error::from)?;
-        Ok(Stream { cq_fd, tcp_fd, inner })
+        // SAFETY: `fd` is an `OwnedFd` moved into the registration: it is open, nothing else
+        // can close or replace it while the `AsyncFd` owns it, and its `as_raw_fd` always
+        // returns the same number.
+        let fd = unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)?;
+        Ok(Stream { fd, inner })
+    }
+
+    /// Closes the stream cleanly and waits until the peer has acknowledged everything written
+    /// (RDMA) or the socket has taken it (TCP), reporting a failure to do so. Dropping a stream
+    /// closes it too, without waiting (the close finishes in the background).
+    pub async fn close(mut self) -> io::Result<()> {
+        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.shutdown(std::net::Shutdown::Write))).await?;
+        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.flush())).await
+        // Dropping `self` now only says goodbye: nothing is left to wait for.
     }
 
     /// Which transport carries the data.
@@ -143,45 +141,40 @@ impl Stream {
     fn poll_ready(&mut self, cx: &mut Context<'_>, wait: &Wait) -> Poll<io::Result<()>> {
         match self.inner.backend_mut() {
             Backend::Rdma(conn) => {
+                if matches!(wait, Wait::Write) {
+                    // Credit returns raise no completion here unless the peer knows we wait.
+                    conn.note_write_blocked();
+                }
                 if !conn.arm()? {
                     return Poll::Ready(Ok(()));
                 }
-                let mut woke = false;
-                if let Some(cq_fd) = &self.cq_fd {
-                    if let Poll::Ready(guard) = cq_fd.poll_read_ready(cx) {
-                        let mut guard = guard?;
-                        conn.take_notify();
-                        guard.clear_ready();
-                        woke = true;
-                    }
-                } else {
-                    // No notification fd: fall back to yielding (busy but correct).
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                if let Poll::Ready(guard) = self.tcp_fd.poll_read_ready(cx) {
-                    let mut guard = guard?;
-                    conn.poll_tcp();
-                    guard.clear_ready();
-                    woke = true;
-                }
-                if woke {
-                    Poll::Ready(Ok(()))
-                } else {
-                    Poll::Pending
-                }
+                let mut guard = ready!(self.fd.poll_read_ready(cx))?;
+                // Cleared before draining: an event after this point wakes the task again,
+                // one before it is drained below (and the caller retries its operation).
+                guard.clear_ready();
+                conn.take_notify();
+                conn.poll_tcp();
+                Poll::Ready(Ok(()))
             }
             Backend::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
             Backend::Tcp(_) => {
                 let ready = match wait {
-                    Wait::Read => self.tcp_fd.poll_read_ready(cx),
-                    Wait::Write => self.tcp_fd.poll_write_ready(cx),
+                    Wait::Read => self.fd.poll_read_ready(cx),
+                    Wait::Write => self.fd.poll_write_ready(cx),
                 };
                 let mut guard = ready!(ready)?;
                 guard.clear_ready();
                 Poll::Ready(Ok(()))
             }
         }
+    }
+}
+
+/// Dropping never blocks the runtime: the clean close is handed to Lightpath's background
+/// thread (see the module documentation and [`Stream::close`]).
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.inner.hand_off_close();
     }
 }
 

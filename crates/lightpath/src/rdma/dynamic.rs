@@ -61,6 +61,12 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn recv_notify(&mut self, deadline: Deadline) -> io::Result<u32>;
     /// Hands the connection to the reaper (see [`crate::reaper`]).
     fn into_parked(self: Box<Self>) -> Box<dyn crate::reaper::Parked>;
+    /// If no write would fit now, tells the peer (once) so that it wakes this side when room
+    /// returns: credit returns alone raise no completion here (see `crate::readiness`).
+    fn note_write_blocked(&mut self);
+    /// One nonblocking step of a clean close: queues the close record, posts what it can and
+    /// reads the TCP connection; true once [`RdmaStream::close`] would not wait.
+    fn close_would_finish(&mut self) -> bool;
 }
 
 impl<D: Device + 'static> RdmaStream for RdmaConn<D>
@@ -174,6 +180,23 @@ where
     }
     fn into_parked(self: Box<Self>) -> Box<dyn crate::reaper::Parked> {
         self
+    }
+    fn note_write_blocked(&mut self) {
+        self.read_slot();
+        if self.core.send_room(RecordKind::Data, 1).is_none() {
+            self.core.note_blocked();
+            self.post_ops();
+        }
+    }
+    fn close_would_finish(&mut self) -> bool {
+        if self.failed.is_some() || self.peer_vanished() {
+            return true;
+        }
+        self.core.uncork();
+        self.core.shutdown();
+        self.pump();
+        self.check_tcp();
+        self.failed.is_some() || self.core.is_flushed() || self.tcp_eof
     }
 }
 
