@@ -161,3 +161,39 @@ fn reap() {
         entries().append(&mut kept);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use lightpath_stream::frame::{FrameHeader, HEADER_LEN};
+    use lightpath_stream::RecordKind;
+
+    use super::*;
+
+    #[test]
+    fn a_tcp_close_record_waits_in_the_background_for_room() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut reader, _) = listener.accept().unwrap();
+        writer.set_nonblocking(true).unwrap();
+        let filler = [0x55u8; 1 << 16];
+        let mut filled = 0;
+        loop {
+            match (&writer).write(&filler) {
+                Ok(n) => filled += n,
+                Err(err) if err.kind() == ErrorKind::WouldBlock => break,
+                Err(err) => panic!("filling the socket: {err}"),
+            }
+        }
+        // The socket is full and the reader reads only after this returns: a close that
+        // waited for room here would never return.
+        close_tcp(TcpConn::new(writer, true, Vec::new()));
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), filled + HEADER_LEN, "the filler, then the close record, then the end");
+        assert!(got[..filled].iter().all(|&b| b == 0x55));
+        assert_eq!(got[filled..], FrameHeader { kind: RecordKind::Close, len: 0 }.encode());
+    }
+}

@@ -194,7 +194,22 @@ where
         }
         self.core.uncork();
         self.core.shutdown();
-        self.pump();
+        if self.core.has_pending() {
+            self.pump();
+        } else {
+            // All our records are posted: only collect their acknowledgements. Answering a
+            // peer that keeps writing would post a new signaled record every step, and the
+            // close would never look flushed.
+            while let Ok(n) = self.cq.poll(&mut self.wcs) {
+                for i in 0..n {
+                    let wc = self.wcs[i];
+                    self.handle(wc);
+                }
+                if n < self.wcs.len() {
+                    break;
+                }
+            }
+        }
         self.check_tcp();
         self.failed.is_some() || self.core.is_flushed() || self.tcp_eof
     }
