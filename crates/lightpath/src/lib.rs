@@ -40,6 +40,7 @@ mod readiness;
 mod reaper;
 mod remote;
 mod stream;
+mod stream_zero_copy;
 mod tcp;
 #[cfg(feature = "tokio")]
 #[path = "tokio_driver.rs"]

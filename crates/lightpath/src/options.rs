@@ -43,6 +43,16 @@ pub struct Options {
     pub soft_udp_port: u16,
     /// Start with corking off (see [`crate::Stream::set_nodelay`]).
     pub nodelay: bool,
+    /// Zero-copy writes (`Stream::write_buf`, `Stream::send_msg_buf`) of at least this many
+    /// bytes go by rendezvous: the peer fetches them with RDMA READ straight from the
+    /// registered buffer (into its own registered buffer when it reads with `read_buf`)
+    /// instead of through its receive ring. Smaller ones are written into the ring. The
+    /// default, 256 KiB, is where the two cost the same on loopback soft and shm (see
+    /// `docs/stream-protocol.md`); `usize::MAX` turns rendezvous off.
+    pub rendezvous_min: usize,
+    /// Test hook: rendezvous descriptors this side sends lie about the buffer.
+    #[doc(hidden)]
+    pub fault_rendezvous: Option<RendezvousLie>,
     /// Test hook: advertise an RDMA address nothing listens on, as a firewall that drops UDP
     /// would make it.
     #[doc(hidden)]
@@ -53,6 +63,18 @@ pub struct Options {
     /// Test hook: a client that claims to run on another host (so shm is never chosen).
     #[doc(hidden)]
     pub fault_other_host: bool,
+}
+
+/// How a test peer's rendezvous descriptors lie (the receiver must refuse them cleanly).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RendezvousLie {
+    /// A remote key that names no region of the sender.
+    Key,
+    /// One page more than the registered buffer holds.
+    PastTheEnd,
+    /// A length no buffer has (2^60 bytes).
+    Huge,
 }
 
 /// Parses a provider list as `LIGHTPATH_PROVIDERS` spells it.
@@ -89,6 +111,8 @@ impl Default for Options {
             soft_progress: ProgressMode::Thread,
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
+            rendezvous_min: 256 << 10,
+            fault_rendezvous: None,
             fault_blackhole_rdma: false,
             fault_versions: None,
             fault_other_host: false,
@@ -105,6 +129,13 @@ impl Options {
     /// The given providers, best first.
     pub fn with_providers(mut self, providers: &[ProviderId]) -> Self {
         self.providers = providers.to_vec();
+        self
+    }
+
+    /// Zero-copy writes of at least `bytes` go by rendezvous (see
+    /// [`Options::rendezvous_min`]; at least 1).
+    pub fn with_rendezvous_min(mut self, bytes: usize) -> Self {
+        self.rendezvous_min = bytes.max(1);
         self
     }
 

@@ -15,6 +15,22 @@ pub(crate) trait BufRegion: MemoryRegion {
     fn with_bytes_dyn(&self, f: &mut dyn FnMut(&[u8]));
     /// Mutable form of [`BufRegion::with_bytes_dyn`].
     fn with_bytes_mut_dyn(&self, f: &mut dyn FnMut(&mut [u8]));
+    /// Lets `fill` write bytes `[offset, offset + len)` (checked): in place where the provider
+    /// lends its memory, else through a buffer of `len` bytes copied in afterwards. How the
+    /// driver moves ring or bounce bytes into an application's buffer with one copy on soft.
+    fn fill_dyn(
+        &self,
+        offset: usize,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> lightpath_verbs::Result<()>,
+    ) -> lightpath_verbs::Result<()>;
+}
+
+fn check_range(region: &dyn MemoryRegion, offset: usize, len: usize) -> lightpath_verbs::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region.len() => Ok(()),
+        _ => Err(lightpath_verbs::Error::InvalidAttribute("range outside the registered buffer")),
+    }
 }
 
 impl BufRegion for lightpath_soft::SoftMr {
@@ -23,6 +39,15 @@ impl BufRegion for lightpath_soft::SoftMr {
     }
     fn with_bytes_mut_dyn(&self, f: &mut dyn FnMut(&mut [u8])) {
         self.with_bytes_mut(f)
+    }
+    fn fill_dyn(
+        &self,
+        offset: usize,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> lightpath_verbs::Result<()>,
+    ) -> lightpath_verbs::Result<()> {
+        check_range(self, offset, len)?;
+        self.with_bytes_mut(|bytes| fill(&mut bytes[offset..offset + len]))
     }
 }
 
@@ -41,6 +66,17 @@ macro_rules! copying_buf_region {
                 let _ = self.read(0, &mut bytes);
                 f(&mut bytes);
                 let _ = self.write(0, &bytes);
+            }
+            fn fill_dyn(
+                &self,
+                offset: usize,
+                len: usize,
+                fill: &mut dyn FnMut(&mut [u8]) -> lightpath_verbs::Result<()>,
+            ) -> lightpath_verbs::Result<()> {
+                check_range(self, offset, len)?;
+                let mut bytes = vec![0u8; len];
+                fill(&mut bytes)?;
+                self.write(offset, &bytes)
             }
         }
     };

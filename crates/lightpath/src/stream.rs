@@ -59,7 +59,7 @@ fn closed() -> io::Error {
 /// `Options::linger`) for the peer to acknowledge it, then closes the TCP connection. Event
 /// loops that must not wait use [`Stream::close_in_background`] instead.
 pub struct Stream {
-    backend: Backend,
+    pub(crate) backend: Backend,
     /// The epoll fd behind [`Stream::readiness_fd`] (RDMA streams; made on first use).
     readiness: crate::readiness::ReadinessEpoll,
     transport: Transport,
@@ -144,7 +144,7 @@ impl Stream {
         Ok(self.local)
     }
 
-    fn read_deadline(&self) -> Deadline {
+    pub(crate) fn read_deadline(&self) -> Deadline {
         if self.nonblocking {
             Deadline::Now
         } else {
@@ -152,7 +152,7 @@ impl Stream {
         }
     }
 
-    fn write_deadline(&self) -> Deadline {
+    pub(crate) fn write_deadline(&self) -> Deadline {
         if self.nonblocking {
             Deadline::Now
         } else {

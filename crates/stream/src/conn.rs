@@ -26,9 +26,17 @@
 //! a credit write *with* immediate, which wakes it: at once if the sender's view is stale (a
 //! plain credit write was still in flight), else when a quarter of the ring or half the
 //! receive queue can be returned. A wake-up is sent only when it gives the sender something
-//! new, so notices and wake-ups never feed each other. Three receive credits in each direction
-//! are reserved for control records (one notice, one wake-up and the close record can be
-//! outstanding at a time), so they always get through.
+//! new, so notices and wake-ups never feed each other. Four receive credits in each direction
+//! are reserved for control records (one notice, one wake-up, one rendezvous-done and the
+//! close record can be outstanding at a time), so they always get through.
+//!
+//! # Rendezvous
+//!
+//! A large zero-copy write is announced by a descriptor record in the ring and fetched by the
+//! receiver with RDMA READ (see [`crate::rendezvous`]): [`Conn::rendezvous_room`] /
+//! [`Conn::commit_rendezvous`] on the sending side, [`Conn::accept_rendezvous`] and the
+//! `rendezvous_*` READ planning on the receiving side, whose done record is sent ahead of any
+//! pending data (the sender waits for it and may not be reading).
 //!
 //! # Batching (corking)
 //!
@@ -40,9 +48,13 @@ use std::collections::VecDeque;
 
 use crate::credit::{Counter, CreditWord, CONSUMED_WIDTH, POSTED_WIDTH};
 use crate::record::{Imm, RecordKind, MAX_RECORD_LEN};
+use crate::rendezvous::{
+    BounceGeometry, Descriptor, DescriptorError, Incoming, ReadRequest, DESCRIPTOR_LEN, NUMBER_MASK,
+};
 
-/// Receive credits (in each direction) kept for control records.
-pub const RESERVED_RECVS: u64 = 3;
+/// Receive credits (in each direction) kept for control records: a starved notice, a
+/// wake-up, a rendezvous-done and the close record.
+pub const RESERVED_RECVS: u64 = 4;
 /// Smallest receive queue a connection accepts.
 pub const MIN_RECV_DEPTH: u32 = 8;
 /// Smallest send queue a connection accepts (a record that wraps the ring takes two).
@@ -132,6 +144,10 @@ pub enum ProtocolError {
     /// A zero-length record that must carry bytes, or a byte count that disagrees with the
     /// immediate.
     BadLength,
+    /// A rendezvous descriptor that does not parse or announces an impossible buffer.
+    BadRendezvous(DescriptorError),
+    /// A rendezvous-done record for no rendezvous of this side (or the wrong one).
+    UnexpectedRendezvousDone,
 }
 
 impl std::fmt::Display for ProtocolError {
@@ -142,6 +158,10 @@ impl std::fmt::Display for ProtocolError {
             ProtocolError::TooManyRecords => "peer sent more records than receives were posted",
             ProtocolError::DataAfterClose => "peer sent data after closing",
             ProtocolError::BadLength => "peer sent a record whose length does not match",
+            ProtocolError::BadRendezvous(err) => {
+                return write!(f, "peer sent a malformed rendezvous descriptor ({err})");
+            }
+            ProtocolError::UnexpectedRendezvousDone => "peer finished a rendezvous this side never started",
         })
     }
 }
@@ -154,6 +174,7 @@ pub enum Arrival {
     /// Ring bytes (stream or message) became readable.
     Bytes,
     /// The peer rewrote this side's credit slot: read it and call [`Conn::on_credit_word`].
+    /// (Also after a rendezvous-done record, which carries credit as every control record.)
     Credit,
     /// The peer closed its sending side.
     Closed,
@@ -232,6 +253,15 @@ pub struct Conn {
     peer_wants: Option<PeerWants>,
     peer_closed: bool,
     notifies: VecDeque<u32>,
+    // Rendezvous.
+    /// Number of this side's rendezvous the peer has not finished fetching.
+    outgoing: Option<u32>,
+    rendezvous_sent: u32,
+    /// The rendezvous at the head of the received stream, once its descriptor was accepted.
+    incoming: Option<Incoming>,
+    rendezvous_received: u32,
+    /// A done record to send (the number of the peer's rendezvous).
+    done_wanted: Option<u32>,
 }
 
 impl Conn {
@@ -265,6 +295,11 @@ impl Conn {
             peer_wants: None,
             peer_closed: false,
             notifies: VecDeque::new(),
+            outgoing: None,
+            rendezvous_sent: 0,
+            incoming: None,
+            rendezvous_received: 0,
+            done_wanted: None,
         }
     }
 
@@ -294,7 +329,8 @@ impl Conn {
         let spoken = self.imms_sent
             + self.pending.len() as u64
             + u64::from(self.close == CloseState::Queued)
-            + u64::from(self.notice_wanted.is_some());
+            + u64::from(self.notice_wanted.is_some())
+            + u64::from(self.done_wanted.is_some());
         self.peer_recvs.0.saturating_sub(spoken)
     }
 
@@ -323,6 +359,10 @@ impl Conn {
         };
         let grant = (want as u64).min(free).min(u64::from(cap)) as u32;
         if grant == 0 && (want > 0 || !kind.is_message()) {
+            return None;
+        }
+        if kind == RecordKind::Rendezvous && grant < DESCRIPTOR_LEN {
+            // A descriptor is never split.
             return None;
         }
         Some((grant, offset))
@@ -394,6 +434,7 @@ impl Conn {
         self.pending.is_empty()
             && self.close != CloseState::Queued
             && self.notice_wanted.is_none()
+            && self.done_wanted.is_none()
             && self.completed_seq >= self.last_signaled
     }
 
@@ -460,7 +501,8 @@ impl Conn {
         if self.sq_free() == 0 {
             return None;
         }
-        self.wake_op()
+        self.done_op()
+            .or_else(|| self.wake_op())
             .or_else(|| self.record_op())
             .or_else(|| self.control_op())
             .or_else(|| self.silent_credit_op())
@@ -530,6 +572,23 @@ impl Conn {
         Some(Op::Credit { seq, word, imm: Some(imm.encode()), signaled })
     }
 
+    /// The rendezvous-done record: ahead of pending records, because the peer is blocked until
+    /// it arrives and may not read the ring (so those records may wait for room a long time).
+    /// It uses a reserved receive credit: at most one is outstanding.
+    fn done_op(&mut self) -> Option<Op> {
+        let number = self.done_wanted?;
+        if self.imms_sent >= self.peer_recvs.0 {
+            return None;
+        }
+        self.done_wanted = None;
+        self.imms_sent += 1;
+        let word = self.credit_word();
+        let (seq, signaled) = self.take_seq(true);
+        self.imms_in_flight.push_back(seq);
+        let imm = Imm::new(RecordKind::RendezvousDone, number).encode();
+        Some(Op::Credit { seq, word, imm: Some(imm), signaled })
+    }
+
     /// A credit write with immediate, when the peer waits for room that now exists.
     fn wake_op(&mut self) -> Option<Op> {
         let wants = self.peer_wants?;
@@ -583,6 +642,10 @@ impl Conn {
         while self.imms_in_flight.front().is_some_and(|&s| s <= self.completed_seq) {
             self.imms_in_flight.pop_front();
         }
+        if let Some(incoming) = self.incoming.as_mut() {
+            incoming.prune(self.completed_seq);
+        }
+        self.check_fetched();
     }
 
     /// The local credit slot holds `word` (written by the peer). Returns whether it gave this
@@ -612,11 +675,14 @@ impl Conn {
         self.imms_received += 1;
         self.repost_pending += 1;
         match imm.kind {
-            RecordKind::Data | RecordKind::MsgPart | RecordKind::MsgEnd => {
+            RecordKind::Data | RecordKind::MsgPart | RecordKind::MsgEnd | RecordKind::Rendezvous => {
                 if self.peer_closed {
                     return Err(ProtocolError::DataAfterClose);
                 }
                 if byte_len > imm.len || (imm.len == 0 && imm.kind != RecordKind::MsgEnd) {
+                    return Err(ProtocolError::BadLength);
+                }
+                if imm.kind == RecordKind::Rendezvous && imm.len != DESCRIPTOR_LEN {
                     return Err(ProtocolError::BadLength);
                 }
                 let ring = u64::from(self.config.local_ring);
@@ -654,10 +720,20 @@ impl Conn {
                 self.notifies.push_back(imm.len);
                 Ok(Arrival::Notify(imm.len))
             }
+            RecordKind::RendezvousDone => match self.outgoing {
+                Some(number) if number == imm.len => {
+                    self.outgoing = None;
+                    Ok(Arrival::Credit)
+                }
+                _ => Err(ProtocolError::UnexpectedRendezvousDone),
+            },
         }
     }
 
     /// The record at the head of the ring, if any bytes (or an empty message end) are there.
+    /// A rendezvous stays at the head (kind [`RecordKind::Rendezvous`]) until every byte it
+    /// announced has been handed out; `left` is then the descriptor bytes not yet accepted
+    /// (all of them, or 0 once [`Conn::accept_rendezvous`] took them).
     pub fn front(&self) -> Option<Front> {
         let &(kind, left) = self.records.front()?;
         let ring = u64::from(self.config.local_ring);
@@ -670,6 +746,10 @@ impl Conn {
     /// read to its end is dropped; returns `true` if that record was a message end.
     pub fn consume(&mut self, n: u32) -> bool {
         let Some((kind, left)) = self.records.front_mut() else { return false };
+        if *kind == RecordKind::Rendezvous {
+            // Leaves only through the rendezvous calls.
+            return false;
+        }
         let n = n.min(*left);
         *left -= n;
         self.head += u64::from(n);
@@ -730,5 +810,131 @@ impl Conn {
     /// beyond the reserve).
     pub fn can_notify(&self) -> bool {
         self.sq_free() > 0 && self.imms_available() > RESERVED_RECVS
+    }
+
+    // ---- rendezvous ----------------------------------------------------------------------
+
+    /// The staging offset for a rendezvous descriptor, if one may be committed now: the whole
+    /// descriptor fits, a receive credit beyond the reserve is free, and no earlier rendezvous
+    /// of this side is still being fetched.
+    pub fn rendezvous_room(&self) -> Option<u32> {
+        if self.outgoing.is_some() {
+            return None;
+        }
+        self.send_room(RecordKind::Rendezvous, DESCRIPTOR_LEN as usize).map(|(_, offset)| offset)
+    }
+
+    /// Commits the descriptor the driver staged at [`Conn::rendezvous_room`]'s offset (it is
+    /// posted at once, never corked). Returns the rendezvous' number.
+    pub fn commit_rendezvous(&mut self) -> u32 {
+        self.commit(RecordKind::Rendezvous, DESCRIPTOR_LEN);
+        self.uncork();
+        let number = self.rendezvous_sent & NUMBER_MASK;
+        self.rendezvous_sent = self.rendezvous_sent.wrapping_add(1);
+        self.outgoing = Some(number);
+        number
+    }
+
+    /// Whether the peer is still fetching this side's rendezvous (its buffer is in use).
+    pub fn rendezvous_outstanding(&self) -> bool {
+        self.outgoing.is_some()
+    }
+
+    /// Takes the descriptor of the rendezvous at the head of the stream: `bytes` are the
+    /// `front().left` ring bytes at `front().offset` (wrapping at the end of the ring). A
+    /// descriptor that does not describe a possible buffer is a protocol error. `Ok(None)`: no
+    /// unaccepted rendezvous is at the head (nothing changes).
+    pub fn accept_rendezvous(&mut self, bytes: &[u8]) -> Result<Option<Descriptor>, ProtocolError> {
+        let Some((RecordKind::Rendezvous, left)) = self.records.front_mut() else { return Ok(None) };
+        if *left != DESCRIPTOR_LEN || self.incoming.is_some() {
+            return Ok(None);
+        }
+        let desc = Descriptor::parse(bytes).map_err(ProtocolError::BadRendezvous)?;
+        *left = 0;
+        self.head += u64::from(DESCRIPTOR_LEN);
+        self.incoming = Some(Incoming::new(desc, self.rendezvous_received));
+        self.rendezvous_received = self.rendezvous_received.wrapping_add(1);
+        Ok(Some(desc))
+    }
+
+    /// The rendezvous being fetched (after [`Conn::accept_rendezvous`]).
+    pub fn incoming(&self) -> Option<&Incoming> {
+        self.incoming.as_ref()
+    }
+
+    /// The next READ into the bounce region, if one is due: bytes left to request, a free
+    /// slot, no direct read in progress, and a send-queue slot.
+    pub fn rendezvous_prefetch(&mut self, geometry: BounceGeometry) -> Option<ReadRequest> {
+        if self.sq_free() == 0 || !self.incoming.as_ref()?.wants_prefetch(geometry) {
+            return None;
+        }
+        let (seq, _) = self.take_seq(true);
+        Some(self.incoming.as_mut()?.start_prefetch(seq, geometry))
+    }
+
+    /// The bounced bytes readable now: `(offset in the bounce region, length)`.
+    pub fn rendezvous_bounced(&self) -> Option<(u32, u32)> {
+        self.incoming.as_ref()?.bounce_front(self.completed_seq)
+    }
+
+    /// Hands `n` bounced bytes (at most what [`Conn::rendezvous_bounced`] offered) to the
+    /// application. Returns `true` if that finished the rendezvous (it leaves the stream).
+    pub fn rendezvous_take_bounced(&mut self, n: u32) -> bool {
+        if let Some(incoming) = self.incoming.as_mut() {
+            incoming.take_bounced(n);
+        }
+        self.check_fetched();
+        self.finish_if_delivered()
+    }
+
+    /// Starts reading up to `want` bytes of the rendezvous straight into the application's
+    /// buffer (only once no bounced bytes are left: those come first). Returns how many bytes
+    /// the direct read covers; 0 if none can start.
+    pub fn rendezvous_begin_direct(&mut self, want: u64) -> u64 {
+        self.incoming.as_mut().map_or(0, |incoming| incoming.begin_direct(want))
+    }
+
+    /// The next READ of the direct read (at most `chunk` bytes, at most `max_in_flight` of them
+    /// outstanding), if one is due and a send-queue slot is free.
+    pub fn rendezvous_direct(&mut self, chunk: u32, max_in_flight: usize) -> Option<ReadRequest> {
+        let due = self.incoming.as_ref()?.direct_wants_more(self.completed_seq, max_in_flight);
+        if !due || self.sq_free() == 0 {
+            return None;
+        }
+        let (seq, _) = self.take_seq(true);
+        self.incoming.as_mut()?.next_direct(seq, chunk)
+    }
+
+    /// Ends the direct read once every READ of it completed: the bytes it delivered, and
+    /// whether that finished the rendezvous.
+    pub fn rendezvous_finish_direct(&mut self) -> Option<(u64, bool)> {
+        let delivered = self.incoming.as_mut()?.finish_direct(self.completed_seq)?;
+        self.check_fetched();
+        Some((delivered, self.finish_if_delivered()))
+    }
+
+    /// Whether `seq` is a READ of the rendezvous being fetched that has not completed (so a
+    /// failed completion with that id is the peer's descriptor at fault, or the path).
+    pub fn is_rendezvous_read(&self, seq: u64) -> bool {
+        self.incoming.as_ref().is_some_and(|incoming| incoming.owns(seq))
+    }
+
+    /// Queues the done record once every byte of the rendezvous has been fetched.
+    fn check_fetched(&mut self) {
+        let completed = self.completed_seq;
+        if let Some(incoming) = self.incoming.as_mut() {
+            if incoming.is_fetched(completed) && incoming.mark_done_queued() {
+                self.done_wanted = Some(incoming.number());
+            }
+        }
+    }
+
+    fn finish_if_delivered(&mut self) -> bool {
+        if self.incoming.as_ref().is_some_and(Incoming::is_delivered) {
+            self.incoming = None;
+            self.records.pop_front();
+            return true;
+        }
+        false
     }
 }

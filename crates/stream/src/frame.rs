@@ -62,7 +62,10 @@ impl FrameHeader {
     /// Parses a header received from the peer.
     pub fn parse(bytes: &[u8; HEADER_LEN]) -> Result<Self, FrameError> {
         let kind = match RecordKind::from_code(bytes[0]) {
-            Some(kind) if kind.uses_ring() || kind == RecordKind::Close => kind,
+            // Rendezvous needs RDMA READ: a TCP stream carries its bytes inline.
+            Some(
+                kind @ (RecordKind::Data | RecordKind::MsgPart | RecordKind::MsgEnd | RecordKind::Close),
+            ) => kind,
             _ => return Err(FrameError::Kind(bytes[0])),
         };
         if bytes[1..4] != [0, 0, 0] {
@@ -175,7 +178,9 @@ mod tests {
     #[test]
     fn bad_headers() {
         assert_eq!(FrameHeader::parse(&[4, 0, 0, 0, 0, 0, 0, 0]), Err(FrameError::Kind(4)));
+        assert_eq!(FrameHeader::parse(&[8, 0, 0, 0, 0, 0, 0, 24]), Err(FrameError::Kind(8)));
         assert_eq!(FrameHeader::parse(&[9, 0, 0, 0, 0, 0, 0, 0]), Err(FrameError::Kind(9)));
+        assert_eq!(FrameHeader::parse(&[10, 0, 0, 0, 0, 0, 0, 0]), Err(FrameError::Kind(10)));
         assert_eq!(FrameHeader::parse(&[0, 1, 0, 0, 0, 0, 0, 0]), Err(FrameError::Reserved));
         assert_eq!(FrameHeader::parse(&[0, 0, 0, 0, 0x40, 0, 0, 1]), Err(FrameError::Length(0x4000_0001)));
         assert_eq!(FrameHeader::parse(&[3, 0, 0, 0, 0, 0, 0, 1]), Err(FrameError::Length(1)));

@@ -9,6 +9,8 @@
 //! * [`frame`] — the same records over the TCP fallback (8-byte headers);
 //! * [`credit`] — the credit word a receiver writes into its sender's credit slot;
 //! * [`conn`] — ring, receive-credit and send-queue accounting of one RDMA connection;
+//! * [`rendezvous`] — large zero-copy transfers fetched by the receiver with RDMA READ: the
+//!   descriptor record and the state of the rendezvous being fetched;
 //! * [`negotiate`] — the messages two endpoints exchange over TCP to pick a transport.
 //!
 //! The protocol is described in full in `docs/stream-protocol.md`.
@@ -19,6 +21,7 @@ pub mod credit;
 pub mod frame;
 pub mod negotiate;
 pub mod record;
+pub mod rendezvous;
 
 pub use conn::{Arrival, Conn, ConnConfig, Front, Op, ProtocolError};
 pub use credit::CreditWord;

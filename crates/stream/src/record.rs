@@ -13,7 +13,8 @@
 //!
 //! For records that carry ring bytes the low 28 bits are the number of bytes covered (the
 //! driver keeps records below 2^27 bytes; rings are smaller). Control records use them for a
-//! value: the sender's view of a counter (starved notices) or an application value (notify).
+//! value: the sender's view of a counter (starved notices), an application value (notify) or
+//! the number of a rendezvous (see [`crate::rendezvous`]).
 
 /// Largest record payload (and control value) a record carries.
 pub const MAX_RECORD_LEN: u32 = (1 << 27) - 1;
@@ -43,6 +44,13 @@ pub enum RecordKind {
     /// The sender is blocked on receive credits; `length` is its view of the receiver's
     /// receives-posted counter (mod 2^27). No ring bytes.
     StarvedRecvs,
+    /// A rendezvous: the ring holds a [`crate::rendezvous::Descriptor`] (exactly
+    /// [`crate::rendezvous::DESCRIPTOR_LEN`] bytes) naming a registered buffer of the sender
+    /// whose bytes the receiver fetches with RDMA READ, in stream order at this point.
+    Rendezvous,
+    /// The receiver has fetched every byte of a rendezvous; `length` is its number (mod 2^27,
+    /// counting from 0). No ring bytes.
+    RendezvousDone,
 }
 
 impl RecordKind {
@@ -57,6 +65,8 @@ impl RecordKind {
             RecordKind::Notify => 5,
             RecordKind::StarvedBytes => 6,
             RecordKind::StarvedRecvs => 7,
+            RecordKind::Rendezvous => 8,
+            RecordKind::RendezvousDone => 9,
         }
     }
 
@@ -71,13 +81,15 @@ impl RecordKind {
             5 => RecordKind::Notify,
             6 => RecordKind::StarvedBytes,
             7 => RecordKind::StarvedRecvs,
+            8 => RecordKind::Rendezvous,
+            9 => RecordKind::RendezvousDone,
             _ => return None,
         })
     }
 
     /// Whether the record's length counts bytes written into the receiver's ring.
     pub fn uses_ring(self) -> bool {
-        matches!(self, RecordKind::Data | RecordKind::MsgPart | RecordKind::MsgEnd)
+        matches!(self, RecordKind::Data | RecordKind::MsgPart | RecordKind::MsgEnd | RecordKind::Rendezvous)
     }
 
     /// Whether the record is part of a message.
@@ -138,6 +150,9 @@ mod tests {
         assert_eq!(Imm::new(RecordKind::Data, MAX_RECORD_LEN).encode(), 0x07FF_FFFF);
         assert_eq!(Imm::decode(0xF000_0000), Err(BadImm(0xF000_0000)));
         assert_eq!(Imm::decode(0x7000_0005), Ok(Imm { kind: RecordKind::StarvedRecvs, len: 5 }));
+        assert_eq!(Imm::decode(0x8000_0018), Ok(Imm { kind: RecordKind::Rendezvous, len: 24 }));
+        assert_eq!(Imm::decode(0x9000_0003), Ok(Imm { kind: RecordKind::RendezvousDone, len: 3 }));
+        assert_eq!(Imm::decode(0xA000_0000), Err(BadImm(0xA000_0000)));
     }
 
     #[test]
@@ -145,7 +160,7 @@ mod tests {
         for code in 0..16u8 {
             match RecordKind::from_code(code) {
                 Some(kind) => assert_eq!(kind.code(), code),
-                None => assert!(code > 7),
+                None => assert!(code > 9),
             }
         }
         for raw in [0u32, 1, 0x0800_0000, 0x5FFF_FFFF, 0x3000_0000, 0x6ABC_DEF0] {

@@ -59,6 +59,26 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
         deadline: Deadline,
     ) -> io::Result<()>;
     fn recv_notify(&mut self, deadline: Deadline) -> io::Result<u32>;
+    fn read_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<usize>;
+    fn send_msg_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<()>;
+    fn recv_msg_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        deadline: Deadline,
+    ) -> io::Result<Option<usize>>;
     /// Hands the connection to the reaper (see [`crate::reaper`]).
     fn into_parked(self: Box<Self>) -> Box<dyn crate::reaper::Parked>;
     /// If no write would fit now, tells the peer (once) so that it wakes this side when room
@@ -177,6 +197,35 @@ where
     }
     fn recv_notify(&mut self, deadline: Deadline) -> io::Result<u32> {
         RdmaConn::recv_notify(self, deadline)
+    }
+    fn read_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<usize> {
+        let local = local.region_for(self.id)?;
+        RdmaConn::read_buf(self, local, offset, len, deadline)
+    }
+    fn send_msg_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        let local = local.region_for(self.id)?;
+        RdmaConn::send_msg_buf(self, local, offset, len, deadline)
+    }
+    fn recv_msg_buf(
+        &mut self,
+        local: &RegisteredBuf,
+        offset: usize,
+        deadline: Deadline,
+    ) -> io::Result<Option<usize>> {
+        let local = local.region_for(self.id)?;
+        RdmaConn::recv_msg_buf(self, local, offset, deadline)
     }
     fn into_parked(self: Box<Self>) -> Box<dyn crate::reaper::Parked> {
         self

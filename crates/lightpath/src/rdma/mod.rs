@@ -27,8 +27,10 @@ use crate::options::Options;
 
 mod dynamic;
 mod one_sided;
+mod rendezvous;
 mod setup;
 mod stream_ops;
+mod zero_copy;
 
 pub(crate) use dynamic::{PendingSetup, RdmaStream};
 pub(crate) use setup::RdmaSetup;
@@ -86,6 +88,8 @@ pub(crate) struct RdmaConn<D: Device> {
     /// Stream bytes `[start, start + len)` that live in a registered buffer of the
     /// application (`write_buf`), not in staging: posted straight from `sge_base`.
     zero_copy: Option<ZeroCopySpan>,
+    /// Large zero-copy transfers (see `rendezvous`).
+    rendezvous: rendezvous::Rendezvous<D>,
 }
 
 /// Where the bytes of a zero-copy write come from.
@@ -153,6 +157,15 @@ impl<D: Device> RdmaConn<D> {
 
     fn handle(&mut self, wc: WorkCompletion) {
         if !wc.status.is_success() {
+            if self.core.is_rendezvous_read(wc.wr_id)
+                && matches!(wc.status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr)
+            {
+                let what = format!(
+                    "the peer's rendezvous names memory it does not let us read ({}): a bad address, length or key",
+                    wc.status
+                );
+                return self.fail(io::ErrorKind::InvalidData, what);
+            }
             if wc.status != WcStatus::WrFlushErr || self.failed.is_none() {
                 self.fail(io::ErrorKind::ConnectionReset, format!("RDMA transfer failed ({})", wc.status));
             }

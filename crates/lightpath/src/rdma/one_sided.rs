@@ -6,7 +6,7 @@ use crate::remote::BufRegion;
 
 impl<D: Device> RdmaConn<D> {
     /// Waits until the signaled request `seq` completes.
-    fn wait_for(&mut self, seq: u64, deadline: Deadline) -> io::Result<()> {
+    pub(super) fn wait_for(&mut self, seq: u64, deadline: Deadline) -> io::Result<()> {
         loop {
             self.pump();
             self.check_usable()?;
@@ -144,6 +144,9 @@ impl<D: Device> RdmaConn<D> {
                 io::ErrorKind::InvalidInput,
                 "lightpath: range outside the local buffer",
             ));
+        }
+        if len >= self.rendezvous.min {
+            return self.write_rendezvous(local, local_offset, len, false, deadline);
         }
         // Staged bytes must not share a record with these: post everything pending first.
         self.core.uncork();

@@ -114,6 +114,7 @@ impl<D: Device> RdmaSetup<D> {
             linger: self.options.linger,
             message: Vec::new(),
             zero_copy: None,
+            rendezvous: super::rendezvous::Rendezvous::new(&self.options),
         })
     }
 }

@@ -19,6 +19,12 @@ impl<D: Device> RdmaConn<D> {
             let mut done = 0;
             while done < buf.len() {
                 let Some(front) = self.core.front() else { break };
+                if front.kind == RecordKind::Rendezvous {
+                    if done == 0 {
+                        done = self.read_rendezvous(buf)?;
+                    }
+                    break;
+                }
                 if front.kind != RecordKind::Data {
                     if done > 0 {
                         break;
@@ -114,6 +120,12 @@ impl<D: Device> RdmaConn<D> {
                 self.pump();
             }
             while let Some(front) = self.core.front() {
+                if front.kind == RecordKind::Rendezvous {
+                    match self.recv_msg_rendezvous()? {
+                        Some(message) => return Ok(Some(message)),
+                        None => break,
+                    }
+                }
                 if !front.kind.is_message() {
                     return Err(invalid("the peer sent stream bytes here; use read"));
                 }
@@ -209,7 +221,7 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// Copies `bytes` into the staging ring at `offset`, wrapping at its end.
-    fn stage(&self, offset: u32, bytes: &[u8]) -> io::Result<()> {
+    pub(super) fn stage(&self, offset: u32, bytes: &[u8]) -> io::Result<()> {
         let ring = self.peer.ring_len as usize;
         let offset = offset as usize;
         let first = bytes.len().min(ring - offset);

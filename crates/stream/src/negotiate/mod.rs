@@ -24,8 +24,11 @@ pub use message::{Choice, FallbackReason, Message, MessageType, ParseError, MAX_
 pub const CLIENT_MAGIC: [u8; 8] = *b"\x89LPATH/C";
 /// What a Lightpath server sends first.
 pub const SERVER_MAGIC: [u8; 8] = *b"\x89LPATH/S";
-/// The protocol version this implementation speaks.
-pub const VERSION: u8 = 1;
+/// The protocol version this implementation speaks. Version 2 added rendezvous (record
+/// kinds 8 and 9, a fourth reserved receive credit); a version-1 peer would reset the
+/// connection on the first of those records, so the two are not mixed: a version-1 client
+/// gets `ServerHello{Tcp(VersionMismatch)}` and both sides fall back to raw TCP.
+pub const VERSION: u8 = 2;
 
 /// How a received prefix compares with an expected magic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,8 +73,9 @@ mod tests {
 
     #[test]
     fn versions() {
-        assert_eq!(pick_version(1, 1), Some(1));
-        assert_eq!(pick_version(0, 3), Some(1));
-        assert_eq!(pick_version(2, 3), None);
+        assert_eq!(pick_version(2, 2), Some(2));
+        assert_eq!(pick_version(0, 3), Some(2));
+        assert_eq!(pick_version(1, 1), None, "version 1 has no rendezvous");
+        assert_eq!(pick_version(3, 4), None);
     }
 }

@@ -1,0 +1,288 @@
+//! The verbs side of rendezvous (the protocol and its bookkeeping are
+//! `lightpath_stream::rendezvous`): the sender's descriptor record and its wait for the done
+//! record, the receiver's RDMA READs from the sender's buffer — straight into an application's
+//! registered buffer (a *direct* read) or into the bounce region that plain reads copy from —
+//! and how both give up when the peer dies or lies.
+//!
+//! Memory: the bounce region (`BOUNCE`, 256 KiB) is allocated the first time a plain read
+//! meets a rendezvous and kept for the connection's life, so a connection holds at most its
+//! ring, its staging mirror and this region. Direct reads use the application's buffer only.
+
+use super::*;
+use crate::options::RendezvousLie;
+use crate::remote::BufRegion;
+use lightpath_stream::rendezvous::{BounceGeometry, Descriptor, ReadRequest, ReadTarget, DESCRIPTOR_LEN};
+use lightpath_verbs::QpState;
+
+/// The bounce region: four 64 KiB slots, each filled by one READ ahead of the reader, so a
+/// plain reader keeps up to four READs in flight.
+const BOUNCE: BounceGeometry = BounceGeometry { slot_len: 64 << 10, slots: 4 };
+/// Largest READ of a direct read: small enough that a lost packet costs little to re-read,
+/// large enough that posting is cheap.
+const DIRECT_CHUNK: u32 = 1 << 20;
+/// Direct READs in flight (the queue pair allows 16 outstanding READs).
+const DIRECT_IN_FLIGHT: usize = 8;
+
+/// The driver's rendezvous state of one connection.
+pub(super) struct Rendezvous<D: Device> {
+    /// Zero-copy writes of at least this many bytes go by rendezvous.
+    pub(super) min: usize,
+    bounce: Option<MrOf<D>>,
+    lie: Option<RendezvousLie>,
+}
+
+impl<D: Device> Rendezvous<D> {
+    pub(super) fn new(options: &Options) -> Self {
+        Self { min: options.rendezvous_min.max(1), bounce: None, lie: options.fault_rendezvous }
+    }
+}
+
+fn unexpected(what: &str) -> io::Error {
+    io::Error::other(format!("lightpath: internal error: {what}"))
+}
+
+impl<D: Device> RdmaConn<D> {
+    /// Moves the queue pair to the error state: nothing posted touches memory any more and the
+    /// peer can no longer read this side's buffers. For giving up while a READ into an
+    /// application's buffer, or the peer's READ of one, may still be under way.
+    pub(super) fn fence(&mut self) {
+        let _ = self.qp.modify(&QpAttr::state(QpState::Err));
+    }
+
+    /// Fences, marks the connection broken and returns the error.
+    pub(super) fn give_up(&mut self, kind: io::ErrorKind, what: &str) -> io::Error {
+        self.fence();
+        self.fail(kind, what.to_string());
+        self.failure().unwrap_or_else(|| io::Error::new(kind, what.to_string()))
+    }
+
+    // ---- sending -------------------------------------------------------------------------
+
+    /// Announces `len` bytes of `local` as a rendezvous (a whole message if `message`) and
+    /// waits until the peer has fetched them. Once the descriptor is out the peer may read the
+    /// buffer at any moment, so this does not return early: in nonblocking mode it blocks, and
+    /// a write timeout that expires closes the connection (fencing the queue pair) so that the
+    /// buffer may be reused when the error is returned.
+    pub(super) fn write_rendezvous(
+        &mut self,
+        local: &dyn BufRegion,
+        offset: usize,
+        len: usize,
+        message: bool,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        let mut desc =
+            Descriptor { addr: local.addr() + offset as u64, len: len as u64, rkey: local.rkey(), message };
+        match self.rendezvous.lie {
+            Some(RendezvousLie::Key) => desc.rkey ^= 0x00A5_5A00,
+            Some(RendezvousLie::PastTheEnd) => desc.len += 4096,
+            Some(RendezvousLie::Huge) => desc.len = 1 << 60,
+            None => {}
+        }
+        loop {
+            self.pump();
+            self.check_writable()?;
+            self.read_slot();
+            if let Some(at) = self.core.rendezvous_room() {
+                self.stage(at, &desc.encode())?;
+                self.core.commit_rendezvous();
+                self.post_ops();
+                break;
+            }
+            self.core.note_blocked();
+            self.post_ops();
+            self.wait(deadline)?;
+        }
+        let deadline = if deadline == Deadline::Now { Deadline::At(None) } else { deadline };
+        let mut just_pumped = false;
+        loop {
+            if !just_pumped {
+                self.pump();
+            }
+            if !self.core.rendezvous_outstanding() {
+                return Ok(());
+            }
+            if let Some(err) = self.failure() {
+                self.fence();
+                return Err(err);
+            }
+            if self.peer_vanished() {
+                return Err(
+                    self.give_up(io::ErrorKind::ConnectionReset, "the peer vanished during a rendezvous")
+                );
+            }
+            if self.peer_bye.is_some() || self.tcp_eof {
+                return Err(
+                    self.give_up(io::ErrorKind::BrokenPipe, "the peer closed before fetching a rendezvous")
+                );
+            }
+            match self.wait(deadline) {
+                Err(err) if err.kind() == io::ErrorKind::TimedOut => {
+                    return Err(self.give_up(
+                        io::ErrorKind::TimedOut,
+                        "the peer did not fetch a rendezvous within the write timeout (the connection is \
+                         closed, so the buffer may be reused)",
+                    ));
+                }
+                other => other?,
+            }
+            just_pumped = true;
+        }
+    }
+
+    // ---- receiving -----------------------------------------------------------------------
+
+    /// The descriptor of the rendezvous at the head of the stream, accepting it first if
+    /// needed. A malformed descriptor breaks the connection (`InvalidData`).
+    pub(super) fn accept_front(&mut self) -> io::Result<Descriptor> {
+        if let Some(incoming) = self.core.incoming() {
+            return Ok(*incoming.descriptor());
+        }
+        let front = self.core.front().ok_or_else(|| unexpected("no rendezvous at the head"))?;
+        let mut bytes = [0u8; DESCRIPTOR_LEN as usize];
+        let first = (front.contiguous as usize).min(bytes.len());
+        self.recv_mr.read(SLOT_AREA + front.offset as usize, &mut bytes[..first]).map_err(from_verbs)?;
+        if first < bytes.len() {
+            // The descriptor wraps the end of the ring.
+            self.recv_mr.read(SLOT_AREA, &mut bytes[first..]).map_err(from_verbs)?;
+        }
+        match self.core.accept_rendezvous(&bytes) {
+            Ok(Some(desc)) => {
+                self.post_ops();
+                Ok(desc)
+            }
+            Ok(None) => Err(unexpected("the rendezvous at the head was not accepted")),
+            Err(err) => {
+                self.fail(io::ErrorKind::InvalidData, format!("protocol violation: {err}"));
+                Err(self.failure().unwrap_or_else(|| invalid(err)))
+            }
+        }
+    }
+
+    /// Posts one READ of the rendezvous; `direct` is the application's buffer and the offset
+    /// its direct read starts at.
+    pub(super) fn post_read(
+        &mut self,
+        request: ReadRequest,
+        direct: Option<(&dyn BufRegion, usize)>,
+    ) -> io::Result<()> {
+        let sge = match (request.target, direct) {
+            (ReadTarget::Bounce { offset }, _) => match &self.rendezvous.bounce {
+                Some(bounce) => bounce.sge(offset as usize, request.len),
+                None => return Err(self.give_up(io::ErrorKind::Other, "a READ into a missing bounce region")),
+            },
+            (ReadTarget::Direct { offset }, Some((local, base))) => {
+                local.sge(base + offset as usize, request.len)
+            }
+            (ReadTarget::Direct { .. }, None) => {
+                return Err(self.give_up(io::ErrorKind::Other, "a direct READ without a destination"))
+            }
+        };
+        let op = SendOp::Read { remote_addr: request.remote_addr, rkey: request.rkey };
+        if let Err(err) = self.qp.post_send(&SendWr::new(request.seq, op, &[sge])) {
+            return Err(
+                self.give_up(io::ErrorKind::ConnectionReset, &format!("posting a rendezvous READ: {err}"))
+            );
+        }
+        Ok(())
+    }
+
+    /// Keeps the bounce region's free slots filled with READs ahead of the reader.
+    fn prefetch(&mut self) -> io::Result<()> {
+        if self.rendezvous.bounce.is_none() {
+            let bounce = self._pd.alloc_mr(BOUNCE.len(), AccessFlags::LOCAL_WRITE).map_err(from_verbs)?;
+            self.rendezvous.bounce = Some(bounce);
+        }
+        while let Some(request) = self.core.rendezvous_prefetch(BOUNCE) {
+            self.post_read(request, None)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the bounce region.
+    pub(super) fn with_bounce<R>(&self, f: impl FnOnce(&MrOf<D>) -> io::Result<R>) -> io::Result<R> {
+        match &self.rendezvous.bounce {
+            Some(bounce) => f(bounce),
+            None => Err(unexpected("bounced bytes without a bounce region")),
+        }
+    }
+
+    /// Plain `read` of the rendezvous at the head: copies what the bounce region holds into
+    /// `buf` and keeps its slots busy. 0 means nothing has landed yet (READs are in flight).
+    pub(super) fn read_rendezvous(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.accept_front()?.message {
+            return Err(invalid("the peer sent a message here; use recv_msg"));
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let Some((at, len)) = self.core.rendezvous_bounced() else { break };
+            let n = (len as usize).min(buf.len() - done);
+            let dst = &mut buf[done..done + n];
+            self.with_bounce(|bounce| bounce.read(at as usize, dst).map_err(from_verbs))?;
+            done += n;
+            if self.core.rendezvous_take_bounced(n as u32) {
+                break;
+            }
+        }
+        if self.core.incoming().is_some() {
+            self.prefetch()?;
+        }
+        self.post_ops();
+        Ok(done)
+    }
+
+    /// `recv_msg` of a rendezvous message: gathers it through the bounce region (the vector
+    /// grows only as bytes arrive, whatever length the peer announced). `None`: not complete
+    /// yet, READs are in flight.
+    pub(super) fn recv_msg_rendezvous(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if self.core.incoming().is_none() && !self.message.is_empty() {
+            self.fail(io::ErrorKind::InvalidData, "protocol violation: a rendezvous inside a message".into());
+            return Err(self.failure().unwrap_or_else(|| invalid("a rendezvous inside a message")));
+        }
+        if !self.accept_front()?.message {
+            return Err(invalid("the peer sent stream bytes here; use read"));
+        }
+        while let Some((at, len)) = self.core.rendezvous_bounced() {
+            let start = self.message.len();
+            self.message.resize(start + len as usize, 0);
+            let mut message = std::mem::take(&mut self.message);
+            let copied = self
+                .with_bounce(|bounce| bounce.read(at as usize, &mut message[start..]).map_err(from_verbs));
+            self.message = message;
+            copied?;
+            if self.core.rendezvous_take_bounced(len) {
+                self.post_ops();
+                return Ok(Some(std::mem::take(&mut self.message)));
+            }
+        }
+        self.prefetch()?;
+        self.post_ops();
+        Ok(None)
+    }
+
+    /// Reads the direct read the core just began straight into `local` from `base`, waiting
+    /// for every READ: they write into the application's buffer, so neither a deadline nor
+    /// nonblocking mode may end this call while one is in flight. A peer that dies ends it
+    /// (the queue pair is fenced first).
+    pub(super) fn direct_read(&mut self, local: &dyn BufRegion, base: usize) -> io::Result<()> {
+        loop {
+            while let Some(request) = self.core.rendezvous_direct(DIRECT_CHUNK, DIRECT_IN_FLIGHT) {
+                self.post_read(request, Some((local, base)))?;
+            }
+            if self.core.rendezvous_finish_direct().is_some() {
+                self.post_ops();
+                return Ok(());
+            }
+            if let Some(err) = self.failure() {
+                self.fence();
+                return Err(err);
+            }
+            if self.peer_vanished() {
+                return Err(
+                    self.give_up(io::ErrorKind::ConnectionReset, "the peer vanished during a rendezvous")
+                );
+            }
+            self.wait(Deadline::At(None))?;
+        }
+    }
+}
