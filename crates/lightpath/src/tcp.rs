@@ -9,6 +9,9 @@ use lightpath_stream::RecordKind;
 
 use crate::error::{invalid, reset};
 
+/// How long closing may block on a message the socket has not taken yet.
+const CLOSE_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A TCP transport.
 #[derive(Debug)]
 pub(crate) struct TcpConn {
@@ -20,6 +23,10 @@ pub(crate) struct TcpConn {
     reader: FrameReader,
     /// Header bytes of the current outgoing record not yet written.
     header_out: Vec<u8>,
+    /// A whole message record (header and payload) accepted by `send_msg` whose tail the
+    /// socket has not taken yet (nonblocking mode): it goes out before anything else.
+    message_out: Vec<u8>,
+    message_sent: usize,
     /// Payload bytes the current outgoing data record still expects.
     payload_left: u32,
     read_shut: bool,
@@ -35,6 +42,8 @@ impl TcpConn {
             prefix,
             reader: FrameReader::default(),
             header_out: Vec::new(),
+            message_out: Vec::new(),
+            message_sent: 0,
             payload_left: 0,
             read_shut: false,
             write_closed: false,
@@ -103,7 +112,19 @@ impl TcpConn {
         }
     }
 
+    /// Sends what is owed of an accepted message and of a started record's header.
     fn flush_header(&mut self) -> io::Result<()> {
+        while self.message_sent < self.message_out.len() {
+            let n = self.tcp.write(&self.message_out[self.message_sent..])?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.message_sent += n;
+        }
+        if !self.message_out.is_empty() {
+            self.message_out = Vec::new();
+            self.message_sent = 0;
+        }
         while !self.header_out.is_empty() {
             let n = self.tcp.write(&self.header_out)?;
             if n == 0 {
@@ -125,9 +146,12 @@ impl TcpConn {
         if self.payload_left == 0 {
             let len = buf.len().min(MAX_FRAME_LEN as usize) as u32;
             let header = FrameHeader { kind: RecordKind::Data, len }.encode();
-            self.payload_left = len;
-            // Header and payload in one system call when the socket takes them.
+            // Header and payload in one system call when the socket takes them. The record
+            // exists only once some of its header went out (an error here sent nothing).
             let n = self.tcp.write_vectored(&[IoSlice::new(&header), IoSlice::new(&buf[..len as usize])])?;
+            if n > 0 {
+                self.payload_left = len;
+            }
             if n < HEADER_LEN {
                 self.header_out.extend_from_slice(&header[n..]);
                 return if n == 0 {
@@ -162,6 +186,7 @@ impl TcpConn {
     /// (the bytes are the application's), so callers finish writes before other records.
     fn ensure_record_boundary(&self) -> io::Result<()> {
         if self.payload_left > 0 || !self.header_out.is_empty() {
+            // (An accepted message's tail is not a partial write: it is sent first.)
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "lightpath: a partial write must be completed before sending a message or closing",
@@ -181,11 +206,21 @@ impl TcpConn {
         let len = u32::try_from(msg.len()).ok().filter(|&l| l <= MAX_FRAME_LEN);
         let len =
             len.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "lightpath: message above 1 GiB"))?;
+        // An earlier message still going out comes first; until it has, this one is refused
+        // (WouldBlock in nonblocking mode), so at most one message is buffered.
+        self.flush_header()?;
         let header = FrameHeader { kind: RecordKind::MsgEnd, len }.encode();
         let mut out = Vec::with_capacity(HEADER_LEN + msg.len());
         out.extend_from_slice(&header);
         out.extend_from_slice(msg);
-        self.tcp.write_all(&out)
+        // From here the message is accepted: what the socket does not take now is sent before
+        // anything else, by later calls (or by the close).
+        self.message_out = out;
+        self.message_sent = 0;
+        match self.flush_header() {
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            other => other,
+        }
     }
 
     pub(crate) fn recv_msg(&mut self) -> io::Result<Option<Vec<u8>>> {
@@ -255,6 +290,7 @@ impl TcpConn {
         }
         if self.framed {
             self.ensure_record_boundary()?;
+            self.flush_header()?;
             let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
             self.tcp.write_all(&close)?;
         }
@@ -270,8 +306,13 @@ impl TcpConn {
     pub(crate) fn close(&mut self) {
         if self.framed && !self.write_closed && self.ensure_record_boundary().is_ok() {
             let _ = self.tcp.set_nonblocking(false);
-            let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
-            let _ = self.tcp.write_all(&close);
+            // A message still owed to the peer goes first, but a peer that stopped reading
+            // cannot hold the closing thread forever.
+            let _ = self.tcp.set_write_timeout(Some(CLOSE_WRITE_LIMIT));
+            if self.flush_header().is_ok() {
+                let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
+                let _ = self.tcp.write_all(&close);
+            }
         }
     }
 }
