@@ -20,7 +20,8 @@ fn demo_runs_every_operation_and_stream_case() {
     ] {
         assert!(text.lines().any(|l| l.starts_with(&format!("  [ok] {step} "))), "no [ok] {step}:\n{text}");
     }
-    let stream = |name: &str| text.lines().find(|l| l.starts_with(&format!("  [ok] {name} "))).map(str::to_owned);
+    let stream =
+        |name: &str| text.lines().find(|l| l.starts_with(&format!("  [ok] {name} "))).map(str::to_owned);
     let defaults = stream("default providers").expect("default providers line");
     assert!(defaults.contains("rdma/shm") && defaults.contains("matches"), "{defaults}");
     let soft = stream("soft only").expect("soft line");
