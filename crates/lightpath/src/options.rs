@@ -46,10 +46,11 @@ pub struct Options {
     /// Zero-copy writes (`Stream::write_buf`, `Stream::send_msg_buf`) of at least this many
     /// bytes go by rendezvous: the peer fetches them with RDMA READ straight from the
     /// registered buffer (into its own registered buffer when it reads with `read_buf`)
-    /// instead of through its receive ring. Smaller ones are written into the ring. The
-    /// default, 256 KiB, is where the two cost the same on loopback soft and shm (see
-    /// `docs/stream-protocol.md`); `usize::MAX` turns rendezvous off.
-    pub rendezvous_min: usize,
+    /// instead of through its receive ring, which smaller ones are copied into. `None` (the
+    /// default) picks the provider's crossover, where the two cost the same (measured on
+    /// loopback, see `docs/stream-protocol.md`): [`Options::rendezvous_min_for`].
+    /// `Some(usize::MAX)` turns rendezvous off.
+    pub rendezvous_min: Option<usize>,
     /// Test hook: rendezvous descriptors this side sends lie about the buffer.
     #[doc(hidden)]
     pub fault_rendezvous: Option<RendezvousLie>,
@@ -111,7 +112,7 @@ impl Default for Options {
             soft_progress: ProgressMode::Thread,
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
-            rendezvous_min: 256 << 10,
+            rendezvous_min: None,
             fault_rendezvous: None,
             fault_blackhole_rdma: false,
             fault_versions: None,
@@ -135,8 +136,20 @@ impl Options {
     /// Zero-copy writes of at least `bytes` go by rendezvous (see
     /// [`Options::rendezvous_min`]; at least 1).
     pub fn with_rendezvous_min(mut self, bytes: usize) -> Self {
-        self.rendezvous_min = bytes.max(1);
+        self.rendezvous_min = Some(bytes.max(1));
         self
+    }
+
+    /// The rendezvous threshold a connection over `provider` uses: the configured one, else
+    /// the provider's crossover. Soft: 256 KiB (a round trip costs tens of µs, as much as
+    /// copying a quarter MiB twice). Shm: 16 KiB (a round trip is a few µs). Ibverbs: 64 KiB,
+    /// not measured here (no RDMA hardware); RNICs' round trips are a few µs.
+    pub fn rendezvous_min_for(&self, provider: ProviderId) -> usize {
+        self.rendezvous_min.unwrap_or(match provider {
+            ProviderId::Soft => 256 << 10,
+            ProviderId::Shm => 16 << 10,
+            ProviderId::Ibverbs => 64 << 10,
+        })
     }
 
     /// A receive ring of `bytes` (at least 4 KiB; rounded to 64 bytes).

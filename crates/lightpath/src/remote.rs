@@ -24,6 +24,11 @@ pub(crate) trait BufRegion: MemoryRegion {
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> lightpath_verbs::Result<()>,
     ) -> lightpath_verbs::Result<()>;
+    /// Runs `view` on bytes `[offset, offset + len)` (checked): in place where the provider
+    /// lends its memory, else on a copy. How the driver stages a small write from a
+    /// registered buffer with one copy on soft.
+    fn view_dyn(&self, offset: usize, len: usize, view: &mut dyn FnMut(&[u8]))
+        -> lightpath_verbs::Result<()>;
 }
 
 fn check_range(region: &dyn MemoryRegion, offset: usize, len: usize) -> lightpath_verbs::Result<()> {
@@ -48,6 +53,16 @@ impl BufRegion for lightpath_soft::SoftMr {
     ) -> lightpath_verbs::Result<()> {
         check_range(self, offset, len)?;
         self.with_bytes_mut(|bytes| fill(&mut bytes[offset..offset + len]))
+    }
+    fn view_dyn(
+        &self,
+        offset: usize,
+        len: usize,
+        view: &mut dyn FnMut(&[u8]),
+    ) -> lightpath_verbs::Result<()> {
+        check_range(self, offset, len)?;
+        self.with_bytes(|bytes| view(&bytes[offset..offset + len]));
+        Ok(())
     }
 }
 
@@ -77,6 +92,18 @@ macro_rules! copying_buf_region {
                 let mut bytes = vec![0u8; len];
                 fill(&mut bytes)?;
                 self.write(offset, &bytes)
+            }
+            fn view_dyn(
+                &self,
+                offset: usize,
+                len: usize,
+                view: &mut dyn FnMut(&[u8]),
+            ) -> lightpath_verbs::Result<()> {
+                check_range(self, offset, len)?;
+                let mut bytes = vec![0u8; len];
+                self.read(offset, &mut bytes)?;
+                view(&bytes);
+                Ok(())
             }
         }
     };

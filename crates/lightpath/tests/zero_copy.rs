@@ -21,9 +21,9 @@ fn options(provider: ProviderId) -> Options {
     Options::default().with_providers(&[provider])
 }
 
-/// The default threshold (the tests probe sizes around it).
-fn threshold() -> usize {
-    Options::default().rendezvous_min
+/// The provider's default threshold (the tests probe sizes around it).
+fn threshold(provider: ProviderId) -> usize {
+    Options::default().rendezvous_min_for(provider)
 }
 
 /// A connected pair in this process: `(server side, client side)`.
@@ -78,6 +78,8 @@ over_soft_and_shm!(
     partial_read_bufs_and_buffer_reuse,
     messages_from_and_into_registered_buffers,
     nonblocking_plain_reader_of_a_rendezvous,
+    more_rendezvous_than_receive_credits,
+    event_loop_reader_sleeps_while_reads_are_in_flight,
     write_timeout_while_the_peer_does_not_read,
     writer_killed_mid_rendezvous,
     reader_killed_mid_rendezvous,
@@ -85,7 +87,7 @@ over_soft_and_shm!(
 );
 
 fn sizes_around_the_threshold_and_large(provider: ProviderId) {
-    let t = threshold();
+    let t = threshold(provider);
     let sizes = [t - 1, t, t + 1, MIB, 64 * MIB];
     let (mut server, mut client) = pair(options(provider), options(provider));
     let reader = std::thread::spawn(move || {
@@ -117,7 +119,7 @@ fn sizes_around_the_threshold_and_large(provider: ProviderId) {
 }
 
 fn ring_bytes_and_rendezvous_keep_stream_order(provider: ProviderId) {
-    let t = threshold();
+    let t = threshold(provider);
     let (mut server, mut client) = pair(options(provider), options(provider));
     let big = pattern(3 * MIB + 5, 1);
     let below = pattern(t - 1, 2);
@@ -198,7 +200,7 @@ fn partial_read_bufs_and_buffer_reuse(provider: ProviderId) {
 }
 
 fn messages_from_and_into_registered_buffers(provider: ProviderId) {
-    let t = threshold();
+    let t = threshold(provider);
     let sizes = [0, 1, 1000, t - 1, t, t + 1, 5 * MIB];
     let (mut server, mut client) = pair(options(provider), options(provider));
     let reader = std::thread::spawn(move || {
@@ -277,6 +279,70 @@ fn nonblocking_plain_reader_of_a_rendezvous(provider: ProviderId) {
     let (got, would_block) = reader.join().unwrap();
     assert!(got == data, "bytes differ");
     assert!(would_block > 0, "a nonblocking reader waits for READs by WouldBlock");
+}
+
+fn event_loop_reader_sleeps_while_reads_are_in_flight(provider: ProviderId) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let (mut server, mut client) = pair(options(provider), options(provider));
+    let rounds = 3;
+    let writer = std::thread::spawn(move || {
+        let buf = filled(&client, 2 * MIB, 0, &pattern(2 * MIB, 4));
+        for _ in 0..rounds {
+            client.write_buf(&buf, 0, 2 * MIB).unwrap();
+        }
+    });
+    server.set_nonblocking(true).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 100_000];
+    // Readable but WouldBlock: only when a read had to start a rendezvous' READs.
+    let mut started_reads = 0;
+    while got.len() < rounds * 2 * MIB {
+        if !server.poll_ready().unwrap().readable {
+            let fd = server.readiness_fd().unwrap();
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            let guard = Timespec { tv_sec: 20, tv_nsec: 0 };
+            assert!(poll(&mut fds, Some(&guard)).unwrap() > 0, "no event while READs were in flight");
+            continue;
+        }
+        match server.read(&mut buf) {
+            Ok(n) => {
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+            }
+            Err(err) if err.kind() == ErrorKind::WouldBlock => started_reads += 1,
+            Err(err) => panic!("{err}"),
+        }
+    }
+    writer.join().unwrap();
+    assert!(got.chunks(2 * MIB).all(|chunk| chunk == &pattern(2 * MIB, 4)[..]), "bytes differ");
+    assert!(started_reads <= 2 * rounds, "readable while READs were in flight {started_reads} times");
+}
+
+fn more_rendezvous_than_receive_credits(provider: ProviderId) {
+    // Every rendezvous costs the reader one receive credit of the writer (its done record);
+    // a reader that never writes must still see the credits the writer returns. Three times
+    // the receive queue's depth of rendezvous in a row.
+    let small = options(provider).with_rendezvous_min(4096);
+    let rounds = 3 * small.recv_depth as usize;
+    let (mut server, mut client) = pair(small.clone(), small);
+    let reader = std::thread::spawn(move || {
+        let into = server.register_buf(5000).unwrap();
+        let mut sums = Vec::new();
+        for _ in 0..rounds {
+            read_buf_exact(&mut server, &into, 0, 5000, usize::MAX);
+            sums.push(checksum(&bytes_of(&into, 0, 5000)));
+        }
+        sums
+    });
+    let buf = client.register_buf(5000).unwrap();
+    let mut expected = Vec::new();
+    for round in 0..rounds {
+        let data = pattern(5000, round as u32);
+        buf.write(0, &data).unwrap();
+        client.write_buf(&buf, 0, data.len()).unwrap();
+        expected.push(checksum(&data));
+    }
+    assert_eq!(reader.join().unwrap(), expected);
 }
 
 fn write_timeout_while_the_peer_does_not_read(provider: ProviderId) {

@@ -806,6 +806,14 @@ impl Conn {
         (self.sq_free() > 0).then(|| self.take_seq(true).0)
     }
 
+    /// Whether this side is down to its reserved receive credits at the peer: the driver should
+    /// read its credit slot, because the peer returns credits with plain writes that raise no
+    /// completion, and a side that only reads (never asking for room) would otherwise not see
+    /// them before its control records — done records, wake-ups — run out.
+    pub fn credit_low(&self) -> bool {
+        self.peer_recvs.0.saturating_sub(self.imms_sent) <= RESERVED_RECVS
+    }
+
     /// Whether a notification record may be sent now (a send-queue slot and a receive credit
     /// beyond the reserve).
     pub fn can_notify(&self) -> bool {

@@ -31,6 +31,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::stats::{BandwidthSummary, LatencySummary};
 
+#[path = "stream_zero_copy.rs"]
+mod zero_copy;
+
 /// The stream-layer tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 pub enum StreamTest {
@@ -100,6 +103,13 @@ pub struct StreamArgs {
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Zero-copy on both sides (stream_lat, stream_bw): write_buf from and read_buf into
+    /// registered buffers, so sizes from the rendezvous threshold up are fetched by RDMA READ.
+    #[arg(long)]
+    pub zero_copy: bool,
+    /// Rendezvous threshold in bytes for this side's zero-copy writes (default: the library's).
+    #[arg(long)]
+    pub rendezvous_min: Option<usize>,
 }
 
 /// Whether the command line asks for a stream test (`lightpath perf stream_…`).
@@ -125,6 +135,9 @@ struct Plan {
     test: StreamTest,
     sizes: Vec<(usize, u64)>,
     conns: usize,
+    /// Both sides use registered buffers (write_buf / read_buf).
+    #[serde(default)]
+    zero_copy: bool,
 }
 
 const MAGIC: &str = "lightpath-perf-stream";
@@ -159,6 +172,9 @@ fn options(args: &StreamArgs) -> Result<Options> {
     if let Some(spin) = args.spin_us {
         options.spin = Duration::from_micros(spin);
     }
+    if let Some(min) = args.rendezvous_min {
+        options = options.with_rendezvous_min(min);
+    }
     Ok(options)
 }
 
@@ -191,6 +207,7 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
     }
     ensure!(args.iters != Some(0), "at least one iteration is needed");
     ensure!(args.conns > 0, "at least one connection is needed");
+    ensure!(!(args.zero_copy && args.test == StreamTest::Rr), "--zero-copy is for stream_lat and stream_bw");
     let options = options(args)?;
     match &args.server {
         None => serve(args, &options),
@@ -281,6 +298,9 @@ fn read_plan(stream: &mut Stream) -> Result<Plan> {
 
 /// Serves one connection's plan.
 fn serve_conn(mut stream: Stream, plan: &Plan) -> Result<()> {
+    if plan.zero_copy {
+        return zero_copy::serve(stream, plan);
+    }
     for &(size, iters) in &plan.sizes {
         let mut buf = vec![0u8; size];
         match plan.test {
@@ -325,13 +345,17 @@ fn check_transport(stream: &Stream, args: &StreamArgs) -> Result<String> {
 fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<StreamResult>> {
     let sizes = plan(args);
     let conns = if args.test == StreamTest::Rr { args.conns } else { 1 };
-    let plan = Plan { magic: MAGIC.into(), test: args.test, sizes: sizes.clone(), conns };
+    let plan =
+        Plan { magic: MAGIC.into(), test: args.test, sizes: sizes.clone(), conns, zero_copy: args.zero_copy };
     if args.test == StreamTest::Rr {
         return rr_client(args, server, options, &plan);
     }
     let mut stream = connect(server, args, options)?;
     let transport = check_transport(&stream, args)?;
     stream.send_msg(&serde_json::to_vec(&plan)?)?;
+    if args.zero_copy {
+        return zero_copy::client(args, &mut stream, &transport, &sizes);
+    }
     let mut results = Vec::new();
     for &(size, iters) in &sizes {
         let mut buf = vec![0u8; size];

@@ -31,6 +31,7 @@ pub(crate) fn setup(
     tcp: &TcpStream,
     options: &Options,
 ) -> io::Result<Box<dyn PendingSetup>> {
+    let options = &Options { rendezvous_min: Some(options.rendezvous_min_for(provider)), ..options.clone() };
     match provider {
         ProviderId::Soft => soft::setup(tcp, options),
         ProviderId::Shm => shm::setup(options),

@@ -85,21 +85,8 @@ pub(crate) struct RdmaConn<D: Device> {
     linger: Duration,
     /// A message being received (kept across calls so nonblocking reads lose nothing).
     message: Vec<u8>,
-    /// Stream bytes `[start, start + len)` that live in a registered buffer of the
-    /// application (`write_buf`), not in staging: posted straight from `sge_base`.
-    zero_copy: Option<ZeroCopySpan>,
     /// Large zero-copy transfers (see `rendezvous`).
     rendezvous: rendezvous::Rendezvous<D>,
-}
-
-/// Where the bytes of a zero-copy write come from.
-#[derive(Clone, Copy, Debug)]
-struct ZeroCopySpan {
-    start: u64,
-    len: u64,
-    sge_base: Sge,
-    /// Last work request that carried some of these bytes.
-    last_seq: u64,
 }
 
 impl<D: Device> RdmaConn<D> {
@@ -142,6 +129,9 @@ impl<D: Device> RdmaConn<D> {
             if n < self.wcs.len() {
                 break;
             }
+        }
+        if self.core.credit_low() {
+            self.read_slot();
         }
         self.post_ops();
         progressed
@@ -207,20 +197,7 @@ impl<D: Device> RdmaConn<D> {
                     Some(imm) => SendOp::WriteWithImm { remote_addr, rkey, imm },
                     None => SendOp::Write { remote_addr, rkey },
                 };
-                let sge = match self.zero_copy {
-                    Some(span) if pos >= span.start && pos < span.start + span.len => Sge {
-                        addr: span.sge_base.addr + (pos - span.start),
-                        length: len,
-                        lkey: span.sge_base.lkey,
-                    },
-                    _ => self.staging.sge(offset as usize, len),
-                };
-                if let Some(span) = self.zero_copy.as_mut() {
-                    if pos >= span.start && pos < span.start + span.len {
-                        span.last_seq = seq;
-                    }
-                }
-                let sge = [sge];
+                let sge = [self.staging.sge(offset as usize, len)];
                 let sges: &[Sge] = if len == 0 { &[] } else { &sge };
                 let flags = if signaled {
                     lightpath_verbs::SendFlags::SIGNALED
@@ -386,7 +363,7 @@ impl<D: Device> RdmaConn<D> {
 
     /// Whether a read would not block (data, end of stream or an error).
     pub(crate) fn readable_now(&self) -> bool {
-        self.core.front().is_some() || self.at_eof() || self.failed.is_some() || self.peer_vanished()
+        self.front_ready() || self.at_eof() || self.failed.is_some() || self.peer_vanished()
     }
 
     /// Whether a write would not block.

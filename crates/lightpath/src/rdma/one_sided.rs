@@ -6,7 +6,7 @@ use crate::remote::BufRegion;
 
 impl<D: Device> RdmaConn<D> {
     /// Waits until the signaled request `seq` completes.
-    pub(super) fn wait_for(&mut self, seq: u64, deadline: Deadline) -> io::Result<()> {
+    fn wait_for(&mut self, seq: u64, deadline: Deadline) -> io::Result<()> {
         loop {
             self.pump();
             self.check_usable()?;
@@ -129,9 +129,11 @@ impl<D: Device> RdmaConn<D> {
         self._pd.alloc_mr(len, access).map_err(from_verbs)
     }
 
-    /// Writes `len` stream bytes straight from a registered buffer (no copy into staging):
-    /// the bytes are read by the device from `local` itself, so this returns only once the
-    /// peer has acknowledged them and the buffer may be reused.
+    /// Writes `len` stream bytes of a registered buffer. From `Options::rendezvous_min` up the
+    /// peer fetches them from `local` itself (see `rendezvous`), and this returns once it has;
+    /// smaller writes are copied into staging like `write` (a copy of a few hundred KiB costs
+    /// less than waiting for the peer before the buffer may be reused). Either way the buffer
+    /// may be reused when this returns.
     pub(crate) fn write_buf(
         &mut self,
         local: &dyn BufRegion,
@@ -148,46 +150,9 @@ impl<D: Device> RdmaConn<D> {
         if len >= self.rendezvous.min {
             return self.write_rendezvous(local, local_offset, len, false, deadline);
         }
-        // Staged bytes must not share a record with these: post everything pending first.
-        self.core.uncork();
-        self.pump();
-        while self.core.has_pending() {
-            self.check_writable()?;
-            self.wait(deadline)?;
+        if len == 0 {
+            return Ok(());
         }
-        let start = self.core.bytes_committed();
-        let sge_base = local.sge(local_offset, 0);
-        self.zero_copy = Some(ZeroCopySpan { start, len: len as u64, sge_base, last_seq: 0 });
-        let outcome = self.write_buf_inner(len, deadline);
-        self.zero_copy = None;
-        outcome
-    }
-
-    fn write_buf_inner(&mut self, len: usize, deadline: Deadline) -> io::Result<()> {
-        let mut done = 0;
-        while done < len {
-            self.check_writable()?;
-            self.read_slot();
-            match self.core.send_room(RecordKind::Data, len - done) {
-                Some((grant, _)) => {
-                    self.core.commit(RecordKind::Data, grant);
-                    self.core.uncork();
-                    done += grant as usize;
-                    self.post_ops();
-                }
-                None => {
-                    self.core.note_blocked();
-                    self.post_ops();
-                    self.wait(deadline)?;
-                }
-            }
-        }
-        // Every byte posted (from the application's buffer), then acknowledged.
-        while self.core.has_pending() {
-            self.check_writable()?;
-            self.wait(deadline)?;
-        }
-        let last = self.zero_copy.map_or(0, |span| span.last_seq);
-        self.wait_for(last, deadline)
+        self.send_copied(local, local_offset, len, false, deadline)
     }
 }

@@ -33,7 +33,9 @@ pub(super) struct Rendezvous<D: Device> {
 
 impl<D: Device> Rendezvous<D> {
     pub(super) fn new(options: &Options) -> Self {
-        Self { min: options.rendezvous_min.max(1), bounce: None, lie: options.fault_rendezvous }
+        // `devices::setup` resolved the provider's default.
+        let min = options.rendezvous_min.unwrap_or(usize::MAX).max(1);
+        Self { min, bounce: None, lie: options.fault_rendezvous }
     }
 }
 
@@ -131,6 +133,21 @@ impl<D: Device> RdmaConn<D> {
     }
 
     // ---- receiving -----------------------------------------------------------------------
+
+    /// Whether the head of the stream has something a read returns without waiting: ring
+    /// bytes, or a rendezvous whose bounced bytes landed (or that no READ serves yet: a read
+    /// would start them). While bounce READs are only in flight it is not, so an event loop
+    /// sleeps until their completion rather than spinning on `WouldBlock`.
+    pub(super) fn front_ready(&self) -> bool {
+        match self.core.front() {
+            Some(front) if front.kind == RecordKind::Rendezvous => {
+                self.core.rendezvous_bounced().is_some()
+                    || self.core.incoming().is_none_or(|incoming| !incoming.bounce_pending())
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
 
     /// The descriptor of the rendezvous at the head of the stream, accepting it first if
     /// needed. A malformed descriptor breaks the connection (`InvalidData`).

@@ -113,7 +113,6 @@ impl<D: Device> RdmaSetup<D> {
             spin: self.options.spin,
             linger: self.options.linger,
             message: Vec::new(),
-            zero_copy: None,
             rendezvous: super::rendezvous::Rendezvous::new(&self.options),
         })
     }

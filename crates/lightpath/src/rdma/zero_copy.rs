@@ -254,54 +254,49 @@ impl<D: Device> RdmaConn<D> {
         if len >= self.rendezvous.min {
             return self.write_rendezvous(local, offset, len, true, deadline);
         }
-        // Staged bytes must not share a record with these: post everything pending first.
-        self.core.uncork();
-        self.pump();
-        while self.core.has_pending() {
-            self.check_writable()?;
-            self.wait(deadline)?;
-        }
-        let start = self.core.bytes_committed();
-        let sge_base = local.sge(offset, 0);
-        self.zero_copy = Some(ZeroCopySpan { start, len: len as u64, sge_base, last_seq: 0 });
-        let outcome = self.send_msg_records(len, deadline);
-        self.zero_copy = None;
-        outcome
+        self.send_copied(local, offset, len, true, deadline)
     }
 
-    fn send_msg_records(&mut self, len: usize, deadline: Deadline) -> io::Result<()> {
+    /// Sends `len` bytes of `local` (stream bytes, or one message if `message`) through the
+    /// peer's ring, copied into staging as `write` and `send_msg` do: below the rendezvous
+    /// threshold one copy costs less than holding the buffer until the peer acknowledges it.
+    /// Returns once every byte is staged (the buffer may be reused). Once some bytes are
+    /// staged it blocks even in nonblocking mode, and a message always finishes.
+    pub(super) fn send_copied(
+        &mut self,
+        local: &dyn BufRegion,
+        offset: usize,
+        len: usize,
+        message: bool,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        let part = if message { RecordKind::MsgPart } else { RecordKind::Data };
         let mut done = 0;
         loop {
             self.check_writable()?;
             self.read_slot();
-            let left = len - done;
-            match self.core.send_room(RecordKind::MsgPart, left) {
-                Some((grant, _)) => {
-                    let kind = if grant as usize == left { RecordKind::MsgEnd } else { RecordKind::MsgPart };
-                    self.core.commit(kind, grant);
-                    self.core.uncork();
-                    done += grant as usize;
+            while let Some((grant, at)) = self.core.send_room(part, len - done) {
+                let n = grant as usize;
+                let mut staged = Ok(());
+                local
+                    .view_dyn(offset + done, n, &mut |bytes| staged = self.stage(at, bytes))
+                    .map_err(from_verbs)?;
+                staged?;
+                let last = done + n == len;
+                self.core.commit(if message && last { RecordKind::MsgEnd } else { part }, grant);
+                done += n;
+                if last {
                     self.post_ops();
-                    if kind == RecordKind::MsgEnd {
-                        break;
-                    }
-                }
-                None => {
-                    if deadline == Deadline::Now && done == 0 {
-                        return Err(io::ErrorKind::WouldBlock.into());
-                    }
-                    self.core.note_blocked();
-                    self.post_ops();
-                    // A message once started is finished even in nonblocking mode.
-                    self.wait(if done > 0 { Deadline::At(None) } else { deadline })?;
+                    return Ok(());
                 }
             }
+            if deadline == Deadline::Now && done == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.core.note_blocked();
+            self.post_ops();
+            let started = done > 0 && (message || deadline == Deadline::Now);
+            self.wait(if started { Deadline::At(None) } else { deadline })?;
         }
-        while self.core.has_pending() {
-            self.check_writable()?;
-            self.wait(Deadline::At(None))?;
-        }
-        let last = self.zero_copy.map_or(0, |span| span.last_seq);
-        self.wait_for(last, Deadline::At(None))
     }
 }
