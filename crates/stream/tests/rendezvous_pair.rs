@@ -529,6 +529,20 @@ fn lying_descriptors_and_stray_done_records_are_refused() {
     );
 }
 
+#[test]
+fn a_side_down_to_its_reserve_is_told_to_read_its_credit_slot() {
+    // Done records use the peer's receives like any record with immediate; the peer returns
+    // them with plain credit writes, which a side that only reads must go and look at.
+    let mut conn = Conn::new(config(256, 8));
+    assert!(!conn.credit_low());
+    for _ in 0..4 {
+        conn.notify_seq(1);
+    }
+    assert!(conn.credit_low(), "8 receives, 4 used: only the reserve is left");
+    conn.on_credit_word(CreditWord::new(0, 16));
+    assert!(!conn.credit_low());
+}
+
 fn piece() -> impl Strategy<Value = Piece> {
     prop_oneof![(1usize..400).prop_map(Piece::Ring), (1usize..3000).prop_map(Piece::Rendezvous)]
 }
