@@ -119,6 +119,7 @@ impl<D: Device> RdmaConn<D> {
                 );
             }
             match self.wait(deadline) {
+                Ok(()) => {}
                 Err(err) if err.kind() == io::ErrorKind::TimedOut => {
                     return Err(self.give_up(
                         io::ErrorKind::TimedOut,
@@ -126,7 +127,7 @@ impl<D: Device> RdmaConn<D> {
                          closed, so the buffer may be reused)",
                     ));
                 }
-                other => other?,
+                Err(err) => return Err(self.give_up(err.kind(), &format!("waiting for a rendezvous: {err}"))),
             }
             just_pumped = true;
         }
@@ -299,7 +300,9 @@ impl<D: Device> RdmaConn<D> {
                     self.give_up(io::ErrorKind::ConnectionReset, "the peer vanished during a rendezvous")
                 );
             }
-            self.wait(Deadline::At(None))?;
+            if let Err(err) = self.wait(Deadline::At(None)) {
+                return Err(self.give_up(err.kind(), &format!("waiting for rendezvous READs: {err}")));
+            }
         }
     }
 }
