@@ -318,6 +318,10 @@ fn serve_conn(mut stream: Stream, plan: &Plan) -> Result<()> {
             }
         }
     }
+    // Stay until the client closes, so its last records (its close among them) are
+    // acknowledged before this process exits and takes its queue pairs with it.
+    let mut rest = [0u8; 64];
+    while matches!(stream.read(&mut rest), Ok(n) if n > 0) {}
     Ok(())
 }
 
@@ -466,6 +470,11 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
                 msg_rate_mpps: Some(total as f64 / elapsed.as_secs_f64() / 1e6),
                 verified: true,
             });
+        }
+        // Close each connection cleanly (a dropped tokio stream closes in the background, which
+        // this process would not outlive).
+        for stream in streams {
+            stream.close().await?;
         }
         Ok(results)
     })
