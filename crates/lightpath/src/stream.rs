@@ -408,11 +408,13 @@ impl Stream {
         }
     }
 
-    /// Writes `len` bytes of the registered buffer `local` (from `offset`) into the stream
-    /// without copying them into the staging ring: the device reads them from the buffer
-    /// itself. Returns once the peer has acknowledged them (so the buffer may be reused); the
-    /// peer reads them as ordinary stream bytes. RDMA streams only (registered buffers exist
-    /// only there).
+    /// Writes `len` bytes of the registered buffer `local` (from `offset`) into the stream.
+    /// From `Options::rendezvous_min` bytes on (per provider, see
+    /// `Options::rendezvous_min_for`) nothing is copied: the peer RDMA-READs them straight
+    /// from the buffer (into its own registered buffer with [`Stream::read_buf`]); smaller
+    /// writes are copied into the staging ring, which is cheaper there. Either way it returns
+    /// when the buffer may be reused, and the peer reads the bytes as ordinary stream bytes, in
+    /// order. RDMA streams only (registered buffers exist only there).
     pub fn write_buf(&mut self, local: &crate::RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
