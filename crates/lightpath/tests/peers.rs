@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{checksum, echo, echo_server, listener, pattern};
 use lightpath::{FallbackReason, Options, ProviderId, Stream, Transport};
-use lightpath_stream::negotiate::{Choice, Message, CLIENT_MAGIC, SERVER_MAGIC};
+use lightpath_stream::negotiate::{Choice, Message, CLIENT_MAGIC, SERVER_MAGIC, VERSION};
 
 fn soft() -> Options {
     Options::default().with_providers(&[ProviderId::Soft])
@@ -306,8 +306,8 @@ fn fuzzed_client_hellos_never_break_the_listener() {
     let valid = {
         let mut bytes = CLIENT_MAGIC.to_vec();
         Message::ClientHello {
-            min_version: 1,
-            max_version: 1,
+            min_version: VERSION,
+            max_version: VERSION,
             providers: vec![ProviderId::Soft],
             host_id: [0; 16],
         }
@@ -381,7 +381,7 @@ fn fuzzed_server_answers_end_in_errors() {
             recv_depth: 16,
         };
         let mut valid = SERVER_MAGIC.to_vec();
-        Message::ServerHello { version: 1, choice: Choice::Rdma(ProviderId::Soft, endpoint) }
+        Message::ServerHello { version: VERSION, choice: Choice::Rdma(ProviderId::Soft, endpoint) }
             .emit(&mut valid);
         let mut state = 0xfeed_beef_u64;
         (0..40)
