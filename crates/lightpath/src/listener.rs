@@ -141,7 +141,7 @@ fn accept_loop(
         let (options, ready, counter) = (Arc::clone(&options), ready.clone(), Arc::clone(&running));
         let spawned = std::thread::Builder::new().name("lightpath-negotiate".into()).spawn(move || {
             if let Accepted::Stream(negotiated) = negotiate::server(conn, &options) {
-                let _ = ready.send(Stream::from_negotiated(negotiated));
+                let _ = ready.send(Stream::from_negotiated(negotiated, options.spin));
             }
             counter.fetch_sub(1, Ordering::SeqCst);
         });

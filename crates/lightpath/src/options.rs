@@ -33,7 +33,8 @@ pub struct Options {
     /// How long a blocked read or write busy-polls before it sleeps. With the soft
     /// provider's progress thread (the default) spinning only helps when a core is free for
     /// that thread, so the default is not to spin; with `ProgressMode::Polling` the calling
-    /// thread drives the device itself and a spin of tens of µs (or more) pays off.
+    /// thread drives the device itself and a spin of tens of µs (or more) pays off. Streams
+    /// that fell back to TCP spin on their socket before a blocking read sleeps, likewise.
     pub spin: Duration,
     /// Progress mode of the soft device the first connection opens.
     pub soft_progress: ProgressMode,

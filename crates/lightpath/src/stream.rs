@@ -101,14 +101,14 @@ impl Stream {
     /// Runs the client side of the negotiation on a TCP connection made by the caller.
     pub fn negotiate_client(tcp: TcpStream, options: &Options) -> io::Result<Stream> {
         let negotiated = negotiate::client(tcp, options)?;
-        Self::from_negotiated(negotiated)
+        Self::from_negotiated(negotiated, options.spin)
     }
 
-    pub(crate) fn from_negotiated(negotiated: Negotiated) -> io::Result<Stream> {
+    pub(crate) fn from_negotiated(negotiated: Negotiated, spin: Duration) -> io::Result<Stream> {
         let (backend, transport) = match negotiated {
             Negotiated::Rdma { conn, provider } => (Backend::Rdma(conn), Transport::Rdma(provider)),
             Negotiated::Tcp { tcp, framed, prefix, transport } => {
-                (Backend::Tcp(TcpConn::new(tcp, framed, prefix)), transport)
+                (Backend::Tcp(TcpConn::new(tcp, framed, prefix).with_spin(spin)), transport)
             }
         };
         let tcp = match &backend {
@@ -198,8 +198,9 @@ impl Stream {
     /// Nonblocking mode: calls that would wait return `WouldBlock` instead.
     pub fn set_nonblocking(&mut self, nonblocking: bool) -> io::Result<()> {
         self.nonblocking = nonblocking;
-        if let Backend::Tcp(conn) = &self.backend {
+        if let Backend::Tcp(conn) = &mut self.backend {
             conn.tcp().set_nonblocking(nonblocking)?;
+            conn.set_nonblocking_mode(nonblocking);
         }
         Ok(())
     }

@@ -32,6 +32,10 @@ pub(crate) struct TcpConn {
     read_shut: bool,
     write_closed: bool,
     message: Vec<u8>,
+    /// How long a blocking read busy-polls the socket before it sleeps in the kernel
+    /// (`Options::spin`, as RDMA streams spin on their completion queues).
+    spin: std::time::Duration,
+    nonblocking: bool,
 }
 
 impl TcpConn {
@@ -48,7 +52,39 @@ impl TcpConn {
             read_shut: false,
             write_closed: false,
             message: Vec::new(),
+            spin: std::time::Duration::ZERO,
+            nonblocking: false,
         }
+    }
+
+    /// Busy-polls blocking reads for `spin` before sleeping.
+    pub(crate) fn with_spin(mut self, spin: std::time::Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// Records the stream's mode (the socket's own flag is set by the caller).
+    pub(crate) fn set_nonblocking_mode(&mut self, nonblocking: bool) {
+        self.nonblocking = nonblocking;
+    }
+
+    /// Before a blocking read: poll the socket for up to `spin` so that a reply arriving within
+    /// it costs no sleep and wake-up (tens of µs on a busy machine).
+    fn spin_for_data(&self) {
+        if self.spin.is_zero() || self.nonblocking || self.tcp.set_nonblocking(true).is_err() {
+            return;
+        }
+        let until = std::time::Instant::now() + self.spin;
+        let mut probe = [0u8; 1];
+        loop {
+            match self.tcp.peek(&mut probe) {
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock && std::time::Instant::now() < until => {
+                    std::hint::spin_loop()
+                }
+                _ => break,
+            }
+        }
+        let _ = self.tcp.set_nonblocking(false);
     }
 
     pub(crate) fn tcp(&self) -> &TcpStream {
@@ -85,6 +121,7 @@ impl TcpConn {
             self.prefix.drain(..n);
             return Ok(n);
         }
+        self.spin_for_data();
         if !self.framed {
             return self.tcp.read(buf);
         }
@@ -230,6 +267,7 @@ impl TcpConn {
                 "lightpath: messages need a Lightpath peer (this one speaks plain TCP)",
             ));
         }
+        self.spin_for_data();
         loop {
             match self.reader.need() {
                 FrameNeed::Closed => {

@@ -132,3 +132,31 @@ fn a_full_socket_at_a_record_boundary_starts_no_record() {
     assert_eq!(got.len(), written.len());
     assert!(got == written, "the stream differs from what was written");
 }
+
+#[test]
+fn spinning_reads_still_sleep_and_time_out() {
+    let options = Options { spin: Duration::from_millis(20), ..Options::tcp_only() };
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut word = [0u8; 4];
+        // The first word comes after the client's spin has run out: the read sleeps for it.
+        stream.read_exact(&mut word).unwrap();
+        stream.write_all(&word).unwrap();
+        stream.read_exact(&mut word).unwrap();
+        stream.write_all(&word).unwrap();
+    });
+    let mut client = Stream::connect_with(addr, &options).unwrap();
+    client.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut word = [0u8; 4];
+    let err = client.read(&mut word).unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{err}");
+    client.set_read_timeout(None).unwrap();
+    for value in [7u32, 9] {
+        client.write_all(&value.to_be_bytes()).unwrap();
+        client.read_exact(&mut word).unwrap();
+        assert_eq!(u32::from_be_bytes(word), value);
+    }
+    server.join().unwrap();
+}
