@@ -43,13 +43,14 @@ impl SoftCq {
         self.inner.device.poll_round(self.inner.handle, out)
     }
 
-    /// With the progress thread: the waiting thread blocks on the socket as well as on the
-    /// queue's wake-up fd and drives the device itself when a datagram arrives (one wake-up
-    /// instead of the progress thread's and then its own; see `Shared::watch_socket`).
+    /// With the progress thread: the first waiting thread blocks on the socket as well as on
+    /// the queue's wake-up fd and drives the device itself when a datagram arrives (one wake-up
+    /// instead of the progress thread's and then its own; see `Shared::try_watch_socket`);
+    /// other waiters sleep on their queue's wake-up fd alone.
     fn wait_thread_mode(&self, out: &mut [WorkCompletion], deadline: Option<Instant>) -> Result<usize> {
         let device = &self.inner.device;
         let _waiter = self.inner.signal.register_waiter();
-        let _watch = device.watch_socket();
+        let watch = device.try_watch_socket();
         loop {
             let (count, next_timer) = device.wait_round(self.inner.handle, out);
             if count > 0 {
@@ -66,7 +67,11 @@ impl SoftCq {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            device.block_on_socket(&self.inner.signal.wake, timeout)?;
+            if watch.is_some() {
+                device.block_on_socket(&self.inner.signal.wake, timeout)?;
+            } else {
+                device.block_on_signal(&self.inner.signal.wake, timeout)?;
+            }
             self.inner.signal.wake.take();
         }
     }

@@ -273,17 +273,25 @@ impl Shared {
     }
 
     /// Marks the calling thread as watching the socket (it blocks on it and drives the device
-    /// when it becomes readable) until the guard is dropped.
+    /// when it becomes readable) until the guard is dropped, if no application thread watches
+    /// yet.
     ///
     /// A thread waiting for a completion that arrives by the network then wakes once, when the
     /// datagram does, instead of waiting for the progress thread to wake, process it and wake
     /// it in turn (two wake-ups, each several microseconds).
-    pub(crate) fn watch_socket(&self) -> SocketWatch<'_> {
-        self.socket_watchers.fetch_add(1, Ordering::SeqCst);
-        SocketWatch(self)
+    ///
+    /// One watcher is enough to drive arrivals (it wakes the others' queues as their
+    /// completions land, and the progress thread takes over when it leaves); with a watcher
+    /// per waiting thread, every datagram woke every waiter: a thousand blocked connections, a
+    /// thousand wake-ups.
+    pub(crate) fn try_watch_socket(&self) -> Option<SocketWatch<'_>> {
+        self.socket_watchers
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()
+            .map(|_| SocketWatch(self))
     }
 
-    /// Whether some application thread watches the socket (see [`Shared::watch_socket`]).
+    /// Whether some application thread watches the socket (see [`Shared::try_watch_socket`]).
     pub(crate) fn socket_watched(&self) -> bool {
         self.socket_watchers.load(Ordering::SeqCst) > 0
     }
@@ -348,6 +356,11 @@ impl Shared {
         sys::wait_readable(&[self.socket.as_fd(), extra.as_fd()], timeout).map(drop)
     }
 
+    /// Blocks until `wake` is signalled (a completion for this waiter) or `timeout` passes.
+    pub(crate) fn block_on_signal(&self, wake: &EventFd, timeout: Option<Duration>) -> io::Result<()> {
+        sys::wait_readable(&[wake.as_fd()], timeout).map(drop)
+    }
+
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> SoftStats {
         let core = self.lock();
@@ -355,7 +368,7 @@ impl Shared {
     }
 }
 
-/// An application thread watching the socket; see [`Shared::watch_socket`].
+/// An application thread watching the socket; see [`Shared::try_watch_socket`].
 pub(crate) struct SocketWatch<'a>(&'a Shared);
 
 impl Drop for SocketWatch<'_> {
