@@ -66,6 +66,9 @@ pub(crate) struct DeviceShared {
     next_key: AtomicU32,
     key_mask: u32,
     next_id: AtomicU32,
+    /// Whether a thread blocked in `CompletionQueue::wait` watches the doorbell (see
+    /// [`DeviceShared::sleep_until_rung`]).
+    doorbell_watched: AtomicBool,
 }
 
 impl DeviceShared {
@@ -151,6 +154,18 @@ impl DeviceShared {
         out: &mut [WorkCompletion],
         timeout: Option<Duration>,
     ) -> Result<usize> {
+        // One blocked thread watches the doorbell and drives arrivals; the others sleep on
+        // their own queue's wake-up, which the watcher (or the driver thread, once no one
+        // watches) signals as their completions land. With every sleeper on the doorbell, each
+        // ring woke them all: a thousand blocked connections, a thousand wake-ups.
+        let watcher = self
+            .doorbell_watched
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+            .then_some(DoorbellWatch(&self.doorbell_watched));
+        if watcher.is_none() {
+            return self.sleep_on_queue(cq, out, timeout);
+        }
         let deadline = {
             let mut core = self.lock_core();
             self.apply_events(&mut core);
@@ -179,6 +194,44 @@ impl DeviceShared {
         drop(core);
         result?;
         Ok(cq.pop(out))
+    }
+
+    /// Sleeps on the queue's own wake-up only (the doorbell has a watcher).
+    fn sleep_on_queue(
+        &self,
+        cq: &CqShared,
+        out: &mut [WorkCompletion],
+        timeout: Option<Duration>,
+    ) -> Result<usize> {
+        let deadline = {
+            let mut core = self.lock_core();
+            self.apply_events(&mut core);
+            let deadline = core.progress();
+            let count = cq.pop(out);
+            if count > 0 {
+                return Ok(count);
+            }
+            deadline
+        };
+        let until_timer = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let timeout = match (timeout, until_timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut fds = [PollFd::new(&cq.wake, PollFlags::IN)];
+        let result = poll_fds(&mut fds, timeout);
+        cq.wake.take();
+        result?;
+        Ok(cq.pop(out))
+    }
+}
+
+/// Held by the thread that watches the doorbell while it sleeps.
+struct DoorbellWatch<'a>(&'a AtomicBool);
+
+impl Drop for DoorbellWatch<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -238,6 +291,7 @@ impl ShmDevice {
             next_key: AtomicU32::new(0x100),
             key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,
             next_id: AtomicU32::new(1),
+            doorbell_watched: AtomicBool::new(false),
         });
         let threads = crate::helper::start(&shared)?;
         Ok(Self { inner: Arc::new(DeviceInner { shared, threads }) })
