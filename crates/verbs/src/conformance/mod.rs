@@ -91,6 +91,7 @@ macro_rules! __lightpath_conformance_cases {
             psn_wrap,
             many_qps_one_cq,
             cq_wait_wakes,
+            cq_wait_many_blocked_threads,
             cq_notify,
             teardown_any_order,
         }

@@ -43,6 +43,69 @@ pub fn cq_wait_wakes<F: ConformanceFixture>() {
     assert_success(&pair.a.wait_one(), 2, WcOpcode::Send);
 }
 
+/// Many threads blocked in `wait` on one device at once, as a server with a thread per
+/// connection has them: each gets every completion of its own queue. (Providers may let only
+/// one waiter drive the device and wake the others; a waiter never woken fails here at the
+/// deadline instead of hanging.)
+pub fn cq_wait_many_blocked_threads<F: ConformanceFixture>() {
+    const CONNECTIONS: usize = 24;
+    const ROUNDS: u64 = 50;
+    let pair = Pair::connected::<F>();
+    let options = PairOptions::default();
+    let ends: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let end = |side: &crate::conformance::harness::Side<F::Device>| {
+                let cq = side.device.create_cq(64).expect("create_cq");
+                let qp = side.pd.create_qp(&cq, &cq, options.caps).expect("create_qp");
+                let mr = side.alloc(64, AccessFlags::LOCAL_WRITE);
+                (qp, cq, mr)
+            };
+            let (client, server) = (end(&pair.a), end(&pair.b));
+            connect(&client.0, &server.0, pair.mtu, &options);
+            (client, server)
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for (i, ((client_qp, client_cq, client_mr), (server_qp, server_cq, server_mr))) in
+            ends.iter().enumerate()
+        {
+            // Server: receive a word, send it back plus one; every wait blocks.
+            scope.spawn(move || {
+                for _ in 0..ROUNDS {
+                    server_qp.post_recv(&crate::RecvWr::new(1, &[server_mr.sge(0, 8)])).expect("post_recv");
+                    assert_success(&wait_n(server_cq, 1)[0], 1, WcOpcode::Recv);
+                    let value = server_mr.read_u64(0).expect("read");
+                    server_mr.write_u64(8, value + 1).expect("write");
+                    server_qp
+                        .post_send(&SendWr::new(2, SendOp::Send, &[server_mr.sge(8, 8)]))
+                        .expect("post_send");
+                    assert_success(&wait_n(server_cq, 1)[0], 2, WcOpcode::Send);
+                }
+            });
+            // Client: ping-pong, checking every answer.
+            scope.spawn(move || {
+                for round in 0..ROUNDS {
+                    let value = (i as u64) << 32 | round;
+                    client_qp.post_recv(&crate::RecvWr::new(3, &[client_mr.sge(8, 8)])).expect("post_recv");
+                    client_mr.write_u64(0, value).expect("write");
+                    client_qp
+                        .post_send(&SendWr::new(4, SendOp::Send, &[client_mr.sge(0, 8)]))
+                        .expect("post_send");
+                    let mut got = wait_n(client_cq, 2);
+                    got.sort_by_key(|wc| wc.wr_id);
+                    assert_success(&got[0], 3, WcOpcode::Recv);
+                    assert_success(&got[1], 4, WcOpcode::Send);
+                    assert_eq!(
+                        client_mr.read_u64(8).expect("read"),
+                        value + 1,
+                        "connection {i} round {round}"
+                    );
+                }
+            });
+        }
+    });
+}
+
 /// The notification protocol: after `request_notify` the next completion raises exactly one
 /// notification; without a request, none is raised.
 pub fn cq_notify<F: ConformanceFixture>() {

@@ -11,7 +11,7 @@ mod queues;
 mod rdma;
 mod state;
 
-pub use completion_queue::{cq_notify, cq_wait_wakes, teardown_any_order};
+pub use completion_queue::{cq_notify, cq_wait_many_blocked_threads, cq_wait_wakes, teardown_any_order};
 pub use device::device_query;
 pub use errors_local::{
     local_protection_error, local_write_required, recv_buffer_too_small, rnr_retry_exceeded,
