@@ -87,6 +87,8 @@ pub(crate) struct RdmaConn<D: Device> {
     message: Vec<u8>,
     /// Large zero-copy transfers (see `rendezvous`).
     rendezvous: rendezvous::Rendezvous<D>,
+    /// Sending-side state kept across calls (see `stream_ops`).
+    send_state: stream_ops::SendState,
 }
 
 impl<D: Device> RdmaConn<D> {

@@ -114,6 +114,7 @@ impl<D: Device> RdmaSetup<D> {
             linger: self.options.linger,
             message: Vec::new(),
             rendezvous: super::rendezvous::Rendezvous::new(&self.options),
+            send_state: super::stream_ops::SendState::default(),
         })
     }
 }

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Sending-side state a connection keeps between calls.
+#[derive(Debug, Default)]
+pub(super) struct SendState {}
+
 impl<D: Device> RdmaConn<D> {
     /// Reads stream bytes.
     pub(crate) fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize> {
