@@ -30,6 +30,7 @@
 //! Providers: the soft RoCE v2 provider today; the provider enum
 //! ([`lightpath_stream::negotiate::ProviderId`]) already names ibverbs and shm so they slot in.
 
+mod completions;
 mod devices;
 mod error;
 mod listener;

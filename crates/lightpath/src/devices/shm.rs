@@ -5,22 +5,29 @@
 //! only carry completion notices: a small ring keeps a thousand connections cheap.
 
 use std::io;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use lightpath_shm::{ShmConfig, ShmDevice};
 use lightpath_verbs::Mtu;
 
+use crate::completions::HubPool;
 use crate::options::Options;
 use crate::rdma::{PendingSetup, RdmaSetup};
 
 /// Bytes of each stream queue pair's notice ring.
 const NOTICE_RING: usize = 64 << 10;
 
-fn device() -> io::Result<ShmDevice> {
-    static DEVICE: OnceLock<Mutex<Option<ShmDevice>>> = OnceLock::new();
+/// A device and the completion queues its connections share.
+type Entry = (ShmDevice, Arc<HubPool<ShmDevice>>);
+
+/// Completion entries of the first shared queue: shm queues are plain memory.
+const SHARED_CQ_ENTRIES: u32 = 1 << 20;
+
+fn device() -> io::Result<Entry> {
+    static DEVICE: OnceLock<Mutex<Option<Entry>>> = OnceLock::new();
     let mut slot = DEVICE.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(device) = slot.as_ref() {
-        return Ok(device.clone());
+    if let Some(entry) = slot.as_ref() {
+        return Ok(entry.clone());
     }
     let config = ShmConfig {
         name: Some("shm-stream".into()),
@@ -29,13 +36,15 @@ fn device() -> io::Result<ShmDevice> {
         ..ShmConfig::default()
     };
     let device = ShmDevice::open(config).map_err(crate::error::from_verbs)?;
-    *slot = Some(device.clone());
-    Ok(device)
+    let entry = (device, Arc::new(HubPool::new(SHARED_CQ_ENTRIES)));
+    *slot = Some(entry.clone());
+    Ok(entry)
 }
 
 /// This side's verbs objects for a same-host connection.
 pub(crate) fn setup(options: &Options) -> io::Result<Box<dyn PendingSetup>> {
-    Ok(Box::new(RdmaSetup::new(device()?, 0, Mtu::Mtu4096, options)?))
+    let (device, hubs) = device()?;
+    Ok(Box::new(RdmaSetup::new(device, &hubs, 0, Mtu::Mtu4096, options)?))
 }
 
 /// The 16-byte identity of this host and namespace, as the client hello carries it (zeros if

@@ -11,11 +11,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use lightpath_soft::{SoftConfig, SoftDevice};
 use lightpath_verbs::Mtu;
 
+use crate::completions::HubPool;
 use crate::options::Options;
 use crate::rdma::{PendingSetup, RdmaSetup};
 
@@ -47,16 +48,23 @@ impl DeviceKey {
     }
 }
 
-fn registry() -> &'static Mutex<HashMap<DeviceKey, SoftDevice>> {
-    static DEVICES: OnceLock<Mutex<HashMap<DeviceKey, SoftDevice>>> = OnceLock::new();
+/// A device and the completion queues its connections share.
+type Entry = (SoftDevice, Arc<HubPool<SoftDevice>>);
+
+fn registry() -> &'static Mutex<HashMap<DeviceKey, Entry>> {
+    static DEVICES: OnceLock<Mutex<HashMap<DeviceKey, Entry>>> = OnceLock::new();
     DEVICES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Completion entries of a soft device's first shared queue: its queues are plain memory,
+/// so one holds the completions of thousands of connections.
+const SHARED_CQ_ENTRIES: u32 = 1 << 20;
+
 /// The process's device for `key`, opened on first use.
-pub(crate) fn device_for(key: DeviceKey, options: &Options) -> io::Result<SoftDevice> {
+pub(crate) fn device_for(key: DeviceKey, options: &Options) -> io::Result<Entry> {
     let mut devices = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(device) = devices.get(&key) {
-        return Ok(device.clone());
+    if let Some(entry) = devices.get(&key) {
+        return Ok(entry.clone());
     }
     let ip = match key {
         DeviceKey::Loopback => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -68,17 +76,18 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options) -> io::Result<SoftDe
         }
         other => other?,
     };
-    devices.insert(key, device.clone());
-    Ok(device)
+    let entry = (device, Arc::new(HubPool::new(SHARED_CQ_ENTRIES)));
+    devices.insert(key, entry.clone());
+    Ok(entry)
 }
 
 /// This side's verbs objects for the connection `tcp`.
 pub(crate) fn setup(tcp: &std::net::TcpStream, options: &Options) -> io::Result<Box<dyn PendingSetup>> {
     let key = DeviceKey::for_connection(tcp.local_addr()?, tcp.peer_addr()?);
-    let device = device_for(key, options)?;
+    let (device, hubs) = device_for(key, options)?;
     let port = device.local_addr().port();
     let mtu = device.config().mtu.min(Mtu::Mtu4096);
-    Ok(Box::new(RdmaSetup::new(device, port, mtu, options)?))
+    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, options)?))
 }
 
 fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice> {
@@ -86,6 +95,7 @@ fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice>
     config.mtu = mtu;
     config.mode = options.soft_progress;
     config.lock_memory = false;
+    config.max_cqe = config.max_cqe.max(SHARED_CQ_ENTRIES);
     SoftDevice::open(config).map_err(crate::error::from_verbs)
 }
 

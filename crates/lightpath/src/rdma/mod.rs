@@ -5,10 +5,11 @@
 //! into, and one staging region mirroring the peer's ring. Both sizes are fixed at set-up,
 //! so a connection's memory is bounded whatever the traffic.
 //!
-//! Completions of a connection go to its own completion queue, polled by whichever thread
-//! is inside a call on the stream; a blocked call spins for `Options::spin`, then sleeps in
-//! the queue's `wait` in slices of [`LIVENESS_SLICE`], checking the TCP connection (the
-//! liveness channel) between slices so that a peer that died is noticed promptly.
+//! Completions of a connection arrive through a completion queue its device shares among
+//! many connections (`crate::completions`), polled by whichever thread is inside a call on
+//! the stream; a blocked call spins for `Options::spin`, then sleeps in `wait` in slices of
+//! [`LIVENESS_SLICE`], checking the TCP connection (the liveness channel) between slices so
+//! that a peer that died is noticed promptly.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -17,11 +18,11 @@ use std::time::{Duration, Instant};
 use lightpath_stream::negotiate::{Message, RdmaEndpoint};
 use lightpath_stream::{Arrival, Conn, ConnConfig, CreditWord, Op, RecordKind};
 use lightpath_verbs::{
-    AccessFlags, AddressVector, CompletionQueue, CqOf, Device, Gid, MemoryRegion, MrOf, Mtu, PdOf,
-    ProtectionDomain, QpAttr, QpCaps, QpOf, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion,
+    AccessFlags, AddressVector, Device, Gid, MemoryRegion, MrOf, Mtu, PdOf, ProtectionDomain, QpAttr, QpCaps,
+    QpOf, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::completions::{ConnCompletions, HubPool};
 use crate::error::{from_verbs, invalid, reset};
 use crate::options::Options;
 
@@ -67,7 +68,7 @@ pub(crate) struct RdmaConn<D: Device> {
     qp: QpOf<D>,
     recv_mr: MrOf<D>,
     staging: MrOf<D>,
-    cq: CqOf<D>,
+    cq: ConnCompletions<D>,
     _pd: PdOf<D>,
     _device: D,
     peer: RdmaEndpoint,
@@ -346,13 +347,6 @@ impl<D: Device> RdmaConn<D> {
         &self.tcp
     }
 
-    /// Arms the completion queue's notification and returns the fds to wait on (queue,
-    /// TCP); `false` in the second field means something is ready already.
-    pub(crate) fn arm(&mut self) -> io::Result<bool> {
-        self.cq.request_notify().map_err(from_verbs)?;
-        Ok(!self.pump())
-    }
-
     /// The completion queue's notification fd, if the provider has one.
     pub(crate) fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
         self.cq.notify_fd()
@@ -360,7 +354,7 @@ impl<D: Device> RdmaConn<D> {
 
     /// Consumes a pending notification.
     pub(crate) fn take_notify(&mut self) {
-        let _ = self.cq.take_notify();
+        self.cq.take_notify();
     }
 
     /// Whether a read would not block (data, end of stream or an error).
@@ -380,6 +374,15 @@ impl<D: Device> RdmaConn<D> {
     /// Nonblocking look at the TCP connection (for event-loop drivers).
     pub(crate) fn poll_tcp(&mut self) {
         self.check_tcp();
+    }
+}
+
+impl<D: Device + 'static> RdmaConn<D> {
+    /// Arms the notification fd; returns `false` if something is ready already (the caller
+    /// then does not wait).
+    pub(crate) fn arm(&mut self) -> io::Result<bool> {
+        self.cq.request_notify()?;
+        Ok(!self.pump())
     }
 }
 

@@ -7,7 +7,7 @@ use super::*;
 pub(crate) struct RdmaSetup<D: Device> {
     qp: QpOf<D>,
     recv_mr: MrOf<D>,
-    cq: CqOf<D>,
+    cq: ConnCompletions<D>,
     pd: PdOf<D>,
     device: D,
     psn: u32,
@@ -18,11 +18,20 @@ pub(crate) struct RdmaSetup<D: Device> {
 }
 
 impl<D: Device> RdmaSetup<D> {
-    /// Creates the queue pair (in INIT), its completion queue and the receive region.
-    pub(crate) fn new(device: D, udp_port: u16, mtu: Mtu, options: &Options) -> io::Result<Self> {
+    /// Creates the queue pair (in INIT) on one of the device's shared completion queues
+    /// (from `hubs`), and the receive region.
+    pub(crate) fn new(
+        device: D,
+        hubs: &HubPool<D>,
+        udp_port: u16,
+        mtu: Mtu,
+        options: &Options,
+    ) -> io::Result<Self> {
         let ring = options.ring_size.max(4096);
         let pd = device.alloc_pd().map_err(from_verbs)?;
-        let cq = device.create_cq(options.send_depth + options.recv_depth + 16).map_err(from_verbs)?;
+        // Every work request can complete once, plus the probe.
+        let entries = options.send_depth + options.recv_depth + 1;
+        let mut cq = ConnCompletions::new(hubs.reserve(&device, entries)?, entries)?;
         let caps = QpCaps {
             max_send_wr: options.send_depth,
             max_recv_wr: options.recv_depth,
@@ -30,7 +39,8 @@ impl<D: Device> RdmaSetup<D> {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let qp = pd.create_qp(&cq, &cq, caps).map_err(from_verbs)?;
+        let qp = pd.create_qp(cq.cq(), cq.cq(), caps).map_err(from_verbs)?;
+        cq.attach(qp.qpn());
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         qp.modify(&QpAttr::to_init(access)).map_err(from_verbs)?;
         let recv_mr = pd.alloc_mr(SLOT_AREA + ring as usize, access).map_err(from_verbs)?;

@@ -1,0 +1,262 @@
+//! [`Hub`]: one completion queue shared by many connections of a device, and the router that
+//! hands each completion to its connection's [`Inbox`].
+//!
+//! Routing is serialised by one lock (the *router*), so each connection sees its completions in
+//! the order the queue produced them. Whoever needs progress routes: a connection polling for
+//! its own completions routes everything it finds, for everybody. Blocked threads take turns
+//! as the *leader*, the one thread asleep in the queue's own `wait` (where a provider does its
+//! network work); the others sleep on their inbox's eventfd and are woken by the leader when a
+//! completion of theirs arrives. When the leader leaves it wakes one sleeper to take its place,
+//! so while anyone sleeps someone watches the queue. Event loops that arm their inbox are
+//! served by the hub's notifier thread (see `notifier`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use lightpath_verbs::{CompletionQueue, CqOf, Device, WcOpcode, WcStatus, WorkCompletion};
+
+use super::inbox::Inbox;
+use super::notifier::Notifier;
+
+/// Completions taken from the queue per poll.
+const BATCH: usize = 64;
+
+/// One shared completion queue and the connections whose queue pairs use it.
+pub(crate) struct Hub<D: Device> {
+    cq: CqOf<D>,
+    /// Entries of `cq`, and how many the attached connections may have outstanding together.
+    capacity: u32,
+    reserved: Mutex<u32>,
+    routes: Mutex<HashMap<u32, Arc<Inbox>>>,
+    /// The routing lock, with the buffer polls fill.
+    router: Mutex<Vec<WorkCompletion>>,
+    /// A thread is asleep in the queue's `wait`.
+    leader: AtomicBool,
+    /// Inboxes whose owners went to sleep (some may have woken since), for the hand-off.
+    sleepers: Mutex<VecDeque<Arc<Inbox>>>,
+    notifier: OnceLock<Notifier>,
+    /// Completions for queue pairs no longer attached (dropped).
+    strays: AtomicU32,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every structure here stays consistent between statements: a panic elsewhere leaves
+    // nothing half-done.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<D: Device> Hub<D> {
+    /// A hub around `cq`, which holds `capacity` completions.
+    pub(crate) fn new(cq: CqOf<D>, capacity: u32) -> Self {
+        Self {
+            cq,
+            capacity,
+            reserved: Mutex::new(0),
+            routes: Mutex::new(HashMap::new()),
+            router: Mutex::new(vec![WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); BATCH]),
+            leader: AtomicBool::new(false),
+            sleepers: Mutex::new(VecDeque::new()),
+            notifier: OnceLock::new(),
+            strays: AtomicU32::new(0),
+        }
+    }
+
+    /// Completions the queue holds.
+    pub(super) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The shared queue (for `create_qp`).
+    pub(crate) fn cq(&self) -> &CqOf<D> {
+        &self.cq
+    }
+
+    /// Reserves room for `entries` more outstanding completions; false if the queue is full.
+    pub(super) fn reserve(&self, entries: u32) -> bool {
+        let mut reserved = lock(&self.reserved);
+        if self.capacity - *reserved < entries {
+            return false;
+        }
+        *reserved += entries;
+        true
+    }
+
+    /// Gives back a reservation.
+    pub(crate) fn release(&self, entries: u32) {
+        let mut reserved = lock(&self.reserved);
+        *reserved = reserved.saturating_sub(entries);
+    }
+
+    /// Routes completions of queue pair `qpn` to `inbox` from now on.
+    pub(super) fn attach(&self, qpn: u32, inbox: Arc<Inbox>) {
+        lock(&self.routes).insert(qpn, inbox);
+    }
+
+    /// Stops routing for `qpn` (its queue pair is gone); later completions of it are dropped.
+    pub(super) fn detach(&self, qpn: u32) {
+        lock(&self.routes).remove(&qpn);
+    }
+
+    /// Completions that arrived for queue pairs no longer attached.
+    #[cfg(test)]
+    pub(super) fn strays(&self) -> u32 {
+        self.strays.load(Ordering::Relaxed)
+    }
+
+    /// Hands `wcs` to their inboxes and wakes the owners that wait. The caller holds the
+    /// router lock.
+    fn route(&self, wcs: &[WorkCompletion]) {
+        let mut to_wake: Vec<Arc<Inbox>> = Vec::new();
+        {
+            let routes = lock(&self.routes);
+            let mut rest = wcs;
+            while let Some(first) = rest.first() {
+                // Runs of one queue pair go in with one lock of its inbox.
+                let run = rest.iter().take_while(|wc| wc.qp_num == first.qp_num).count();
+                let (now, later) = rest.split_at(run);
+                rest = later;
+                match routes.get(&first.qp_num) {
+                    Some(inbox) => {
+                        if inbox.push(now.iter().copied()) && !to_wake.iter().any(|i| Arc::ptr_eq(i, inbox)) {
+                            to_wake.push(Arc::clone(inbox));
+                        }
+                    }
+                    None => {
+                        self.strays.fetch_add(run as u32, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        for inbox in to_wake {
+            inbox.wake();
+        }
+    }
+
+    /// Polls the queue empty and routes everything, with the router lock held.
+    fn drain(&self, buf: &mut [WorkCompletion]) -> lightpath_verbs::Result<bool> {
+        let mut any = false;
+        loop {
+            let n = self.cq.poll(buf)?;
+            self.route(&buf[..n]);
+            any |= n > 0;
+            if n < buf.len() {
+                return Ok(any);
+            }
+        }
+    }
+
+    /// Routes whatever the queue has, unless another thread is routing (it routes for all).
+    pub(crate) fn try_route(&self) -> lightpath_verbs::Result<bool> {
+        match self.router.try_lock() {
+            Ok(mut buf) => self.drain(&mut buf),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => self.drain(&mut poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Ok(false),
+        }
+    }
+
+    /// Routes whatever the queue has, waiting for the router lock if need be.
+    pub(super) fn route_now(&self) -> lightpath_verbs::Result<bool> {
+        self.drain(&mut lock(&self.router))
+    }
+
+    /// Blocks until `inbox` has completions or `timeout` passes; moves them into `out`.
+    pub(crate) fn wait(
+        &self,
+        inbox: &Arc<Inbox>,
+        out: &mut [WorkCompletion],
+        timeout: Duration,
+    ) -> lightpath_verbs::Result<usize> {
+        let deadline = Instant::now() + timeout;
+        let result = self.wait_inner(inbox, out, deadline);
+        // Whoever leaves while others sleep and no one leads passes the watch on.
+        if !self.leader.load(Ordering::SeqCst) {
+            self.hand_off();
+        }
+        result
+    }
+
+    fn wait_inner(
+        &self,
+        inbox: &Arc<Inbox>,
+        out: &mut [WorkCompletion],
+        deadline: Instant,
+    ) -> lightpath_verbs::Result<usize> {
+        loop {
+            let n = inbox.pop(out);
+            if n > 0 {
+                return Ok(n);
+            }
+            self.try_route()?;
+            let n = inbox.pop(out);
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(0);
+            }
+            if self.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                let led = self.lead(inbox, deadline);
+                self.leader.store(false, Ordering::SeqCst);
+                led?;
+                return Ok(inbox.pop(out));
+            }
+            self.list_sleeper(inbox);
+            // The leader may have left between the exchange above and now: sleep only while
+            // one leads (its hand-off wakes a listed sleeper once it goes).
+            inbox.sleep_while(left, || self.leader.load(Ordering::SeqCst));
+        }
+    }
+
+    /// The leader's turn: sleep in the queue's own `wait`, routing what arrives, until this
+    /// inbox has something or the deadline passes.
+    fn lead(&self, inbox: &Inbox, deadline: Instant) -> lightpath_verbs::Result<()> {
+        let mut buf = lock(&self.router);
+        loop {
+            self.drain(&mut buf)?;
+            if !inbox.is_empty() {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let n = self.cq.wait(&mut buf, left)?;
+            self.route(&buf[..n]);
+        }
+    }
+
+    fn list_sleeper(&self, inbox: &Arc<Inbox>) {
+        if !inbox.listed.swap(true, Ordering::SeqCst) {
+            lock(&self.sleepers).push_back(Arc::clone(inbox));
+        }
+    }
+
+    /// Wakes one listed sleeper (if any still sleeps) so that it takes the lead.
+    fn hand_off(&self) {
+        let mut sleepers = lock(&self.sleepers);
+        while let Some(inbox) = sleepers.pop_front() {
+            inbox.listed.store(false, Ordering::SeqCst);
+            if inbox.is_sleeping() {
+                inbox.wake();
+                return;
+            }
+        }
+    }
+
+    /// Starts the notifier thread (once), which routes for armed inboxes.
+    pub(super) fn ensure_notifier(self: &Arc<Self>) -> std::io::Result<()>
+    where
+        D: 'static,
+    {
+        if self.notifier.get().is_some() {
+            return Ok(());
+        }
+        let notifier = Notifier::start(self)?;
+        // A racing caller may have started one too: the loser's stops with it.
+        let _ = self.notifier.set(notifier);
+        Ok(())
+    }
+}

@@ -1,0 +1,181 @@
+//! One connection's share of a shared completion queue: the completions routed to it, and the
+//! eventfd that wakes its owner (a blocked thread, or an event loop that armed it).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use lightpath_verbs::WorkCompletion;
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
+
+/// Completions waiting for one connection, in the order the queue produced them.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    queue: Mutex<VecDeque<WorkCompletion>>,
+    /// Entries in `queue` (updated under its lock), so an empty look takes no lock.
+    len: AtomicUsize,
+    /// Readable while a wake-up is pending.
+    event: OwnedFd,
+    /// An event loop asked to be told (once) about the next completion.
+    armed: AtomicBool,
+    /// A thread sleeps on `event`.
+    sleeping: AtomicBool,
+    /// The inbox is in its hub's list of sleepers (see `Hub::hand_off`).
+    pub(super) listed: AtomicBool,
+}
+
+impl Inbox {
+    pub(crate) fn new() -> io::Result<Self> {
+        let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(Self {
+            queue: Mutex::new(VecDeque::new()),
+            len: AtomicUsize::new(0),
+            event,
+            armed: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            listed: AtomicBool::new(false),
+        })
+    }
+
+    fn queue(&self) -> MutexGuard<'_, VecDeque<WorkCompletion>> {
+        // Completions are plain data: a holder that panicked left the queue consistent.
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds completions (the hub's router holds the routing lock, so per-connection order is
+    /// the queue's order) and returns whether the owner must be woken.
+    pub(super) fn push(&self, wcs: impl IntoIterator<Item = WorkCompletion>) -> bool {
+        {
+            let mut queue = self.queue();
+            queue.extend(wcs);
+            self.len.store(queue.len(), Ordering::SeqCst);
+        }
+        // Pairs with the SeqCst store of `sleeping` before the owner's last look at `len`:
+        // either the owner sees the entries, or this sees it asleep.
+        self.sleeping.load(Ordering::SeqCst) | self.armed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether completions are waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::SeqCst) == 0
+    }
+
+    /// Moves up to `out.len()` completions into `out`.
+    pub(crate) fn pop(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.is_empty() || out.is_empty() {
+            return 0;
+        }
+        let mut queue = self.queue();
+        let count = out.len().min(queue.len());
+        for (slot, wc) in out.iter_mut().zip(queue.drain(..count)) {
+            *slot = wc;
+        }
+        self.len.store(queue.len(), Ordering::SeqCst);
+        count
+    }
+
+    /// Makes the eventfd readable.
+    pub(super) fn wake(&self) {
+        // Fails only when the counter would overflow, i.e. a wake-up is pending anyway.
+        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+    }
+
+    /// Consumes a pending wake-up; returns whether there was one.
+    pub(crate) fn take_wake(&self) -> bool {
+        let mut value = [0u8; 8];
+        matches!(rustix::io::read(&self.event, &mut value), Ok(8))
+    }
+
+    /// Asks for a wake-up on the next completion (for event loops; see `notify_fd`).
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// The eventfd, for epoll: readable once a completion arrives after `arm`.
+    pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.event.as_fd()
+    }
+
+    /// Whether a thread sleeps on the eventfd right now.
+    pub(super) fn is_sleeping(&self) -> bool {
+        self.sleeping.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until a completion is routed here, a wake-up is signalled, or `timeout` passes;
+    /// does not sleep at all if completions are waiting or, once this thread counts as
+    /// asleep, `still_needed` says no. Returns whether it was woken (or found completions)
+    /// rather than timed out.
+    pub(super) fn sleep_while(&self, timeout: Duration, still_needed: impl FnOnce() -> bool) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        let mut woken = !self.is_empty();
+        if !woken && still_needed() {
+            let mut fds = [PollFd::new(&self.event, PollFlags::IN)];
+            let timeout = Timespec {
+                tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            // EINTR or a failure both just end this sleep; the caller looks again.
+            let _ = rustix::event::poll(&mut fds, Some(&timeout));
+        }
+        self.sleeping.store(false, Ordering::SeqCst);
+        woken |= self.take_wake();
+        woken || !self.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lightpath_verbs::{WcOpcode, WcStatus};
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion::new(id, WcStatus::Success, WcOpcode::Send, 7)
+    }
+
+    #[test]
+    fn keeps_order_and_reports_who_to_wake() {
+        let inbox = Inbox::new().unwrap();
+        assert!(!inbox.push([wc(1), wc(2)]), "nobody sleeps or armed: no wake-up");
+        inbox.arm();
+        assert!(inbox.push([wc(3)]), "armed: wake once");
+        assert!(!inbox.push([wc(4)]), "the arm was consumed");
+        let mut out = [wc(0); 3];
+        assert_eq!(inbox.pop(&mut out), 3);
+        assert_eq!(out.map(|w| w.wr_id), [1, 2, 3]);
+        assert_eq!(inbox.pop(&mut out), 1);
+        assert_eq!(out[0].wr_id, 4);
+        assert!(inbox.is_empty());
+        assert_eq!(inbox.pop(&mut out), 0);
+    }
+
+    #[test]
+    fn wake_is_seen_once() {
+        let inbox = Inbox::new().unwrap();
+        assert!(!inbox.take_wake());
+        inbox.wake();
+        inbox.wake();
+        assert!(inbox.take_wake());
+        assert!(!inbox.take_wake());
+    }
+
+    #[test]
+    fn a_sleeper_is_woken_by_a_push() {
+        let inbox = std::sync::Arc::new(Inbox::new().unwrap());
+        let sleeper = {
+            let inbox = std::sync::Arc::clone(&inbox);
+            // An hour: the sleep must end by the push, not by its timeout.
+            std::thread::spawn(move || inbox.sleep_while(Duration::from_secs(3600), || true))
+        };
+        while !inbox.sleeping.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        if inbox.push([wc(9)]) {
+            inbox.wake();
+        }
+        assert!(sleeper.join().unwrap(), "the sleep ended without a wake-up");
+        assert!(!inbox.is_empty());
+    }
+}

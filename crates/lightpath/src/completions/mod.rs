@@ -1,0 +1,167 @@
+//! Completion queues shared by many connections.
+//!
+//! A device's connections do not each get a completion queue: their queue pairs report to a
+//! few shared ones ([`Hub`]s, from the device's [`HubPool`]), and a router hands every
+//! completion to its connection's [`Inbox`] by queue-pair number. One poll then serves every
+//! connection with work, a blocked server thread per connection does not mean a queue (and,
+//! on hardware, an interrupt channel) per connection, and the threads blocked on a device
+//! take turns watching its queue instead of all watching it (see `hub` for the protocol).
+//!
+//! A connection sees its share through [`ConnCompletions`], which offers what it used from
+//! its own queue: `poll`, `wait`, and the arm / fd / take protocol of completion channels,
+//! served by a per-connection eventfd.
+//!
+//! Capacity: a hub's queue must hold every completion its connections can have outstanding,
+//! so each connection reserves its send plus receive depth when it attaches, and a full hub
+//! makes the pool open another (twice as large, up to the device's `max_cqe`).
+
+mod hub;
+mod inbox;
+mod notifier;
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lightpath_verbs::{CqOf, Device, WorkCompletion};
+
+pub(crate) use hub::Hub;
+pub(crate) use inbox::Inbox;
+
+use crate::error::from_verbs;
+
+/// The shared completion queues of one device.
+pub(crate) struct HubPool<D: Device> {
+    hubs: Mutex<Vec<Arc<Hub<D>>>>,
+    /// Entries of the first queue (later ones double, up to the device's limit).
+    first_entries: u32,
+}
+
+impl<D: Device> HubPool<D> {
+    /// A pool whose first queue holds `first_entries` completions.
+    pub(crate) fn new(first_entries: u32) -> Self {
+        Self { hubs: Mutex::new(Vec::new()), first_entries }
+    }
+
+    /// A hub of `device` with room for `entries` more outstanding completions, reserved.
+    pub(crate) fn reserve(&self, device: &D, entries: u32) -> io::Result<Arc<Hub<D>>> {
+        let mut hubs = self.hubs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(hub) = hubs.iter().find(|hub| hub.reserve(entries)) {
+            return Ok(Arc::clone(hub));
+        }
+        let max = device.query().map_err(from_verbs)?.max_cqe.max(1);
+        let largest = hubs.last().map_or(0, |hub| hub.capacity());
+        let size = largest.saturating_mul(2).max(self.first_entries).max(entries).min(max);
+        if size < entries {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "lightpath: a connection needs {entries} completion entries; the device allows {max}"
+                ),
+            ));
+        }
+        let cq = device.create_cq(size).map_err(from_verbs)?;
+        let hub = Arc::new(Hub::new(cq, size));
+        let reserved = hub.reserve(entries);
+        debug_assert!(reserved, "a new hub has room for one connection");
+        hubs.push(Arc::clone(&hub));
+        Ok(hub)
+    }
+
+    /// How many shared queues the pool has opened.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.hubs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+    }
+}
+
+/// One connection's view of its hub: its completions, as if the queue were its own.
+pub(crate) struct ConnCompletions<D: Device> {
+    hub: Arc<Hub<D>>,
+    inbox: Arc<Inbox>,
+    /// Completion entries reserved in the hub.
+    entries: u32,
+    /// The queue pair routed here, once attached.
+    qpn: Option<u32>,
+}
+
+impl<D: Device> ConnCompletions<D> {
+    /// Takes a reservation of `entries` in `hub` (made by [`HubPool::reserve`]).
+    pub(crate) fn new(hub: Arc<Hub<D>>, entries: u32) -> io::Result<Self> {
+        match Inbox::new() {
+            Ok(inbox) => Ok(Self { hub, inbox: Arc::new(inbox), entries, qpn: None }),
+            Err(err) => {
+                hub.release(entries);
+                Err(err)
+            }
+        }
+    }
+
+    /// The shared queue, for creating the connection's queue pair on it.
+    pub(crate) fn cq(&self) -> &CqOf<D> {
+        self.hub.cq()
+    }
+
+    /// Routes the completions of queue pair `qpn` here.
+    pub(crate) fn attach(&mut self, qpn: u32) {
+        if let Some(old) = self.qpn.replace(qpn) {
+            self.hub.detach(old);
+        }
+        self.hub.attach(qpn, Arc::clone(&self.inbox));
+    }
+
+    /// Moves up to `out.len()` of this connection's completions into `out`, routing what
+    /// the shared queue has first if none are waiting. Never blocks.
+    pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> lightpath_verbs::Result<usize> {
+        let n = self.inbox.pop(out);
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        self.hub.try_route()?;
+        Ok(self.inbox.pop(out))
+    }
+
+    /// Like `poll`, but blocks until a completion arrives or `timeout` passes (0 then).
+    pub(crate) fn wait(
+        &self,
+        out: &mut [WorkCompletion],
+        timeout: Duration,
+    ) -> lightpath_verbs::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        self.hub.wait(&self.inbox, out, timeout)
+    }
+
+    /// The fd an event loop waits on (readable after `request_notify` once a completion
+    /// arrives).
+    pub(crate) fn notify_fd(&self) -> Option<RawFd> {
+        Some(self.inbox.event_fd().as_raw_fd())
+    }
+
+    /// Consumes a pending notification; returns whether there was one.
+    pub(crate) fn take_notify(&self) -> bool {
+        self.inbox.take_wake()
+    }
+}
+
+impl<D: Device + 'static> ConnCompletions<D> {
+    /// Asks for the notification fd to become readable on the next completion.
+    pub(crate) fn request_notify(&self) -> io::Result<()> {
+        self.inbox.arm();
+        self.hub.ensure_notifier()
+    }
+}
+
+impl<D: Device> Drop for ConnCompletions<D> {
+    fn drop(&mut self) {
+        if let Some(qpn) = self.qpn {
+            self.hub.detach(qpn);
+        }
+        self.hub.release(self.entries);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,248 @@
+//! The shared queues over a real provider: queue pairs of one soft device (talking to each
+//! other through its socket) all report to one hub.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long each blocked thread waits: a minute, far beyond any routing delay.
+const WAITER_PATIENCE: Duration = Duration::from_secs(60);
+
+use lightpath_soft::{ProgressMode, SoftConfig, SoftDevice};
+use lightpath_verbs::conformance::harness::{connect, PairOptions};
+use lightpath_verbs::{
+    Device, Mtu, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use super::{ConnCompletions, HubPool};
+
+type Qp = lightpath_verbs::QpOf<SoftDevice>;
+type Pd = lightpath_verbs::PdOf<SoftDevice>;
+
+fn device(mode: ProgressMode) -> SoftDevice {
+    let mut config = SoftConfig::with_addr("127.0.0.1:0".parse().unwrap());
+    config.mode = mode;
+    config.lock_memory = false;
+    SoftDevice::open(config).unwrap()
+}
+
+/// One connection's end: a queue pair on a shared queue, and its view of that queue.
+struct End {
+    qp: Qp,
+    completions: ConnCompletions<SoftDevice>,
+}
+
+fn end(device: &SoftDevice, pd: &Pd, hubs: &HubPool<SoftDevice>) -> End {
+    let entries = 64;
+    let mut completions = ConnCompletions::new(hubs.reserve(device, entries).unwrap(), entries).unwrap();
+    let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
+    let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
+    completions.attach(qp.qpn());
+    End { qp, completions }
+}
+
+/// `pairs` connected pairs of ends, all on one device and one hub.
+fn pairs(device: &SoftDevice, hubs: &HubPool<SoftDevice>, pairs: usize) -> (Pd, Vec<(End, End)>) {
+    let pd = device.alloc_pd().unwrap();
+    let ends = (0..pairs)
+        .map(|_| {
+            let (a, b) = (end(device, &pd, hubs), end(device, &pd, hubs));
+            connect(&a.qp, &b.qp, Mtu::Mtu1024, &PairOptions::default());
+            (a, b)
+        })
+        .collect();
+    (pd, ends)
+}
+
+/// A zero-length SEND (the receives have no buffer).
+fn send_empty(qp: &Qp, wr_id: u64) {
+    qp.post_send(&SendWr::new(wr_id, SendOp::Send, &[])).unwrap();
+}
+
+/// Collects `n` completions through `completions`, panicking if a wait of 30 s finds none.
+fn collect(completions: &ConnCompletions<SoftDevice>, n: usize) -> Vec<WorkCompletion> {
+    collect_within(completions, n, Duration::from_secs(30))
+}
+
+/// Collects `n` completions, panicking if a wait of `patience` finds none.
+fn collect_within(
+    completions: &ConnCompletions<SoftDevice>,
+    n: usize,
+    patience: Duration,
+) -> Vec<WorkCompletion> {
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 8];
+    while got.len() < n {
+        let count = completions.wait(&mut buf, patience).unwrap();
+        assert!(count > 0, "no completion within {patience:?} after {} of {n}", got.len());
+        got.extend_from_slice(&buf[..count]);
+    }
+    got
+}
+
+#[test]
+fn each_connection_gets_its_own_completions_in_order() {
+    let device = device(ProgressMode::polling());
+    let hubs = HubPool::new(4096);
+    let (_pd, ends) = pairs(&device, &hubs, 4);
+    assert_eq!(hubs.len(), 1, "eight connections fit one queue");
+    for (a, b) in &ends {
+        for i in 0..8 {
+            b.qp.post_recv(&RecvWr::new(100 + i, &[])).unwrap_or_else(|_| panic!("post recv"));
+        }
+        let _ = a;
+    }
+    // Interleaved across pairs, so the queue holds everyone's completions mixed.
+    for i in 0..8u64 {
+        for (p, (a, _)) in ends.iter().enumerate() {
+            send_empty(&a.qp, (p as u64) << 8 | i);
+        }
+    }
+    for (p, (a, b)) in ends.iter().enumerate() {
+        let sends = collect(&a.completions, 8);
+        let recvs = collect(&b.completions, 8);
+        let ids: Vec<u64> = sends.iter().map(|wc| wc.wr_id).collect();
+        let want: Vec<u64> = (0..8).map(|i| (p as u64) << 8 | i).collect();
+        assert_eq!(ids, want, "pair {p}: its sends, in order");
+        assert!(sends.iter().all(|wc| wc.qp_num == a.qp.qpn() && wc.status.is_success()), "{sends:?}");
+        let ids: Vec<u64> = recvs.iter().map(|wc| wc.wr_id).collect();
+        assert_eq!(ids, (100..108).collect::<Vec<u64>>(), "pair {p}: its receives, in order");
+        assert!(recvs
+            .iter()
+            .all(|wc| wc.qp_num == b.qp.qpn() && wc.opcode == WcOpcode::Recv && wc.status.is_success()));
+    }
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
+    for (a, b) in &ends {
+        assert_eq!(a.completions.poll(&mut buf).unwrap(), 0);
+        assert_eq!(b.completions.poll(&mut buf).unwrap(), 0);
+    }
+}
+
+#[test]
+fn completions_of_a_detached_queue_pair_go_nowhere() {
+    let device = device(ProgressMode::polling());
+    let hubs = HubPool::new(4096);
+    let (_pd, mut ends) = pairs(&device, &hubs, 2);
+    let (a1, b1) = ends.pop().unwrap();
+    let (a0, b0) = ends.pop().unwrap();
+    let hub = Arc::clone(&a1.completions.hub);
+    // A connection that goes away first stops routing (its queue pair lives on here).
+    let End { qp: a1_qp, completions: gone } = a1;
+    drop(gone);
+    b1.qp.post_recv(&RecvWr::new(1, &[])).unwrap();
+    b0.qp.post_recv(&RecvWr::new(2, &[])).unwrap();
+    send_empty(&a1_qp, 11);
+    send_empty(&a0.qp, 10);
+    let got = collect(&a0.completions, 1);
+    assert_eq!(got[0].wr_id, 10);
+    assert_eq!(collect(&b1.completions, 1)[0].wr_id, 1, "the receiving side is still attached");
+    assert_eq!(collect(&b0.completions, 1)[0].wr_id, 2);
+    assert_eq!(hub.strays(), 1, "the detached sender's completion was dropped, not misrouted");
+}
+
+#[test]
+fn a_full_queue_makes_the_pool_open_a_larger_one() {
+    let device = device(ProgressMode::polling());
+    let hubs = HubPool::<SoftDevice>::new(100);
+    let first = hubs.reserve(&device, 60).unwrap();
+    assert_eq!(first.capacity(), 100);
+    let second = hubs.reserve(&device, 60).unwrap();
+    assert_eq!(second.capacity(), 200, "doubled");
+    let third = hubs.reserve(&device, 60).unwrap();
+    assert!(Arc::ptr_eq(&second, &third), "the second queue still had room");
+    assert_eq!(hubs.len(), 2);
+    first.release(60);
+    let again = hubs.reserve(&device, 60).unwrap();
+    assert!(Arc::ptr_eq(&first, &again), "released room is used again");
+    assert_eq!(hubs.len(), 2);
+    let max = device.query().unwrap().max_cqe;
+    let refused = hubs.reserve(&device, max + 1).map(|_| ()).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::OutOfMemory);
+}
+
+/// Thirty-two threads block in `wait` on one hub, each for its own receive; the sends come in
+/// an order unrelated to who leads. Every thread must get its completion: the leader routes
+/// the others', and hands the watch on when it leaves.
+fn blocked_threads_all_get_theirs(mode: ProgressMode) {
+    let device = device(mode);
+    let hubs = HubPool::new(4096);
+    let (_pd, ends) = pairs(&device, &hubs, 32);
+    let ends: Vec<(End, Arc<End>)> = ends.into_iter().map(|(a, b)| (a, Arc::new(b))).collect();
+    for round in 0..3u64 {
+        let waiters: Vec<_> = ends
+            .iter()
+            .map(|(_, b)| {
+                b.qp.post_recv(&RecvWr::new(round, &[])).unwrap();
+                let b = Arc::clone(b);
+                std::thread::spawn(move || {
+                    let started = Instant::now();
+                    let wc = collect_within(&b.completions, 1, WAITER_PATIENCE)[0];
+                    (wc, started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        // One at a time, spaced so that each leader has left before the next arrives: the
+        // later ones reach their threads only if the watch was handed on. This thread must
+        // not route (it would serve the sleepers itself), so it collects the sends after.
+        for (i, (a, _)) in ends.iter().enumerate().rev() {
+            send_empty(&a.qp, round << 16 | i as u64);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let received: Vec<(WorkCompletion, Duration)> =
+            waiters.into_iter().map(|w| w.join().unwrap()).collect();
+        for ((wc, waited), (a, b)) in received.into_iter().zip(&ends) {
+            // A wait ends with its last look at the queue, so a sleeper nobody woke still
+            // gets its completion — after its whole timeout. That is what this catches.
+            assert!(waited < WAITER_PATIENCE / 2, "a sleeper was left asleep for {waited:?}: no hand-off");
+            assert_eq!(
+                (wc.qp_num, wc.wr_id, wc.opcode, wc.status),
+                (b.qp.qpn(), round, WcOpcode::Recv, WcStatus::Success)
+            );
+            let sent = collect(&a.completions, 1)[0];
+            assert_eq!((sent.wr_id >> 16, sent.status), (round, WcStatus::Success));
+        }
+    }
+}
+
+#[test]
+fn blocked_threads_all_get_theirs_polling_mode() {
+    blocked_threads_all_get_theirs(ProgressMode::polling());
+}
+
+#[test]
+fn blocked_threads_all_get_theirs_thread_mode() {
+    blocked_threads_all_get_theirs(ProgressMode::Thread);
+}
+
+#[test]
+fn an_armed_inbox_fd_fires_through_the_notifier() {
+    let device = device(ProgressMode::Thread);
+    let hubs = HubPool::new(4096);
+    let (_pd, ends) = pairs(&device, &hubs, 3);
+    for (i, (a, b)) in ends.iter().enumerate() {
+        b.qp.post_recv(&RecvWr::new(i as u64, &[])).unwrap();
+        b.completions.request_notify().unwrap();
+        let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 2];
+        assert_eq!(b.completions.poll(&mut buf).unwrap(), 0);
+        send_empty(&a.qp, 7);
+        // Nobody polls: only the notifier can route the receive and make the fd readable.
+        let fd = b.completions.notify_fd().unwrap();
+        // SAFETY: the fd belongs to `b`'s inbox, alive for this whole loop iteration.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let mut fds = [rustix::event::PollFd::new(&borrowed, rustix::event::PollFlags::IN)];
+        let timeout = rustix::event::Timespec { tv_sec: 30, tv_nsec: 0 };
+        assert_eq!(
+            rustix::event::poll(&mut fds, Some(&timeout)).unwrap(),
+            1,
+            "connection {i}: fd never fired"
+        );
+        assert!(b.completions.take_notify());
+        assert_eq!(b.completions.poll(&mut buf).unwrap(), 1);
+        assert_eq!(
+            (buf[0].wr_id, buf[0].opcode, buf[0].status),
+            (i as u64, WcOpcode::Recv, WcStatus::Success)
+        );
+        assert!(!b.completions.take_notify(), "one wake-up per arm");
+    }
+}
