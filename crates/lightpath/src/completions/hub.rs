@@ -108,6 +108,9 @@ impl<D: Device> Hub<D> {
     /// Hands `wcs` to their inboxes and wakes the owners that wait. The caller holds the
     /// router lock.
     fn route(&self, wcs: &[WorkCompletion]) {
+        if wcs.is_empty() {
+            return;
+        }
         let mut to_wake: Vec<Arc<Inbox>> = Vec::new();
         {
             let routes = lock(&self.routes);
@@ -147,12 +150,37 @@ impl<D: Device> Hub<D> {
         }
     }
 
-    /// Routes whatever the queue has, unless another thread is routing (it routes for all).
-    pub(crate) fn try_route(&self) -> lightpath_verbs::Result<bool> {
-        match self.router.try_lock() {
-            Ok(mut buf) => self.drain(&mut buf),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => self.drain(&mut poisoned.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => Ok(false),
+    /// Polls the queue for the connection of queue pair `qpn`, whose inbox the caller found
+    /// empty: its own completions go straight into `out` while there is room (no inbox on the
+    /// way, the common case of a connection polling for itself), everything else is routed.
+    /// Returns 0 at once if another thread is routing (it routes for all).
+    pub(crate) fn poll_for(&self, qpn: u32, out: &mut [WorkCompletion]) -> lightpath_verbs::Result<usize> {
+        let mut guard = match self.router.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
+        };
+        let buf: &mut Vec<WorkCompletion> = &mut guard;
+        let mut taken = 0;
+        loop {
+            let n = self.cq.poll(buf)?;
+            // Own completions move to `out` in order until it is full; once one has gone to
+            // the inbox, all later ones must follow it there.
+            let mut others = 0;
+            for i in 0..n {
+                let wc = buf[i];
+                if wc.qp_num == qpn && taken < out.len() {
+                    out[taken] = wc;
+                    taken += 1;
+                } else {
+                    buf[others] = wc;
+                    others += 1;
+                }
+            }
+            self.route(&buf[..others]);
+            if n < buf.len() {
+                return Ok(taken);
+            }
         }
     }
 
@@ -165,11 +193,12 @@ impl<D: Device> Hub<D> {
     pub(crate) fn wait(
         &self,
         inbox: &Arc<Inbox>,
+        qpn: u32,
         out: &mut [WorkCompletion],
         timeout: Duration,
     ) -> lightpath_verbs::Result<usize> {
         let deadline = Instant::now() + timeout;
-        let result = self.wait_inner(inbox, out, deadline);
+        let result = self.wait_inner(inbox, qpn, out, deadline);
         // Whoever leaves while others sleep and no one leads passes the watch on.
         if !self.leader.load(Ordering::SeqCst) {
             self.hand_off();
@@ -180,6 +209,7 @@ impl<D: Device> Hub<D> {
     fn wait_inner(
         &self,
         inbox: &Arc<Inbox>,
+        qpn: u32,
         out: &mut [WorkCompletion],
         deadline: Instant,
     ) -> lightpath_verbs::Result<usize> {
@@ -188,7 +218,10 @@ impl<D: Device> Hub<D> {
             if n > 0 {
                 return Ok(n);
             }
-            self.try_route()?;
+            let n = self.poll_for(qpn, out)?;
+            if n > 0 {
+                return Ok(n);
+            }
             let n = inbox.pop(out);
             if n > 0 {
                 return Ok(n);

@@ -118,7 +118,11 @@ impl<D: Device> ConnCompletions<D> {
         if n > 0 || out.is_empty() {
             return Ok(n);
         }
-        self.hub.try_route()?;
+        let Some(qpn) = self.qpn else { return Ok(0) };
+        let n = self.hub.poll_for(qpn, out)?;
+        if n > 0 {
+            return Ok(n);
+        }
         Ok(self.inbox.pop(out))
     }
 
@@ -131,7 +135,8 @@ impl<D: Device> ConnCompletions<D> {
         if out.is_empty() {
             return Ok(0);
         }
-        self.hub.wait(&self.inbox, out, timeout)
+        let Some(qpn) = self.qpn else { return Ok(0) };
+        self.hub.wait(&self.inbox, qpn, out, timeout)
     }
 
     /// The fd an event loop waits on (readable after `request_notify` once a completion
