@@ -97,7 +97,7 @@ done
 for t in send_lat write_lat read_lat send_bw write_bw read_bw; do
     cases+=("ibverbs-perf-$t|Lightpath ibverbs vs perftest (rxe0)|case_ibverbs_perf $t")
 done
-for t in stream_lat stream_bw; do
+for t in stream_lat stream_bw stream_rr; do
     cases+=("stream-ibverbs-$t|lightpath::Stream, both ends on rxe0: negotiation picks ibverbs|case_stream_ibverbs $t")
     cases+=("stream-soft-to-ibverbs-$t|Lightpath soft stream (host) -> ibverbs listener (VM)|case_stream_soft_to_ibverbs $t")
 done
@@ -420,6 +420,8 @@ IBV_OVERHEAD=""
 stream_extra() {
     case $1 in
         stream_lat) echo "-s 64 -n 200" ;;
+        # Many connections on one device: their queue pairs share completion queues.
+        stream_rr) echo "-s 64 -n 50 --conns 32" ;;
         *) echo "-s 65536 -n 100" ;;
     esac
 }
