@@ -27,8 +27,14 @@
 //! connection stays open as the liveness channel: a peer that dies is noticed within
 //! milliseconds, not after RDMA retries.
 //!
-//! Providers: the soft RoCE v2 provider today; the provider enum
-//! ([`lightpath_stream::negotiate::ProviderId`]) already names ibverbs and shm so they slot in.
+//! Providers ([`ProviderId`]), chosen per connection by the negotiation: shm between
+//! processes of one host, ibverbs where an RDMA NIC has a RoCE v2 GID for the connection's
+//! local address, soft (the userspace RoCE v2 engine over UDP) otherwise; [`Options`] and
+//! `LIGHTPATH_PROVIDERS` change the list.
+//!
+//! Many connections: the connections of one device share its completion queues (a router
+//! hands each completion to its connection; blocked threads take turns watching the queue),
+//! so a server with a thousand connections polls one queue, not a thousand.
 
 mod completions;
 mod devices;
