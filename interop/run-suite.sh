@@ -101,6 +101,7 @@ for t in stream_lat stream_bw stream_rr; do
     cases+=("stream-ibverbs-$t|lightpath::Stream, both ends on rxe0: negotiation picks ibverbs|case_stream_ibverbs $t")
     cases+=("stream-soft-to-ibverbs-$t|Lightpath soft stream (host) -> ibverbs listener (VM)|case_stream_soft_to_ibverbs $t")
 done
+cases+=("stream-ibverbs-zero-copy|lightpath::Stream write_buf/read_buf on rxe0: rendezvous by RDMA READ|case_stream_ibverbs stream_bw zero_copy")
 cases+=("ibverbs-overhead|Lightpath ibverbs wrapper vs direct C calls (rxe0)|case_ibverbs_overhead")
 cases+=("ibverbs-bad-input|Lightpath ibverbs: refused inputs (rxe0)|case_ibverbs_bad_input")
 cases+=("ibverbs-no-leaks|rdma resource after the ibverbs cases|case_ibverbs_no_leaks")
@@ -418,6 +419,11 @@ for line in sys.stdin:
 IBV_OVERHEAD=""
 # Sizes and counts of the stream cases (TCG makes rxe slow: a few MB in all).
 stream_extra() {
+    if [ "${2:-}" = zero_copy ]; then
+        # Registered buffers of 1 MiB, above the ibverbs rendezvous threshold (64 KiB).
+        echo "-s 1048576 -n 50 --zero-copy"
+        return
+    fi
     case $1 in
         stream_lat) echo "-s 64 -n 200" ;;
         # Many connections on one device: their queue pairs share completion queues.
@@ -439,7 +445,7 @@ stream_summary() {
 # lightpath::Stream with both ends in the VM, connected to the VM's own address: the
 # negotiation finds rxe0's RoCE v2 GID for that address and picks ibverbs.
 case_stream_ibverbs() {
-    local t=$1 port id out rc=0
+    local t=$1 variant=${2:-} port id out rc=0
     need_ibverbs perf || return $NOT_RUN
     take_port
     id=stream-ibv-$t-$port
@@ -450,7 +456,7 @@ case_stream_ibverbs() {
         cat "$LPVM_SHARE/jobs/$id.log"
         return 1
     fi
-    out=$(lpvm_job "$id-c" "$VLP perf $t $LPVM_VM_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
+    out=$(lpvm_job "$id-c" "$VLP perf $t $LPVM_VM_IP --provider ibverbs -p $port $(stream_extra "$t" "$variant") --json" $T_CASE) || rc=$?
     lpvm_job_wait "$id" $((T_CASE + 30)) || rc=$?
     echo "$out"
     sed 's/^/[server] /' "$LPVM_SHARE/jobs/$id.log" 2> /dev/null
