@@ -1,8 +1,8 @@
 //! The one file descriptor an event loop waits on for an RDMA stream
 //! ([`crate::Stream::readiness_fd`]).
 //!
-//! An RDMA stream has two sources of events: its completion queue's notification fd (a
-//! completion arrived: data, a credit wake-up from the peer, an acknowledgement) and its TCP
+//! An RDMA stream has two sources of events: its completion notification fd (the eventfd of
+//! its share of the device's completion queue, see `crate::completions`: a completion arrived: data, a credit wake-up from the peer, an acknowledgement) and its TCP
 //! connection (the peer's goodbye, or its death). Event loops want one fd per connection, so
 //! the stream owns an epoll instance holding both: an epoll fd is itself pollable and reads
 //! as readable while any member has an event, so registering it in the application's epoll
@@ -27,7 +27,7 @@ use rustix::event::epoll;
 pub(crate) struct ReadinessEpoll(OnceLock<OwnedFd>);
 
 impl ReadinessEpoll {
-    /// The epoll fd watching `notify` (the completion queue's notification fd) and `tcp` (the
+    /// The epoll fd watching `notify` (the connection's completion notification fd) and `tcp` (the
     /// liveness connection) for readability; made on the first call.
     pub(crate) fn get_or_create(
         &self,

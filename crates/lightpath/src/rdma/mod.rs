@@ -347,7 +347,7 @@ impl<D: Device> RdmaConn<D> {
         &self.tcp
     }
 
-    /// The completion queue's notification fd, if the provider has one.
+    /// The fd that announces this connection's completions once armed (see `arm`).
     pub(crate) fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
         self.cq.notify_fd()
     }
