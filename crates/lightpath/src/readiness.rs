@@ -2,7 +2,8 @@
 //! ([`crate::Stream::readiness_fd`]).
 //!
 //! An RDMA stream has two sources of events: its completion notification fd (the eventfd of
-//! its share of the device's completion queue, see `crate::completions`: a completion arrived: data, a credit wake-up from the peer, an acknowledgement) and its TCP
+//! its share of the device's completion queue, see `crate::completions`), readable when a
+//! completion arrived (data, a credit wake-up from the peer, an acknowledgement), and its TCP
 //! connection (the peer's goodbye, or its death). Event loops want one fd per connection, so
 //! the stream owns an epoll instance holding both: an epoll fd is itself pollable and reads
 //! as readable while any member has an event, so registering it in the application's epoll
