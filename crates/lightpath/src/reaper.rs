@@ -106,6 +106,13 @@ fn begin(closing: Closing, linger: Duration) {
 fn step(closing: Closing) -> Step {
     match closing {
         Closing::Rdma(mut conn) => {
+            // Bytes kept from an accepted message go before the close record (an empty write
+            // pushes them without waiting; see `Stream::set_nonblocking`). An error means the
+            // connection can send nothing more, which the next call finds out too.
+            let kept = conn.write(&[], crate::rdma::Deadline::Now);
+            if matches!(&kept, Err(err) if err.kind() == std::io::ErrorKind::WouldBlock) {
+                return Step::Wait(Closing::Rdma(conn));
+            }
             if !conn.close_would_finish() {
                 return Step::Wait(Closing::Rdma(conn));
             }
@@ -119,10 +126,20 @@ fn step(closing: Closing) -> Step {
             }
         }
         Closing::Tcp(mut conn) => {
+            // An owed message goes first, as far as the socket takes it now.
+            if conn.tcp().set_nonblocking(true).is_err() {
+                return Step::Done;
+            }
+            match conn.push_kept() {
+                Ok(true) => {}
+                Ok(false) => return Step::Wait(Closing::Tcp(conn)),
+                Err(_) => return Step::Done,
+            }
             if !crate::readiness::socket_writable(conn.tcp()) {
                 return Step::Wait(Closing::Tcp(conn));
             }
-            // The socket has room, so writing the 8-byte close record does not block.
+            // Nothing is owed and the socket has room, so writing the 8-byte close record
+            // does not block.
             conn.close();
             Step::Done
         }

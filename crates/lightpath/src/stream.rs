@@ -195,7 +195,23 @@ impl Stream {
         self.write_timeout
     }
 
-    /// Nonblocking mode: calls that would wait return `WouldBlock` instead.
+    /// Nonblocking mode: calls that would wait return `WouldBlock` instead; none blocks.
+    ///
+    /// Two kinds of call cannot simply stop half-way, and behave as follows:
+    ///
+    /// * A message ([`Stream::send_msg`], and [`Stream::send_msg_buf`] / [`Stream::write_buf`]
+    ///   below the rendezvous threshold) that does not fit whole is still accepted once part of
+    ///   it went: the rest is *kept* (copied) and sent before anything else by later calls on
+    ///   the stream (writes, messages, `flush`, `poll_ready`, reads, the close). Until it has
+    ///   gone, further writes and messages return `WouldBlock` and [`Stream::poll_ready`]
+    ///   reports the stream not writable; `flush` returns `WouldBlock` until it has gone (and,
+    ///   over RDMA, been acknowledged). The TCP fallback behaves the same way.
+    /// * A zero-copy call that lent its registered buffer to the connection (a rendezvous
+    ///   [`Stream::write_buf`] / [`Stream::send_msg_buf`] the peer has not fetched yet, or a
+    ///   [`Stream::read_buf`] / [`Stream::recv_msg_buf`] whose RDMA READs are in flight)
+    ///   returns `WouldBlock`; repeat the *same* call (same buffer, offset and length) until it
+    ///   returns its result, and leave the buffer alone meanwhile. Other receiving calls are
+    ///   refused (`InvalidInput`) while such a read is unfinished.
     pub fn set_nonblocking(&mut self, nonblocking: bool) -> io::Result<()> {
         self.nonblocking = nonblocking;
         if let Backend::Tcp(conn) = &mut self.backend {
@@ -245,7 +261,10 @@ impl Stream {
         }
     }
 
-    /// Sends one message; the peer's [`Stream::recv_msg`] returns it whole.
+    /// Sends one message; the peer's [`Stream::recv_msg`] returns it whole. A message longer
+    /// than the peer's ring flows through it in parts; in nonblocking mode (or when the write
+    /// timeout expires) a message that has begun to go is accepted and its rest sent by later
+    /// calls (see [`Stream::set_nonblocking`]), so it still arrives whole and in order.
     pub fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
@@ -338,20 +357,46 @@ impl Stream {
             Backend::Rdma(conn) => {
                 conn.take_notify();
                 conn.poll_tcp();
+                // Bytes kept from an accepted message go out first, and until they have the
+                // stream is not writable (an empty write pushes them; see `set_nonblocking`).
+                let kept_out = !would_block(&conn.write(&[], Deadline::Now));
                 conn.arm()?;
-                let readiness = Readiness { readable: conn.readable_now(), writable: conn.writable_now() };
+                let readiness =
+                    Readiness { readable: conn.readable_now(), writable: kept_out && conn.writable_now() };
                 if !readiness.writable {
                     conn.note_write_blocked();
                 }
                 Ok(readiness)
             }
             Backend::Tcp(conn) => {
+                let kept_out = conn.push_kept().unwrap_or(true);
                 let readable = conn.readable_now(self.nonblocking)?;
-                Ok(Readiness { readable, writable: crate::readiness::socket_writable(conn.tcp()) })
+                Ok(Readiness {
+                    readable,
+                    writable: kept_out && crate::readiness::socket_writable(conn.tcp()),
+                })
             }
             Backend::Closed => Err(closed()),
         }
     }
+
+    /// Pushes bytes kept from an accepted message without waiting: `Ok(true)` once none are
+    /// kept, `Ok(false)` while some are (see [`Stream::set_nonblocking`]).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn push_kept(&mut self) -> io::Result<bool> {
+        match &mut self.backend {
+            Backend::Rdma(conn) => match conn.write(&[], Deadline::Now) {
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(false),
+                other => other.map(|_| true),
+            },
+            Backend::Tcp(conn) => conn.push_kept(),
+            Backend::Closed => Err(closed()),
+        }
+    }
+}
+
+fn would_block<T>(result: &io::Result<T>) -> bool {
+    matches!(result, Err(err) if err.kind() == io::ErrorKind::WouldBlock)
 }
 
 fn rdma_only() -> io::Error {
@@ -416,6 +461,9 @@ impl Stream {
     /// writes are copied into the staging ring, which is cheaper there. Either way it returns
     /// when the buffer may be reused, and the peer reads the bytes as ordinary stream bytes, in
     /// order. RDMA streams only (registered buffers exist only there).
+    ///
+    /// In nonblocking mode a rendezvous returns `WouldBlock` until the peer has fetched the
+    /// bytes: repeat the same call until it returns `Ok` (see [`Stream::set_nonblocking`]).
     pub fn write_buf(&mut self, local: &crate::RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
         let deadline = self.write_deadline();
         match &mut self.backend {
@@ -447,6 +495,9 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
         let deadline = self.write_deadline();
         match &mut self.backend {
             Backend::Rdma(conn) => conn.write(buf, deadline),
@@ -492,6 +543,13 @@ impl Stream {
 /// Dropping closes cleanly and *waits* (at most `Options::linger`) until the peer has
 /// acknowledged everything written, so the bytes are known to be delivered when `drop`
 /// returns; see [`Stream::close_in_background`] for the variant that does not wait.
+///
+/// Bytes the peer sent that were never read are discarded. A peer that keeps writing into the
+/// closing stream is not answered any more (no credits, no wake-ups): its flow control stops
+/// it, the close finishes once this side's own bytes are acknowledged, and the peer's writes
+/// then fail with `BrokenPipe` (it reads what was sent to it, then end of stream). Over TCP the
+/// kernel resets a socket closed with unread bytes, so such a peer gets `ConnectionReset` or
+/// `BrokenPipe`.
 impl Drop for Stream {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.backend, Backend::Closed) {

@@ -27,6 +27,9 @@ pub(crate) struct TcpConn {
     /// socket has not taken yet (nonblocking mode): it goes out before anything else.
     message_out: Vec<u8>,
     message_sent: usize,
+    /// A half close whose close record waits behind owed bytes (in `header_out`): the FIN
+    /// follows once they are out.
+    fin_after_owed: bool,
     /// Payload bytes the current outgoing data record still expects.
     payload_left: u32,
     read_shut: bool,
@@ -48,6 +51,7 @@ impl TcpConn {
             header_out: Vec::new(),
             message_out: Vec::new(),
             message_sent: 0,
+            fin_after_owed: false,
             payload_left: 0,
             read_shut: false,
             write_closed: false,
@@ -111,10 +115,34 @@ impl TcpConn {
         reset("the peer vanished (its TCP connection ended without a clean close)")
     }
 
+    /// Sends what is owed of an accepted message (and a deferred half close) without waiting
+    /// longer than the socket does: `Ok(true)` once nothing is owed, `Ok(false)` while a
+    /// nonblocking socket is full.
+    pub(crate) fn push_kept(&mut self) -> io::Result<bool> {
+        match self.flush_header() {
+            Ok(()) => Ok(true),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Before a read in nonblocking mode: pushes an owed message along (its errors are the
+    /// sending side's, reported by the next send).
+    fn push_kept_quietly(&mut self) {
+        if self.nonblocking && (!self.message_out.is_empty() || self.fin_after_owed) {
+            let _ = self.push_kept();
+        }
+    }
+
+    fn write_closed_error() -> io::Error {
+        io::Error::new(io::ErrorKind::BrokenPipe, "lightpath: the stream was shut down for writing")
+    }
+
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() || self.read_shut {
             return Ok(0);
         }
+        self.push_kept_quietly();
         if !self.prefix.is_empty() {
             let n = buf.len().min(self.prefix.len());
             buf[..n].copy_from_slice(&self.prefix[..n]);
@@ -149,7 +177,8 @@ impl TcpConn {
         }
     }
 
-    /// Sends what is owed of an accepted message and of a started record's header.
+    /// Sends what is owed of an accepted message and of a started record's header (or a
+    /// deferred close record, then the FIN).
     fn flush_header(&mut self) -> io::Result<()> {
         while self.message_sent < self.message_out.len() {
             let n = self.tcp.write(&self.message_out[self.message_sent..])?;
@@ -169,12 +198,18 @@ impl TcpConn {
             }
             self.header_out.drain(..n);
         }
+        if std::mem::take(&mut self.fin_after_owed) {
+            self.tcp.shutdown(std::net::Shutdown::Write)?;
+        }
         Ok(())
     }
 
     pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
+        }
+        if self.write_closed {
+            return Err(Self::write_closed_error());
         }
         if !self.framed {
             return self.tcp.write(buf);
@@ -239,6 +274,9 @@ impl TcpConn {
                 "lightpath: messages need a Lightpath peer (this one speaks plain TCP)",
             ));
         }
+        if self.write_closed {
+            return Err(Self::write_closed_error());
+        }
         self.ensure_record_boundary()?;
         let len = u32::try_from(msg.len()).ok().filter(|&l| l <= MAX_FRAME_LEN);
         let len =
@@ -267,6 +305,7 @@ impl TcpConn {
                 "lightpath: messages need a Lightpath peer (this one speaks plain TCP)",
             ));
         }
+        self.push_kept_quietly();
         self.spin_for_data();
         loop {
             match self.reader.need() {
@@ -322,18 +361,22 @@ impl TcpConn {
         self.tcp.flush()
     }
 
+    /// Half close. With a message still owed (nonblocking mode), the close record and the
+    /// FIN are queued behind it and sent by later calls, as over RDMA.
     pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
         if self.write_closed {
             return Ok(());
         }
         if self.framed {
             self.ensure_record_boundary()?;
-            self.flush_header()?;
-            let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
-            self.tcp.write_all(&close)?;
+            self.header_out.extend_from_slice(&FrameHeader { kind: RecordKind::Close, len: 0 }.encode());
         }
         self.write_closed = true;
-        self.tcp.shutdown(std::net::Shutdown::Write)
+        self.fin_after_owed = true;
+        match self.flush_header() {
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            other => other,
+        }
     }
 
     pub(crate) fn shutdown_read(&mut self) {
@@ -342,15 +385,18 @@ impl TcpConn {
 
     /// Clean close: a close record (framed), so the peer can tell it from a crash.
     pub(crate) fn close(&mut self) {
-        if self.framed && !self.write_closed && self.ensure_record_boundary().is_ok() {
-            let _ = self.tcp.set_nonblocking(false);
-            // A message still owed to the peer goes first, but a peer that stopped reading
-            // cannot hold the closing thread forever.
-            let _ = self.tcp.set_write_timeout(Some(CLOSE_WRITE_LIMIT));
-            if self.flush_header().is_ok() {
-                let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
-                let _ = self.tcp.write_all(&close);
-            }
+        let owed = !self.message_out.is_empty() || !self.header_out.is_empty() || self.fin_after_owed;
+        let open = self.framed && !self.write_closed && self.ensure_record_boundary().is_ok();
+        if !open && !owed {
+            return;
+        }
+        let _ = self.tcp.set_nonblocking(false);
+        // A message still owed to the peer goes first, but a peer that stopped reading
+        // cannot hold the closing thread forever.
+        let _ = self.tcp.set_write_timeout(Some(CLOSE_WRITE_LIMIT));
+        if self.flush_header().is_ok() && open {
+            let close = FrameHeader { kind: RecordKind::Close, len: 0 }.encode();
+            let _ = self.tcp.write_all(&close);
         }
     }
 }

@@ -8,6 +8,21 @@
 //! channel is) and its TCP liveness connection; for a TCP stream the socket. Connecting and
 //! accepting run the blocking negotiation on tokio's blocking pool.
 //!
+//! Messages and zero copy: [`Stream::send_msg`] completes once the whole message is handed to
+//! the transport (a large one flows through a full ring in parts, the task sleeping between
+//! them). [`Stream::register_buf`], [`Stream::write_buf`], [`Stream::send_msg_buf`],
+//! [`Stream::read_buf`] and [`Stream::recv_msg_buf`] are the blocking stream's zero-copy calls
+//! with the same semantics; none blocks the runtime (a rendezvous' fetch or READs in flight
+//! are waited for by sleeping on the fd). Over TCP they return `Unsupported`, as the blocking
+//! ones do.
+//!
+//! Cancel safety: dropping a `send_msg` (or small `write_buf` / `send_msg_buf`) future before
+//! it completes either sent nothing or accepted the message, whose rest is then sent before
+//! anything else (it is never cut short). Dropping a zero-copy future whose transfer has
+//! started (the peer may be reading the buffer, or READs may be writing into it) closes the
+//! connection, fencing its queue pair so that the buffer may be reused at once — as a blocking
+//! write timeout does; one dropped before the transfer started changes nothing.
+//!
 //! Closing: dropping a stream never blocks the runtime. The clean close (everything written
 //! is sent and acknowledged, then the goodbye) finishes on Lightpath's background thread, so
 //! the bytes still reach a live peer. A program that needs to know they did — or that exits
@@ -27,7 +42,8 @@ use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 use crate::options::Options;
 use crate::stream::Backend;
-use crate::Transport;
+use crate::stream_zero_copy::ZeroCopyCall;
+use crate::{RegisteredBuf, Transport};
 
 /// An asynchronous Lightpath stream.
 pub struct Stream {
@@ -42,9 +58,24 @@ impl std::fmt::Debug for Stream {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Wait {
     Read,
     Write,
+}
+
+/// Abandons a zero-copy call whose future is dropped before it completed.
+struct AbandonOnDrop<'s, 'b> {
+    stream: &'s mut Stream,
+    call: Option<ZeroCopyCall<'b>>,
+}
+
+impl Drop for AbandonOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            self.stream.inner.abandon(call);
+        }
+    }
 }
 
 impl Stream {
@@ -111,9 +142,79 @@ impl Stream {
         &self.inner
     }
 
-    /// Sends one message.
+    /// Sends one message; completes once all of it is handed to the transport (a message
+    /// larger than the peer's ring goes in parts as the peer reads). See the module docs for
+    /// cancel safety.
     pub async fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
-        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.send_msg(msg))).await
+        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.send_msg(msg))).await?;
+        self.push_kept().await
+    }
+
+    /// Waits until bytes kept from an accepted message (see `crate::Stream::set_nonblocking`)
+    /// have gone.
+    async fn push_kept(&mut self) -> io::Result<()> {
+        poll_fn(|cx| {
+            self.poll_io(cx, Wait::Write, |s| match s.push_kept()? {
+                true => Ok(()),
+                false => Err(io::ErrorKind::WouldBlock.into()),
+            })
+        })
+        .await
+    }
+
+    /// Registers a zero-filled buffer of `len` bytes with this stream's RDMA device, for the
+    /// zero-copy calls and one-sided transfers (`Unsupported` over TCP). See
+    /// [`crate::Stream::register_buf`].
+    pub fn register_buf(&self, len: usize) -> io::Result<RegisteredBuf> {
+        self.inner.register_buf(len)
+    }
+
+    /// Writes `len` bytes of the registered buffer `local` (from `offset`) into the stream;
+    /// completes when the buffer may be reused. From the rendezvous threshold up the peer
+    /// fetches them from the buffer itself. See [`crate::Stream::write_buf`] and, for cancel
+    /// safety, the module docs.
+    pub async fn write_buf(&mut self, local: &RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
+        let call = ZeroCopyCall::Write { local, offset, len };
+        self.zero_copy(call, Wait::Write, |s| s.write_buf(local, offset, len)).await?;
+        self.push_kept().await
+    }
+
+    /// Sends `local[offset..offset + len]` as one message; completes when the buffer may be
+    /// reused. See [`crate::Stream::send_msg_buf`] and, for cancel safety, the module docs.
+    pub async fn send_msg_buf(&mut self, local: &RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
+        let call = ZeroCopyCall::SendMsg { local, offset, len };
+        self.zero_copy(call, Wait::Write, |s| s.send_msg_buf(local, offset, len)).await?;
+        self.push_kept().await
+    }
+
+    /// Reads stream bytes into `local[offset..offset + len]`: how many once at least one is
+    /// there, 0 at end of stream. A peer's rendezvous is READ straight into the buffer. See
+    /// [`crate::Stream::read_buf`] and, for cancel safety, the module docs.
+    pub async fn read_buf(&mut self, local: &RegisteredBuf, offset: usize, len: usize) -> io::Result<usize> {
+        let call = ZeroCopyCall::Read { local, offset, len };
+        self.zero_copy(call, Wait::Read, |s| s.read_buf(local, offset, len)).await
+    }
+
+    /// Receives one message into `local` from `offset`: its length, or `None` once the peer
+    /// has closed; a message that does not fit is refused (`InvalidInput`) and kept. See
+    /// [`crate::Stream::recv_msg_buf`] and, for cancel safety, the module docs.
+    pub async fn recv_msg_buf(&mut self, local: &RegisteredBuf, offset: usize) -> io::Result<Option<usize>> {
+        let call = ZeroCopyCall::RecvMsg { local, offset };
+        self.zero_copy(call, Wait::Read, |s| s.recv_msg_buf(local, offset)).await
+    }
+
+    /// Runs the zero-copy `op` to completion; if the future is dropped first, `call` is
+    /// abandoned (see the module docs).
+    async fn zero_copy<T>(
+        &mut self,
+        call: ZeroCopyCall<'_>,
+        wait: Wait,
+        mut op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut guard = AbandonOnDrop { stream: self, call: Some(call) };
+        let result = poll_fn(|cx| guard.stream.poll_io(cx, wait, &mut op)).await;
+        guard.call = None;
+        result
     }
 
     /// Receives one message; `None` once the peer has closed.

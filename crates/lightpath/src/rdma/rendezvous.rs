@@ -4,6 +4,14 @@
 //! registered buffer (a *direct* read) or into the bounce region that plain reads copy from —
 //! and how both give up when the peer dies or lies.
 //!
+//! Nonblocking calls: a zero-copy write that announced its rendezvous returns `WouldBlock`
+//! until the peer has fetched it, and a zero-copy read that posted direct READs returns
+//! `WouldBlock` until they have landed; the caller repeats the same call (same buffer and
+//! range) to learn the outcome, and meanwhile the buffer belongs to the connection. Other
+//! receiving calls are refused while such a read is unfinished (its bytes are owed to that
+//! call). A repeated call with a deadline that had already passed abandons it: the queue pair
+//! is fenced, so that the buffer may be reused at once (how a dropped tokio future lets go).
+//!
 //! Memory: the bounce region (`BOUNCE`, 256 KiB) is allocated the first time a plain read
 //! meets a rendezvous and kept for the connection's life, so a connection holds at most its
 //! ring, its staging mirror and this region. Direct reads use the application's buffer only.
@@ -29,14 +37,60 @@ pub(super) struct Rendezvous<D: Device> {
     pub(super) min: usize,
     bounce: Option<MrOf<D>>,
     lie: Option<RendezvousLie>,
+    /// A direct read a nonblocking call started and has not yet returned.
+    direct_call: Option<DirectCall>,
+    /// The last direct READ posted (every earlier one completes before it).
+    last_direct_read: u64,
 }
 
 impl<D: Device> Rendezvous<D> {
     pub(super) fn new(options: &Options) -> Self {
         // `devices::setup` resolved the provider's default.
         let min = options.rendezvous_min.unwrap_or(usize::MAX).max(1);
-        Self { min, bounce: None, lie: options.fault_rendezvous }
+        Self { min, bounce: None, lie: options.fault_rendezvous, direct_call: None, last_direct_read: 0 }
     }
+}
+
+/// A rendezvous a nonblocking zero-copy write announced: the call, to know it when repeated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Announced {
+    addr: u64,
+    len: u64,
+    rkey: u32,
+    message: bool,
+}
+
+/// A zero-copy receiving call: its buffer, offset and length (`None` for `recv_msg_buf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ReceiveCall {
+    addr: u64,
+    rkey: u32,
+    offset: usize,
+    len: Option<usize>,
+}
+
+impl ReceiveCall {
+    pub(super) fn new(local: &dyn BufRegion, offset: usize, len: Option<usize>) -> Self {
+        Self { addr: local.addr(), rkey: local.rkey(), offset, len }
+    }
+}
+
+/// A direct read whose READs a nonblocking call posted and left in flight.
+#[derive(Clone, Copy, Debug)]
+struct DirectCall {
+    call: ReceiveCall,
+    /// Where in the buffer the direct read starts.
+    base: usize,
+    /// What the call returns once the READs have landed.
+    returns: usize,
+}
+
+fn busy() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "lightpath: a zero-copy read that returned WouldBlock is still fetching into its buffer; repeat \
+         that call (same buffer, offset and length) until it completes",
+    )
 }
 
 fn unexpected(what: &str) -> io::Error {
@@ -54,6 +108,8 @@ impl<D: Device> RdmaConn<D> {
     /// Fences, marks the connection broken and returns the error.
     pub(super) fn give_up(&mut self, kind: io::ErrorKind, what: &str) -> io::Error {
         self.fence();
+        self.rendezvous.direct_call = None;
+        self.send_state.announced = None;
         self.fail(kind, what.to_string());
         self.failure().unwrap_or_else(|| io::Error::new(kind, what.to_string()))
     }
@@ -62,9 +118,10 @@ impl<D: Device> RdmaConn<D> {
 
     /// Announces `len` bytes of `local` as a rendezvous (a whole message if `message`) and
     /// waits until the peer has fetched them. Once the descriptor is out the peer may read the
-    /// buffer at any moment, so this does not return early: in nonblocking mode it blocks, and
-    /// a write timeout that expires closes the connection (fencing the queue pair) so that the
-    /// buffer may be reused when the error is returned.
+    /// buffer at any moment, so this does not end early: in nonblocking mode it returns
+    /// `WouldBlock` and the caller repeats the call until it returns `Ok` (see the module
+    /// docs); a write timeout that expires closes the connection (fencing the queue pair) so
+    /// that the buffer may be reused when the error is returned. Kept bytes go first.
     pub(super) fn write_rendezvous(
         &mut self,
         local: &dyn BufRegion,
@@ -73,8 +130,22 @@ impl<D: Device> RdmaConn<D> {
         message: bool,
         deadline: Deadline,
     ) -> io::Result<()> {
-        let mut desc =
-            Descriptor { addr: local.addr() + offset as u64, len: len as u64, rkey: local.rkey(), message };
+        let call =
+            Announced { addr: local.addr() + offset as u64, len: len as u64, rkey: local.rkey(), message };
+        if let Some(announced) = self.send_state.announced {
+            if announced == call {
+                return self.await_rendezvous(deadline);
+            }
+            if !self.core.rendezvous_outstanding() {
+                // Fetched, and its caller moved on without asking again.
+                self.send_state.announced = None;
+            }
+        }
+        if stream_ops::expired(deadline) {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.clear_kept(deadline)?;
+        let mut desc = Descriptor { addr: call.addr, len: call.len, rkey: call.rkey, message };
         match self.rendezvous.lie {
             Some(RendezvousLie::Key) => desc.rkey ^= 0x00A5_5A00,
             Some(RendezvousLie::PastTheEnd) => desc.len += 4096,
@@ -95,17 +166,25 @@ impl<D: Device> RdmaConn<D> {
             self.post_ops();
             self.wait(deadline)?;
         }
-        let deadline = if deadline == Deadline::Now { Deadline::At(None) } else { deadline };
+        self.send_state.announced = Some(call);
+        self.await_rendezvous(deadline)
+    }
+
+    /// Waits until the announced rendezvous has been fetched (`WouldBlock` in nonblocking
+    /// mode while it has not); gives the connection up if that cannot happen.
+    fn await_rendezvous(&mut self, deadline: Deadline) -> io::Result<()> {
         let mut just_pumped = false;
         loop {
             if !just_pumped {
                 self.pump();
             }
             if !self.core.rendezvous_outstanding() {
+                self.send_state.announced = None;
                 return Ok(());
             }
             if let Some(err) = self.failure() {
                 self.fence();
+                self.send_state.announced = None;
                 return Err(err);
             }
             if self.peer_vanished() {
@@ -120,6 +199,7 @@ impl<D: Device> RdmaConn<D> {
             }
             match self.wait(deadline) {
                 Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Err(err),
                 Err(err) if err.kind() == io::ErrorKind::TimedOut => {
                     return Err(self.give_up(
                         io::ErrorKind::TimedOut,
@@ -140,6 +220,11 @@ impl<D: Device> RdmaConn<D> {
     /// would start them). While bounce READs are only in flight it is not, so an event loop
     /// sleeps until their completion rather than spinning on `WouldBlock`.
     pub(super) fn front_ready(&self) -> bool {
+        if self.rendezvous.direct_call.is_some() {
+            // Readable once the direct READs in flight have landed (their completion wakes the
+            // fd); the repeated call then posts the next ones or returns.
+            return self.core.is_complete(self.rendezvous.last_direct_read);
+        }
         match self.core.front() {
             Some(front) if front.kind == RecordKind::Rendezvous => {
                 self.core.rendezvous_bounced().is_some()
@@ -190,6 +275,7 @@ impl<D: Device> RdmaConn<D> {
                 None => return Err(self.give_up(io::ErrorKind::Other, "a READ into a missing bounce region")),
             },
             (ReadTarget::Direct { offset }, Some((local, base))) => {
+                self.rendezvous.last_direct_read = request.seq;
                 local.sge(base + offset as usize, request.len)
             }
             (ReadTarget::Direct { .. }, None) => {
@@ -278,18 +364,24 @@ impl<D: Device> RdmaConn<D> {
         Ok(None)
     }
 
-    /// Reads the direct read the core just began straight into `local` from `base`, waiting
-    /// for every READ: they write into the application's buffer, so neither a deadline nor
-    /// nonblocking mode may end this call while one is in flight. A peer that dies ends it
-    /// (the queue pair is fenced first).
-    pub(super) fn direct_read(&mut self, local: &dyn BufRegion, base: usize) -> io::Result<()> {
+    /// Reads the direct read the core began straight into `local` from `base`. The READs
+    /// write into the application's buffer, so a blocking call waits for every one of them
+    /// whatever its deadline, and a nonblocking one (`nonblocking`) posts what it can and
+    /// returns `false` while some are in flight (the caller records the call). A peer that
+    /// dies ends it (the queue pair is fenced first). `true` once every byte has landed.
+    pub(super) fn direct_read(
+        &mut self,
+        local: &dyn BufRegion,
+        base: usize,
+        nonblocking: bool,
+    ) -> io::Result<bool> {
         loop {
             while let Some(request) = self.core.rendezvous_direct(DIRECT_CHUNK, DIRECT_IN_FLIGHT) {
                 self.post_read(request, Some((local, base)))?;
             }
             if self.core.rendezvous_finish_direct().is_some() {
                 self.post_ops();
-                return Ok(());
+                return Ok(true);
             }
             if let Some(err) = self.failure() {
                 self.fence();
@@ -300,9 +392,75 @@ impl<D: Device> RdmaConn<D> {
                     self.give_up(io::ErrorKind::ConnectionReset, "the peer vanished during a rendezvous")
                 );
             }
+            if nonblocking {
+                if !self.pump() {
+                    self.check_tcp();
+                    if !self.peer_vanished() && self.failed.is_none() {
+                        return Ok(false);
+                    }
+                }
+                continue;
+            }
             if let Err(err) = self.wait(Deadline::At(None)) {
                 return Err(self.give_up(err.kind(), &format!("waiting for rendezvous READs: {err}")));
             }
+        }
+    }
+
+    /// Starts (or finishes) the direct read the core just began for the receiving `call`:
+    /// `Ok(())` once its bytes have landed; `WouldBlock` in nonblocking mode while READs are
+    /// in flight, the call recorded so that repeating it finishes it (it then returns
+    /// `returns`).
+    pub(super) fn direct_read_for(
+        &mut self,
+        call: ReceiveCall,
+        local: &dyn BufRegion,
+        base: usize,
+        returns: usize,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        if self.direct_read(local, base, deadline == Deadline::Now)? {
+            return Ok(());
+        }
+        self.rendezvous.direct_call = Some(DirectCall { call, base, returns });
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    /// Before a receiving call (`call`, or `None` for plain reads): continues a direct read an
+    /// earlier nonblocking call left in flight. `Some(what that call returns)` when `call` is
+    /// it and its bytes have landed; `WouldBlock` while they have not; other calls are refused
+    /// while it is unfinished. `None`: no direct read is pending. A repeated call whose
+    /// deadline had passed abandons it (fencing the queue pair: see the module docs).
+    pub(super) fn resume_direct(
+        &mut self,
+        call: Option<(ReceiveCall, &dyn BufRegion)>,
+        deadline: Deadline,
+    ) -> io::Result<Option<usize>> {
+        let Some(pending) = self.rendezvous.direct_call else { return Ok(None) };
+        if let Some(err) = self.failure() {
+            self.rendezvous.direct_call = None;
+            return Err(err);
+        }
+        let Some((_, local)) = call.filter(|(call, _)| *call == pending.call) else { return Err(busy()) };
+        if stream_ops::expired(deadline) {
+            return Err(self.give_up(
+                io::ErrorKind::TimedOut,
+                "a zero-copy read was abandoned while its READs were in flight (the connection is closed, so \
+                 the buffer may be reused)",
+            ));
+        }
+        if !self.direct_read(local, pending.base, deadline == Deadline::Now)? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.rendezvous.direct_call = None;
+        Ok(Some(pending.returns))
+    }
+
+    /// Refuses a plain receiving call while a zero-copy read is unfinished.
+    pub(super) fn check_no_direct_call(&self) -> io::Result<()> {
+        match self.rendezvous.direct_call {
+            Some(_) => Err(busy()),
+            None => Ok(()),
         }
     }
 }

@@ -1,18 +1,57 @@
 //! The stream operations of an RDMA connection: reading and writing bytes, messages, flush,
 //! half close and the clean close.
+//!
+//! **Kept bytes.** A call that has committed part of a message (or of a zero-copy write copied
+//! through the ring) and cannot commit the rest without waiting — nonblocking mode, or a write
+//! timeout that passed — keeps the rest in [`SendState`] and returns `Ok`: the message is
+//! accepted whole, as the TCP fallback keeps an accepted message. What is kept goes out before
+//! anything else, pushed by every later call on the stream (writes, messages, flush, half
+//! close, close, reads, `poll_ready`, and the tokio driver's retries, which wait for it);
+//! until it has, writes and messages wait for it (`WouldBlock` in nonblocking mode) and the
+//! stream does not report itself writable. So a nonblocking call never blocks, at most one
+//! remainder is kept, and message boundaries and byte order are those of the calls.
+//!
+//! **Closing while the peer writes.** Once this side's own records are posted, the clean close
+//! only collects their acknowledgements: it no longer answers the peer (no credit returns, no
+//! wake-ups), so a peer that keeps writing is stopped by its own flow control, the close
+//! finishes after one round trip, and the peer's writes fail with `BrokenPipe` once it sees the
+//! goodbye. What the peer wrote and this side never read is discarded, as a TCP close discards
+//! unread bytes.
 
 use super::*;
+use crate::remote::BufRegion;
 
 /// Sending-side state a connection keeps between calls.
 #[derive(Debug, Default)]
-pub(super) struct SendState {}
+pub(super) struct SendState {
+    /// Accepted bytes not yet committed (see the module docs); the first `kept_sent` of them
+    /// are committed already.
+    kept: Vec<u8>,
+    kept_sent: usize,
+    /// Whether `kept` ends a message (else it is stream bytes).
+    kept_message: bool,
+    /// A half close asked for while bytes were kept: the close record follows them.
+    shutdown_after_kept: bool,
+    /// A rendezvous a nonblocking call announced whose fetch that call has not yet seen (see
+    /// `rendezvous`).
+    pub(super) announced: Option<super::rendezvous::Announced>,
+}
+
+/// Whether `deadline` had passed when the call began. Real callers' deadlines lie ahead (a
+/// timeout is never zero); an expired one is how a dropped tokio future abandons a zero-copy
+/// call it started (see `crate::tokio`): such a call starts nothing.
+pub(super) fn expired(deadline: Deadline) -> bool {
+    matches!(deadline, Deadline::At(Some(at)) if at <= Instant::now())
+}
 
 impl<D: Device> RdmaConn<D> {
     /// Reads stream bytes.
     pub(crate) fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize> {
+        self.check_no_direct_call()?;
         if buf.is_empty() {
             return Ok(0);
         }
+        self.push_kept_quietly();
         // `wait` returns right after a pump that made progress; pumping again at once would
         // cost a system call per message for nothing.
         let mut just_pumped = false;
@@ -58,7 +97,11 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// Writes stream bytes: returns once at least one byte is committed (as many as fit).
+    /// Kept bytes go first. An empty `buf` only pushes them: `Ok(0)` once nothing is kept,
+    /// `WouldBlock` (nonblocking) while some is — how `Stream::poll_ready`, the tokio driver
+    /// and the background close push them through the `RdmaStream` trait.
     pub(crate) fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize> {
+        self.clear_kept(deadline)?;
         if buf.is_empty() {
             return Ok(0);
         }
@@ -84,40 +127,128 @@ impl<D: Device> RdmaConn<D> {
         }
     }
 
-    /// Sends one message (blocking until all of it is committed).
+    /// Sends one message. Once part of it is committed the message is accepted: if the rest
+    /// does not fit before the deadline (at once, in nonblocking mode) it is kept and sent by
+    /// later calls, and this returns `Ok`.
     pub(crate) fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()> {
+        self.clear_kept(deadline)?;
         let mut done = 0;
         loop {
             self.check_writable()?;
             self.read_slot();
-            let left = msg.len() - done;
-            match self.core.send_room(RecordKind::MsgPart, left) {
-                Some((grant, offset)) => {
-                    self.stage(offset, &msg[done..done + grant as usize])?;
-                    let kind = if grant as usize == left { RecordKind::MsgEnd } else { RecordKind::MsgPart };
-                    self.core.commit(kind, grant);
-                    done += grant as usize;
+            while let Some((grant, offset)) = self.core.send_room(RecordKind::MsgPart, msg.len() - done) {
+                let last = grant as usize == msg.len() - done;
+                self.stage(offset, &msg[done..done + grant as usize])?;
+                self.core.commit(if last { RecordKind::MsgEnd } else { RecordKind::MsgPart }, grant);
+                done += grant as usize;
+                if last {
                     self.post_ops();
-                    if kind == RecordKind::MsgEnd {
-                        return Ok(());
-                    }
-                }
-                None => {
-                    if deadline == Deadline::Now && done == 0 {
-                        return Err(io::ErrorKind::WouldBlock.into());
-                    }
-                    self.core.note_blocked();
-                    self.post_ops();
-                    // A message once started is finished even in nonblocking mode.
-                    let deadline = if done > 0 { Deadline::At(None) } else { deadline };
-                    self.wait(deadline)?;
+                    return Ok(());
                 }
             }
+            self.core.note_blocked();
+            self.post_ops();
+            if let Err(err) = self.wait(deadline) {
+                if done == 0 {
+                    return Err(err);
+                }
+                return self.keep_or_fail(err, msg[done..].to_vec(), true);
+            }
+        }
+    }
+
+    /// After part of a message or zero-copy write was committed and waiting for room ended in
+    /// `err`: keeps `rest` if the wait only gave up (nonblocking, timeout), or breaks the
+    /// connection (the peer would otherwise see the record cut short).
+    pub(super) fn keep_or_fail(&mut self, err: io::Error, rest: Vec<u8>, message: bool) -> io::Result<()> {
+        if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+            self.send_state.kept = rest;
+            self.send_state.kept_sent = 0;
+            self.send_state.kept_message = message;
+            return Ok(());
+        }
+        self.fail(err.kind(), format!("waiting for room in the middle of a record: {err}"));
+        Err(err)
+    }
+
+    /// Copies `len` bytes of `local` from `offset` into a kept remainder (see
+    /// [`RdmaConn::keep_or_fail`]).
+    pub(super) fn keep_region_or_fail(
+        &mut self,
+        err: io::Error,
+        local: &dyn BufRegion,
+        offset: usize,
+        len: usize,
+        message: bool,
+    ) -> io::Result<()> {
+        let mut rest = vec![0u8; len];
+        local.read(offset, &mut rest).map_err(from_verbs)?;
+        self.keep_or_fail(err, rest, message)
+    }
+
+    /// Commits as much of the kept bytes as fits now. `Ok(true)` once nothing is kept (at
+    /// once if nothing was); `Ok(false)` while some is (the peer has been asked to wake this
+    /// side when room returns); an error if the connection can send nothing any more.
+    pub(super) fn push_kept(&mut self) -> io::Result<bool> {
+        if self.send_state.kept.is_empty() {
+            return Ok(true);
+        }
+        self.check_peer_writable()?;
+        self.read_slot();
+        let message = self.send_state.kept_message;
+        let part = if message { RecordKind::MsgPart } else { RecordKind::Data };
+        loop {
+            let left = self.send_state.kept.len() - self.send_state.kept_sent;
+            let Some((grant, offset)) = self.core.send_room(part, left) else { break };
+            let from = self.send_state.kept_sent;
+            self.stage(offset, &self.send_state.kept[from..from + grant as usize])?;
+            let last = grant as usize == left;
+            self.core.commit(if message && last { RecordKind::MsgEnd } else { part }, grant);
+            self.send_state.kept_sent += grant as usize;
+            if last {
+                self.send_state.kept = Vec::new();
+                self.send_state.kept_sent = 0;
+                if std::mem::take(&mut self.send_state.shutdown_after_kept) {
+                    self.core.shutdown();
+                }
+                self.post_ops();
+                return Ok(true);
+            }
+        }
+        self.core.note_blocked();
+        self.post_ops();
+        Ok(false)
+    }
+
+    /// Waits (within `deadline`) until nothing is kept.
+    pub(super) fn clear_kept(&mut self, deadline: Deadline) -> io::Result<()> {
+        while !self.push_kept()? {
+            self.wait(deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Pushes kept bytes without waiting, for calls whose own result does not depend on them
+    /// (reads): an error here is the sending side's, reported by the next send.
+    pub(super) fn push_kept_quietly(&mut self) {
+        if !self.send_state.kept.is_empty() {
+            let _ = self.push_kept();
+        }
+    }
+
+    /// Forgets kept bytes that can never be sent (the peer closed or the connection failed).
+    fn drop_kept(&mut self) {
+        self.send_state.kept = Vec::new();
+        self.send_state.kept_sent = 0;
+        if std::mem::take(&mut self.send_state.shutdown_after_kept) {
+            self.core.shutdown();
         }
     }
 
     /// Receives one message; `None` at end of stream.
     pub(crate) fn recv_msg(&mut self, deadline: Deadline) -> io::Result<Option<Vec<u8>>> {
+        self.check_no_direct_call()?;
+        self.push_kept_quietly();
         let mut just_pumped = false;
         loop {
             if !just_pumped {
@@ -161,13 +292,15 @@ impl<D: Device> RdmaConn<D> {
         }
     }
 
-    /// Waits until everything written has been acknowledged by the peer.
+    /// Waits until everything written has been acknowledged by the peer: kept bytes sent,
+    /// every record acknowledged, and a rendezvous a nonblocking call announced fetched.
     pub(crate) fn flush(&mut self, deadline: Deadline) -> io::Result<()> {
         self.core.uncork();
         loop {
+            let clear = self.push_kept()?;
             self.pump();
             self.check_usable()?;
-            if self.core.is_flushed() {
+            if clear && self.core.is_flushed() && !self.core.rendezvous_outstanding() {
                 return Ok(());
             }
             if self.peer_vanished() {
@@ -183,10 +316,16 @@ impl<D: Device> RdmaConn<D> {
         self.pump();
     }
 
-    /// Half close: the peer reads end of stream after everything written so far.
+    /// Half close: the peer reads end of stream after everything written so far. With bytes
+    /// kept, the close record is queued behind them (later calls send both).
     pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
         self.core.uncork();
-        self.core.shutdown();
+        match self.push_kept() {
+            Ok(true) => self.core.shutdown(),
+            Ok(false) => self.send_state.shutdown_after_kept = true,
+            // Nothing kept can go any more (the peer closed, or the connection failed).
+            Err(_) => self.drop_kept(),
+        }
         self.pump();
         self.check_usable()
     }
@@ -196,25 +335,52 @@ impl<D: Device> RdmaConn<D> {
         self.read_shut = true;
     }
 
-    /// Clean close: send the close record, wait (at most the linger time) for everything to
-    /// be acknowledged, then say goodbye on the TCP connection with the totals sent.
+    /// Clean close: kept bytes, then the close record; waits (at most the linger time) for
+    /// everything to be acknowledged (see the module docs for a peer that keeps writing), then
+    /// says goodbye on the TCP connection with the totals sent.
     pub(crate) fn close(&mut self) {
         if self.failed.is_some() || self.peer_vanished() {
             return;
         }
         self.core.uncork();
-        self.core.shutdown();
         let deadline = Deadline::At(Some(Instant::now() + self.linger));
-        while self.failed.is_none() && !self.core.is_flushed() {
-            self.pump();
-            if self.core.is_flushed() || self.tcp_eof {
+        loop {
+            match self.push_kept() {
+                Ok(true) => break,
+                Ok(false) => {
+                    if self.wait(deadline).is_err() {
+                        return;
+                    }
+                }
+                Err(_) if self.failed.is_some() || self.peer_vanished() => return,
+                Err(_) => {
+                    // The peer has closed: it reads nothing more.
+                    self.drop_kept();
+                    break;
+                }
+            }
+        }
+        self.core.shutdown();
+        while self.failed.is_none() && !self.tcp_eof {
+            if self.core.has_pending() {
+                // Our own records still need room and credits: answer the peer as usual.
+                self.pump();
+                if self.core.has_pending() {
+                    if self.wait(deadline).is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            self.collect_completions();
+            if self.core.is_flushed() && !self.core.rendezvous_outstanding() {
                 break;
             }
-            if self.wait(deadline).is_err() {
+            if self.wait_collecting(deadline).is_err() {
                 break;
             }
         }
-        if !self.core.is_flushed() {
+        if self.failed.is_some() || !self.core.is_flushed() || self.core.rendezvous_outstanding() {
             return;
         }
         let bye = Message::Bye { bytes: self.core.bytes_committed(), records: self.core.records_sent() };
@@ -222,6 +388,39 @@ impl<D: Device> RdmaConn<D> {
         let _ = self.tcp.set_write_timeout(Some(Duration::from_secs(1)));
         let _ = self.tcp.write_all(&bye.to_bytes());
         let _ = self.tcp.shutdown(std::net::Shutdown::Write);
+    }
+
+    /// Handles the completions that arrived, posting nothing (closing: see the module docs).
+    fn collect_completions(&mut self) {
+        while let Ok(n) = self.cq.poll(&mut self.wcs) {
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.handle(wc);
+            }
+            if n < self.wcs.len() {
+                break;
+            }
+        }
+    }
+
+    /// Sleeps until a completion arrives (at most a liveness slice), handles it and posts
+    /// nothing; looks at the TCP connection when none came. `TimedOut` past the deadline.
+    fn wait_collecting(&mut self, deadline: Deadline) -> io::Result<()> {
+        let now = Instant::now();
+        let slice = match deadline {
+            Deadline::At(Some(at)) if at <= now => return Err(io::ErrorKind::TimedOut.into()),
+            Deadline::At(Some(at)) => (at - now).min(LIVENESS_SLICE),
+            Deadline::At(None) | Deadline::Now => LIVENESS_SLICE,
+        };
+        let n = self.cq.wait(&mut self.wcs, slice).map_err(from_verbs)?;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            self.handle(wc);
+        }
+        if n == 0 {
+            self.check_tcp();
+        }
+        Ok(())
     }
 
     /// Copies `bytes` into the staging ring at `offset`, wrapping at its end.
@@ -236,14 +435,22 @@ impl<D: Device> RdmaConn<D> {
         Ok(())
     }
 
+    /// Whether new bytes or records may be written: the connection works, this side has not
+    /// shut down writing, and the peer is still there to read them.
     pub(super) fn check_writable(&mut self) -> io::Result<()> {
-        self.check_usable()?;
-        if self.core.is_shut_down() {
+        if self.core.is_shut_down() || self.send_state.shutdown_after_kept {
+            self.check_usable()?;
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "lightpath: the stream was shut down for writing",
             ));
         }
+        self.check_peer_writable()
+    }
+
+    /// Whether anything may still be sent: the connection works and the peer reads.
+    fn check_peer_writable(&mut self) -> io::Result<()> {
+        self.check_usable()?;
         if self.peer_vanished() {
             return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
         }

@@ -3,9 +3,14 @@
 //! `send_msg_buf` (a small message is posted from the buffer into the peer's ring, a large one
 //! goes by rendezvous). `write_buf` lives with the one-sided operations and hands large writes
 //! to [`RdmaConn::write_rendezvous`].
+//!
+//! In nonblocking mode none of them blocks: a read whose direct READs are in flight returns
+//! `WouldBlock` and is finished by repeating it (see `rendezvous`), and a copied send that
+//! committed part of its bytes keeps the rest (see `stream_ops`).
 
 use super::*;
 use crate::remote::BufRegion;
+use rendezvous::ReceiveCall;
 
 fn outside() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, "lightpath: range outside the local buffer")
@@ -34,9 +39,17 @@ impl<D: Device> RdmaConn<D> {
         if offset.checked_add(len).is_none_or(|end| end > local.len()) {
             return Err(outside());
         }
+        let call = ReceiveCall::new(local, offset, Some(len));
+        if let Some(n) = self.resume_direct(Some((call, local)), deadline)? {
+            return Ok(n);
+        }
         if len == 0 {
             return Ok(0);
         }
+        if stream_ops::expired(deadline) {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.push_kept_quietly();
         let mut just_pumped = false;
         loop {
             if !just_pumped {
@@ -59,7 +72,7 @@ impl<D: Device> RdmaConn<D> {
                     // A rendezvous starts only in a call that has nothing else to return, so the
                     // bytes before it are not held back by its READs.
                     RecordKind::Rendezvous if done == 0 => {
-                        done = self.read_buf_rendezvous(local, offset, len)?;
+                        done = self.read_buf_rendezvous(call, local, offset, len, deadline)?;
                         break;
                     }
                     _ if done > 0 => break,
@@ -85,7 +98,14 @@ impl<D: Device> RdmaConn<D> {
     /// `read_buf` of the rendezvous at the head: bytes already in the bounce region first
     /// (an earlier plain read fetched them), then a direct read of the rest that fits. 0 means
     /// bounce READs must land first.
-    fn read_buf_rendezvous(&mut self, local: &dyn BufRegion, offset: usize, len: usize) -> io::Result<usize> {
+    fn read_buf_rendezvous(
+        &mut self,
+        call: ReceiveCall,
+        local: &dyn BufRegion,
+        offset: usize,
+        len: usize,
+        deadline: Deadline,
+    ) -> io::Result<usize> {
         if self.accept_front()?.message {
             return Err(invalid("the peer sent a message here; use recv_msg_buf"));
         }
@@ -106,7 +126,7 @@ impl<D: Device> RdmaConn<D> {
         }
         let want = self.core.rendezvous_begin_direct((len - done) as u64) as usize;
         if want > 0 {
-            self.direct_read(local, offset + done)?;
+            self.direct_read_for(call, local, offset + done, done + want, deadline)?;
         }
         Ok(done + want)
     }
@@ -122,6 +142,16 @@ impl<D: Device> RdmaConn<D> {
         if offset > local.len() {
             return Err(outside());
         }
+        let call = ReceiveCall::new(local, offset, None);
+        if let Some(total) = self.resume_direct(Some((call, local)), deadline)? {
+            // The held bytes were copied into the buffer when the direct read began.
+            self.message.clear();
+            return Ok(Some(total));
+        }
+        if stream_ops::expired(deadline) {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.push_kept_quietly();
         let room = local.len() - offset;
         let mut just_pumped = false;
         loop {
@@ -130,7 +160,9 @@ impl<D: Device> RdmaConn<D> {
             }
             if let Some(front) = self.core.front() {
                 let received = match front.kind {
-                    RecordKind::Rendezvous => self.recv_msg_buf_rendezvous(local, offset, room)?,
+                    RecordKind::Rendezvous => {
+                        self.recv_msg_buf_rendezvous(call, local, offset, room, deadline)?
+                    }
                     kind if kind.is_message() => self.recv_msg_buf_ring(local, offset, room)?,
                     _ => return Err(invalid("the peer sent stream bytes here; use read_buf")),
                 };
@@ -202,9 +234,11 @@ impl<D: Device> RdmaConn<D> {
     /// first, then the rest is READ straight into `local`.
     fn recv_msg_buf_rendezvous(
         &mut self,
+        call: ReceiveCall,
         local: &dyn BufRegion,
         offset: usize,
         room: usize,
+        deadline: Deadline,
     ) -> io::Result<Option<usize>> {
         if self.core.incoming().is_none() && !self.message.is_empty() {
             self.fail(io::ErrorKind::InvalidData, "protocol violation: a rendezvous inside a message".into());
@@ -232,7 +266,9 @@ impl<D: Device> RdmaConn<D> {
         local.write(offset, &self.message).map_err(from_verbs)?;
         let want = self.core.rendezvous_begin_direct(total - held as u64);
         if want > 0 {
-            self.direct_read(local, offset + held)?;
+            // While READs are in flight the held bytes stay in `self.message` (other receiving
+            // calls are refused meanwhile); the repeated call clears them.
+            self.direct_read_for(call, local, offset + held, total as usize, deadline)?;
         }
         self.message.clear();
         Ok(Some(total as usize))
@@ -260,8 +296,10 @@ impl<D: Device> RdmaConn<D> {
     /// Sends `len` bytes of `local` (stream bytes, or one message if `message`) through the
     /// peer's ring, copied into staging as `write` and `send_msg` do: below the rendezvous
     /// threshold one copy costs less than holding the buffer until the peer acknowledges it.
-    /// Returns once every byte is staged (the buffer may be reused). Once some bytes are
-    /// staged it blocks even in nonblocking mode, and a message always finishes.
+    /// Returns once every byte is staged or kept (the buffer may be reused): once some are
+    /// committed, what does not fit before the deadline (at once, in nonblocking mode) is
+    /// copied into the kept remainder (see `stream_ops`), so stream bytes and messages alike
+    /// are accepted whole. Kept bytes of an earlier call go first.
     pub(super) fn send_copied(
         &mut self,
         local: &dyn BufRegion,
@@ -270,6 +308,10 @@ impl<D: Device> RdmaConn<D> {
         message: bool,
         deadline: Deadline,
     ) -> io::Result<()> {
+        if stream_ops::expired(deadline) {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.clear_kept(deadline)?;
         let part = if message { RecordKind::MsgPart } else { RecordKind::Data };
         let mut done = 0;
         loop {
@@ -290,13 +332,14 @@ impl<D: Device> RdmaConn<D> {
                     return Ok(());
                 }
             }
-            if deadline == Deadline::Now && done == 0 {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
             self.core.note_blocked();
             self.post_ops();
-            let started = done > 0 && (message || deadline == Deadline::Now);
-            self.wait(if started { Deadline::At(None) } else { deadline })?;
+            if let Err(err) = self.wait(deadline) {
+                if done == 0 {
+                    return Err(err);
+                }
+                return self.keep_region_or_fail(err, local, offset + done, len - done, message);
+            }
         }
     }
 }
