@@ -144,6 +144,7 @@ impl<D: Device> RdmaConn<D> {
         if stream_ops::expired(deadline) {
             return Err(io::ErrorKind::TimedOut.into());
         }
+        self.check_not_shut_down()?;
         self.clear_kept(deadline)?;
         let mut desc = Descriptor { addr: call.addr, len: call.len, rkey: call.rkey, message };
         match self.rendezvous.lie {

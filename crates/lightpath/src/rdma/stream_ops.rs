@@ -101,6 +101,9 @@ impl<D: Device> RdmaConn<D> {
     /// `WouldBlock` (nonblocking) while some is — how `Stream::poll_ready`, the tokio driver
     /// and the background close push them through the `RdmaStream` trait.
     pub(crate) fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize> {
+        if !buf.is_empty() {
+            self.check_not_shut_down()?;
+        }
         self.clear_kept(deadline)?;
         if buf.is_empty() {
             return Ok(0);
@@ -131,6 +134,7 @@ impl<D: Device> RdmaConn<D> {
     /// does not fit before the deadline (at once, in nonblocking mode) it is kept and sent by
     /// later calls, and this returns `Ok`.
     pub(crate) fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()> {
+        self.check_not_shut_down()?;
         self.clear_kept(deadline)?;
         let mut done = 0;
         loop {
@@ -438,6 +442,13 @@ impl<D: Device> RdmaConn<D> {
     /// Whether new bytes or records may be written: the connection works, this side has not
     /// shut down writing, and the peer is still there to read them.
     pub(super) fn check_writable(&mut self) -> io::Result<()> {
+        self.check_not_shut_down()?;
+        self.check_peer_writable()
+    }
+
+    /// `BrokenPipe` once this side has shut down writing (even while the close record waits
+    /// behind kept bytes); a broken connection's own error first.
+    pub(super) fn check_not_shut_down(&mut self) -> io::Result<()> {
         if self.core.is_shut_down() || self.send_state.shutdown_after_kept {
             self.check_usable()?;
             return Err(io::Error::new(
@@ -445,7 +456,7 @@ impl<D: Device> RdmaConn<D> {
                 "lightpath: the stream was shut down for writing",
             ));
         }
-        self.check_peer_writable()
+        Ok(())
     }
 
     /// Whether anything may still be sent: the connection works and the peer reads.

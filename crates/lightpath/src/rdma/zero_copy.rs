@@ -311,6 +311,7 @@ impl<D: Device> RdmaConn<D> {
         if stream_ops::expired(deadline) {
             return Err(io::ErrorKind::TimedOut.into());
         }
+        self.check_not_shut_down()?;
         self.clear_kept(deadline)?;
         let part = if message { RecordKind::MsgPart } else { RecordKind::Data };
         let mut done = 0;
