@@ -22,7 +22,9 @@ pub struct ShmConfig {
     /// side sends large messages from.
     pub direct_min: u32,
     /// How long `CompletionQueue::wait` polls before it blocks (waking a blocked thread costs
-    /// microseconds, a poll a fraction of one).
+    /// microseconds, a poll a fraction of one). Only as many threads of a device spin at once
+    /// as half the machine's cores (at least one); the others block at once, leaving the cores
+    /// to the threads that have work.
     pub spin: Duration,
     /// When the application has not polled the device for this long, the driver thread takes
     /// over: it sleeps until a peer rings the device's doorbell, then processes arrivals so

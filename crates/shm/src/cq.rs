@@ -123,8 +123,9 @@ impl CompletionQueue for ShmCq {
         Ok(self.shared.pop(out))
     }
 
-    /// Polls for `ShmConfig::spin`, then sleeps until a peer rings the device's doorbell or a
-    /// completion is added by another thread.
+    /// Polls for `ShmConfig::spin` (if few enough other threads of the device are spinning),
+    /// then sleeps until a peer rings the device's doorbell or a completion is added by another
+    /// thread.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         if out.is_empty() {
             return Ok(0);
@@ -132,6 +133,9 @@ impl CompletionQueue for ShmCq {
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let spin_until = start + self.device.shared.ctx.config.spin;
+        // Spinning pays only with a core to spin on: past as many spinners as half the cores,
+        // a thread sleeps at once instead of taking CPU from the threads that have work.
+        let mut spinning = self.device.shared.start_spinning();
         loop {
             let count = self.poll(out)?;
             if count > 0 {
@@ -141,10 +145,11 @@ impl CompletionQueue for ShmCq {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(0);
             }
-            if now < spin_until {
+            if spinning.is_some() && now < spin_until {
                 std::hint::spin_loop();
                 continue;
             }
+            spinning = None;
             let remaining = deadline.map(|d| d.saturating_duration_since(now));
             let _waiter = self.shared.register_waiter();
             let count = self.device.shared.sleep_until_rung(&self.shared, out, remaining)?;

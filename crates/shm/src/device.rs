@@ -13,13 +13,18 @@ use lightpath_verbs::{
 };
 use rustix::event::{PollFd, PollFlags};
 
+use crate::activity::area::{OwnArea, PeerAreas};
 use crate::address::{random_gid, rendezvous_name};
 use crate::config::ShmConfig;
 use crate::cq::{CqShared, ShmCq};
-use crate::engine::{DeviceContext, DeviceCore, Event};
+use crate::engine::{DeviceContext, DeviceCore, Event, Hints};
 use crate::pd::ShmPd;
 use crate::registry::SocketRegistry;
 use crate::sys::{poll_fds, EventFd, Listener, Memfd};
+
+/// Of the application's calls that find nothing to do, one in this many takes the engine lock
+/// anyway (see [`DeviceShared::drive`]).
+const LOCKED_DRIVE_EVERY: u64 = 256;
 
 /// A region other devices may ask about.
 #[derive(Debug)]
@@ -47,7 +52,11 @@ pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) ctx: DeviceContext,
     pub(crate) core: Mutex<DeviceCore>,
+    /// Whether the engine has anything to do, readable without its lock.
+    hints: Arc<Hints>,
     pub(crate) exports: RwLock<Exports>,
+    /// Peer devices' activity areas, mapped once each (the socket thread maps them).
+    pub(crate) peer_areas: PeerAreas,
     /// Events the socket thread learned, applied by whoever next holds the engine lock.
     mailbox: Mutex<Vec<Event>>,
     mailbox_pending: AtomicBool,
@@ -69,6 +78,9 @@ pub(crate) struct DeviceShared {
     /// Whether a thread blocked in `CompletionQueue::wait` watches the doorbell (see
     /// [`DeviceShared::sleep_until_rung`]).
     doorbell_watched: AtomicBool,
+    /// Threads spinning in `CompletionQueue::wait`, and how many may.
+    spinners: AtomicU32,
+    max_spinners: u32,
 }
 
 impl DeviceShared {
@@ -114,12 +126,13 @@ impl DeviceShared {
         }
     }
 
-    /// Notes that the application is driving the device (so the driver thread stays out).
-    /// Not an atomic increment: concurrent callers may lose a count, but any change is all
-    /// the driver thread looks for.
-    pub(crate) fn touch(&self) {
-        let drives = self.drives.load(Ordering::Relaxed);
-        self.drives.store(drives.wrapping_add(1), Ordering::Relaxed);
+    /// Notes that the application is driving the device (so the driver thread stays out);
+    /// returns the new count. Not an atomic increment: concurrent callers may lose a count, but
+    /// any change is all the driver thread looks for.
+    pub(crate) fn touch(&self) -> u64 {
+        let drives = self.drives.load(Ordering::Relaxed).wrapping_add(1);
+        self.drives.store(drives, Ordering::Relaxed);
+        drives
     }
 
     /// The drive counter (see [`DeviceShared::touch`]).
@@ -127,9 +140,18 @@ impl DeviceShared {
         self.drives.load(Ordering::Relaxed)
     }
 
-    /// One round of work for the application: apply events, move every queue pair forward.
+    /// One round of work for the application: apply events, move forward the queue pairs that
+    /// have something to do.
     pub(crate) fn drive(&self) {
-        self.touch();
+        let drives = self.touch();
+        // Without marks or local work there is nothing to do, except now and then: a call
+        // under the lock counts towards the look at every queue pair that finds lost marks.
+        if !drives.is_multiple_of(LOCKED_DRIVE_EVERY)
+            && !self.has_events()
+            && self.hints.nothing_to_do(&self.ctx.activity)
+        {
+            return;
+        }
         let mut core = self.lock_core();
         self.apply_events(&mut core);
         core.progress();
@@ -146,6 +168,15 @@ impl DeviceShared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A place among the spinning waiters, if one is free (see [`ShmConfig::spin`]).
+    pub(crate) fn start_spinning(&self) -> Option<Spinning<'_>> {
+        let taken = self.spinners.fetch_add(1, Ordering::Relaxed) < self.max_spinners;
+        // The guard is made either way: without a free place, dropping it at once undoes the
+        // count.
+        let spinning = Spinning(&self.spinners);
+        taken.then_some(spinning)
+    }
+
     /// Blocks a `wait` caller until a peer rings the doorbell, a completion lands on `cq`, or
     /// `timeout` passes; returns the completions found.
     pub(crate) fn sleep_until_rung(
@@ -158,14 +189,11 @@ impl DeviceShared {
         // their own queue's wake-up, which the watcher (or the driver thread, once no one
         // watches) signals as their completions land. With every sleeper on the doorbell, each
         // ring woke them all: a thousand blocked connections, a thousand wake-ups.
-        let watcher = self
-            .doorbell_watched
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-            .then_some(DoorbellWatch(&self.doorbell_watched));
-        if watcher.is_none() {
+        if self.doorbell_watched.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return self.sleep_on_queue(cq, out, timeout);
         }
+        // Made only by the thread that won the flag: the guard's drop gives the flag back.
+        let _watch = DoorbellWatch(&self.doorbell_watched);
         let deadline = {
             let mut core = self.lock_core();
             self.apply_events(&mut core);
@@ -190,7 +218,12 @@ impl DeviceShared {
         let mut core = self.lock_core();
         core.disarm();
         self.apply_events(&mut core);
-        core.progress();
+        if matches!(result, Ok(0)) {
+            // Nothing rang for a whole wait: a mark may have been lost.
+            core.progress_checking_clock();
+        } else {
+            core.progress();
+        }
         drop(core);
         result?;
         Ok(cq.pop(out))
@@ -223,6 +256,15 @@ impl DeviceShared {
         cq.wake.take();
         result?;
         Ok(cq.pop(out))
+    }
+}
+
+/// A waiter's place among the spinners, given back when dropped.
+pub(crate) struct Spinning<'a>(&'a AtomicU32);
+
+impl Drop for Spinning<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -269,18 +311,23 @@ impl ShmDevice {
         config.validate().map_err(Error::InvalidAttribute)?;
         let name = config.name.clone().unwrap_or_else(|| "shm".to_string());
         let (gid, listener) = bind_fresh_gid()?;
+        let activity = Arc::new(OwnArea::create(config.max_qps)?);
+        let hints = Arc::new(Hints::default());
         let ctx = DeviceContext {
             gid,
             uid: rustix::process::getuid().as_raw(),
             config,
             doorbell: EventFd::new(false)?,
+            activity: Arc::clone(&activity),
             registry: Arc::new(SocketRegistry::new()?),
         };
         let shared = Arc::new(DeviceShared {
             name,
             ctx,
-            core: Mutex::new(DeviceCore::new()),
+            core: Mutex::new(DeviceCore::new(activity, Arc::clone(&hints))),
+            hints,
             exports: RwLock::new(Exports::default()),
+            peer_areas: PeerAreas::default(),
             mailbox: Mutex::new(Vec::new()),
             mailbox_pending: AtomicBool::new(false),
             events_bell: EventFd::new(false)?,
@@ -292,6 +339,9 @@ impl ShmDevice {
             key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,
             next_id: AtomicU32::new(1),
             doorbell_watched: AtomicBool::new(false),
+            spinners: AtomicU32::new(0),
+            max_spinners: std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
+                as u32,
         });
         let threads = crate::helper::start(&shared)?;
         Ok(Self { inner: Arc::new(DeviceInner { shared, threads }) })

@@ -1,11 +1,13 @@
-//! Fault injection for tests: a queue pair scribbles on its *own* shared segment, exactly as a
-//! broken or hostile peer process could, so tests can check that the other side survives.
-//! Not part of the supported API.
+//! Fault injection for tests: a queue pair scribbles on its *own* shared segment, or something
+//! scribbles on a device's activity area (which every peer can write), exactly as a broken or
+//! hostile peer process could, so tests can check that the other side survives; and counters
+//! of the engine's work, so tests can check what a call costs. Not part of the supported API.
 
 use std::sync::atomic::Ordering;
 
 use lightpath_verbs::{Error, Result};
 
+use crate::device::ShmDevice;
 use crate::qp::ShmQp;
 use crate::ring::{max_payload_for, HEADER};
 use crate::segment::{OFF_ACKED, OFF_HEAD, OFF_NAK, OFF_STATE, RING_OFFSET};
@@ -34,9 +36,11 @@ pub enum Fault {
     ForgedDescriptor { rkey: u32 },
 }
 
-/// Writes `fault` into `qp`'s segment. Fails if the queue pair has no link.
+/// Writes `fault` into `qp`'s segment and, like a peer publishing something, marks the peer
+/// queue pair in its device's activity area (a peer that scribbles without telling anyone is
+/// only a peer that went quiet). Fails if the queue pair has no link.
 pub fn inject(qp: &ShmQp, fault: Fault) -> Result<()> {
-    qp.with_core(|core, _, _| {
+    qp.with_core(|core, _| {
         let link = core.link.as_ref().ok_or(Error::InvalidState(core.state))?;
         let map = link.outbox.map();
         let capacity = map.len() - RING_OFFSET;
@@ -88,6 +92,43 @@ pub fn inject(qp: &ShmQp, fault: Fault) -> Result<()> {
                 forge(3, 16, 0, 4096);
             }
         }
+        core.published = true;
+        core.ring_peer();
         Ok(())
     })?
+}
+
+/// What a device's engine has done since it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Times a queue pair was looked at (its ring, acknowledgements and queues).
+    pub looks: u64,
+    /// Times every queue pair was looked at, marked or not (the fallback for lost marks).
+    pub full_scans: u64,
+}
+
+/// The engine counters of `device`.
+pub fn counters(device: &ShmDevice) -> EngineCounters {
+    let core = device.inner.shared.lock_core();
+    EngineCounters { looks: core.looks, full_scans: core.full_scans }
+}
+
+/// Clears every activity mark of `device`, as a hostile peer could: news marked so far is found
+/// only by the fallback that looks at every queue pair now and then.
+pub fn clear_activity(device: &ShmDevice) {
+    device.inner.shared.ctx.activity.clear_marks();
+}
+
+/// Writes pseudo-random bytes over the whole activity area of `device` (marks, sleep word,
+/// rung word), as a hostile peer could.
+pub fn scribble_activity(device: &ShmDevice, seed: u64) {
+    let map = device.inner.shared.ctx.activity.mapping();
+    let mut state = seed | 1;
+    for offset in (0..map.len()).step_by(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let written = map.store_u64(offset, state, Ordering::Release);
+        debug_assert!(written);
+    }
 }

@@ -48,6 +48,7 @@
 //! Only in `sys::mapping` (mmap and raw accesses to shared pages), each block with a
 //! `// SAFETY:` note; no Rust reference to shared memory is ever formed.
 
+pub mod activity;
 pub mod address;
 mod config;
 mod cq;

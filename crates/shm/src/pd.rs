@@ -101,9 +101,10 @@ impl ProtectionDomain for ShmPd {
                 return Err(Error::InvalidAttribute("more queue pairs than max_qp"));
             }
             let qpn = core.alloc_qpn().ok_or(Error::InvalidAttribute("no queue-pair number left"))?;
+            let slot = core.alloc_slot(qpn).ok_or(Error::InvalidAttribute("more queue pairs than max_qp"))?;
             let (send, recv) = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
-            let qp = QpCore::new(qpn, self.id, caps, send, recv, shared.ctx.config.direct_min);
-            core.qps.insert(qpn, qp);
+            let qp = QpCore::new(qpn, slot, self.id, caps, send, recv, shared.ctx.config.direct_min);
+            core.insert_qp(qp);
             shared.exports_write().qp_pds.insert(qpn, self.id);
             qpn
         };

@@ -25,17 +25,14 @@ impl std::fmt::Debug for ShmQp {
 
 impl ShmQp {
     /// Runs `f` on this queue pair's engine state with the device locked (after applying what
-    /// the socket thread learned); `f` also gets the region table and the current wake value.
-    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut QpCore, &Regions, Option<u64>) -> R) -> Result<R> {
+    /// the socket thread learned); `f` also gets the region table. Afterwards the device notes
+    /// what the queue pair needs next (see `DeviceCore::with_qp`).
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut QpCore, &Regions) -> R) -> Result<R> {
         let shared = &self.pd.device.shared;
         shared.touch();
         let mut guard = shared.lock_core();
         shared.apply_events(&mut guard);
-        let core = &mut *guard;
-        let sleep_value = core.current_sleep_value();
-        let regions = &core.regions;
-        let qp = core.qps.get_mut(&self.qpn).ok_or(Error::NotFound("queue pair"))?;
-        Ok(f(qp, regions, sleep_value))
+        guard.with_qp(self.qpn, f).ok_or(Error::NotFound("queue pair"))
     }
 }
 
@@ -61,24 +58,24 @@ impl QueuePair for ShmQp {
 
     fn modify(&self, attr: &QpAttr) -> Result<()> {
         let ctx = &self.pd.device.shared.ctx;
-        self.with_core(|qp, regions, sleep_value| qp.modify(attr, regions, ctx, sleep_value))?
+        self.with_core(|qp, regions| qp.modify(attr, regions, ctx))?
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
-        self.with_core(|qp, regions, _| qp.post_send(wr, regions))?
+        self.with_core(|qp, regions| qp.post_send(wr, regions))?
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        self.with_core(|qp, regions, _| qp.post_recv(wr, regions))?
+        self.with_core(|qp, regions| qp.post_recv(wr, regions))?
     }
 
     fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), BatchError> {
-        self.with_core(|qp, regions, _| qp.post_send_batch(wrs, regions))
+        self.with_core(|qp, regions| qp.post_send_batch(wrs, regions))
             .map_err(|error| BatchError { posted: 0, error })?
     }
 
     fn post_recv_batch(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), BatchError> {
-        self.with_core(|qp, regions, _| qp.post_recv_batch(wrs, regions))
+        self.with_core(|qp, regions| qp.post_recv_batch(wrs, regions))
             .map_err(|error| BatchError { posted: 0, error })?
     }
 }
@@ -86,7 +83,7 @@ impl QueuePair for ShmQp {
 impl Drop for ShmQp {
     fn drop(&mut self) {
         let shared = &self.pd.device.shared;
-        let removed = shared.lock_core().qps.remove(&self.qpn);
+        let removed = shared.lock_core().remove_qp(self.qpn);
         shared.exports_write().qp_pds.remove(&self.qpn);
         // Unmapping and closing happen here, outside the lock.
         drop(removed);

@@ -12,7 +12,6 @@
 //!                 nak     0, or (message + 1) << 8 | reason: the peer's message that failed
 //!                 state   QP state | responder access << 8 | rnr_retry << 16 | 1 << 63
 //!                 head    this queue pair's position in the peer's ring
-//! offset 128    wake word: odd while the owner's device sleeps and wants its doorbell rung
 //! offset 4096   the ring of records this queue pair sends
 //! ```
 
@@ -26,7 +25,7 @@ use crate::sync::Ordering;
 use crate::sys::{Mapping, Memfd};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"LPSHMQP\0");
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
 const OFF_CAPACITY: usize = 16;
@@ -35,7 +34,6 @@ pub(crate) const OFF_ACKED: usize = 64;
 pub(crate) const OFF_NAK: usize = 72;
 pub(crate) const OFF_STATE: usize = 80;
 pub(crate) const OFF_HEAD: usize = 88;
-pub(crate) const OFF_WAKE: usize = 128;
 /// Where the ring starts.
 pub(crate) const RING_OFFSET: usize = 4096;
 
@@ -111,7 +109,7 @@ impl OwnSegment {
         RingView { map: &self.map, capacity: self.capacity }
     }
 
-    /// One of the owner's words (`OFF_HEAD`, `OFF_WAKE`).
+    /// One of the owner's words (`OFF_HEAD`).
     pub(crate) fn word(&self, offset: usize) -> SharedWord<'_> {
         SharedWord { map: &self.map, offset }
     }
@@ -201,7 +199,7 @@ impl PeerSegment {
         self.max_payload
     }
 
-    /// One of the peer's words (`OFF_HEAD`, `OFF_WAKE`), read-only.
+    /// One of the peer's words (`OFF_HEAD`), read-only.
     pub(crate) fn word(&self, offset: usize) -> SharedWord<'_> {
         SharedWord { map: &self.map, offset }
     }

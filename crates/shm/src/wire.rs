@@ -10,7 +10,7 @@
 use lightpath_verbs::Gid;
 
 const MAGIC: [u8; 4] = *b"LPSM";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Largest encoded message.
 pub(crate) const MAX_MESSAGE: usize = 64;
 
@@ -24,8 +24,9 @@ const KIND_PONG: u8 = 5;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Message {
     /// A queue pair reached RTR and introduces itself to the device of its destination. Carries
-    /// two descriptors: the queue pair's shared segment and its device's doorbell.
-    Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32 },
+    /// three descriptors: the queue pair's shared segment, its device's doorbell and its
+    /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`).
+    Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32, slot: u32 },
     /// "Describe your region with remote key `rkey`, as seen by your queue pair `qpn`."
     RegionQuery { tag: u32, qpn: u32, rkey: u32 },
     /// The answer; when `found`, carries the region's memfd.
@@ -88,11 +89,12 @@ impl Message {
     /// The encoded message.
     pub(crate) fn encode(&self) -> ([u8; MAX_MESSAGE], usize) {
         let writer = match *self {
-            Message::Hello { from_gid, from_qpn, to_qpn } => {
+            Message::Hello { from_gid, from_qpn, to_qpn, slot } => {
                 let mut w = Writer::new(KIND_HELLO);
                 w.put(&from_gid.0);
                 w.u32(from_qpn);
                 w.u32(to_qpn);
+                w.u32(slot);
                 w
             }
             Message::RegionQuery { tag, qpn, rkey } => {
@@ -136,8 +138,8 @@ impl Message {
         let expect = |len: usize| (body_len == len).then_some(());
         Some(match kind {
             KIND_HELLO => {
-                expect(24)?;
-                Message::Hello { from_gid: Gid(r.take()), from_qpn: r.u32(), to_qpn: r.u32() }
+                expect(28)?;
+                Message::Hello { from_gid: Gid(r.take()), from_qpn: r.u32(), to_qpn: r.u32(), slot: r.u32() }
             }
             KIND_REGION_QUERY => {
                 expect(12)?;
@@ -172,7 +174,7 @@ mod tests {
 
     fn samples() -> Vec<Message> {
         vec![
-            Message::Hello { from_gid: Gid([7; 16]), from_qpn: 0x12, to_qpn: 0xFF_FFFF },
+            Message::Hello { from_gid: Gid([7; 16]), from_qpn: 0x12, to_qpn: 0xFF_FFFF, slot: 4095 },
             Message::RegionQuery { tag: 9, qpn: 3, rkey: 0xDEAD_BEEF },
             Message::RegionReply {
                 tag: 9,
@@ -204,7 +206,7 @@ mod tests {
             }
             assert_eq!(Message::decode(&bytes[..len + 1]), None, "{message:?} with a trailing byte");
             let mut wrong_version = bytes;
-            wrong_version[4] = 2;
+            wrong_version[4] = 1;
             assert_eq!(Message::decode(&wrong_version[..len]), None);
         }
         let (mut reply, len) = samples()[2].encode();

@@ -1,7 +1,8 @@
 //! Hostile or broken processes on the rendezvous socket: junk, introductions with the wrong
 //! descriptors (none, a pipe for a doorbell, an unsealed memfd, a sealed memfd without a
-//! segment header), questions before any introduction. Each such connection is dropped, the
-//! device keeps answering probes, and a genuine peer still connects and talks.
+//! segment header, an activity area that is no such thing or lacks the slot named), questions
+//! before any introduction. Each such connection is dropped, the device keeps answering probes,
+//! and a genuine peer still connects and talks.
 
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
@@ -19,6 +20,7 @@ use lightpath_verbs::{
 };
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::io::pwrite;
 use rustix::net::{
     connect as socket_connect, recv, sendmsg, socket_with, AddressFamily, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
@@ -65,13 +67,38 @@ fn assert_dropped(fd: &OwnedFd, what: &str) {
     );
 }
 
-/// An introduction as a Lightpath device would send it, for `to_qpn`.
-fn hello(to_qpn: u32) -> Vec<u8> {
-    let mut bytes = b"LPSM\x01\x01".to_vec();
+/// An introduction as a Lightpath device would send it, for `to_qpn`, from activity slot
+/// `slot`.
+fn hello_from_slot(to_qpn: u32, slot: u32) -> Vec<u8> {
+    let mut bytes = b"LPSM\x02\x01".to_vec();
     bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
     bytes.extend_from_slice(&2u32.to_le_bytes());
     bytes.extend_from_slice(&to_qpn.to_le_bytes());
+    bytes.extend_from_slice(&slot.to_le_bytes());
     bytes
+}
+
+fn hello(to_qpn: u32) -> Vec<u8> {
+    hello_from_slot(to_qpn, 0)
+}
+
+/// An introduction as version 1 sent it (no slot: its devices had no activity area).
+fn previous_hello(to_qpn: u32) -> Vec<u8> {
+    let mut bytes = hello(to_qpn);
+    bytes.truncate(bytes.len() - 4);
+    bytes[4] = 1;
+    bytes
+}
+
+/// A sealed memfd with a well-formed queue-pair segment header (a 4 KiB ring), so the checks
+/// behind the segment's are reached.
+fn segment() -> OwnedFd {
+    let fd = memfd(8192, false);
+    let words: [u64; 4] = [u64::from_le_bytes(*b"LPSHMQP\0"), 2, 4096, 992];
+    let header: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    assert_eq!(pwrite(&fd, &header, 0).expect("write the header"), header.len());
+    fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).expect("seal");
+    fd
 }
 
 fn memfd(len: u64, sealed: bool) -> OwnedFd {
@@ -94,16 +121,25 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
     let unsealed = memfd(1 << 20, false);
     let headerless = memfd(1 << 20, true);
     let tiny = memfd(100, true);
+    let segment = segment();
+    let area = memfd(4096, true);
+    let (seg, bell) = (segment.as_fd(), doorbell.as_fd());
 
     let cases: Vec<(&str, Vec<u8>, Vec<BorrowedFd<'_>>)> = vec![
         ("junk bytes", b"GET / HTTP/1.1\r\n".to_vec(), vec![]),
-        ("a question before any introduction", b"LPSM\x01\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
+        ("a question before any introduction", b"LPSM\x02\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
         ("an introduction without descriptors", hello(target), vec![]),
-        ("a pipe for a doorbell", hello(target), vec![headerless.as_fd(), pipe.as_fd()]),
-        ("an unsealed segment", hello(target), vec![unsealed.as_fd(), doorbell.as_fd()]),
-        ("a segment without a header", hello(target), vec![headerless.as_fd(), doorbell.as_fd()]),
-        ("a segment smaller than any ring", hello(target), vec![tiny.as_fd(), doorbell.as_fd()]),
-        ("three descriptors", hello(target), vec![headerless.as_fd(), doorbell.as_fd(), doorbell.as_fd()]),
+        ("an introduction of the previous version", previous_hello(target), vec![seg, bell, area.as_fd()]),
+        ("a pipe for a doorbell", hello(target), vec![seg, pipe.as_fd(), area.as_fd()]),
+        ("an unsealed segment", hello(target), vec![unsealed.as_fd(), bell, area.as_fd()]),
+        ("a segment without a header", hello(target), vec![headerless.as_fd(), bell, area.as_fd()]),
+        ("a segment smaller than any ring", hello(target), vec![tiny.as_fd(), bell, area.as_fd()]),
+        ("no activity area", hello(target), vec![seg, bell]),
+        ("an unsealed activity area", hello(target), vec![seg, bell, unsealed.as_fd()]),
+        ("an activity area too small for one slot", hello(target), vec![seg, bell, tiny.as_fd()]),
+        ("a pipe for an activity area", hello(target), vec![seg, bell, pipe.as_fd()]),
+        ("a slot outside the activity area", hello_from_slot(target, 1 << 20), vec![seg, bell, area.as_fd()]),
+        ("four descriptors", hello(target), vec![seg, bell, area.as_fd(), bell]),
     ];
     for (what, bytes, fds) in cases {
         let fd = raw_connect(victim);

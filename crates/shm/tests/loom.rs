@@ -1,9 +1,10 @@
-//! Model check of the ring's memory ordering with `loom`: every interleaving (up to a
-//! preemption bound) of one producer and one consumer thread running the crate's own
-//! [`Producer`] and [`Consumer`] over a ring whose bytes are `loom` cells. A payload or header
-//! read that is not ordered after the write it observes is reported by loom as a data race; a
-//! record delivered twice, lost, reordered or torn fails the assertions; a lost wake-up shows
-//! as a deadlock (the consumer blocked forever).
+//! Model check of the ring's and the activity area's memory ordering with `loom`: every
+//! interleaving (up to a preemption bound) of producer and consumer threads running the
+//! crate's own [`Producer`], [`Consumer`] and activity protocol (`mark`, `take`, `announce`)
+//! over rings whose bytes are `loom` cells. A payload or header read that is not ordered after
+//! the write it observes is reported by loom as a data race; a record delivered twice, lost,
+//! reordered or torn fails the assertions; a lost wake-up shows as a deadlock (the consumer
+//! blocked forever).
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test -p lightpath-shm --release --test loom`.
 #![cfg(loom)]
@@ -13,10 +14,8 @@ use loom::sync::atomic::AtomicU64;
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
-use lightpath_shm::ring::{
-    self, announce_awake, announce_sleep, sleeping_value, wake_needed, Consumer, Producer, RecordHeader,
-    RingMemory, Word,
-};
+use lightpath_shm::activity::{self, announce, state_value, take, AtomicWord};
+use lightpath_shm::ring::{self, Consumer, Producer, RecordHeader, RingMemory, Word};
 use std::sync::atomic::Ordering;
 
 /// A ring of `capacity` bytes: one atomic stamp per 64-byte line (records start on lines),
@@ -76,39 +75,30 @@ impl Word for ModelWord {
     }
 }
 
-/// What both threads share: the ring, the consumer's position and wake word, and an eventfd
-/// modelled as a counter under a mutex.
+impl AtomicWord for ModelWord {
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        self.0.fetch_or(bits, order)
+    }
+
+    fn swap(&self, value: u64, order: Ordering) -> u64 {
+        self.0.swap(value, order)
+    }
+}
+
+/// What one producer and the consumer share: the ring and the consumer's position in it.
 struct Shared {
     ring: ModelRing,
     head: ModelWord,
-    wake: ModelWord,
-    doorbell: Mutex<u64>,
-    rung: Condvar,
 }
 
 impl Shared {
     fn new(capacity: usize) -> Arc<Self> {
-        Arc::new(Self {
-            ring: ModelRing::new(capacity),
-            head: ModelWord(AtomicU64::new(0)),
-            wake: ModelWord(AtomicU64::new(0)),
-            doorbell: Mutex::new(0),
-            rung: Condvar::new(),
-        })
+        Arc::new(Self { ring: ModelRing::new(capacity), head: ModelWord(AtomicU64::new(0)) })
     }
+}
 
-    fn ring_doorbell(&self) {
-        *self.doorbell.lock().unwrap() += 1;
-        self.rung.notify_all();
-    }
-
-    fn wait_doorbell(&self) {
-        let mut count = self.doorbell.lock().unwrap();
-        while *count == 0 {
-            count = self.rung.wait(count).unwrap();
-        }
-        *count = 0;
-    }
+fn word() -> ModelWord {
+    ModelWord(AtomicU64::new(0))
 }
 
 fn header(len: u32, tag: u64) -> RecordHeader {
@@ -119,11 +109,10 @@ fn payload(len: u32, tag: u64) -> Vec<u8> {
     (0..len).map(|i| (tag as u8).wrapping_mul(31).wrapping_add(i as u8)).collect()
 }
 
-/// Producer: pushes `sizes` in order; when the ring is full it sleeps on the consumer's head
-/// the same way (here by yielding, as the provider's sender would be woken by a ring).
-fn produce(shared: &Shared, capacity: usize, max: u32, sizes: &[u32]) {
+/// Producer: pushes `sizes` in order, calling `published` after each record; when the ring is
+/// full it yields (as the provider's sender waits to be told of freed space).
+fn produce(shared: &Shared, capacity: usize, max: u32, sizes: &[u32], published: impl Fn()) {
     let mut producer = Producer::new(capacity, max).expect("producer");
-    let mut last_rung = 0;
     for (tag, &len) in sizes.iter().enumerate() {
         let tag = tag as u64;
         loop {
@@ -137,43 +126,54 @@ fn produce(shared: &Shared, capacity: usize, max: u32, sizes: &[u32]) {
             }
             thread::yield_now();
         }
-        if wake_needed(&shared.wake, &mut last_rung) {
-            shared.ring_doorbell();
-        }
+        published();
     }
 }
 
-/// Consumer: takes `count` records, checking each; when the ring is empty it either spins
-/// (yield) or, if `sleep`, announces a sleep, looks again and blocks on the doorbell.
-fn consume(shared: &Shared, capacity: usize, max: u32, sizes: &[u32], sleep: bool) {
-    let mut consumer = Consumer::new(capacity, max).expect("consumer");
-    let mut epoch = 0;
-    for (tag, &len) in sizes.iter().enumerate() {
-        let tag = tag as u64;
-        let record = loop {
-            if let Some(record) = consumer.peek(&shared.ring, &shared.head).expect("valid records") {
-                break record;
-            }
-            if !sleep {
-                thread::yield_now();
-                continue;
-            }
-            epoch += 1;
-            announce_sleep(&shared.wake, sleeping_value(epoch));
-            if let Some(record) = consumer.peek(&shared.ring, &shared.head).expect("valid records") {
-                announce_awake(&shared.wake);
-                break record;
-            }
-            shared.wait_doorbell();
-            announce_awake(&shared.wake);
-        };
-        assert_eq!(record.header, header(len, tag), "record {tag}");
-        let mut got = vec![0u8; len as usize];
-        shared.ring.read_bytes(record.payload_offset, &mut got);
-        assert_eq!(got, payload(len, tag), "payload of record {tag}");
-        consumer.release(&record, &shared.head);
+/// Consumer: takes the records of `sizes` in order, checking each, yielding while the ring
+/// is empty.
+fn consume(shared: &Shared, capacity: usize, max: u32, sizes: &[u32]) {
+    let mut reader = Reader::new(capacity, max, sizes);
+    while !reader.done() {
+        if !reader.read(shared) {
+            thread::yield_now();
+        }
     }
-    assert!(consumer.peek(&shared.ring, &shared.head).expect("valid").is_none(), "an extra record appeared");
+    assert!(!reader.read(shared), "an extra record appeared");
+}
+
+/// The consumer of one ring: reads the records it expects, in order, checking each.
+struct Reader<'s> {
+    consumer: Consumer,
+    sizes: &'s [u32],
+    next: usize,
+}
+
+impl<'s> Reader<'s> {
+    fn new(capacity: usize, max: u32, sizes: &'s [u32]) -> Self {
+        Self { consumer: Consumer::new(capacity, max).expect("consumer"), sizes, next: 0 }
+    }
+
+    fn done(&self) -> bool {
+        self.next == self.sizes.len()
+    }
+
+    /// Reads every record present; returns whether there was one.
+    fn read(&mut self, shared: &Shared) -> bool {
+        let mut any = false;
+        while let Some(record) = self.consumer.peek(&shared.ring, &shared.head).expect("valid records") {
+            let tag = self.next as u64;
+            let len = *self.sizes.get(self.next).expect("an extra record appeared");
+            assert_eq!(record.header, header(len, tag), "record {tag}");
+            let mut got = vec![0u8; len as usize];
+            shared.ring.read_bytes(record.payload_offset, &mut got);
+            assert_eq!(got, payload(len, tag), "payload of record {tag}");
+            self.consumer.release(&record, &shared.head);
+            self.next += 1;
+            any = true;
+        }
+        any
+    }
 }
 
 fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
@@ -193,9 +193,9 @@ fn records_arrive_whole_and_in_order_through_wraps_and_full_rings() {
         let shared = Shared::new(CAPACITY);
         let producer = {
             let shared = Arc::clone(&shared);
-            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes))
+            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes, || {}))
         };
-        consume(&shared, CAPACITY, max, &sizes, false);
+        consume(&shared, CAPACITY, max, &sizes);
         producer.join().unwrap();
     });
 }
@@ -210,28 +210,141 @@ fn multi_line_records_and_skips() {
         let shared = Shared::new(CAPACITY);
         let producer = {
             let shared = Arc::clone(&shared);
-            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes))
+            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes, || {}))
         };
-        consume(&shared, CAPACITY, max, &sizes, false);
+        consume(&shared, CAPACITY, max, &sizes);
         producer.join().unwrap();
     });
 }
 
-/// The consumer sleeps on the doorbell whenever the ring is empty: with the fences of
-/// `announce_sleep` and `wake_needed`, no interleaving leaves it asleep with a record waiting
-/// (loom reports a deadlock if one does).
-#[test]
-fn a_sleeping_consumer_is_always_woken() {
+/// A device (the consumer) with two queue pairs, each fed by its own producer through its own
+/// ring, and the activity area between them: the state word, the rung word, one word of marks,
+/// and a doorbell modelled as a counter under a mutex.
+struct Device {
+    rings: [Arc<Shared>; 2],
+    state: ModelWord,
+    rung: ModelWord,
+    bits: ModelWord,
+    doorbell: Mutex<u64>,
+    rang: Condvar,
+}
+
+impl Device {
+    fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            rings: [Shared::new(capacity), Shared::new(capacity)],
+            state: word(),
+            rung: word(),
+            bits: word(),
+            doorbell: Mutex::new(0),
+            rang: Condvar::new(),
+        })
+    }
+
+    /// A producer's signal after publishing for queue pair `slot`.
+    fn signal(&self, slot: u32) {
+        if activity::signal(&self.bits, slot, &self.state, &self.rung) {
+            *self.doorbell.lock().unwrap() += 1;
+            self.rang.notify_all();
+        }
+    }
+
+    fn wait_doorbell(&self) {
+        let mut count = self.doorbell.lock().unwrap();
+        while *count == 0 {
+            count = self.rang.wait(count).unwrap();
+        }
+        *count = 0;
+    }
+}
+
+/// How the consumer finds news.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// From the marks only.
+    Marks,
+    /// By looking at both rings on every call.
+    Everywhere,
+    /// Everywhere until the first record, then from the marks (a device that got more queue
+    /// pairs), looking everywhere once after announcing the switch.
+    Switching,
+}
+
+/// The consumer: finds news as `mode` says and sleeps on the doorbell whenever there is none,
+/// as `DeviceCore` and its sleepers do.
+fn consume_device(device: &Device, capacity: usize, max: u32, sizes: [&[u32]; 2], mode: Mode) {
+    let mut readers = [Reader::new(capacity, max, sizes[0]), Reader::new(capacity, max, sizes[1])];
+    let mut everywhere = mode != Mode::Marks;
+    let mut epoch = 0;
+    announce(&device.state, state_value(epoch, false, everywhere));
+    // One call: take the marks, then read the rings marked (or all of them).
+    let call = |readers: &mut [Reader<'_>; 2], everywhere: bool| {
+        let bits = take(&device.bits);
+        let mut any = false;
+        for (slot, reader) in readers.iter_mut().enumerate() {
+            if everywhere || bits & 1 << slot != 0 {
+                any |= reader.read(&device.rings[slot]);
+            }
+        }
+        any
+    };
+    while !readers.iter().all(Reader::done) {
+        if call(&mut readers, everywhere) {
+            if mode == Mode::Switching && everywhere {
+                everywhere = false;
+                announce(&device.state, state_value(epoch, false, false));
+                call(&mut readers, true);
+            }
+            continue;
+        }
+        epoch += 1;
+        announce(&device.state, state_value(epoch, true, everywhere));
+        if !call(&mut readers, everywhere) {
+            device.wait_doorbell();
+        }
+        announce(&device.state, state_value(epoch, false, everywhere));
+    }
+}
+
+fn sleeping_consumer(mode: Mode) {
     const CAPACITY: usize = 256;
-    model(3, || {
+    model(2, move || {
         let max = ring::max_payload_for(CAPACITY);
-        let sizes = [8u32, 16, 0];
-        let shared = Shared::new(CAPACITY);
-        let producer = {
-            let shared = Arc::clone(&shared);
-            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes))
-        };
-        consume(&shared, CAPACITY, max, &sizes, true);
-        producer.join().unwrap();
+        let sizes: [&'static [u32]; 2] = [&[8, 16], &[0]];
+        let device = Device::new(CAPACITY);
+        let producers: Vec<_> = (0..2)
+            .map(|slot| {
+                let device = Arc::clone(&device);
+                thread::spawn(move || {
+                    let shared = Arc::clone(&device.rings[slot]);
+                    produce(&shared, CAPACITY, max, sizes[slot], || device.signal(slot as u32));
+                })
+            })
+            .collect();
+        consume_device(&device, CAPACITY, max, sizes, mode);
+        for producer in producers {
+            producer.join().unwrap();
+        }
     });
+}
+
+/// With the fences of `announce` and `signal`, no interleaving leaves a consumer that relies
+/// on marks asleep with a record waiting (loom reports a deadlock if one does), and the rung
+/// word never keeps a second producer's news from it.
+#[test]
+fn a_sleeping_consumer_relying_on_marks_is_always_woken() {
+    sleeping_consumer(Mode::Marks);
+}
+
+/// Producers do not mark a consumer that looks everywhere while it is awake; it is still
+/// always woken once it sleeps.
+#[test]
+fn a_sleeping_consumer_looking_everywhere_is_always_woken() {
+    sleeping_consumer(Mode::Everywhere);
+}
+
+/// A consumer that stops looking everywhere misses nothing a producer left unmarked.
+#[test]
+fn switching_from_looking_everywhere_to_marks_loses_nothing() {
+    sleeping_consumer(Mode::Switching);
 }

@@ -11,11 +11,12 @@ use lightpath_verbs::{AccessFlags, Error, Gid, Result};
 use rustix::event::{PollFd, PollFlags};
 
 use super::DeviceContext;
+use crate::activity::area::PeerArea;
 use crate::address::rendezvous_name;
 use crate::region::{self, PeerRegion};
 use crate::registry::{SocketGuard, SocketRole};
-use crate::ring::{self, Consumer, Producer};
-use crate::segment::{OwnSegment, PeerSegment, PeerStatus, OFF_WAKE};
+use crate::ring::{Consumer, Producer};
+use crate::segment::{OwnSegment, PeerSegment, PeerStatus};
 use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
 use crate::wire::{Message, MAX_MESSAGE};
 
@@ -61,6 +62,9 @@ pub(crate) struct PeerAttach {
     pub(crate) from_qpn: u32,
     pub(crate) segment: PeerSegment,
     pub(crate) doorbell: EventFd,
+    /// Its device's activity area, and its slot there.
+    pub(crate) area: Arc<PeerArea>,
+    pub(crate) slot: u32,
     /// The socket it connected with.
     pub(crate) served: SocketGuard,
 }
@@ -71,16 +75,17 @@ pub(crate) struct PeerSide {
     pub(crate) segment: PeerSegment,
     pub(crate) consumer: Consumer,
     pub(crate) doorbell: EventFd,
+    pub(crate) area: Arc<PeerArea>,
+    pub(crate) slot: u32,
     pub(crate) served: SocketGuard,
-    /// The sleep of the peer we last rang for.
-    pub(crate) last_rung: u64,
     pub(crate) regions: HashMap<u32, PeerRegion>,
 }
 
 impl PeerSide {
-    /// Rings the peer's doorbell if it sleeps and has not been rung for this sleep.
-    pub(crate) fn ring_if_sleeping(&mut self) {
-        if ring::wake_needed(&self.segment.word(OFF_WAKE), &mut self.last_rung) {
+    /// Tells the peer's device its queue pair has news (after publishing it), ringing the
+    /// doorbell if the device sleeps and no one rang for this sleep yet.
+    pub(crate) fn signal(&self) {
+        if self.area.signal(self.slot) {
             self.doorbell.signal(1);
         }
     }
@@ -98,14 +103,16 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Creates our segment and introduces queue pair `qpn` to the device with GID `dgid`,
-    /// asking for its queue pair `dqpn`. Fails if no such device is reachable.
+    /// Creates our segment and introduces queue pair `qpn` (in activity slot `slot`) to the
+    /// device with GID `dgid`, asking for its queue pair `dqpn`. Fails if no such device is
+    /// reachable.
     ///
     /// `status` (the queue pair's status once in RTR) is published before the introduction is
     /// sent: the peer may attach and carry out requests the moment it reads the introduction,
     /// and would fail them against a segment that does not say RTR yet.
     pub(crate) fn establish(
         qpn: u32,
+        slot: u32,
         dgid: Gid,
         dqpn: u32,
         status: PeerStatus,
@@ -126,9 +133,10 @@ impl Link {
         if uid != ctx.uid && !config.allow_other_users {
             return Err(Error::Unavailable(format!("the shm device with GID {dgid} belongs to user {uid}")));
         }
-        let hello = Message::Hello { from_gid: ctx.gid, from_qpn: qpn, to_qpn: dqpn };
+        let hello = Message::Hello { from_gid: ctx.gid, from_qpn: qpn, to_qpn: dqpn, slot };
         let (bytes, len) = hello.encode();
-        socket.send(&bytes[..len], &[outbox.memfd().as_fd(), ctx.doorbell.as_fd()])?;
+        let fds = [outbox.memfd().as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
+        socket.send(&bytes[..len], &fds)?;
         let client = ctx.registry.register(Arc::new(socket), SocketRole::Client);
         Ok(Self { outbox, producer, client, peer: None, rpc_tag: 0, rpc_timeout: config.rpc_timeout })
     }
@@ -142,8 +150,9 @@ impl Link {
             segment: attach.segment,
             consumer,
             doorbell: attach.doorbell,
+            area: attach.area,
+            slot: attach.slot,
             served: attach.served,
-            last_rung: 0,
             regions: HashMap::new(),
         });
         Ok(())
@@ -235,6 +244,7 @@ mod tests {
     use lightpath_verbs::QpState;
 
     use super::*;
+    use crate::activity::area::OwnArea;
     use crate::config::ShmConfig;
     use crate::registry::SocketRegistry;
     use crate::segment::RING_OFFSET;
@@ -252,18 +262,20 @@ mod tests {
             uid: rustix::process::getuid().as_raw(),
             config: ShmConfig { ring_bytes: 4096, max_fragment: 512, ..ShmConfig::default() },
             doorbell: EventFd::new(false).expect("eventfd"),
+            activity: Arc::new(OwnArea::create(64).expect("activity area")),
             registry: Arc::new(SocketRegistry::new().expect("registry")),
         };
         let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let link = Link::establish(7, peer_gid, 9, status, &ctx).expect("establish");
+        let link = Link::establish(7, 5, peer_gid, 9, status, &ctx).expect("establish");
 
         let served = listener.accept().expect("accept").expect("a connection");
         let mut buf = [0u8; MAX_MESSAGE];
         let hello = served.recv(&mut buf).expect("recv").expect("the introduction");
         assert_eq!(
             Message::decode(&buf[..hello.len]),
-            Some(Message::Hello { from_gid: ctx.gid, from_qpn: 7, to_qpn: 9 })
+            Some(Message::Hello { from_gid: ctx.gid, from_qpn: 7, to_qpn: 9, slot: 5 })
         );
+        assert_eq!(hello.fds.len(), 3, "segment, doorbell and activity area");
         let segment_fd = hello.fds.into_iter().next().expect("the segment");
         let memfd = Memfd::from_peer(segment_fd, RING_OFFSET as u64).expect("memfd");
         let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).expect("segment");

@@ -20,6 +20,8 @@
 //! of that kind and be ready to receive. Receivers acknowledge with a counter in their segment
 //! (and a NAK word for failures), which requesters read back.
 
+mod agenda;
+mod device_core;
 mod link;
 mod qp;
 mod requester;
@@ -28,18 +30,17 @@ mod sge;
 mod wqe;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use lightpath_verbs::Gid;
 
+pub(crate) use device_core::{DeviceCore, Hints};
 pub(crate) use link::PeerAttach;
 pub(crate) use qp::QpCore;
 pub(crate) use sge::{IdMap, Regions};
 
+use crate::activity::area::OwnArea;
 use crate::config::ShmConfig;
 use crate::registry::SocketRegistry;
-use crate::ring;
-use crate::segment::OFF_WAKE;
 use crate::sys::EventFd;
 
 /// What the engine needs to know about its device (fixed when the device opens).
@@ -50,6 +51,8 @@ pub(crate) struct DeviceContext {
     pub(crate) config: ShmConfig,
     /// Peers write it to wake this device.
     pub(crate) doorbell: EventFd,
+    /// Where peers mark which of our queue pairs has news (see [`crate::activity`]).
+    pub(crate) activity: Arc<OwnArea>,
     pub(crate) registry: Arc<SocketRegistry>,
 }
 
@@ -60,106 +63,4 @@ pub(crate) enum Event {
     Attach(PeerAttach),
     /// The socket with this registry id hung up or misbehaved.
     SocketClosed(u64),
-}
-
-/// The device's mutable state.
-#[derive(Debug)]
-pub(crate) struct DeviceCore {
-    pub(crate) qps: IdMap<QpCore>,
-    pub(crate) regions: Regions,
-    /// Threads sleeping until a peer rings (the driver thread, blocked waiters).
-    sleepers: u32,
-    /// Counts sleeps, so each one has its own wake value.
-    epoch: u64,
-    next_qpn: u32,
-}
-
-impl DeviceCore {
-    pub(crate) fn new() -> Self {
-        Self { qps: IdMap::default(), regions: Regions::default(), sleepers: 0, epoch: 0, next_qpn: 2 }
-    }
-
-    /// A queue-pair number not in use (2 … 2^24 − 1; 0 and 1 are reserved in verbs).
-    pub(crate) fn alloc_qpn(&mut self) -> Option<u32> {
-        for _ in 0..(1u32 << 24) {
-            let qpn = self.next_qpn;
-            self.next_qpn = if qpn >= 0xFF_FFFF { 2 } else { qpn + 1 };
-            if !self.qps.contains_key(&qpn) {
-                return Some(qpn);
-            }
-        }
-        None
-    }
-
-    /// The wake value peers should see now, if anyone sleeps.
-    fn sleep_value(&self) -> Option<u64> {
-        (self.sleepers > 0).then(|| ring::sleeping_value(self.epoch))
-    }
-
-    /// Moves every queue pair forward; returns the earliest time one needs attention again.
-    pub(crate) fn progress(&mut self) -> Option<Instant> {
-        let regions = &self.regions;
-        let mut next: Option<Instant> = None;
-        for qp in self.qps.values_mut() {
-            if let Some(deadline) = qp.progress(regions) {
-                next = Some(next.map_or(deadline, |n| n.min(deadline)));
-            }
-        }
-        next
-    }
-
-    /// Applies something the socket thread learned.
-    pub(crate) fn apply(&mut self, event: Event) {
-        let sleep_value = self.sleep_value();
-        match event {
-            Event::Attach(attach) => {
-                if let Some(qp) = self.qps.get_mut(&attach.qpn) {
-                    qp.offer_attach(attach, &self.regions, sleep_value);
-                }
-            }
-            Event::SocketClosed(id) => {
-                for qp in self.qps.values_mut() {
-                    qp.socket_closed(id);
-                }
-            }
-        }
-    }
-
-    /// A thread is about to sleep: ask every peer to ring (with a new wake value, so peers
-    /// that rang for an earlier sleep ring again). The caller must look for work once more
-    /// before it blocks.
-    pub(crate) fn arm(&mut self) {
-        self.sleepers += 1;
-        self.epoch += 1;
-        let value = ring::sleeping_value(self.epoch);
-        for qp in self.qps.values() {
-            if let Some(link) = &qp.link {
-                ring::announce_sleep(&link.outbox.word(OFF_WAKE), value);
-            }
-        }
-    }
-
-    /// A sleeper woke up; when none is left, peers stop ringing. While others still sleep
-    /// they get a new wake value: the doorbell this sleeper took may have been rung for them
-    /// too, and peers ring only once per value.
-    pub(crate) fn disarm(&mut self) {
-        self.sleepers = self.sleepers.saturating_sub(1);
-        if self.sleepers > 0 {
-            self.epoch += 1;
-        }
-        let value = self.sleep_value();
-        for qp in self.qps.values() {
-            if let Some(link) = &qp.link {
-                match value {
-                    Some(value) => ring::announce_sleep(&link.outbox.word(OFF_WAKE), value),
-                    None => ring::announce_awake(&link.outbox.word(OFF_WAKE)),
-                }
-            }
-        }
-    }
-
-    /// The current wake value for a segment created now.
-    pub(crate) fn current_sleep_value(&self) -> Option<u64> {
-        self.sleep_value()
-    }
 }

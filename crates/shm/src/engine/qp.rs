@@ -16,8 +16,7 @@ use super::wqe::{Payload, RecvWqe, SendWqe, Stage};
 use super::DeviceContext;
 use crate::address::is_shm_gid;
 use crate::cq::CqShared;
-use crate::ring;
-use crate::segment::{PeerStatus, OFF_WAKE};
+use crate::segment::PeerStatus;
 
 /// Largest message (as RC: 2^31 bytes).
 pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
@@ -26,6 +25,8 @@ pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
 #[derive(Debug)]
 pub(crate) struct QpCore {
     pub(crate) qpn: u32,
+    /// Where peers mark this queue pair in the device's activity area.
+    pub(crate) slot: u32,
     pub(crate) pd: u32,
     pub(crate) caps: QpCaps,
     pub(crate) state: QpState,
@@ -48,6 +49,14 @@ pub(crate) struct QpCore {
     pub(crate) published: bool,
     /// SENDs of at least this many bytes go as source descriptors.
     pub(crate) direct_min: u32,
+    /// When the RNR wait of the last read expires, if one runs.
+    pub(crate) wake_at: Option<Instant>,
+    /// The last read stopped with records left (it reads a bounded batch).
+    pub(crate) more_to_read: bool,
+    /// Queued in the device's list of queue pairs with records left.
+    pub(crate) queued: bool,
+    /// The deadline queued in the device's timers for this queue pair.
+    pub(crate) timer: Option<Instant>,
 }
 
 /// The shm device has one port (1) and one GID (index 0); refuse anything else up front.
@@ -76,6 +85,7 @@ fn missing(from: QpState, to: QpState, attribute: &'static str) -> Error {
 impl QpCore {
     pub(crate) fn new(
         qpn: u32,
+        slot: u32,
         pd: u32,
         caps: QpCaps,
         send_cq: Arc<CqShared>,
@@ -84,6 +94,7 @@ impl QpCore {
     ) -> Self {
         Self {
             qpn,
+            slot,
             pd,
             caps,
             state: QpState::Reset,
@@ -100,6 +111,10 @@ impl QpCore {
             failure: None,
             published: false,
             direct_min,
+            wake_at: None,
+            more_to_read: false,
+            queued: false,
+            timer: None,
         }
     }
 
@@ -115,13 +130,7 @@ impl QpCore {
     }
 
     /// `modify_qp`.
-    pub(crate) fn modify(
-        &mut self,
-        attr: &QpAttr,
-        regions: &Regions,
-        ctx: &DeviceContext,
-        sleep_value: Option<u64>,
-    ) -> Result<()> {
+    pub(crate) fn modify(&mut self, attr: &QpAttr, regions: &Regions, ctx: &DeviceContext) -> Result<()> {
         check_addressing(attr)?;
         attr.validate_transition(self.state)?;
         let from = self.state;
@@ -139,10 +148,7 @@ impl QpCore {
                 let min_rnr_timer = attr.min_rnr_timer.ok_or_else(|| missing(from, to, "min_rnr_timer"))?;
                 let access = attr.access.unwrap_or(self.access);
                 let status = PeerStatus { state: QpState::Rtr, access, rnr_retry: self.rnr_retry };
-                let link = Link::establish(self.qpn, av.dgid, dqpn, status, ctx)?;
-                if let Some(value) = sleep_value {
-                    ring::announce_sleep(&link.outbox.word(OFF_WAKE), value);
-                }
+                let link = Link::establish(self.qpn, self.slot, av.dgid, dqpn, status, ctx)?;
                 self.link = Some(link);
                 self.dest = Some((av.dgid, dqpn));
                 self.min_rnr_timer = min_rnr_timer;
@@ -156,7 +162,7 @@ impl QpCore {
                 self.state = QpState::Rtr;
                 self.publish_status();
                 if let Some(pending) = self.pending.take() {
-                    self.offer_attach(pending, regions, sleep_value);
+                    self.offer_attach(pending, regions);
                 }
             }
             (QpState::Rtr, QpState::Rts) => {
@@ -190,6 +196,8 @@ impl QpCore {
         self.failure = None;
         self.req = Requester::default();
         self.resp = Responder::default();
+        self.wake_at = None;
+        self.more_to_read = false;
     }
 
     fn flush_wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
@@ -235,7 +243,7 @@ impl QpCore {
     /// A peer introduced itself: attach now if this queue pair expects exactly that peer,
     /// keep it for later if this queue pair has not reached RTR, refuse it otherwise (which
     /// closes its socket).
-    pub(crate) fn offer_attach(&mut self, attach: PeerAttach, regions: &Regions, sleep_value: Option<u64>) {
+    pub(crate) fn offer_attach(&mut self, attach: PeerAttach, regions: &Regions) {
         match self.state {
             QpState::Reset | QpState::Init => self.pending = Some(attach),
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
@@ -245,9 +253,6 @@ impl QpCore {
                 };
                 if link.attach(attach).is_err() {
                     return;
-                }
-                if let Some(value) = sleep_value {
-                    ring::announce_sleep(&link.outbox.word(OFF_WAKE), value);
                 }
                 self.progress(regions);
             }
@@ -269,16 +274,17 @@ impl QpCore {
         }
     }
 
-    /// Does everything that can be done now; returns when it next needs attention (an RNR
-    /// wait that may expire).
-    pub(crate) fn progress(&mut self, regions: &Regions) -> Option<Instant> {
+    /// Does everything that can be done now, and notes what it needs next (`wake_at`,
+    /// `more_to_read`).
+    pub(crate) fn progress(&mut self, regions: &Regions) {
+        self.wake_at = None;
+        self.more_to_read = false;
         let attached = self.link.as_ref().is_some_and(|link| link.peer.is_some());
         if !attached {
-            return None;
+            return;
         }
-        let mut deadline = None;
         if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            deadline = self.respond(regions);
+            self.respond(regions);
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
             if let Err(failure) = self.poll_acks() {
@@ -288,16 +294,16 @@ impl QpCore {
             self.retire();
         }
         self.ring_peer();
-        deadline
     }
 
-    /// Rings the peer if something was published it may be sleeping on.
+    /// Tells the peer's device if something was published for its queue pair (marking it in
+    /// the activity area, and ringing if that device sleeps).
     pub(crate) fn ring_peer(&mut self) {
         if !std::mem::take(&mut self.published) {
             return;
         }
-        if let Some(peer) = self.link.as_mut().and_then(|link| link.peer.as_mut()) {
-            peer.ring_if_sleeping();
+        if let Some(peer) = self.link.as_ref().and_then(|link| link.peer.as_ref()) {
+            peer.signal();
         }
     }
 

@@ -68,6 +68,16 @@ impl Responder {
     }
 }
 
+/// How a read of the ring ended.
+enum Reading {
+    /// Nothing more to read for now.
+    Idle,
+    /// A message waits for a receive; retry by the deadline if there is one.
+    Waiting(Option<Instant>),
+    /// The batch is used up with records left.
+    More,
+}
+
 /// What handling one record led to.
 enum Handled {
     /// Consumed; go on.
@@ -79,21 +89,30 @@ enum Handled {
 }
 
 impl QpCore {
-    /// Reads what the peer sent; returns when an RNR wait expires, if one is running.
-    pub(crate) fn respond(&mut self, regions: &Regions) -> Option<Instant> {
+    /// Reads what the peer sent, and notes when an RNR wait expires (`wake_at`) or that
+    /// records are left for later (`more_to_read`).
+    pub(crate) fn respond(&mut self, regions: &Regions) {
+        (self.wake_at, self.more_to_read) = match self.read_ring(regions) {
+            Reading::Idle => (None, false),
+            Reading::Waiting(deadline) => (deadline, false),
+            Reading::More => (None, true),
+        };
+    }
+
+    fn read_ring(&mut self, regions: &Regions) -> Reading {
         if self.resp.halted {
-            return None;
+            return Reading::Idle;
         }
         for _ in 0..BATCH {
-            let link = self.link.as_mut()?;
-            let peer = link.peer.as_mut()?;
+            let Some(link) = self.link.as_mut() else { return Reading::Idle };
+            let Some(peer) = link.peer.as_mut() else { return Reading::Idle };
             let own_head = link.outbox.word(OFF_HEAD);
             let record = match peer.consumer.peek(&peer.segment.ring(), &own_head) {
                 Ok(Some(record)) => record,
-                Ok(None) => return None,
+                Ok(None) => return Reading::Idle,
                 Err(_) => {
                     self.fail_link(LinkFailure::PeerCorrupt);
-                    return None;
+                    return Reading::Idle;
                 }
             };
             let handled = match record.header.kind {
@@ -113,15 +132,15 @@ impl QpCore {
                         }
                     }
                 }
-                Ok(Handled::Waiting(deadline)) => return deadline,
-                Ok(Handled::Stop) => return None,
+                Ok(Handled::Waiting(deadline)) => return Reading::Waiting(deadline),
+                Ok(Handled::Stop) => return Reading::Idle,
                 Err(failure) => {
                     self.fail_link(failure);
-                    return None;
+                    return Reading::Idle;
                 }
             }
         }
-        None
+        Reading::More
     }
 
     /// A receive for message `message`, or what to do while there is none.

@@ -25,6 +25,9 @@ struct Driver<'a> {
     shared: &'a DeviceShared,
     /// This thread counts as a sleeper (peers ring).
     armed: bool,
+    /// It took a ring of the doorbell and has not looked at the marks since: whoever takes a
+    /// ring must (it may have been meant for another sleeper, and peers ring once per sleep).
+    rung: bool,
     retry_lock: bool,
     deadline: Option<Instant>,
     /// The application's drive counter as last seen, and when it last changed.
@@ -39,6 +42,7 @@ pub(super) fn run(shared: &DeviceShared) {
     let mut driver = Driver {
         shared,
         armed: false,
+        rung: false,
         retry_lock: false,
         deadline: None,
         drives_seen: 0,
@@ -101,19 +105,24 @@ impl Driver<'_> {
     fn wait(&mut self) -> Ready {
         let timeout = self.timeout();
         let shared = self.shared;
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(&shared.stop, PollFlags::IN),
             PollFd::new(&shared.kick, PollFlags::IN),
-            PollFd::new(&shared.ctx.doorbell, PollFlags::IN),
             PollFd::new(&shared.events_bell, PollFlags::IN),
         ];
+        // Only a sleeper may take the doorbell: peers ring once per sleep, so a ring taken by
+        // a thread that then does not look at the marks would leave the sleeper it was meant
+        // for (a blocked waiter) asleep.
+        if self.armed {
+            fds.push(PollFd::new(&shared.ctx.doorbell, PollFlags::IN));
+        }
         if poll_fds(&mut fds, timeout).is_err() {
             // Only EINVAL/ENOMEM are possible here; back off instead of spinning.
             std::thread::sleep(Duration::from_millis(1));
             return Ready { stop: false, kick: false, doorbell: false, bell: false };
         }
-        let has = |fd: &PollFd<'_>| !fd.revents().is_empty();
-        Ready { stop: has(&fds[0]), kick: has(&fds[1]), doorbell: has(&fds[2]), bell: has(&fds[3]) }
+        let has = |index: usize| fds.get(index).is_some_and(|fd: &PollFd<'_>| !fd.revents().is_empty());
+        Ready { stop: has(0), kick: has(1), bell: has(2), doorbell: has(3) }
     }
 
     /// One round: wait, take what rang, drive the engine. Returns false to stop.
@@ -124,6 +133,7 @@ impl Driver<'_> {
         }
         if ready.doorbell {
             self.shared.ctx.doorbell.take();
+            self.rung = true;
         }
         if ready.bell {
             // The events themselves are taken from the mailbox under the engine lock.
@@ -163,11 +173,15 @@ impl Driver<'_> {
     }
 
     fn step(&mut self, core: &mut DeviceCore) {
+        let rung = std::mem::take(&mut self.rung);
         if self.app_active() {
-            // The application polls: it does the work, and peers need not ring anyone.
+            // The application polls: it does the work, and peers need not ring this thread.
             if self.armed {
                 core.disarm();
                 self.armed = false;
+            }
+            if rung {
+                core.progress();
             }
             self.deadline = None;
             return;

@@ -244,8 +244,8 @@ fn introduce(shared: &DeviceShared, socket: SeqPacket) {
         Some(Message::Ping { tag }) => {
             send(&socket, Message::Pong { tag }, &[]);
         }
-        Some(Message::Hello { from_gid, from_qpn, to_qpn }) => {
-            if let Some(attach) = accept_hello(shared, socket, received.fds, from_gid, from_qpn, to_qpn) {
+        Some(hello @ Message::Hello { .. }) => {
+            if let Some(attach) = accept_hello(shared, socket, received.fds, hello) {
                 shared.post_event(Event::Attach(attach));
             }
         }
@@ -253,24 +253,29 @@ fn introduce(shared: &DeviceShared, socket: SeqPacket) {
     }
 }
 
-/// Checks an introduction's descriptors: a sealed memfd holding a valid segment, and an
-/// eventfd doorbell.
+/// Checks an introduction's descriptors: a sealed memfd holding a valid segment, an eventfd
+/// doorbell, and a sealed memfd holding a valid activity area with the queue pair's slot.
 fn accept_hello(
     shared: &DeviceShared,
     socket: SeqPacket,
     fds: Vec<OwnedFd>,
-    from_gid: lightpath_verbs::Gid,
-    from_qpn: u32,
-    to_qpn: u32,
+    hello: Message,
 ) -> Option<PeerAttach> {
+    let Message::Hello { from_gid, from_qpn, to_qpn, slot } = hello else { return None };
     let mut fds = fds.into_iter();
-    let (Some(segment_fd), Some(doorbell_fd), None) = (fds.next(), fds.next(), fds.next()) else {
+    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd), None) =
+        (fds.next(), fds.next(), fds.next(), fds.next())
+    else {
         return None;
     };
     let min_len = (RING_OFFSET + crate::ring::MIN_CAPACITY) as u64;
     let memfd = Memfd::from_peer(segment_fd, min_len).ok()?;
     let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).ok()?;
     let doorbell = EventFd::from_peer(doorbell_fd).ok()?;
+    let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?).ok()?;
+    if !area.has_slot(slot) {
+        return None;
+    }
     let served = shared.ctx.registry.register(Arc::new(socket), SocketRole::Served { qpn: to_qpn });
-    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, doorbell, served })
+    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, doorbell, area, slot, served })
 }

@@ -1,5 +1,5 @@
 //! The single-producer/single-consumer record ring that carries one queue pair's messages to
-//! its peer, and the wake-up handshake that lets an idle consumer sleep.
+//! its peer.
 //!
 //! # Layout
 //!
@@ -36,11 +36,9 @@
 //!
 //! # Sleeping
 //!
-//! A consumer that wants to block announces it in a *wake word* the producer can read
-//! ([`announce_sleep`]), then checks the ring once more; a producer, after publishing, checks
-//! the wake word ([`wake_needed`]) and rings the consumer's doorbell. Both sides put a `SeqCst`
-//! fence between their store and their load (the classic store-buffer handshake), so at least
-//! one of them sees the other: the consumer finds the record, or the producer rings.
+//! The ring itself has no wake-up mechanism: after publishing a record the producer marks its
+//! peer's queue pair in the peer device's activity area, which also tells it whether to ring
+//! the device's doorbell (see [`crate::activity`]).
 //!
 //! The memory-ordering argument is model-checked with `loom` (`tests/loom.rs`), which runs this
 //! exact code against a ring whose payload bytes are `loom` cells (so a read not ordered after
@@ -50,7 +48,7 @@ mod memory;
 
 pub use memory::{RingMemory, Word};
 
-use crate::sync::{fence, Ordering};
+use crate::sync::Ordering;
 
 /// Bytes of a record header (the stamp and three words).
 pub const HEADER: usize = 32;
@@ -309,38 +307,6 @@ impl Consumer {
     pub fn release<W: Word>(&mut self, record: &Record, own_head: &W) {
         self.head += record.size;
         own_head.store(self.head, Ordering::Release);
-    }
-}
-
-/// The wake word value a sleeper stores: odd, and different for every sleep (`epoch` counts
-/// sleeps), so a producer rings at most once per sleep.
-pub fn sleeping_value(epoch: u64) -> u64 {
-    epoch << 1 | 1
-}
-
-/// Consumer side, before blocking: tells the producer to ring (`value` from
-/// [`sleeping_value`]). The caller must look at the ring again afterwards and only block if it
-/// is still empty.
-pub fn announce_sleep<W: Word>(own_wake: &W, value: u64) {
-    own_wake.store(value, Ordering::Relaxed);
-    fence(Ordering::SeqCst);
-}
-
-/// Consumer side, after waking: the producer need not ring any more.
-pub fn announce_awake<W: Word>(own_wake: &W) {
-    own_wake.store(0, Ordering::Relaxed);
-}
-
-/// Producer side, after publishing anything the consumer may wait for: whether to ring the
-/// consumer's doorbell now. `last_rung` remembers the sleep already rung for.
-pub fn wake_needed<W: Word>(peer_wake: &W, last_rung: &mut u64) -> bool {
-    fence(Ordering::SeqCst);
-    let value = peer_wake.load(Ordering::Relaxed);
-    if value & 1 == 1 && value != *last_rung {
-        *last_rung = value;
-        true
-    } else {
-        false
     }
 }
 

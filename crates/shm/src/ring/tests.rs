@@ -189,16 +189,3 @@ fn impossible_consumer_positions_are_refused() {
     head.store(0, Ordering::Release);
     assert_eq!(producer.try_push(&ring, &head, header(32, 5), |_| {}), Err(RingError::BadHead));
 }
-
-#[test]
-fn wake_handshake_rings_once_per_sleep() {
-    let wake = CellWord::default();
-    let mut last = 0;
-    assert!(!wake_needed(&wake, &mut last), "rang an awake consumer");
-    announce_sleep(&wake, sleeping_value(1));
-    assert!(wake_needed(&wake, &mut last));
-    assert!(!wake_needed(&wake, &mut last), "rang twice for one sleep");
-    announce_awake(&wake);
-    announce_sleep(&wake, sleeping_value(2));
-    assert!(wake_needed(&wake, &mut last), "did not ring for the next sleep");
-}

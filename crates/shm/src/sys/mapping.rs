@@ -174,6 +174,20 @@ impl Mapping {
         Some(unsafe { AtomicU64::from_ptr(word) }.fetch_add(add, Ordering::AcqRel))
     }
 
+    /// Atomic fetch-or on the aligned word at `offset`; returns the original value.
+    pub(crate) fn fetch_or_u64(&self, offset: usize, bits: u64, order: Ordering) -> Option<u64> {
+        let word = self.word(offset, true)?;
+        // SAFETY: as in `store_u64`.
+        Some(unsafe { AtomicU64::from_ptr(word) }.fetch_or(bits, order))
+    }
+
+    /// Atomic swap on the aligned word at `offset`; returns the original value.
+    pub(crate) fn swap_u64(&self, offset: usize, value: u64, order: Ordering) -> Option<u64> {
+        let word = self.word(offset, true)?;
+        // SAFETY: as in `store_u64`.
+        Some(unsafe { AtomicU64::from_ptr(word) }.swap(value, order))
+    }
+
     /// Atomic compare-and-swap on the aligned word at `offset`; returns the original value
     /// (equal to `current` exactly when the swap happened).
     pub(crate) fn compare_swap_u64(&self, offset: usize, current: u64, new: u64) -> Option<u64> {
@@ -236,6 +250,8 @@ mod tests {
         assert!(!read_only.store_u64(0, 1, Ordering::Relaxed));
         assert!(read_only.fetch_add_u64(0, 1).is_none());
         assert!(read_only.compare_swap_u64(0, 0, 1).is_none());
+        assert!(read_only.fetch_or_u64(0, 1, Ordering::Relaxed).is_none());
+        assert!(read_only.swap_u64(0, 1, Ordering::Relaxed).is_none());
         assert!(!Mapping::copy(&read_only, 0, &writable, 8, 8));
         assert!(writable.store_u64(0, 7, Ordering::Release));
         assert_eq!(read_only.load_u64(0, Ordering::Acquire), Some(7), "both mappings see one word");
@@ -249,6 +265,11 @@ mod tests {
         assert_eq!(b.fetch_add_u64(16, 5), Some(5));
         assert_eq!(a.compare_swap_u64(16, 10, 99), Some(10));
         assert_eq!(b.compare_swap_u64(16, 10, 1), Some(99), "mismatch leaves the value");
+        assert_eq!(a.fetch_or_u64(24, 0b101, Ordering::Release), Some(0));
+        assert_eq!(b.fetch_or_u64(24, 0b110, Ordering::Release), Some(0b101));
+        assert_eq!(a.swap_u64(24, 0, Ordering::Acquire), Some(0b111));
+        assert_eq!(b.load_u64(24, Ordering::Acquire), Some(0));
+        assert!(a.swap_u64(8188, 0, Ordering::Relaxed).is_none(), "misaligned word");
         assert!(a.write(100, b"hello"));
         assert!(Mapping::copy(&b, 4096, &a, 100, 5));
         let mut out = [0u8; 5];

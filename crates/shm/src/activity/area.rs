@@ -1,0 +1,281 @@
+//! The activity area in shared memory (layout in the [module docs](super)): the owner's side
+//! ([`OwnArea`], mapped when the device opens) and a peer's ([`PeerArea`], mapped once per
+//! peer device however many links lead there, through [`PeerAreas`]).
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::{slot_position, AtomicWord, Word, SLOTS_PER_WORD};
+use crate::sync::Ordering;
+use crate::sys::{Mapping, Memfd};
+
+const OFF_STATE: usize = 0;
+const OFF_RUNG: usize = 64;
+/// Where the activity bits start (on a cache line of their own: producers write them all the
+/// time, while the state word is mostly read).
+const BITS_OFFSET: usize = 128;
+/// Most slots an area has (queue-pair numbers have 24 bits).
+pub(crate) const MAX_SLOTS: u32 = 1 << 24;
+/// Fewest slots an area has (one word).
+const MIN_SLOTS: u32 = SLOTS_PER_WORD;
+
+/// Activity words for `slots` slots.
+fn words_of(slots: u32) -> usize {
+    slots.div_ceil(SLOTS_PER_WORD) as usize
+}
+
+/// Bytes of an area with `slots` slots.
+fn area_len(slots: u32) -> usize {
+    BITS_OFFSET + words_of(slots) * 8
+}
+
+/// One word of an area mapping. Accesses outside the mapping cannot happen (offsets are
+/// checked against the slot count first); should one anyway, it reads 0 and writes nothing.
+#[derive(Clone, Copy, Debug)]
+struct AreaWord<'a> {
+    map: &'a Mapping,
+    offset: usize,
+}
+
+impl Word for AreaWord<'_> {
+    fn load(&self, order: Ordering) -> u64 {
+        self.map.load_u64(self.offset, order).unwrap_or(0)
+    }
+
+    fn store(&self, value: u64, order: Ordering) {
+        let stored = self.map.store_u64(self.offset, value, order);
+        debug_assert!(stored);
+    }
+}
+
+impl AtomicWord for AreaWord<'_> {
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        self.map.fetch_or_u64(self.offset, bits, order).unwrap_or(0)
+    }
+
+    fn swap(&self, value: u64, order: Ordering) -> u64 {
+        self.map.swap_u64(self.offset, value, order).unwrap_or(0)
+    }
+}
+
+/// This device's own area.
+#[derive(Debug)]
+pub(crate) struct OwnArea {
+    memfd: Memfd,
+    map: Mapping,
+    slots: u32,
+}
+
+impl OwnArea {
+    /// Creates an area for `slots` slots (rounded up to whole words, and clamped to what an
+    /// area can have). Peers map it writable, so no more seals may be added (a peer could
+    /// otherwise forbid new writable mappings and keep other peers from connecting).
+    pub(crate) fn create(slots: u32) -> io::Result<Self> {
+        let slots = slots.clamp(MIN_SLOTS, MAX_SLOTS).next_multiple_of(SLOTS_PER_WORD);
+        let memfd = Memfd::create("lightpath-shm-activity", area_len(slots) as u64)?;
+        let map = Mapping::new(&memfd, true)?;
+        memfd.seal_seals()?;
+        Ok(Self { memfd, map, slots })
+    }
+
+    /// The memfd to hand to peers.
+    pub(crate) fn memfd(&self) -> &Memfd {
+        &self.memfd
+    }
+
+    /// How many slots the area has.
+    pub(crate) fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Takes the marks of activity word `index` (slots `64 * index ..`); 0 past the end.
+    pub(crate) fn take(&self, index: usize) -> u64 {
+        if index >= words_of(self.slots) {
+            return 0;
+        }
+        super::take(&self.word(BITS_OFFSET + index * 8))
+    }
+
+    /// Whether any of the first `words` activity words has a mark (without taking it).
+    pub(crate) fn any_marked(&self, words: usize) -> bool {
+        (0..words.min(words_of(self.slots)))
+            .any(|index| self.word(BITS_OFFSET + index * 8).load(Ordering::Relaxed) != 0)
+    }
+
+    /// Takes every mark.
+    pub(crate) fn clear_marks(&self) {
+        for index in 0..words_of(self.slots) {
+            self.take(index);
+        }
+    }
+
+    /// The state word as last announced (tests).
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> u64 {
+        self.word(OFF_STATE).load(Ordering::Relaxed)
+    }
+
+    /// Marks `slot` as a peer would, whatever the owner's state (tests).
+    #[cfg(test)]
+    pub(crate) fn mark(&self, slot: u32) {
+        let (index, bit) = slot_position(slot);
+        self.word(BITS_OFFSET + index * 8).fetch_or(bit, Ordering::Release);
+    }
+
+    /// The whole area, for fault injection (which writes it as a hostile peer could).
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.map
+    }
+
+    /// Publishes the device's state (see [`announce`](super::announce)); `value` from
+    /// [`state_value`](super::state_value).
+    pub(crate) fn announce(&self, value: u64) {
+        super::announce(&self.word(OFF_STATE), value);
+    }
+
+    fn word(&self, offset: usize) -> AreaWord<'_> {
+        AreaWord { map: &self.map, offset }
+    }
+}
+
+/// Which file a descriptor refers to: the same memfd received twice has the same identity.
+type FileIdentity = (u64, u64);
+
+fn identity(memfd: &Memfd) -> io::Result<FileIdentity> {
+    let stat = rustix::fs::fstat(memfd)?;
+    Ok((stat.st_dev, stat.st_ino))
+}
+
+/// A peer device's area, mapped here.
+#[derive(Debug)]
+pub(crate) struct PeerArea {
+    map: Mapping,
+    slots: u32,
+}
+
+impl PeerArea {
+    /// Maps an area a peer handed over. Its slot count follows from the file's size (sealed,
+    /// so it cannot change); there is no header a peer could spoil for the others.
+    fn map(memfd: &Memfd) -> Result<Self, &'static str> {
+        let len = usize::try_from(memfd.len()).unwrap_or(usize::MAX);
+        if !(area_len(MIN_SLOTS)..=area_len(MAX_SLOTS)).contains(&len) {
+            return Err("the peer's activity area has an impossible size");
+        }
+        let slots = ((len - BITS_OFFSET) / 8) as u32 * SLOTS_PER_WORD;
+        let map = Mapping::peer(memfd, area_len(slots) as u64, true)
+            .map_err(|_| "the peer's activity area cannot be mapped writable")?;
+        Ok(Self { map, slots })
+    }
+
+    /// Whether the area has slot `slot`.
+    pub(crate) fn has_slot(&self, slot: u32) -> bool {
+        slot < self.slots
+    }
+
+    /// Tells the peer device that the queue pair in `slot` (which it was introduced with) has
+    /// news (see [`signal`](super::signal)); returns whether to ring the device's doorbell.
+    pub(crate) fn signal(&self, slot: u32) -> bool {
+        if !self.has_slot(slot) {
+            return false;
+        }
+        let (index, _) = slot_position(slot);
+        super::signal(&self.word(BITS_OFFSET + index * 8), slot, &self.word(OFF_STATE), &self.word(OFF_RUNG))
+    }
+
+    fn word(&self, offset: usize) -> AreaWord<'_> {
+        AreaWord { map: &self.map, offset }
+    }
+}
+
+/// The peer areas mapped by a device, by file, so a thousand links to one peer device share one
+/// mapping. Entries die with their last link.
+#[derive(Debug, Default)]
+pub(crate) struct PeerAreas {
+    mapped: Mutex<HashMap<FileIdentity, Weak<PeerArea>>>,
+}
+
+impl PeerAreas {
+    /// The mapping of the area `memfd` holds (made now if no live link has it mapped).
+    pub(crate) fn get(&self, memfd: &Memfd) -> Result<Arc<PeerArea>, &'static str> {
+        let id = identity(memfd).map_err(|_| "cannot identify the peer's activity area")?;
+        let mut mapped = self.mapped.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(area) = mapped.get(&id).and_then(Weak::upgrade) {
+            return Ok(area);
+        }
+        let area = Arc::new(PeerArea::map(memfd)?);
+        mapped.retain(|_, area| area.strong_count() > 0);
+        mapped.insert(id, Arc::downgrade(&area));
+        Ok(area)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+    use crate::activity::state_value;
+
+    fn peer_memfd(own: &OwnArea) -> Memfd {
+        let fd = own.memfd().as_fd().try_clone_to_owned().expect("dup");
+        Memfd::from_peer(fd, 1).expect("memfd")
+    }
+
+    #[test]
+    fn a_peer_marks_slots_the_owner_takes() {
+        let own = OwnArea::create(200).expect("area");
+        assert_eq!(own.slots(), 256);
+        let areas = PeerAreas::default();
+        let peer = areas.get(&peer_memfd(&own)).expect("peer view");
+        assert!(!peer.signal(70), "rang an owner that is awake");
+        assert!(!peer.signal(199));
+        assert!(!peer.signal(256), "slot past the end");
+        assert_eq!((own.take(0), own.take(1), own.take(3)), (0, 1 << 6, 1 << 7));
+        assert_eq!(own.take(1), 0, "marks taken twice");
+        assert_eq!(own.take(4), 0, "word past the end");
+
+        own.announce(state_value(5, true, false));
+        assert!(peer.signal(1), "did not ring a sleeping owner");
+        assert!(!peer.signal(2), "rang twice for one sleep");
+        own.announce(state_value(5, false, true));
+        assert!(!peer.signal(3), "rang an owner that is awake");
+        assert_eq!(own.take(0), 0b110, "marked an owner that looks everywhere");
+    }
+
+    #[test]
+    fn links_to_one_device_share_its_mapping() {
+        let own = OwnArea::create(64).expect("area");
+        let areas = PeerAreas::default();
+        let first = areas.get(&peer_memfd(&own)).expect("first");
+        let second = areas.get(&peer_memfd(&own)).expect("second");
+        assert!(Arc::ptr_eq(&first, &second), "mapped twice");
+        let other = OwnArea::create(64).expect("another device's area");
+        let third = areas.get(&peer_memfd(&other)).expect("third");
+        assert!(!Arc::ptr_eq(&first, &third), "two devices' areas confused");
+        drop((first, second));
+        let again = areas.get(&peer_memfd(&own)).expect("remapped");
+        assert!(!Arc::ptr_eq(&again, &third));
+    }
+
+    #[test]
+    fn areas_of_impossible_sizes_are_refused() {
+        for len in [0, BITS_OFFSET as u64, area_len(MAX_SLOTS) as u64 + 8] {
+            let memfd = Memfd::create("lightpath-shm-test", len.max(1)).expect("memfd");
+            let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
+            let received = Memfd::from_peer(fd, 1).expect("memfd");
+            assert!(PeerArea::map(&received).is_err(), "an area of {len} bytes was mapped");
+        }
+        let memfd = Memfd::create("lightpath-shm-test", area_len(128) as u64 + 5).expect("memfd");
+        let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
+        let area = PeerArea::map(&Memfd::from_peer(fd, 1).expect("memfd")).expect("a two-word area");
+        assert!(area.has_slot(127) && !area.has_slot(128), "slots of a file with a partial word");
+    }
+
+    #[test]
+    fn slot_counts_round_up_to_words() {
+        assert_eq!(OwnArea::create(1).expect("area").slots(), 64);
+        assert_eq!(OwnArea::create(65).expect("area").slots(), 128);
+        assert_eq!(OwnArea::create(u32::MAX).expect("area").slots(), MAX_SLOTS);
+    }
+}

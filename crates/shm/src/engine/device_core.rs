@@ -1,0 +1,433 @@
+//! [`DeviceCore`]: the device's mutable state — its queue pairs and regions — and which queue
+//! pairs a call looks at, so that a call costs in proportion to the queue pairs that have
+//! something to do, not to all of them.
+//!
+//! A call looks at the queue pairs peers marked in the activity area (see
+//! [`crate::activity`]), those the [`Agenda`] owes a look (records left over, an RNR deadline
+//! passed), and, as a safety net for marks a hostile peer cleared, every queue pair at most
+//! every [`FULL_SCAN_INTERVAL`]. A device with at most [`LOOK_EVERYWHERE_MAX`] queue pairs
+//! looks at all of them on every call instead and tells peers not to mark. Work the
+//! application starts (posting, connecting) is done in its own call.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::agenda::Agenda;
+use super::{Event, IdMap, QpCore, Regions};
+use crate::activity::area::OwnArea;
+use crate::activity::{state_value, SLOTS_PER_WORD};
+
+/// How often at most every queue pair is looked at, marked or not, while marks are in use:
+/// the safety net for news whose mark was lost (only a hostile peer clears marks). Rare
+/// enough that a thousand queue pairs cost ten thousand looks a second, whatever the call
+/// rate.
+pub(crate) const FULL_SCAN_INTERVAL: Duration = Duration::from_millis(100);
+/// Calls of [`DeviceCore::progress`] between two readings of the clock for that.
+const CLOCK_EVERY: u32 = 256;
+/// Up to this many queue pairs, a device looks at every one of them on every call and tells
+/// peers not to mark (see [`crate::activity::LOOKS_EVERYWHERE`]): a look at a quiet queue pair
+/// is a few cached loads, cheaper than the cache line a mark moves between the processes.
+pub(crate) const LOOK_EVERYWHERE_MAX: usize = 4;
+
+/// What a caller can learn without the device lock: whether a call would find anything to do.
+/// An application polling an idle device then costs a few loads, not a lock round trip that
+/// every other polling thread contends for.
+#[derive(Debug, Default)]
+pub(crate) struct Hints {
+    /// Activity words covering the slots in use.
+    words: AtomicUsize,
+    /// Looks are owed (the agenda), or the device looks everywhere.
+    local: AtomicBool,
+}
+
+impl Hints {
+    /// Whether nothing is marked and no look is owed. Relaxed loads: news published just now
+    /// may be missed, and is found by the caller's next call (pollers poll again; sleepers
+    /// look under the lock after arming).
+    pub(crate) fn nothing_to_do(&self, activity: &OwnArea) -> bool {
+        !self.local.load(Ordering::Relaxed) && !activity.any_marked(self.words.load(Ordering::Relaxed))
+    }
+}
+
+/// The device's mutable state.
+#[derive(Debug)]
+pub(crate) struct DeviceCore {
+    pub(crate) qps: IdMap<QpCore>,
+    pub(crate) regions: Regions,
+    activity: Arc<OwnArea>,
+    hints: Arc<Hints>,
+    agenda: Agenda,
+    /// The queue pair in each activity slot (0: free; queue-pair numbers start at 2).
+    slots: Vec<u32>,
+    /// Free slots below `slots.len()`.
+    free_slots: BTreeSet<u32>,
+    /// The device has few queue pairs and looks at every one on every call.
+    everywhere: bool,
+    /// The next call looks at every queue pair (the device just stopped doing so always).
+    everywhere_once: bool,
+    /// When every queue pair was last looked at while marks were in use.
+    last_full_scan: Instant,
+    /// Calls since the clock was last read for that.
+    since_clock: u32,
+    /// Queue pairs looked at, and looks at all of them while marks were in use (the safety
+    /// net), since the device opened (for tests).
+    pub(crate) looks: u64,
+    pub(crate) full_scans: u64,
+    /// Threads sleeping until a peer rings (the driver thread, blocked waiters).
+    sleepers: u32,
+    /// Counts sleeps, so each one has its own state value.
+    epoch: u64,
+    next_qpn: u32,
+}
+
+impl DeviceCore {
+    pub(crate) fn new(activity: Arc<OwnArea>, hints: Arc<Hints>) -> Self {
+        let core = Self {
+            qps: IdMap::default(),
+            regions: Regions::default(),
+            activity,
+            hints,
+            agenda: Agenda::default(),
+            slots: Vec::new(),
+            free_slots: BTreeSet::new(),
+            everywhere: true,
+            everywhere_once: false,
+            last_full_scan: Instant::now(),
+            since_clock: 0,
+            looks: 0,
+            full_scans: 0,
+            sleepers: 0,
+            epoch: 0,
+            next_qpn: 2,
+        };
+        core.announce_state();
+        core.publish_hints();
+        core
+    }
+
+    /// A queue-pair number not in use (2 … 2^24 − 1; 0 and 1 are reserved in verbs).
+    pub(crate) fn alloc_qpn(&mut self) -> Option<u32> {
+        for _ in 0..(1u32 << 24) {
+            let qpn = self.next_qpn;
+            self.next_qpn = if qpn >= 0xFF_FFFF { 2 } else { qpn + 1 };
+            if !self.qps.contains_key(&qpn) {
+                return Some(qpn);
+            }
+        }
+        None
+    }
+
+    /// A free activity slot for queue pair `qpn` (the lowest numbers are reused first, so the
+    /// words a call looks at stay few); `None` when the area is full.
+    pub(crate) fn alloc_slot(&mut self, qpn: u32) -> Option<u32> {
+        let slot = match self.free_slots.pop_first() {
+            Some(slot) => slot,
+            None => {
+                let slot = u32::try_from(self.slots.len()).ok().filter(|&s| s < self.activity.slots())?;
+                self.slots.push(0);
+                slot
+            }
+        };
+        self.slots[slot as usize] = qpn;
+        self.publish_hints();
+        Some(slot)
+    }
+
+    /// Adds a queue pair (its slot from [`DeviceCore::alloc_slot`]).
+    pub(crate) fn insert_qp(&mut self, qp: QpCore) {
+        self.qps.insert(qp.qpn, qp);
+        self.update_mode();
+    }
+
+    /// Removes queue pair `qpn` and frees its slot. A peer may still mark the slot for a while
+    /// (it learns of the end through its socket): at worst the slot's next owner gets one look
+    /// for nothing.
+    pub(crate) fn remove_qp(&mut self, qpn: u32) -> Option<QpCore> {
+        let qp = self.qps.remove(&qpn)?;
+        if let Some(entry) = self.slots.get_mut(qp.slot as usize).filter(|entry| **entry == qpn) {
+            *entry = 0;
+            self.free_slots.insert(qp.slot);
+        }
+        // The table shrinks from its end, so calls look at as few activity words as queue
+        // pairs need.
+        while self.slots.last() == Some(&0) {
+            self.slots.pop();
+            self.free_slots.remove(&(self.slots.len() as u32));
+        }
+        self.update_mode();
+        self.publish_hints();
+        Some(qp)
+    }
+
+    /// Runs `f` on queue pair `qpn`, then notes what it needs next.
+    pub(crate) fn with_qp<R>(&mut self, qpn: u32, f: impl FnOnce(&mut QpCore, &Regions) -> R) -> Option<R> {
+        let qp = self.qps.get_mut(&qpn)?;
+        let result = f(qp, &self.regions);
+        self.agenda.note(qp);
+        self.publish_hints();
+        Some(result)
+    }
+
+    /// Looks at every queue pair on every call while there are few, relies on marks otherwise
+    /// (see [`LOOK_EVERYWHERE_MAX`]), and tells peers which.
+    fn update_mode(&mut self) {
+        let everywhere = self.qps.len() <= LOOK_EVERYWHERE_MAX;
+        if everywhere == self.everywhere {
+            return;
+        }
+        self.everywhere = everywhere;
+        // Peers that saw the old state did not mark what they published: one look at
+        // everything, after the announcement, finds it.
+        self.everywhere_once = !everywhere;
+        self.announce_state();
+        self.publish_hints();
+    }
+
+    /// Publishes whether anyone sleeps and whether the device looks everywhere.
+    fn announce_state(&self) {
+        self.activity.announce(state_value(self.epoch, self.sleepers > 0, self.everywhere));
+    }
+
+    /// Moves forward every queue pair that has something to do; returns the earliest time one
+    /// needs attention again.
+    pub(crate) fn progress(&mut self) -> Option<Instant> {
+        self.since_clock += 1;
+        if self.since_clock >= CLOCK_EVERY {
+            return self.progress_checking_clock();
+        }
+        let everything = self.everywhere || self.everywhere_once;
+        self.progress_with(everything)
+    }
+
+    /// As [`DeviceCore::progress`], also looking at every queue pair if that is due (see
+    /// [`FULL_SCAN_INTERVAL`]). For a waiter whose wait ran out without a ring too: while
+    /// everyone sleeps, no call counts towards the next clock reading.
+    pub(crate) fn progress_checking_clock(&mut self) -> Option<Instant> {
+        self.since_clock = 0;
+        let due = self.last_full_scan.elapsed() >= FULL_SCAN_INTERVAL;
+        let everything = self.everywhere || self.everywhere_once || due;
+        self.progress_with(everything)
+    }
+
+    fn progress_with(&mut self, everything: bool) -> Option<Instant> {
+        if everything {
+            self.look_everywhere();
+        } else {
+            self.progress_marked();
+        }
+        self.progress_ready();
+        let next = self.progress_timers();
+        self.publish_hints();
+        next
+    }
+
+    /// Looks at every queue pair, marked or not: always while the device has few, else as the
+    /// safety net for lost marks.
+    fn look_everywhere(&mut self) {
+        if !self.everywhere {
+            self.last_full_scan = Instant::now();
+            self.full_scans += 1;
+        }
+        self.everywhere_once = false;
+        // The marks are taken first, as a call that finds them would (a mark past the slots
+        // in use is for a queue pair that is gone).
+        for index in 0..self.words_in_use() {
+            self.activity.take(index);
+        }
+        for qp in self.qps.values_mut() {
+            self.looks += 1;
+            qp.progress(&self.regions);
+            self.agenda.note(qp);
+        }
+    }
+
+    /// Activity words covering the slots in use.
+    fn words_in_use(&self) -> usize {
+        self.slots.len().div_ceil(SLOTS_PER_WORD as usize)
+    }
+
+    /// The queue pairs peers marked.
+    fn progress_marked(&mut self) {
+        for index in 0..self.words_in_use() {
+            let mut bits = self.activity.take(index);
+            while bits != 0 {
+                let slot = index * SLOTS_PER_WORD as usize + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                // A mark on a free slot (its queue pair is gone) or a slot past the table (a
+                // hostile peer) is nothing to do.
+                match self.slots.get(slot) {
+                    Some(&qpn) if qpn != 0 => self.progress_qp(qpn),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// The queue pairs that stopped with records left.
+    fn progress_ready(&mut self) {
+        for qpn in self.agenda.take_ready() {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.queued = false;
+                self.progress_qp(qpn);
+            }
+        }
+    }
+
+    /// The queue pairs whose RNR deadline passed; returns the next deadline.
+    fn progress_timers(&mut self) -> Option<Instant> {
+        if !self.agenda.has_timers() {
+            return None;
+        }
+        let now = Instant::now();
+        while let Some((at, qpn)) = self.agenda.pop_due(now) {
+            let Some(qp) = self.qps.get_mut(&qpn).filter(|qp| qp.timer == Some(at)) else { continue };
+            qp.timer = None;
+            self.progress_qp(qpn);
+        }
+        self.agenda.next_deadline()
+    }
+
+    /// Moves queue pair `qpn` forward and notes what it needs next.
+    fn progress_qp(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            self.looks += 1;
+            qp.progress(&self.regions);
+            self.agenda.note(qp);
+        }
+    }
+
+    /// Updates what callers see without the lock (see [`Hints`]), writing only what changed:
+    /// every polling thread reads these.
+    fn publish_hints(&self) {
+        let words = self.words_in_use();
+        if self.hints.words.load(Ordering::Relaxed) != words {
+            self.hints.words.store(words, Ordering::Relaxed);
+        }
+        let local = !self.agenda.is_empty() || self.everywhere || self.everywhere_once;
+        if self.hints.local.load(Ordering::Relaxed) != local {
+            self.hints.local.store(local, Ordering::Relaxed);
+        }
+    }
+
+    /// Applies something the socket thread learned.
+    pub(crate) fn apply(&mut self, event: Event) {
+        match event {
+            Event::Attach(attach) => {
+                let qpn = attach.qpn;
+                self.with_qp(qpn, |qp, regions| qp.offer_attach(attach, regions));
+            }
+            Event::SocketClosed(id) => {
+                for qp in self.qps.values_mut() {
+                    qp.socket_closed(id);
+                }
+            }
+        }
+    }
+
+    /// A thread is about to sleep: ask peers to ring (with a new state value, so peers that
+    /// rang for an earlier sleep ring again). The caller must look for work once more before
+    /// it blocks.
+    pub(crate) fn arm(&mut self) {
+        self.sleepers += 1;
+        self.epoch += 1;
+        self.announce_state();
+    }
+
+    /// A sleeper woke up; when none is left, peers stop ringing. While others still sleep
+    /// they get a new state value: the doorbell this sleeper took may have been rung for them
+    /// too, and peers ring only once per value.
+    pub(crate) fn disarm(&mut self) {
+        self.sleepers = self.sleepers.saturating_sub(1);
+        if self.sleepers > 0 {
+            self.epoch += 1;
+        }
+        self.announce_state();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lightpath_verbs::QpCaps;
+
+    use super::*;
+    use crate::activity::LOOKS_EVERYWHERE;
+    use crate::cq::CqShared;
+
+    fn device() -> (Arc<OwnArea>, DeviceCore) {
+        let area = Arc::new(OwnArea::create(256).expect("area"));
+        let core = DeviceCore::new(Arc::clone(&area), Arc::new(Hints::default()));
+        (area, core)
+    }
+
+    /// Adds queue pair `qpn`; returns its slot.
+    fn add(core: &mut DeviceCore, qpn: u32) -> u32 {
+        let cq = Arc::new(CqShared::new(16).expect("cq"));
+        let slot = core.alloc_slot(qpn).expect("a free slot");
+        core.insert_qp(QpCore::new(qpn, slot, 1, QpCaps::default(), Arc::clone(&cq), cq, 0));
+        slot
+    }
+
+    #[test]
+    fn slots_are_dense_reused_lowest_first_and_shrink_from_the_end() {
+        let (_, mut core) = device();
+        let slots: Vec<u32> = (10..16).map(|qpn| add(&mut core, qpn)).collect();
+        assert_eq!(slots, [0, 1, 2, 3, 4, 5]);
+        for qpn in [12, 11] {
+            assert!(core.remove_qp(qpn).is_some());
+        }
+        assert_eq!(add(&mut core, 20), 1, "the lowest free slot first");
+        assert_eq!(add(&mut core, 21), 2);
+        for qpn in [13, 14, 15, 21] {
+            assert!(core.remove_qp(qpn).is_some());
+        }
+        assert_eq!(core.slots, [10, 20], "free slots at the end of the table are dropped");
+        assert!(core.free_slots.is_empty(), "{:?}", core.free_slots);
+        assert!(core.remove_qp(99).is_none());
+    }
+
+    #[test]
+    fn past_a_few_queue_pairs_the_device_relies_on_marks_and_says_so() {
+        let (area, mut core) = device();
+        for qpn in 2..2 + LOOK_EVERYWHERE_MAX as u32 {
+            add(&mut core, qpn);
+        }
+        assert!(core.everywhere && area.state() & LOOKS_EVERYWHERE != 0);
+        add(&mut core, 100);
+        assert!(!core.everywhere && area.state() & LOOKS_EVERYWHERE == 0, "state {:#x}", area.state());
+        assert!(core.everywhere_once, "no look at everything after the switch");
+        core.progress();
+        assert_eq!(core.looks, LOOK_EVERYWHERE_MAX as u64 + 1, "the look at everything");
+        assert!(!core.everywhere_once);
+
+        // Marks: one on a queue pair, one on a free slot, one past the table.
+        area.mark(2);
+        area.mark(200);
+        area.mark(60);
+        core.progress();
+        assert_eq!(core.looks, LOOK_EVERYWHERE_MAX as u64 + 2, "looked at more than the marked queue pair");
+        core.progress();
+        assert_eq!(core.looks, LOOK_EVERYWHERE_MAX as u64 + 2, "a mark was taken twice");
+
+        core.remove_qp(100);
+        assert!(core.everywhere && area.state() & LOOKS_EVERYWHERE != 0, "back to looking everywhere");
+    }
+
+    #[test]
+    fn sleeping_is_announced_with_a_new_value_for_each_sleep() {
+        let (area, mut core) = device();
+        let awake = area.state();
+        assert_eq!(awake & crate::activity::SLEEPING, 0);
+        core.arm();
+        let first = area.state();
+        core.arm();
+        let second = area.state();
+        assert!(first & second & crate::activity::SLEEPING != 0 && first != second);
+        core.disarm();
+        let third = area.state();
+        assert!(third & crate::activity::SLEEPING != 0 && third != second, "one sleeper left, same value");
+        core.disarm();
+        assert_eq!(area.state() & crate::activity::SLEEPING, 0, "still sleeping with no sleeper");
+    }
+}
