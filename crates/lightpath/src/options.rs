@@ -52,6 +52,12 @@ pub struct Options {
     /// loopback, see `docs/stream-protocol.md`): [`Options::rendezvous_min_for`].
     /// `Some(usize::MAX)` turns rendezvous off.
     pub rendezvous_min: Option<usize>,
+    /// Whether this connection's queue pair reports to a completion queue its device shares
+    /// with other connections (the default; see `docs/architecture.md`), or to one of its own.
+    /// Shared queues serve many connections with one poll and one watcher; a queue of its own
+    /// is there for comparison. The environment variable `LIGHTPATH_SHARED_CQ=0` turns the
+    /// default off.
+    pub shared_completion_queues: bool,
     /// Test hook: rendezvous descriptors this side sends lie about the buffer.
     #[doc(hidden)]
     pub fault_rendezvous: Option<RendezvousLie>,
@@ -114,6 +120,7 @@ impl Default for Options {
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
             rendezvous_min: None,
+            shared_completion_queues: std::env::var("LIGHTPATH_SHARED_CQ").map_or(true, |v| v != "0"),
             fault_rendezvous: None,
             fault_blackhole_rdma: false,
             fault_versions: None,

@@ -44,8 +44,16 @@ impl<D: Device> HubPool<D> {
         Self { hubs: Mutex::new(Vec::new()), first_entries }
     }
 
-    /// A hub of `device` with room for `entries` more outstanding completions, reserved.
-    pub(crate) fn reserve(&self, device: &D, entries: u32) -> io::Result<Arc<Hub<D>>> {
+    /// A hub of `device` with room for `entries` more outstanding completions, reserved;
+    /// with `shared` false, a hub of its own (not kept in the pool).
+    pub(crate) fn reserve(&self, device: &D, entries: u32, shared: bool) -> io::Result<Arc<Hub<D>>> {
+        if !shared {
+            let cq = device.create_cq(entries).map_err(from_verbs)?;
+            let hub = Arc::new(Hub::new(cq, entries));
+            let reserved = hub.reserve(entries);
+            debug_assert!(reserved, "a new hub has room for one connection");
+            return Ok(hub);
+        }
         let mut hubs = self.hubs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(hub) = hubs.iter().find(|hub| hub.reserve(entries)) {
             return Ok(Arc::clone(hub));

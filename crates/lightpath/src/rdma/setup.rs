@@ -31,7 +31,8 @@ impl<D: Device> RdmaSetup<D> {
         let pd = device.alloc_pd().map_err(from_verbs)?;
         // Every work request can complete once, plus the probe.
         let entries = options.send_depth + options.recv_depth + 1;
-        let mut cq = ConnCompletions::new(hubs.reserve(&device, entries)?, entries)?;
+        let mut cq =
+            ConnCompletions::new(hubs.reserve(&device, entries, options.shared_completion_queues)?, entries)?;
         let caps = QpCaps {
             max_send_wr: options.send_depth,
             max_recv_wr: options.recv_depth,
