@@ -1,6 +1,6 @@
 //! [`ShmDevice`]: one shm endpoint of this process — a GID, the abstract socket it listens on,
-//! a doorbell eventfd peers ring, the engine behind a lock, and two helper threads (see
-//! [`crate::helper`]).
+//! a doorbell eventfd peers ring, an activity area peers mark (see [`crate::activity`]), the
+//! engine behind a lock, and two helper threads (see [`crate::helper`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -438,5 +438,47 @@ impl Device for ShmDevice {
         }
         let shared = Arc::new(CqShared::new(min_entries.max(1))?);
         Ok(ShmCq { device: Arc::clone(&self.inner), shared })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lightpath_verbs::{WcOpcode, WcStatus};
+
+    use super::*;
+
+    fn out() -> [WorkCompletion; 1] {
+        [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0)]
+    }
+
+    #[test]
+    fn only_the_watcher_gives_the_doorbell_watch_back() {
+        let device = ShmDevice::open(ShmConfig::default()).expect("device");
+        let shared = &device.inner.shared;
+        let cq = CqShared::new(4).expect("cq");
+        // Another thread watches: this waiter sleeps on its queue and must leave the watch be.
+        shared.doorbell_watched.store(true, Ordering::Relaxed);
+        assert_eq!(shared.sleep_until_rung(&cq, &mut out(), Some(Duration::ZERO)).expect("wait"), 0);
+        assert!(
+            shared.doorbell_watched.load(Ordering::Relaxed),
+            "a waiter that did not watch ended the watch"
+        );
+        // Nobody watches: this waiter does, and gives the watch back when it leaves.
+        shared.doorbell_watched.store(false, Ordering::Relaxed);
+        assert_eq!(shared.sleep_until_rung(&cq, &mut out(), Some(Duration::ZERO)).expect("wait"), 0);
+        assert!(!shared.doorbell_watched.load(Ordering::Relaxed), "the watcher kept the watch");
+    }
+
+    #[test]
+    fn spinning_places_are_limited_and_given_back() {
+        let device = ShmDevice::open(ShmConfig::default()).expect("device");
+        let shared = &device.inner.shared;
+        let places: Vec<_> = (0..shared.max_spinners).map(|_| shared.start_spinning()).collect();
+        assert!(places.iter().all(Option::is_some), "fewer places than max_spinners");
+        assert!(shared.start_spinning().is_none(), "a spinner past the limit");
+        assert!(shared.start_spinning().is_none(), "a refused spinner kept its count");
+        drop(places);
+        assert!(shared.start_spinning().is_some(), "places were not given back");
+        assert_eq!(shared.spinners.load(Ordering::Relaxed), 0);
     }
 }

@@ -22,15 +22,26 @@
 //!   this process. See [`ring`] for the memory-ordering design (model-checked with loom).
 //! - **Connecting**: a device's GID is random and names the abstract Unix socket it listens on
 //!   ([`address`]); at INIT→RTR a queue pair connects to its destination's socket and hands
-//!   over its segment and its device's doorbell eventfd. No file is ever created, so nothing
+//!   over its segment, its device's doorbell eventfd and its device's activity area (with its
+//!   slot there). No file is ever created, so nothing
 //!   outlives the processes, crash or not. Because the GID is the address, the ordinary
 //!   out-of-band exchange ([`connect`], re-exported from `lightpath-verbs`) connects shm queue
 //!   pairs of two processes as it does soft ones.
+//! - **Work in proportion to what happened**: each device has an *activity area*, a memfd its
+//!   peers map writable (see [`activity`]). After publishing anything for a queue pair, a peer
+//!   marks that queue pair's slot there, so a call that drives the device looks only at the
+//!   queue pairs marked (plus those it owes a look: records left over, an RNR deadline), not
+//!   at all of them: a thousand connections on one device cost no more per call than one. A
+//!   device with at most four queue pairs looks at all of them instead and tells peers not to
+//!   mark (a mark moves a cache line between the processes); as a safety net for marks a
+//!   hostile peer cleared, a device looks at every queue pair at most every 100 ms. Polling an
+//!   idle device takes no lock.
 //! - **Polling fits the machine**: the application's `poll` does the work directly (no thread
-//!   hop, no system call on the data path); `wait` spins briefly, then sleeps on the device's
-//!   doorbell, which peers ring only while someone sleeps; `request_notify` hands progress to
-//!   the driver thread at once, so an epoll/tokio program that only waits on the notification
-//!   fd gets its completions. Each device has two helper threads (module `helper`): a socket thread
+//!   hop, no system call on the data path); `wait` spins briefly (only as many threads at once
+//!   as half the cores), then sleeps on the device's doorbell, which peers ring only while
+//!   someone sleeps (the area's state word says so; one ring per sleep, whatever the number of
+//!   queue pairs); `request_notify` hands progress to the driver thread at once, so an
+//!   epoll/tokio program that only waits on the notification fd gets its completions. Each device has two helper threads (module `helper`): a socket thread
 //!   accepts connections, answers region lookups and notices dead peers (socket hang-up: the
 //!   survivor's queue pair goes to ERR with flush completions), and a driver thread takes over
 //!   progress when the application is idle. The socket thread never waits on anything, so a

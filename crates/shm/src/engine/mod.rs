@@ -1,7 +1,9 @@
 //! The shm transport engine: queue pairs with their send and receive queues, the requester
 //! and responder sides of each, and the device-wide tables they share. Everything here runs
 //! under the device lock (one `Mutex<DeviceCore>` per device); the driver thread and the
-//! application's calls take turns.
+//! application's calls take turns. Which queue pairs a call looks at (those peers marked in
+//! the activity area, those owed a look) is [`DeviceCore`]'s business (`device_core`); the
+//! lock is not even taken by a poll that finds nothing marked.
 //!
 //! # How operations move
 //!

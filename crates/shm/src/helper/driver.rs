@@ -4,7 +4,9 @@
 //! rings, and once the application has not driven the device for `ShmConfig::idle_after` (or
 //! armed a notification) it sleeps *armed* — peers ring the doorbell when they publish
 //! something — and processes what arrived each time it is rung or an RNR timer expires. It
-//! never blocks on the engine lock; it may block in a region question to a peer device, which
+//! watches the doorbell only while armed, and always looks for news after taking a ring:
+//! peers ring once per sleep, so a ring it swallowed without looking could leave a blocked
+//! waiter, for whom it was meant, asleep. It never blocks on the engine lock; it may block in a region question to a peer device, which
 //! is why it is not the thread that answers them (see the [module docs](super)).
 
 use std::sync::TryLockError;

@@ -9,7 +9,8 @@
 //!   bell.
 //! - The **driver thread** ([`driver`]) applies what the socket thread posted and — once the
 //!   application has not driven the device for `ShmConfig::idle_after` — sleeps until a peer
-//!   rings the doorbell and then processes what arrived, so peers' requests complete and
+//!   rings the doorbell (peers ring only while the device's activity area says someone
+//!   sleeps) and then processes what peers marked, so peers' requests complete and
 //!   notification fds fire. Driving the engine may mean asking a peer device about one of its
 //!   regions and waiting for the answer (up to `ShmConfig::rpc_timeout`).
 //!
