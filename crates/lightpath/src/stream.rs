@@ -357,16 +357,30 @@ impl Stream {
             Backend::Rdma(conn) => {
                 conn.take_notify();
                 conn.poll_tcp();
+                // Armed before looking, so that what changes after the look raises an event.
+                conn.arm()?;
+                let readable = conn.readable_now();
                 // Bytes kept from an accepted message go out first, and until they have the
                 // stream is not writable (an empty write pushes them; see `set_nonblocking`).
-                let kept_out = !would_block(&conn.write(&[], Deadline::Now));
-                conn.arm()?;
-                let readiness =
-                    Readiness { readable: conn.readable_now(), writable: kept_out && conn.writable_now() };
-                if !readiness.writable {
+                // Room the peer returns while this looks (a credit word, which raises no
+                // event) is used before reporting, never slept through: asking the peer for a
+                // wake-up re-reads the credit word, and finding room then means looking again.
+                let mut writable = false;
+                for _ in 0..4 {
+                    let kept_out = !would_block(&conn.write(&[], Deadline::Now));
+                    if conn.writable_now() {
+                        writable = kept_out;
+                        if kept_out {
+                            break;
+                        }
+                        continue;
+                    }
                     conn.note_write_blocked();
+                    if !conn.writable_now() {
+                        break;
+                    }
                 }
-                Ok(readiness)
+                Ok(Readiness { readable, writable })
             }
             Backend::Tcp(conn) => {
                 let kept_out = conn.push_kept().unwrap_or(true);
@@ -397,6 +411,34 @@ impl Stream {
 
 fn would_block<T>(result: &io::Result<T>) -> bool {
     matches!(result, Err(err) if err.kind() == io::ErrorKind::WouldBlock)
+}
+
+/// What a `WouldBlock` carries when the call waits for the peer to acknowledge (`flush`) or to
+/// fetch a rendezvous, not for room: a driver then sleeps until a completion arrives rather
+/// than until the stream is writable (which it may well be all along).
+#[derive(Debug)]
+pub(crate) struct AwaitingPeer;
+
+impl std::fmt::Display for AwaitingPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("lightpath: waiting for the peer (acknowledgement or fetch)")
+    }
+}
+
+impl std::error::Error for AwaitingPeer {}
+
+impl AwaitingPeer {
+    /// The `WouldBlock` error carrying it.
+    pub(crate) fn would_block() -> io::Error {
+        io::Error::new(io::ErrorKind::WouldBlock, AwaitingPeer)
+    }
+
+    /// Whether `err` is such a `WouldBlock`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn is(err: &io::Error) -> bool {
+        err.kind() == io::ErrorKind::WouldBlock
+            && err.get_ref().is_some_and(|inner| inner.is::<AwaitingPeer>())
+    }
 }
 
 fn rdma_only() -> io::Error {

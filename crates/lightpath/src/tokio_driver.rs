@@ -230,10 +230,13 @@ impl Stream {
         mut op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
         loop {
-            match op(&mut self.inner) {
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+            let wait = match op(&mut self.inner) {
+                // Waiting for an acknowledgement or a fetch is waiting for a completion, as a
+                // read is, not for room (the stream may be writable all along).
+                Err(err) if crate::stream::AwaitingPeer::is(&err) => Wait::Read,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => wait,
                 other => return Poll::Ready(other),
-            }
+            };
             ready!(self.poll_ready(cx, &wait))?;
         }
     }
@@ -245,6 +248,11 @@ impl Stream {
                 if matches!(wait, Wait::Write) {
                     // Credit returns raise no completion here unless the peer knows we wait.
                     conn.note_write_blocked();
+                    if conn.writable_now() {
+                        // Room came back (by a credit word, which raises no event) since the
+                        // call looked: it is used now rather than slept through.
+                        return Poll::Ready(Ok(()));
+                    }
                 }
                 if !conn.arm()? {
                     return Poll::Ready(Ok(()));

@@ -163,6 +163,15 @@ impl<D: Device> RdmaConn<D> {
                 self.post_ops();
                 break;
             }
+            let free = self.core.ring_free();
+            if free > 0 && free < u64::from(DESCRIPTOR_LEN) && !self.core.rendezvous_outstanding() {
+                // The peer's ring has room for less than a descriptor. Waiting for more would
+                // be waiting for a wake-up that does not come: the core asks the peer to wake
+                // this side for bytes only when none are free (for receive credits otherwise),
+                // so it would be woken for credits it does not lack. Sending this one write
+                // through the ring instead uses the sliver, and any wait after it is for bytes.
+                return self.send_copied(local, offset, len, message, deadline);
+            }
             self.core.note_blocked();
             self.post_ops();
             self.wait(deadline)?;
@@ -200,7 +209,9 @@ impl<D: Device> RdmaConn<D> {
             }
             match self.wait(deadline) {
                 Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Err(err),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(crate::stream::AwaitingPeer::would_block())
+                }
                 Err(err) if err.kind() == io::ErrorKind::TimedOut => {
                     return Err(self.give_up(
                         io::ErrorKind::TimedOut,
@@ -376,6 +387,9 @@ impl<D: Device> RdmaConn<D> {
         base: usize,
         nonblocking: bool,
     ) -> io::Result<bool> {
+        // A nonblocking call collects completions once, then returns: an event loop (or the
+        // tokio runtime) gets its thread back between rounds of READs.
+        let mut pumped = false;
         loop {
             while let Some(request) = self.core.rendezvous_direct(DIRECT_CHUNK, DIRECT_IN_FLIGHT) {
                 self.post_read(request, Some((local, base)))?;
@@ -394,12 +408,14 @@ impl<D: Device> RdmaConn<D> {
                 );
             }
             if nonblocking {
-                if !self.pump() {
+                if pumped {
                     self.check_tcp();
                     if !self.peer_vanished() && self.failed.is_none() {
                         return Ok(false);
                     }
                 }
+                self.pump();
+                pumped = true;
                 continue;
             }
             if let Err(err) = self.wait(Deadline::At(None)) {

@@ -310,7 +310,13 @@ impl<D: Device> RdmaConn<D> {
             if self.peer_vanished() {
                 return Err(reset("the peer vanished before acknowledging"));
             }
-            self.wait(deadline)?;
+            match self.wait(deadline) {
+                // Nothing kept: what is missing is the peer's acknowledgement, not room.
+                Err(err) if clear && err.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(crate::stream::AwaitingPeer::would_block())
+                }
+                other => other?,
+            }
         }
     }
 
