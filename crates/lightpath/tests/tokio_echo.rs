@@ -1,6 +1,7 @@
 //! The tokio driver: echo through `tokio::io::split` + `copy`, and a proxy built on
 //! `copy_bidirectional` between a Lightpath stream and a plain tokio TCP stream, over the soft
-//! provider and over TCP.
+//! provider and over TCP; messages many times the receive ring between two tasks of one
+//! runtime, and a dropped `send_msg` future whose message still arrives whole (soft, shm, TCP).
 #![cfg(feature = "tokio")]
 
 mod common;
@@ -87,4 +88,104 @@ async fn copy_bidirectional_proxy_and_messages() {
     assert!(rest.is_empty());
     let (up, down) = proxy.await.unwrap();
     assert_eq!((up, down), (data.len() as u64, data.len() as u64));
+}
+
+fn small_ring(provider: ProviderId) -> Options {
+    Options::default().with_providers(&[provider]).with_ring_size(64 << 10)
+}
+
+async fn connected(options: &Options) -> (Stream, Stream) {
+    let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, connected) = tokio::join!(listener.accept(), Stream::connect_with(addr, options));
+    (accepted.unwrap().0, connected.unwrap())
+}
+
+/// Messages of up to 16 rings between two tasks of one current-thread runtime: `send_msg` on
+/// a full ring waits by sleeping (one that blocked the thread would stop the receiver: a
+/// hang), completes once the whole message is handed over, and every message arrives whole and
+/// in order.
+async fn large_messages_through_a_full_ring(options: Options) {
+    let (mut receiver, mut sender) = connected(&options).await;
+    let sizes = [1 << 20, 0, 3, 300_000, (1 << 20) + 7, 64 << 10, 1];
+    let messages: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u32)).collect();
+    let send = async {
+        for message in &messages {
+            sender.send_msg(message).await.unwrap();
+        }
+        sender.shutdown().await.unwrap();
+    };
+    let receive = async {
+        let mut got = Vec::new();
+        while let Some(message) = receiver.recv_msg().await.unwrap() {
+            got.push(message);
+        }
+        got
+    };
+    // A guard against a hang, not a measurement.
+    let guard = std::time::Duration::from_secs(60);
+    let ((), got) = tokio::time::timeout(guard, async { tokio::join!(send, receive) }).await.expect("hung");
+    assert_eq!(got.len(), messages.len());
+    assert!(got == messages, "messages differ");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn large_messages_through_a_full_ring_over_soft() {
+    large_messages_through_a_full_ring(small_ring(ProviderId::Soft)).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn large_messages_through_a_full_ring_over_shm() {
+    large_messages_through_a_full_ring(small_ring(ProviderId::Shm)).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn large_messages_through_a_full_ring_over_tcp() {
+    large_messages_through_a_full_ring(Options::tcp_only()).await;
+}
+
+/// A `send_msg` future polled once (part of the message goes, the rest does not fit) and then
+/// dropped: the message was accepted, so its rest goes out before the next one, and the
+/// receiver gets both whole.
+async fn dropped_send_msg_still_delivers_its_message(options: Options, big: usize) {
+    use std::future::Future;
+    let (mut receiver, mut sender) = connected(&options).await;
+    let first = pattern(big, 1);
+    {
+        let send = std::pin::pin!(sender.send_msg(&first));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(send.poll(&mut cx).is_pending(), "the message does not fit at once");
+    }
+    let send = async {
+        sender.send_msg(b"second").await.unwrap();
+        sender.shutdown().await.unwrap();
+    };
+    let receive = async {
+        let mut got = Vec::new();
+        while let Some(message) = receiver.recv_msg().await.unwrap() {
+            got.push(message);
+        }
+        got
+    };
+    let guard = std::time::Duration::from_secs(60);
+    let ((), got) = tokio::time::timeout(guard, async { tokio::join!(send, receive) }).await.expect("hung");
+    assert_eq!(got.len(), 2);
+    assert!(got[0] == first, "the first message differs ({} bytes)", got[0].len());
+    assert_eq!(got[1], b"second");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_send_msg_still_delivers_its_message_over_soft() {
+    dropped_send_msg_still_delivers_its_message(small_ring(ProviderId::Soft), 1 << 20).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_send_msg_still_delivers_its_message_over_shm() {
+    dropped_send_msg_still_delivers_its_message(small_ring(ProviderId::Shm), 1 << 20).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_send_msg_still_delivers_its_message_over_tcp() {
+    // More than loopback TCP's socket buffers on both ends.
+    dropped_send_msg_still_delivers_its_message(Options::tcp_only(), 32 << 20).await;
 }
