@@ -2,8 +2,9 @@
 //! `read_buf` / `recv_msg_buf` into them, with large writes going by rendezvous (the reader
 //! fetches them by RDMA READ). Over soft and shm: sizes around the rendezvous threshold up to
 //! 64 MiB, read both ways; stream order with ordinary writes in between; partial reads;
-//! buffer reuse; nonblocking readers; write timeouts; peers killed mid-rendezvous (child
-//! processes); peers whose descriptors lie. Every byte is checked.
+//! buffer reuse; nonblocking readers; nonblocking zero-copy calls repeated until done;
+//! write timeouts; peers killed mid-rendezvous (child processes); peers whose descriptors lie.
+//! Every byte is checked.
 
 mod common;
 
@@ -78,6 +79,7 @@ over_soft_and_shm!(
     partial_read_bufs_and_buffer_reuse,
     messages_from_and_into_registered_buffers,
     nonblocking_plain_reader_of_a_rendezvous,
+    nonblocking_zero_copy_calls_are_repeated_until_done,
     more_rendezvous_than_receive_credits,
     event_loop_reader_sleeps_while_reads_are_in_flight,
     write_timeout_while_the_peer_does_not_read,
@@ -279,6 +281,88 @@ fn nonblocking_plain_reader_of_a_rendezvous(provider: ProviderId) {
     let (got, would_block) = reader.join().unwrap();
     assert!(got == data, "bytes differ");
     assert!(would_block > 0, "a nonblocking reader waits for READs by WouldBlock");
+}
+
+/// Sleeps on the stream's readiness fd (after `poll_ready` armed it) for at most 20 s.
+fn sleep_on_fd(stream: &Stream) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let fd = stream.readiness_fd().unwrap();
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    assert!(poll(&mut fds, Some(&Timespec { tv_sec: 20, tv_nsec: 0 })).unwrap() > 0, "no event");
+}
+
+fn nonblocking_zero_copy_calls_are_repeated_until_done(provider: ProviderId) {
+    // Large enough that a direct read is never over within the call that starts it (each
+    // call posts at most two rounds of READs).
+    let len = 64 * MIB;
+    let (mut server, mut client) = pair(options(provider), options(provider));
+    let data = pattern(len, 12);
+    let buf = filled(&client, len, 0, &data);
+    client.set_nonblocking(true).unwrap();
+    // Announced but not fetched (nobody reads): WouldBlock, and so is the repeated call.
+    for _ in 0..2 {
+        assert_eq!(client.write_buf(&buf, 0, len).unwrap_err().kind(), ErrorKind::WouldBlock);
+    }
+    let writer = std::thread::spawn(move || {
+        loop {
+            client.poll_ready().unwrap();
+            match client.write_buf(&buf, 0, len) {
+                Ok(()) => break,
+                Err(err) if err.kind() == ErrorKind::WouldBlock => sleep_on_fd(&client),
+                Err(err) => panic!("write_buf: {err}"),
+            }
+        }
+        // Fetched: the buffer is the writer's again.
+        buf.write(0, &pattern(len, 13)).unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        client
+    });
+    server.set_nonblocking(true).unwrap();
+    let into = server.register_buf(len).unwrap();
+    let mut got = 0;
+    let mut refused = 0;
+    while got < len {
+        let readable = server.poll_ready().unwrap().readable;
+        match server.read_buf(&into, got, len - got) {
+            Ok(n) => {
+                assert!(n > 0);
+                got += n;
+            }
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                if readable {
+                    // Data was there, so the call started READs into `into`: until the same
+                    // call has returned, other reads are refused (their bytes are owed to it).
+                    let err = server.read(&mut [0u8; 1]).unwrap_err();
+                    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+                    let err = server.read_buf(&into, 0, 1).unwrap_err();
+                    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+                    refused += 1;
+                }
+                if !server.poll_ready().unwrap().readable {
+                    sleep_on_fd(&server);
+                }
+            }
+            Err(err) => panic!("read_buf: {err}"),
+        }
+    }
+    assert!(refused > 0, "no read_buf call ever left READs in flight: the test proves nothing");
+    assert!(bytes_of(&into, 0, len) == data, "bytes differ");
+    let client = writer.join().unwrap();
+    loop {
+        match server.read_buf(&into, 0, 1) {
+            Ok(n) => {
+                assert_eq!(n, 0, "end of stream");
+                break;
+            }
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                if !server.poll_ready().unwrap().readable {
+                    sleep_on_fd(&server);
+                }
+            }
+            Err(err) => panic!("read_buf at the end: {err}"),
+        }
+    }
+    drop(client);
 }
 
 fn event_loop_reader_sleeps_while_reads_are_in_flight(provider: ProviderId) {
