@@ -211,7 +211,9 @@ impl Stream {
     ///   [`Stream::read_buf`] / [`Stream::recv_msg_buf`] whose RDMA READs are in flight)
     ///   returns `WouldBlock`; repeat the *same* call (same buffer, offset and length) until it
     ///   returns its result, and leave the buffer alone meanwhile. Other receiving calls are
-    ///   refused (`InvalidInput`) while such a read is unfinished.
+    ///   refused (`InvalidInput`) while such a read is unfinished, and closing the stream while
+    ///   such a write is unfinished gives the connection up (the peer gets an error rather than
+    ///   a buffer the application may since have reused).
     pub fn set_nonblocking(&mut self, nonblocking: bool) -> io::Result<()> {
         self.nonblocking = nonblocking;
         if let Backend::Tcp(conn) = &mut self.backend {

@@ -80,6 +80,7 @@ over_soft_and_shm!(
     messages_from_and_into_registered_buffers,
     nonblocking_plain_reader_of_a_rendezvous,
     nonblocking_zero_copy_calls_are_repeated_until_done,
+    closing_with_an_unfinished_nonblocking_write_gives_up,
     more_rendezvous_than_receive_credits,
     event_loop_reader_sleeps_while_reads_are_in_flight,
     write_timeout_while_the_peer_does_not_read,
@@ -363,6 +364,24 @@ fn nonblocking_zero_copy_calls_are_repeated_until_done(provider: ProviderId) {
         }
     }
     drop(client);
+}
+
+fn closing_with_an_unfinished_nonblocking_write_gives_up(provider: ProviderId) {
+    let (mut server, mut client) = pair(options(provider), options(provider));
+    let buf = filled(&client, 2 * MIB, 0, &pattern(2 * MIB, 14));
+    client.set_nonblocking(true).unwrap();
+    client.write_buf(&buf, 0, 2 * MIB).unwrap_err();
+    // Dropped before the call was repeated to its end: the peer may not read the buffer
+    // later (the application may reuse or free it), and the close does not wait for a reader
+    // (the linger time is 10 s; the hang guard of this test would be the harness's).
+    drop(client);
+    buf.write(0, &pattern(2 * MIB, 15)).unwrap();
+    let into = server.register_buf(2 * MIB).unwrap();
+    let err = match server.read_buf(&into, 0, 2 * MIB) {
+        Ok(n) => panic!("read {n} bytes of a given-up rendezvous"),
+        Err(err) => err,
+    };
+    assert!(matches!(err.kind(), ErrorKind::ConnectionReset | ErrorKind::InvalidData), "{err}");
 }
 
 fn event_loop_reader_sleeps_while_reads_are_in_flight(provider: ProviderId) {

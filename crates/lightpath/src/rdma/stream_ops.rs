@@ -352,6 +352,17 @@ impl<D: Device> RdmaConn<D> {
         if self.failed.is_some() || self.peer_vanished() {
             return;
         }
+        if self.core.rendezvous_outstanding() {
+            // A nonblocking zero-copy write was left unfinished: the peer may still read its
+            // buffer, which the application may reuse or free once the stream is gone. Give the
+            // connection up (fencing the queue pair) rather than wait for a reader, possibly
+            // on the background thread.
+            self.give_up(
+                io::ErrorKind::BrokenPipe,
+                "closed while the peer had not fetched a zero-copy write (the connection is given up)",
+            );
+            return;
+        }
         self.core.uncork();
         let deadline = Deadline::At(Some(Instant::now() + self.linger));
         loop {
@@ -383,14 +394,14 @@ impl<D: Device> RdmaConn<D> {
                 }
             }
             self.collect_completions();
-            if self.core.is_flushed() && !self.core.rendezvous_outstanding() {
+            if self.core.is_flushed() {
                 break;
             }
             if self.wait_collecting(deadline).is_err() {
                 break;
             }
         }
-        if self.failed.is_some() || !self.core.is_flushed() || self.core.rendezvous_outstanding() {
+        if self.failed.is_some() || !self.core.is_flushed() {
             return;
         }
         let bye = Message::Bye { bytes: self.core.bytes_committed(), records: self.core.records_sent() };
