@@ -41,6 +41,9 @@ async fn hundreds_of_concurrent_connections_over_shm() {
     concurrent_connections(ProviderId::Shm, SHM_CONNS).await;
 }
 
+// The guard serialises whole tests: this future runs on its test's own thread (the runtime's
+// `block_on`), never on a worker another task could need.
+#[allow(clippy::await_holding_lock)]
 async fn concurrent_connections(provider: ProviderId, conns: usize) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let listener = Listener::bind_with("127.0.0.1:0", small(provider)).await.unwrap();
