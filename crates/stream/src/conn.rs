@@ -398,6 +398,13 @@ impl Conn {
     /// completions wake this side anyway, and a notice sent only once the peer has seen every
     /// earlier record lets the peer judge exactly what the sender is missing.
     pub fn note_blocked(&mut self) {
+        self.note_blocked_for(1);
+    }
+
+    /// Like [`Conn::note_blocked`], for a send that needs `need` ring bytes in one piece (a
+    /// rendezvous descriptor is never split): with fewer free the notice asks for bytes, or
+    /// the peer would be asked for receive credits this side does not lack and never wake it.
+    pub fn note_blocked_for(&mut self, need: u32) {
         if self.notice_outstanding
             || self.notice_wanted.is_some()
             || self.close != CloseState::Open
@@ -406,7 +413,7 @@ impl Conn {
         {
             return;
         }
-        let notice = if self.ring_free() == 0 {
+        let notice = if self.ring_free() < u64::from(need.max(1)) {
             Imm::new(RecordKind::StarvedBytes, (self.peer_consumed.0 & VIEW_MASK) as u32)
         } else {
             Imm::new(RecordKind::StarvedRecvs, (self.peer_recvs.0 & VIEW_MASK) as u32)

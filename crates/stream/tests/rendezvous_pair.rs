@@ -7,7 +7,9 @@
 
 use std::collections::VecDeque;
 
-use lightpath_stream::rendezvous::{BounceGeometry, Descriptor, DescriptorError, ReadRequest, ReadTarget};
+use lightpath_stream::rendezvous::{
+    BounceGeometry, Descriptor, DescriptorError, ReadRequest, ReadTarget, DESCRIPTOR_LEN,
+};
 use lightpath_stream::{Arrival, Conn, ConnConfig, CreditWord, Imm, Op, ProtocolError, RecordKind};
 use proptest::prelude::*;
 
@@ -269,7 +271,7 @@ impl Pair {
         let side = &mut self.sides[i];
         side.conn.on_credit_word(CreditWord::from_bytes(side.credit_slot));
         let Some(offset) = side.conn.rendezvous_room() else {
-            side.conn.note_blocked();
+            side.conn.note_blocked_for(DESCRIPTOR_LEN);
             return false;
         };
         side.exposed = data.to_vec();
@@ -541,6 +543,35 @@ fn a_side_down_to_its_reserve_is_told_to_read_its_credit_slot() {
     assert!(conn.credit_low(), "8 receives, 4 used: only the reserve is left");
     conn.on_credit_word(CreditWord::new(0, 16));
     assert!(!conn.credit_low());
+}
+
+#[test]
+fn a_rendezvous_blocked_on_a_sliver_of_ring_is_woken_when_bytes_free() {
+    // The ring has room for less than a descriptor (and receives to spare): the starved notice
+    // must ask for bytes, or the reader, with receives to give but no reason to, never wakes
+    // the writer.
+    let mut pair = Pair::new(4096, 16, BounceGeometry { slot_len: 1024, slots: 2 });
+    let filler = pattern(4096 - 10, 3);
+    assert_eq!(pair.write(0, &filler), filler.len());
+    pair.post(0);
+    while pair.deliver(0, usize::MAX) + pair.deliver(1, usize::MAX) > 0 {
+        pair.post(0);
+        pair.post(1);
+    }
+    assert!(!pair.start_rendezvous(0, &pattern(8192, 4), None), "10 free bytes hold no descriptor");
+    pair.post(0);
+    pair.deliver(0, usize::MAX);
+    // The reader takes everything. A blocked writer sleeps until a record with immediate
+    // arrives (a plain credit write raises no completion), so the reader must send one.
+    assert_eq!(pair.read(1, usize::MAX, false, 1024), filler);
+    pair.post(1);
+    let wake_ups = pair.wires[1]
+        .iter()
+        .filter(|packet| matches!(packet, Packet::Credit { imm: Some(imm), .. } if Imm::decode(*imm).is_ok_and(|imm| imm.kind == RecordKind::Credit)))
+        .count();
+    assert_eq!(wake_ups, 1, "the reader woke the writer");
+    pair.deliver(1, usize::MAX);
+    assert!(pair.start_rendezvous(0, &pattern(8192, 4), None), "and the writer finds room");
 }
 
 fn piece() -> impl Strategy<Value = Piece> {

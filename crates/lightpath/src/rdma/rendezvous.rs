@@ -165,14 +165,13 @@ impl<D: Device> RdmaConn<D> {
             }
             let free = self.core.ring_free();
             if free > 0 && free < u64::from(DESCRIPTOR_LEN) && !self.core.rendezvous_outstanding() {
-                // The peer's ring has room for less than a descriptor. Waiting for more would
-                // be waiting for a wake-up that does not come: the core asks the peer to wake
-                // this side for bytes only when none are free (for receive credits otherwise),
-                // so it would be woken for credits it does not lack. Sending this one write
-                // through the ring instead uses the sliver, and any wait after it is for bytes.
+                // The peer's ring has room for less than a descriptor. This one write goes
+                // through the ring instead, using the sliver: an event loop judges a stream
+                // writable by any free byte, so waiting here for a descriptor's worth would
+                // have it retry at once, forever.
                 return self.send_copied(local, offset, len, message, deadline);
             }
-            self.core.note_blocked();
+            self.core.note_blocked_for(DESCRIPTOR_LEN);
             self.post_ops();
             self.wait(deadline)?;
         }
