@@ -249,15 +249,7 @@ where
             // All our records are posted: only collect their acknowledgements. Answering a
             // peer that keeps writing would post a new signaled record every step, and the
             // close would never look flushed.
-            while let Ok(n) = self.cq.poll(&mut self.wcs) {
-                for i in 0..n {
-                    let wc = self.wcs[i];
-                    self.handle(wc);
-                }
-                if n < self.wcs.len() {
-                    break;
-                }
-            }
+            self.collect_completions();
         }
         self.check_tcp();
         self.failed.is_some() || self.core.is_flushed() || self.tcp_eof

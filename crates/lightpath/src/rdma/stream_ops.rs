@@ -412,7 +412,7 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// Handles the completions that arrived, posting nothing (closing: see the module docs).
-    fn collect_completions(&mut self) {
+    pub(super) fn collect_completions(&mut self) {
         while let Ok(n) = self.cq.poll(&mut self.wcs) {
             for i in 0..n {
                 let wc = self.wcs[i];
