@@ -8,7 +8,7 @@
 //! device, so a question to this device is answered whatever this device's driver thread, or
 //! its application, is blocked on (see the [module docs](super)).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,15 +20,55 @@ use crate::device::DeviceShared;
 use crate::engine::{Event, PeerAttach};
 use crate::registry::{SocketRole, Watched};
 use crate::segment::{PeerSegment, RING_OFFSET};
-use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
+use crate::sys::{poll_fds, Epoll, EventFd, Interest, Memfd, SeqPacket};
 use crate::wire::{Message, MAX_MESSAGE};
 
 /// Connections that have not introduced themselves yet, at most.
 const MAX_PENDING: usize = 256;
 /// How long a new connection may take to introduce itself.
 const HELLO_PATIENCE: Duration = Duration::from_secs(5);
-/// Descriptors polled before the newcomers and the watched sockets.
-const FIXED: usize = 3;
+/// How long to wait before trying again to set the thread up (its epoll instance) after the
+/// system refused, e.g. for want of descriptors.
+const SETUP_RETRY: Duration = Duration::from_millis(10);
+
+/// What an epoll token stands for. The top two bits say which kind of descriptor it is; the
+/// rest is the newcomer's sequence number or the registry's id of a watched socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Token {
+    Stop,
+    Changed,
+    Listener,
+    Newcomer(u64),
+    Watched(u64),
+}
+
+impl Token {
+    const KIND_SHIFT: u32 = 62;
+    const ID_MASK: u64 = (1 << Self::KIND_SHIFT) - 1;
+
+    fn encode(self) -> u64 {
+        let (kind, id) = match self {
+            Token::Stop => (0, 0),
+            Token::Changed => (0, 1),
+            Token::Listener => (0, 2),
+            Token::Newcomer(seq) => (1, seq),
+            Token::Watched(id) => (2, id),
+        };
+        (kind << Self::KIND_SHIFT) | (id & Self::ID_MASK)
+    }
+
+    fn decode(token: u64) -> Option<Self> {
+        let id = token & Self::ID_MASK;
+        match (token >> Self::KIND_SHIFT, id) {
+            (0, 0) => Some(Token::Stop),
+            (0, 1) => Some(Token::Changed),
+            (0, 2) => Some(Token::Listener),
+            (1, _) => Some(Token::Newcomer(id)),
+            (2, _) => Some(Token::Watched(id)),
+            _ => None,
+        }
+    }
+}
 
 /// A connection waiting for its first message.
 struct Newcomer {
@@ -37,139 +77,172 @@ struct Newcomer {
 }
 
 /// The thread's state between rounds.
+///
+/// Every descriptor it waits on is registered with `epoll` once, when it appears, and removed
+/// when it goes, so a round costs what is ready rather than what is open: with one socket per
+/// connection, setting up or tearing down N connections used to cost N² descriptor scans.
 struct SocketThread<'a> {
     shared: &'a DeviceShared,
-    newcomers: Vec<Newcomer>,
-    watched: Vec<Watched>,
-    /// Sockets already reported closed (not polled again: a hang-up stays readable).
+    epoll: Epoll,
+    /// Newcomers by sequence number: accepted in order, so the first is the oldest.
+    newcomers: BTreeMap<u64, Newcomer>,
+    next_newcomer: u64,
+    /// The registry's sockets as of the last change, by id.
+    watched: HashMap<u64, Watched>,
+    /// Sockets already reported closed (no longer in `epoll`: a hang-up stays readable).
     closed: HashSet<u64>,
 }
 
 /// The thread body; returns when the device's stop fd is signalled.
 pub(super) fn run(shared: &DeviceShared) {
-    let mut thread = SocketThread {
-        shared,
-        newcomers: Vec::new(),
-        watched: shared.ctx.registry.snapshot(),
-        closed: HashSet::new(),
+    let mut thread = loop {
+        match SocketThread::new(shared) {
+            Ok(thread) => break thread,
+            Err(_) => {
+                // Without its epoll instance the thread can do nothing but wait to be stopped.
+                let mut stop = [PollFd::new(&shared.stop, PollFlags::IN)];
+                if poll_fds(&mut stop, Some(SETUP_RETRY)).is_ok_and(|ready| ready > 0) {
+                    return;
+                }
+            }
+        }
     };
     while thread.round() {}
 }
 
-/// Which descriptors had events in one `poll`.
-struct Ready {
-    stop: bool,
-    changed: bool,
-    listener: bool,
-    newcomers: Vec<bool>,
-    watched: Vec<PollFlags>,
-}
+impl<'a> SocketThread<'a> {
+    fn new(shared: &'a DeviceShared) -> std::io::Result<Self> {
+        let epoll = Epoll::new()?;
+        epoll.add(&shared.stop, Token::Stop.encode(), Interest::Readable)?;
+        epoll.add(&shared.ctx.registry.changed, Token::Changed.encode(), Interest::Readable)?;
+        epoll.add(&shared.listener, Token::Listener.encode(), Interest::Readable)?;
+        let mut thread = Self {
+            shared,
+            epoll,
+            newcomers: BTreeMap::new(),
+            next_newcomer: 0,
+            watched: HashMap::new(),
+            closed: HashSet::new(),
+        };
+        thread.refresh_watched();
+        Ok(thread)
+    }
 
-impl SocketThread<'_> {
     fn config(&self) -> &ShmConfig {
         &self.shared.ctx.config
     }
 
     /// Until the oldest newcomer runs out of patience; forever without newcomers.
     fn timeout(&self) -> Option<Duration> {
-        let oldest = self.newcomers.iter().map(|n| n.since).min()?;
-        Some((oldest + HELLO_PATIENCE).saturating_duration_since(Instant::now()))
+        let (_, oldest) = self.newcomers.first_key_value()?;
+        Some((oldest.since + HELLO_PATIENCE).saturating_duration_since(Instant::now()))
     }
 
-    fn wait(&mut self) -> Ready {
+    /// The tokens of the descriptors that are ready (none after a timeout).
+    fn wait(&mut self) -> Vec<Token> {
         let timeout = self.timeout();
-        let ctx = &self.shared.ctx;
-        let mut fds = vec![
-            PollFd::new(&self.shared.stop, PollFlags::IN),
-            PollFd::new(&ctx.registry.changed, PollFlags::IN),
-            PollFd::new(&self.shared.listener, PollFlags::IN),
-        ];
-        for newcomer in &self.newcomers {
-            fds.push(PollFd::new(&newcomer.socket, PollFlags::IN));
-        }
-        let mut polled = Vec::new();
-        for (index, watched) in self.watched.iter().enumerate() {
-            if self.closed.contains(&watched.id) {
-                continue;
+        match self.epoll.wait(timeout) {
+            Ok(tokens) => tokens.into_iter().filter_map(Token::decode).collect(),
+            Err(_) => {
+                // Only EINVAL/ENOMEM are possible here; back off instead of spinning.
+                std::thread::sleep(Duration::from_millis(1));
+                Vec::new()
             }
-            // Our own connections only ever need hang-ups (replies are read by the caller that
-            // asked); peers' connections bring questions.
-            let events = match watched.role {
-                SocketRole::Client => PollFlags::empty(),
-                SocketRole::Served { .. } => PollFlags::IN,
-            };
-            fds.push(PollFd::new(&*watched.socket, events));
-            polled.push(index);
         }
-        let mut ready = Ready {
-            stop: false,
-            changed: false,
-            listener: false,
-            newcomers: vec![false; self.newcomers.len()],
-            watched: vec![PollFlags::empty(); self.watched.len()],
-        };
-        if poll_fds(&mut fds, timeout).is_err() {
-            // Only EINVAL/ENOMEM are possible here; back off instead of spinning.
-            std::thread::sleep(Duration::from_millis(1));
-            return ready;
-        }
-        let has = |fd: &PollFd<'_>| !fd.revents().is_empty();
-        ready.stop = has(&fds[0]);
-        ready.changed = has(&fds[1]);
-        ready.listener = has(&fds[2]);
-        let newcomer_fds = &fds[FIXED..FIXED + self.newcomers.len()];
-        for (flag, fd) in ready.newcomers.iter_mut().zip(newcomer_fds) {
-            *flag = has(fd);
-        }
-        for (fd, &index) in fds[FIXED + self.newcomers.len()..].iter().zip(&polled) {
-            ready.watched[index] = fd.revents();
-        }
-        ready
     }
 
     /// One round: wait, then answer, accept and report what happened. Returns false to stop.
     fn round(&mut self) -> bool {
         let ready = self.wait();
-        if ready.stop {
+        if ready.contains(&Token::Stop) {
             return false;
         }
-        let ctx = &self.shared.ctx;
-        for (index, revents) in ready.watched.iter().enumerate() {
-            if revents.is_empty() {
-                continue;
-            }
-            let watched = &self.watched[index];
-            let keep = match watched.role {
-                SocketRole::Served { qpn } => serve(self.shared, &watched.socket, qpn),
-                SocketRole::Client => false,
-            };
-            if !keep {
-                self.closed.insert(watched.id);
-                self.shared.post_event(Event::SocketClosed(watched.id));
+        let (mut changed, mut listener) = (false, false);
+        let mut introduced = Vec::new();
+        for token in ready {
+            match token {
+                Token::Stop => {}
+                Token::Changed => changed = true,
+                Token::Listener => listener = true,
+                Token::Newcomer(seq) => introduced.push(seq),
+                Token::Watched(id) => self.watched_ready(id),
             }
         }
-        if ready.changed {
-            ctx.registry.changed.take();
-            self.watched = ctx.registry.snapshot();
-            let live: HashSet<u64> = self.watched.iter().map(|w| w.id).collect();
-            self.closed.retain(|id| live.contains(id));
+        if changed {
+            self.refresh_watched();
         }
-        let now = Instant::now();
-        let newcomers = std::mem::take(&mut self.newcomers);
-        for (newcomer, is_ready) in
-            newcomers.into_iter().zip(ready.newcomers.into_iter().chain(std::iter::repeat(false)))
-        {
-            if is_ready {
+        for seq in introduced {
+            if let Some(newcomer) = self.newcomers.remove(&seq) {
+                self.epoll.remove(&newcomer.socket);
                 // Introduced (or failed to): either way it leaves the list.
                 introduce(self.shared, newcomer.socket);
-            } else if now.duration_since(newcomer.since) < HELLO_PATIENCE {
-                self.newcomers.push(newcomer);
             }
         }
-        if ready.listener {
+        self.drop_impatient_newcomers(Instant::now());
+        if listener {
             self.accept();
         }
         true
+    }
+
+    /// Serves a ready watched socket, or reports it closed.
+    fn watched_ready(&mut self, id: u64) {
+        let Some(watched) = self.watched.get(&id) else { return };
+        if self.closed.contains(&id) {
+            return;
+        }
+        let keep = match watched.role {
+            SocketRole::Served { qpn } => serve(self.shared, &watched.socket, qpn),
+            SocketRole::Client => false,
+        };
+        if !keep {
+            self.epoll.remove(&*watched.socket);
+            self.closed.insert(id);
+            self.shared.post_event(Event::SocketClosed(id));
+        }
+    }
+
+    /// Brings the watched set in line with the registry: new sockets join `epoll`, sockets
+    /// whose owners let go leave it (before the thread drops its copy, so a registration never
+    /// outlives the descriptor it names).
+    fn refresh_watched(&mut self) {
+        let registry = &self.shared.ctx.registry;
+        registry.changed.take();
+        let mut now: HashMap<u64, Watched> = registry.snapshot().into_iter().map(|w| (w.id, w)).collect();
+        for (id, watched) in &self.watched {
+            if !now.contains_key(id) && !self.closed.contains(id) {
+                self.epoll.remove(&*watched.socket);
+            }
+        }
+        for (id, watched) in &mut now {
+            if self.watched.contains_key(id) {
+                continue;
+            }
+            // Our own connections only ever need hang-ups (replies are read by the caller that
+            // asked); peers' connections bring questions.
+            let interest = match watched.role {
+                SocketRole::Client => Interest::HangUp,
+                SocketRole::Served { .. } => Interest::Readable,
+            };
+            if self.epoll.add(&*watched.socket, Token::Watched(*id).encode(), interest).is_err() {
+                // A connection whose hang-up could go unnoticed is given up now, loudly.
+                self.closed.insert(*id);
+                self.shared.post_event(Event::SocketClosed(*id));
+            }
+        }
+        self.closed.retain(|id| now.contains_key(id));
+        self.watched = now;
+    }
+
+    /// Forgets newcomers that did not introduce themselves in time (the oldest come first).
+    fn drop_impatient_newcomers(&mut self, now: Instant) {
+        while let Some(entry) = self.newcomers.first_entry() {
+            if now.duration_since(entry.get().since) < HELLO_PATIENCE {
+                return;
+            }
+            let newcomer = entry.remove();
+            self.epoll.remove(&newcomer.socket);
+        }
     }
 
     fn accept(&mut self) {
@@ -178,8 +251,14 @@ impl SocketThread<'_> {
                 Ok(Some(socket)) => {
                     let allowed = self.config().allow_other_users
                         || socket.peer_uid().is_ok_and(|uid| uid == self.shared.ctx.uid);
-                    if allowed {
-                        self.newcomers.push(Newcomer { socket, since: Instant::now() });
+                    if !allowed {
+                        continue;
+                    }
+                    let seq = self.next_newcomer;
+                    self.next_newcomer += 1;
+                    // A newcomer that cannot be watched is dropped, as one over the limit is.
+                    if self.epoll.add(&socket, Token::Newcomer(seq).encode(), Interest::Readable).is_ok() {
+                        self.newcomers.insert(seq, Newcomer { socket, since: Instant::now() });
                     }
                 }
                 Ok(None) | Err(_) => return,
@@ -278,4 +357,32 @@ fn accept_hello(
     }
     let served = shared.ctx.registry.register(Arc::new(socket), SocketRole::Served { qpn: to_qpn });
     Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, doorbell, area, slot, served })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn tokens_round_trip_and_kinds_never_collide() {
+        let tokens = [
+            Token::Stop,
+            Token::Changed,
+            Token::Listener,
+            Token::Newcomer(0),
+            Token::Newcomer(2),
+            Token::Watched(0),
+            Token::Watched(2),
+            Token::Watched(Token::ID_MASK),
+        ];
+        for token in tokens {
+            assert_eq!(Token::decode(token.encode()), Some(token));
+        }
+        let mut encoded: Vec<u64> = tokens.iter().map(|t| t.encode()).collect();
+        encoded.sort_unstable();
+        encoded.dedup();
+        assert_eq!(encoded.len(), tokens.len());
+        assert_eq!(Token::decode(3 << Token::KIND_SHIFT), None);
+        assert_eq!(Token::decode(3), None);
+    }
 }

@@ -1,17 +1,20 @@
 //! The operating-system pieces the shm provider needs: anonymous memory files (memfds) with
 //! seals, shared mappings of them, eventfds, Unix `SOCK_SEQPACKET` sockets that carry file
-//! descriptors, and `poll`.
+//! descriptors, `poll`, and epoll (for the socket thread, which watches one socket per
+//! connection).
 //!
 //! Everything here goes through `rustix` (safe wrappers around the system calls) except the
 //! mapping itself: [`Mapping`] is the one place in the crate with `unsafe` code, because it
 //! turns a memfd into memory and reads and writes that memory through raw pointers.
 
+mod epoll;
 mod eventfd;
 mod mapping;
 mod memfd;
 mod poll;
 mod socket;
 
+pub(crate) use epoll::{Epoll, Interest};
 pub(crate) use eventfd::EventFd;
 pub(crate) use mapping::Mapping;
 pub(crate) use memfd::Memfd;
