@@ -20,8 +20,8 @@
 //! never the thread waiting. With a single thread doing both jobs, that thread waited for an
 //! answer only it could give, and the request failed after `rpc_timeout`.
 //!
-//! With nothing to do both threads block in `poll(2)` without a timeout: an idle device costs
-//! no CPU. The driver never blocks on the engine lock (`try_lock`, retried shortly), and the
+//! With nothing to do both threads block without a timeout (the socket thread in
+//! `epoll_wait`, the driver in `poll(2)`): an idle device costs no CPU. The driver never blocks on the engine lock (`try_lock`, retried shortly), and the
 //! socket thread never touches it, so two devices whose applications hold their locks while
 //! asking each other something cannot deadlock either. Both stop when the device's stop fd is
 //! signalled, and the device joins both when it goes.
