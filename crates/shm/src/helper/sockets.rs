@@ -18,7 +18,7 @@ use rustix::event::{PollFd, PollFlags};
 use crate::config::ShmConfig;
 use crate::device::DeviceShared;
 use crate::engine::{Event, PeerAttach};
-use crate::registry::{SocketRole, Watched};
+use crate::registry::{Changes, SocketRole, Watched};
 use crate::segment::{PeerSegment, RING_OFFSET};
 use crate::sys::{poll_fds, Epoll, EventFd, Interest, Memfd, SeqPacket};
 use crate::wire::{Message, MAX_MESSAGE};
@@ -87,10 +87,13 @@ struct SocketThread<'a> {
     /// Newcomers by sequence number: accepted in order, so the first is the oldest.
     newcomers: BTreeMap<u64, Newcomer>,
     next_newcomer: u64,
-    /// The registry's sockets as of the last change, by id.
+    /// Every socket the registry has handed over and not yet taken back, by id. The thread's
+    /// copy keeps the descriptor open (and so its `epoll` registration valid) until then.
     watched: HashMap<u64, Watched>,
     /// Sockets already reported closed (no longer in `epoll`: a hang-up stays readable).
     closed: HashSet<u64>,
+    /// The registry's changes being applied; empty between rounds, kept for its buffers.
+    changes: Changes,
 }
 
 /// The thread body; returns when the device's stop fd is signalled.
@@ -123,8 +126,9 @@ impl<'a> SocketThread<'a> {
             next_newcomer: 0,
             watched: HashMap::new(),
             closed: HashSet::new(),
+            changes: Changes::default(),
         };
-        thread.refresh_watched();
+        thread.apply_registry_changes();
         Ok(thread)
     }
 
@@ -169,7 +173,7 @@ impl<'a> SocketThread<'a> {
             }
         }
         if changed {
-            self.refresh_watched();
+            self.apply_registry_changes();
         }
         for seq in introduced {
             if let Some(newcomer) = self.newcomers.remove(&seq) {
@@ -202,36 +206,36 @@ impl<'a> SocketThread<'a> {
         }
     }
 
-    /// Brings the watched set in line with the registry: new sockets join `epoll`, sockets
-    /// whose owners let go leave it (before the thread drops its copy, so a registration never
-    /// outlives the descriptor it names).
-    fn refresh_watched(&mut self) {
+    /// Takes the registry's changes since the last look: sockets whose owners let go leave
+    /// `epoll` (before the thread drops its copy, so a registration never outlives the
+    /// descriptor it names), new sockets join it. Costs what changed, not what is watched.
+    fn apply_registry_changes(&mut self) {
         let registry = &self.shared.ctx.registry;
+        // Reset the bell before taking, so a change made after the take rings it again.
         registry.changed.take();
-        let mut now: HashMap<u64, Watched> = registry.snapshot().into_iter().map(|w| (w.id, w)).collect();
-        for (id, watched) in &self.watched {
-            if !now.contains_key(id) && !self.closed.contains(id) {
+        registry.take_changes(&mut self.changes);
+        for id in self.changes.removed.drain(..) {
+            let Some(watched) = self.watched.remove(&id) else { continue };
+            // A socket already reported closed left `epoll` then.
+            if !self.closed.remove(&id) {
                 self.epoll.remove(&*watched.socket);
             }
         }
-        for (id, watched) in &mut now {
-            if self.watched.contains_key(id) {
-                continue;
-            }
+        for watched in self.changes.added.drain(..) {
+            let id = watched.id;
             // Our own connections only ever need hang-ups (replies are read by the caller that
             // asked); peers' connections bring questions.
             let interest = match watched.role {
                 SocketRole::Client => Interest::HangUp,
                 SocketRole::Served { .. } => Interest::Readable,
             };
-            if self.epoll.add(&*watched.socket, Token::Watched(*id).encode(), interest).is_err() {
+            if self.epoll.add(&*watched.socket, Token::Watched(id).encode(), interest).is_err() {
                 // A connection whose hang-up could go unnoticed is given up now, loudly.
-                self.closed.insert(*id);
-                self.shared.post_event(Event::SocketClosed(*id));
+                self.closed.insert(id);
+                self.shared.post_event(Event::SocketClosed(id));
             }
+            self.watched.insert(id, watched);
         }
-        self.closed.retain(|id| now.contains_key(id));
-        self.watched = now;
     }
 
     /// Forgets newcomers that did not introduce themselves in time (the oldest come first).
