@@ -281,6 +281,29 @@ impl<D: Device> RdmaConn<D> {
         self.tcp_eof && self.peer_bye.is_none()
     }
 
+    /// For a read that found nothing to take: `Ok(false)` at end of stream; an error if the
+    /// connection broke or the peer vanished; otherwise one blocking step, then `Ok(true)`
+    /// (look again).
+    fn wait_readable(&mut self, deadline: Deadline) -> io::Result<bool> {
+        if self.at_eof() {
+            return Ok(false);
+        }
+        self.check_usable()?;
+        if self.peer_vanished() {
+            return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
+        }
+        self.wait(deadline)?;
+        Ok(true)
+    }
+
+    /// End of stream for a message reader: an error if it came inside a message.
+    fn end_of_messages(&self) -> io::Result<()> {
+        if self.message.is_empty() {
+            return Ok(());
+        }
+        Err(io::Error::new(io::ErrorKind::UnexpectedEof, "lightpath: stream ended inside a message"))
+    }
+
     /// Whether the peer will send nothing more and everything it sent has been read.
     fn at_eof(&self) -> bool {
         if self.read_shut || self.core.at_eof() {

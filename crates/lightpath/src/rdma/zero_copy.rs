@@ -83,14 +83,9 @@ impl<D: Device> RdmaConn<D> {
                 self.post_ops();
                 return Ok(done);
             }
-            if self.at_eof() {
+            if !self.wait_readable(deadline)? {
                 return Ok(0);
             }
-            self.check_usable()?;
-            if self.peer_vanished() {
-                return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
-            }
-            self.wait(deadline)?;
             just_pumped = true;
         }
     }
@@ -170,20 +165,9 @@ impl<D: Device> RdmaConn<D> {
                     return Ok(received);
                 }
             }
-            if self.at_eof() {
-                if !self.message.is_empty() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "lightpath: stream ended inside a message",
-                    ));
-                }
-                return Ok(None);
+            if !self.wait_readable(deadline)? {
+                return self.end_of_messages().map(|()| None);
             }
-            self.check_usable()?;
-            if self.peer_vanished() {
-                return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
-            }
-            self.wait(deadline)?;
             just_pumped = true;
         }
     }
