@@ -38,6 +38,13 @@ pub struct Options {
     pub spin: Duration,
     /// Progress mode of the soft device the first connection opens.
     pub soft_progress: ProgressMode,
+    /// With the soft device's progress thread (the default), how long a thread blocked on
+    /// the device busy-polls its socket before it sleeps, while that pays (see
+    /// `lightpath_soft::SoftConfig::wait_spin`: spinning stops by itself on idle connections
+    /// or when the peer cannot get a core). Default 30 µs; the environment variable
+    /// `LIGHTPATH_SOFT_SPIN_US` sets it (0 turns spinning off). Taken by the device the first
+    /// connection opens.
+    pub soft_wait_spin: Duration,
     /// UDP port the soft device takes if it is free (default 4791, where hardware and rxe
     /// peers send); otherwise it takes a port the kernel picks, which Lightpath peers learn
     /// in the negotiation.
@@ -117,6 +124,10 @@ impl Default for Options {
             linger: Duration::from_secs(10),
             spin: Duration::ZERO,
             soft_progress: ProgressMode::Thread,
+            soft_wait_spin: std::env::var("LIGHTPATH_SOFT_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::from_micros(30), Duration::from_micros),
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
             rendezvous_min: None,

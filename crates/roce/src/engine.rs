@@ -280,7 +280,8 @@ impl Engine {
                 0 => default_dst_port,
                 port => port,
             };
-            let (dst, local_ip) = (qp.params.peer_ip, qp.params.local_ip);
+            let (dst, local_ip, segmentable) =
+                (qp.params.peer_ip, qp.params.local_ip, qp.params.peer_solves_ip_id);
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port };
@@ -289,7 +290,7 @@ impl Engine {
                 continue;
             }
             self.stats.tx_datagrams += 1;
-            return Some(Transmit { dst, dst_port, src_port, len });
+            return Some(Transmit { dst, dst_port, src_port, len, segmentable });
         }
         None
     }

@@ -25,6 +25,10 @@ pub struct Transmit {
     pub src_port: u16,
     /// Bytes written at the start of the buffer (BTH … ICRC).
     pub len: usize,
+    /// The peer solves for the IPv4 identification when it checks the ICRC (the queue pair's
+    /// address vector says so: `peer_solves_ip_id`), so the driver may let the kernel segment
+    /// this datagram out of a larger send.
+    pub segmentable: bool,
 }
 
 /// Notifications for the driver, so it can wake whoever waits.

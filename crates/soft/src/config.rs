@@ -69,12 +69,20 @@ pub struct SoftConfig {
     /// Socket send buffer to ask for (bytes).
     pub send_buffer: usize,
     /// Use the kernel's UDP offloads (default true): receive offload (`UDP_GRO`: coalesced
-    /// datagrams arrive in one piece) and, towards loopback and IPv6 peers, segmentation
-    /// offload (`UDP_SEGMENT`: one system call and one trip through the network stack for up
-    /// to 64 KB of datagrams). IPv4 peers on other hosts never get segmented messages: the
-    /// kernel numbers the IP identification of the segments it cuts, which the ICRC covers, so
-    /// Linux rxe would drop them. Either offload is skipped where the kernel lacks it.
+    /// datagrams arrive in one piece) and, towards loopback and IPv6 peers and peers whose
+    /// address vector says `peer_solves_ip_id` (Lightpath soft devices), segmentation offload
+    /// (`UDP_SEGMENT`: one system call and one trip through the network stack for up to 64 KB
+    /// of datagrams). Other IPv4 peers never get segmented messages: the kernel numbers the IP
+    /// identification of the segments it cuts, which the ICRC covers, so Linux rxe and RNICs
+    /// would drop them. Either offload is skipped where the kernel lacks it.
     pub udp_offload: bool,
+    /// [`ProgressMode::Thread`]: the longest a thread blocked in `wait` busy-polls the socket
+    /// (receiving and running the engine itself) before it sleeps (default 30 µs). The spin
+    /// adapts: it lasts about twice as long as the device's recent waits did, and not at all
+    /// once they take longer than this, so a ping-pong never sleeps (waking a sleeping thread
+    /// costs 5-40 µs on a virtual machine) while an idle connection costs no CPU. Zero turns
+    /// spinning off.
+    pub wait_spin: Duration,
     /// Most queue pairs.
     pub max_qps: u32,
     /// Most memory regions.
@@ -103,6 +111,7 @@ impl SoftConfig {
             recv_buffer: 8 << 20,
             send_buffer: 4 << 20,
             udp_offload: true,
+            wait_spin: Duration::from_micros(30),
             max_qps: 4096,
             max_mrs: 65536,
             max_cqs: 4096,

@@ -51,29 +51,67 @@ impl SoftCq {
         let device = &self.inner.device;
         let _waiter = self.inner.signal.register_waiter();
         let watch = device.try_watch_socket();
+        let started = Instant::now();
+        // A watcher's first look takes what is queued without a receive call, which would
+        // usually find nothing: the spin or the socket wait below finds what arrives.
+        let mut look_only = watch.is_some();
+        let spin = if watch.is_some() { device.spin_budget() } else { Duration::ZERO };
+        let spin_until = started + spin;
+        let mut spun = false;
         loop {
-            let (count, next_timer) = device.wait_round(self.inner.handle, out);
+            let (count, next_timer) = if look_only {
+                self.take_ready(out)
+            } else {
+                device.wait_round(self.inner.handle, out, watch.is_some())
+            };
             if count > 0 {
+                if spun {
+                    device.record_spin(true);
+                }
                 return Ok(count);
             }
+            let first_look = std::mem::replace(&mut look_only, false);
+            let now = Instant::now();
             let remaining = match deadline {
-                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(deadline) => match deadline.checked_duration_since(now) {
                     Some(left) if !left.is_zero() => Some(left),
+                    // Time is up, but the device has not been driven yet: one round first.
+                    _ if first_look => Some(Duration::ZERO),
                     _ => return Ok(0),
                 },
                 None => None,
             };
+            if now < spin_until && remaining != Some(Duration::ZERO) {
+                // Busy-poll: the next round receives and runs the engine itself.
+                spun = true;
+                std::hint::spin_loop();
+                continue;
+            }
+            if std::mem::take(&mut spun) {
+                device.record_spin(false);
+            }
             let timeout = match (remaining, next_timer) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if watch.is_some() {
-                device.block_on_socket(&self.inner.signal.wake, timeout)?;
+            let signalled = if watch.is_some() {
+                device.block_on_socket(&self.inner.signal.wake, timeout)?
             } else {
-                device.block_on_signal(&self.inner.signal.wake, timeout)?;
+                device.block_on_signal(&self.inner.signal.wake, timeout)?
+            };
+            if signalled {
+                self.inner.signal.wake.take();
             }
-            self.inner.signal.wake.take();
         }
+    }
+
+    /// Completions already in the queue, without driving the device, and the time to the
+    /// engine's next timer.
+    fn take_ready(&self, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
+        let device = &self.inner.device;
+        let mut core = device.lock();
+        let count = core.engine.poll_cq(self.inner.handle, out);
+        (count, device.until_next_timer(&core))
     }
 
     fn wait_polling_mode(

@@ -95,6 +95,7 @@ fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice>
     config.mtu = mtu;
     config.mode = options.soft_progress;
     config.lock_memory = false;
+    config.wait_spin = options.soft_wait_spin;
     config.max_cqe = config.max_cqe.max(SHARED_CQ_ENTRIES);
     SoftDevice::open(config).map_err(crate::error::from_verbs)
 }

@@ -36,6 +36,7 @@ impl Qp {
             p.peer_ip = av.dgid.to_ip();
             p.flow_label = av.flow_label;
             p.dst_port = av.udp_dport;
+            p.peer_solves_ip_id = av.peer_solves_ip_id;
         }
         if let Some(mtu) = attr.path_mtu {
             p.pmtu = mtu.bytes();

@@ -30,11 +30,28 @@ use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
 
 use crate::config::{ProgressMode, SoftConfig};
-use crate::sys::{self, EventFd, RECV_BATCH};
+use crate::sys::{self, EventFd, OneShotTimer, RECV_BATCH};
 
 /// At most this many receive batches per drive, so one call cannot be held up indefinitely by
 /// a peer that keeps sending.
 const MAX_RX_BATCHES_PER_DRIVE: usize = 8;
+
+/// How long the socket may go unwatched after the last application thread stopped watching it,
+/// before the progress thread takes it over (see [`SocketWatch`]).
+///
+/// A thread that leaves a wait usually comes back within microseconds (it takes the message,
+/// answers, and reads again), so handing the socket to the progress thread at once cost a
+/// wake-up of that thread per message (measured: 21,823 wake-ups of the server's progress
+/// thread over a 20,000-message ping-pong). Arrivals meanwhile wait in the socket; nothing the
+/// application waits for is delayed, since a thread that blocks watches the socket itself.
+const SOCKET_HANDOVER_DELAY: Duration = Duration::from_micros(200);
+
+/// Spins in a row without a completion after which socket watchers stop spinning.
+const SPIN_GIVE_UP_AFTER: u32 = 4;
+
+/// Once spinning was given up, one wait in this many spins anyway, to see whether it pays
+/// again.
+const SPIN_RETRY_EVERY: u32 = 32;
 
 /// Sentinel for "the progress thread is awake" in [`Shared::thread_deadline`].
 const AWAKE: u64 = 0;
@@ -122,6 +139,9 @@ pub(crate) struct Shared {
     socket: RoceSocket,
     /// Wakes the progress/helper thread (new earlier timer, or shutdown).
     waker: EventFd,
+    /// Expires [`SOCKET_HANDOVER_DELAY`] after the last socket watcher left: then the
+    /// progress thread watches the socket again, if nobody else does.
+    handover: OneShotTimer,
     epoch: Instant,
     pub(crate) config: SoftConfig,
     pub(crate) gid: Gid,
@@ -135,6 +155,11 @@ pub(crate) struct Shared {
     /// Application threads blocked in a progress-thread-mode `wait` that watch the socket
     /// themselves; while there are any, the progress thread leaves the socket to them.
     socket_watchers: AtomicU32,
+    /// Socket watchers' spins in a row that ended without a completion (see
+    /// [`Shared::spin_budget`]).
+    spin_misses: AtomicU32,
+    /// Waits that did not spin since spinning was given up (every so often one tries again).
+    spins_skipped: AtomicU32,
 }
 
 impl Shared {
@@ -166,6 +191,7 @@ impl Shared {
             core: Mutex::new(core),
             socket,
             waker: EventFd::new(false)?,
+            handover: OneShotTimer::new()?,
             epoch: Instant::now(),
             name: config.device_name(),
             gid,
@@ -174,6 +200,8 @@ impl Shared {
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
             socket_watchers: AtomicU32::new(0),
+            spin_misses: AtomicU32::new(0),
+            spins_skipped: AtomicU32::new(0),
         })
     }
 
@@ -258,16 +286,37 @@ impl Shared {
         (count, next_timer)
     }
 
-    /// One round of a progress-thread-mode `wait` on `cq`: take its completions, or drive the
-    /// device (receive, timers, transmit) and take them. Returns the completions taken and the
-    /// time to the engine's next timer.
-    pub(crate) fn wait_round(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
+    /// One round of a progress-thread-mode `wait` on `cq` by a registered waiter of `cq`: take
+    /// its completions, or drive the device (receive, timers) and take them. Returns the
+    /// completions taken and the time to the engine's next timer.
+    ///
+    /// `watching`: the caller watches the socket (see [`Shared::try_watch_socket`]). Its
+    /// rounds behave as polling-mode rounds do: when the arrivals complete work on `cq`, the
+    /// engine's answers (ACKs) are held back and leave with the application's next post,
+    /// usually its reply, in one `sendmmsg`, or with the next drive; a watcher that leaves
+    /// arms the hand-over timer, so the progress thread sends them within
+    /// `SOCKET_HANDOVER_DELAY` if nobody else does. Completions for the caller's own queue
+    /// do not signal its wake-up fd when it is the queue's only waiter (it takes them right
+    /// after).
+    pub(crate) fn wait_round(
+        &self,
+        cq: CqHandle,
+        out: &mut [WorkCompletion],
+        watching: bool,
+    ) -> (usize, Option<Duration>) {
         let mut core = self.lock();
         let mut count = core.engine.poll_cq(cq, out);
         if count == 0 {
-            self.drive(&mut core);
-            self.check_thread_deadline(&core);
+            let now = self.now();
+            let stop_for = watching.then_some(cq);
+            let received = self.receive_and_run_for(&mut core, now, RECV_BATCH, stop_for, Some(cq));
             count = core.engine.poll_cq(cq, out);
+            if count == 0 || !watching {
+                self.transmit(&mut core, now);
+            }
+            if received > 0 || count > 0 {
+                self.check_thread_deadline(&core);
+            }
         }
         (count, self.until_next_timer(&core))
     }
@@ -291,6 +340,41 @@ impl Shared {
             .map(|_| SocketWatch(self))
     }
 
+    /// Called by the progress thread after the hand-over timer expired: whether the socket
+    /// is still unwatched (then it has been for [`SOCKET_HANDOVER_DELAY`]: every leaving
+    /// watcher re-arms the timer).
+    pub(crate) fn handover_due(&self) -> bool {
+        self.handover.take();
+        !self.socket_watched()
+    }
+
+    /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] while
+    /// spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a row ended without a
+    /// completion (an idle connection, or a peer that cannot get a core), except one wait in
+    /// [`SPIN_RETRY_EVERY`], which tries again.
+    pub(crate) fn spin_budget(&self) -> Duration {
+        let limit = self.config.wait_spin;
+        if limit.is_zero() || self.spin_misses.load(Ordering::Relaxed) < SPIN_GIVE_UP_AFTER {
+            return limit;
+        }
+        let skipped = self.spins_skipped.fetch_add(1, Ordering::Relaxed);
+        if skipped % SPIN_RETRY_EVERY == SPIN_RETRY_EVERY - 1 {
+            limit
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Records whether a watcher's spin ended with a completion.
+    pub(crate) fn record_spin(&self, hit: bool) {
+        if hit {
+            self.spin_misses.store(0, Ordering::Relaxed);
+        } else {
+            let misses = self.spin_misses.load(Ordering::Relaxed);
+            self.spin_misses.store(misses.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
     /// Whether some application thread watches the socket (see [`Shared::try_watch_socket`]).
     pub(crate) fn socket_watched(&self) -> bool {
         self.socket_watchers.load(Ordering::SeqCst) > 0
@@ -302,6 +386,19 @@ impl Shared {
     /// `stop_for`, stops receiving as soon as that completion queue has entries. Returns how
     /// many messages were received.
     fn receive_and_run(&self, core: &mut Core, now: Time, first: usize, stop_for: Option<CqHandle>) -> usize {
+        self.receive_and_run_for(core, now, first, stop_for, None)
+    }
+
+    /// [`Shared::receive_and_run`] by a registered waiter of `waiter_of`, whose own wake-up
+    /// is skipped when it is that queue's only waiter.
+    fn receive_and_run_for(
+        &self,
+        core: &mut Core,
+        now: Time,
+        first: usize,
+        stop_for: Option<CqHandle>,
+        waiter_of: Option<CqHandle>,
+    ) -> usize {
         let mut received = 0;
         let mut limit = first;
         for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
@@ -319,17 +416,22 @@ impl Shared {
         if core.engine.poll_timeout().is_some_and(|due| due <= now) {
             core.engine.handle_timeout(now);
         }
-        self.deliver_events(core);
+        self.deliver_events_for(core, waiter_of);
         received
     }
 
     /// Wakes whoever waits for the completion queues that gained entries.
     fn deliver_events(&self, core: &mut Core) {
+        self.deliver_events_for(core, None);
+    }
+
+    /// [`Shared::deliver_events`] on behalf of a registered waiter of `waiter_of`.
+    fn deliver_events_for(&self, core: &mut Core, waiter_of: Option<CqHandle>) {
         let Core { engine, signals, .. } = core;
         while let Some(event) = engine.poll_event() {
             if let EngineEvent::Completion(cq) = event {
                 if let Some(signal) = signals.get(&cq) {
-                    signal.completion_added();
+                    signal.completion_added(waiter_of == Some(cq));
                 }
             }
         }
@@ -351,14 +453,16 @@ impl Shared {
         core.engine.poll_timeout().map(|due| due.saturating_duration_since(self.now()))
     }
 
-    /// Blocks until the socket or `extra` is readable, or `timeout` passes.
-    pub(crate) fn block_on_socket(&self, extra: &EventFd, timeout: Option<Duration>) -> io::Result<()> {
-        sys::wait_readable(&[self.socket.as_fd(), extra.as_fd()], timeout).map(drop)
+    /// Blocks until the socket or `extra` is readable, or `timeout` passes. Returns whether
+    /// `extra` is readable.
+    pub(crate) fn block_on_socket(&self, extra: &EventFd, timeout: Option<Duration>) -> io::Result<bool> {
+        sys::wait_readable(&[self.socket.as_fd(), extra.as_fd()], timeout).map(|ready| ready & 0b10 != 0)
     }
 
     /// Blocks until `wake` is signalled (a completion for this waiter) or `timeout` passes.
-    pub(crate) fn block_on_signal(&self, wake: &EventFd, timeout: Option<Duration>) -> io::Result<()> {
-        sys::wait_readable(&[wake.as_fd()], timeout).map(drop)
+    /// Returns whether it was.
+    pub(crate) fn block_on_signal(&self, wake: &EventFd, timeout: Option<Duration>) -> io::Result<bool> {
+        sys::wait_readable(&[wake.as_fd()], timeout).map(|ready| ready != 0)
     }
 
     /// A snapshot of the counters.
@@ -373,9 +477,13 @@ pub(crate) struct SocketWatch<'a>(&'a Shared);
 
 impl Drop for SocketWatch<'_> {
     fn drop(&mut self) {
-        // The last watcher leaves: the progress thread must watch the socket again.
+        // The last watcher leaves: the progress thread watches the socket again unless a
+        // thread comes back to wait within the hand-over delay (re-arming postpones it).
+        // (One timer system call per wait; arming only when unarmed and re-arming from the
+        // progress thread woke that thread every few hundred µs instead: a wake-up costs
+        // far more.)
         if self.0.socket_watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.waker.signal(1);
+            self.0.handover.arm(SOCKET_HANDOVER_DELAY);
         }
     }
 }

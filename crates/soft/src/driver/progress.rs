@@ -23,10 +23,14 @@ pub(super) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
 /// Drives the device whenever the socket has datagrams, a timer is due, or a posting thread
 /// moved the next timer earlier.
 fn run_progress(shared: &Shared) {
+    let mut ready = u8::MAX;
     while !shared.stop.load(Ordering::SeqCst) {
+        // Woken only by the hand-over timer while a watcher came back (or the delay has not
+        // passed since the last one left): nothing to drive.
+        let idle = ready == HANDOVER_ONLY && !shared.handover_due();
         let (received, timeout) = {
             let mut core = shared.lock();
-            let received = shared.drive(&mut core);
+            let received = if idle { 0 } else { shared.drive(&mut core) };
             let timeout = shared.until_next_timer(&core);
             let deadline = core.engine.poll_timeout().map_or(u64::MAX, |t| t.as_nanos().max(AWAKE + 1));
             // Published under the lock: a posting thread that takes the lock after us compares
@@ -34,20 +38,45 @@ fn run_progress(shared: &Shared) {
             shared.thread_deadline.store(deadline, Ordering::SeqCst);
             (received, timeout)
         };
-        if received < RECV_BATCH {
-            // Application threads blocked in `wait` may watch the socket themselves; then this
-            // thread only keeps the timers (and is woken when the last of them leaves).
-            let watch_both = [shared.socket.as_fd(), shared.waker.as_fd()];
-            let fds = if shared.socket_watched() { &watch_both[1..] } else { &watch_both[..] };
-            // A failed poll would spin this loop; back off briefly instead of giving up.
-            if sys::wait_readable(fds, timeout).is_err() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            shared.waker.take();
-        }
+        ready = if received < RECV_BATCH { wait_for(shared, timeout) } else { u8::MAX };
         shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
     }
 }
+
+/// What [`wait_for`] returns when only the hand-over timer woke the thread.
+const HANDOVER_ONLY: u8 = 0b100;
+
+/// Sleeps until there is work or `timeout` passes. Application threads blocked in `wait` may
+/// watch the socket themselves; while one does, this thread only keeps the timers and sleeps
+/// until the hand-over timer says the socket went unwatched (see `SOCKET_HANDOVER_DELAY`).
+/// Returns a mask of what woke it: 1 the socket, 2 the waker, 4 the hand-over timer.
+fn wait_for(shared: &Shared, timeout: Option<Duration>) -> u8 {
+    let watched = shared.socket_watched();
+    let all = [shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
+    let result = if watched { sys::wait_readable(&all[1..], timeout).map(|m| m << 1) } else {
+        sys::wait_readable(&all, timeout)
+    };
+    match result {
+        Ok(mask) => {
+            if mask & 0b010 != 0 {
+                shared.waker.take();
+            }
+            if mask == HANDOVER_ONLY {
+                return mask;
+            }
+            if mask & HANDOVER_ONLY != 0 {
+                shared.handover_due();
+            }
+            mask
+        }
+        Err(_) => {
+            // A failed poll would spin this loop; back off briefly instead of giving up.
+            std::thread::sleep(Duration::from_millis(1));
+            u8::MAX
+        }
+    }
+}
+
 
 /// Steps in when the application has not driven the device for `assist_after`, so ACKs,
 /// responses and retransmissions keep flowing while the application is busy elsewhere.

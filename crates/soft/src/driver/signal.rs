@@ -26,16 +26,19 @@ impl CqSignal {
         })
     }
 
-    /// Called (with the engine locked) whenever the queue gained entries.
-    pub(crate) fn completion_added(&self) {
+    /// Called (with the engine locked) whenever the queue gained entries; `by_waiter`: by one
+    /// of the queue's registered waiters, which polls the queue next (so it needs no wake-up
+    /// of its own when it is the only one).
+    pub(crate) fn completion_added(&self, by_waiter: bool) {
         if self.armed.swap(false, Ordering::AcqRel) {
             self.notify.signal(1);
         }
         // The waiter count is raised before a waiter checks the queue (both under the engine
         // lock for the check), so a waiter either sees the entries or is counted here.
         let waiters = self.waiters.load(Ordering::SeqCst);
-        if waiters > 0 {
-            self.wake.signal(u64::from(waiters));
+        let others = if by_waiter { waiters.saturating_sub(1) } else { waiters };
+        if others > 0 {
+            self.wake.signal(u64::from(others));
         }
     }
 

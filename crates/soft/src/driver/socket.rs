@@ -143,6 +143,8 @@ struct Outgoing {
     len: usize,
     /// An ACK, NAK or READ/atomic response (the responder's stream), as opposed to a request.
     response: bool,
+    /// The peer tolerates renumbered IPv4 identifications ([`lightpath_roce::Transmit::segmentable`]).
+    segmentable: bool,
 }
 
 /// Buffers for one `sendmmsg` batch.
@@ -188,7 +190,8 @@ impl TxBuffers {
                 };
                 let response =
                     buf.first().and_then(|&op| Opcode(op).info()).is_some_and(|info| info.is_response());
-                self.outgoing.push(Outgoing { dst, len: transmit.len, response });
+                let segmentable = transmit.segmentable;
+                self.outgoing.push(Outgoing { dst, len: transmit.len, response, segmentable });
             }
             let filled = self.outgoing.len();
             if filled > 0 {
@@ -222,7 +225,7 @@ impl TxBuffers {
                     continue;
                 }
             }
-            let segment_size = u16::try_from(datagram.len).ok().filter(|_| segmentation_safe(datagram.dst));
+            let segment_size = u16::try_from(datagram.len).ok().filter(|_| segmentation_safe(datagram));
             self.messages.push(OutMessage { dst: datagram.dst, first: position, count: 1, segment_size });
         }
     }
@@ -276,22 +279,26 @@ fn joins(last: &OutMessage, datagram: Outgoing, outgoing: &[Outgoing], order: &[
     let Some(size) = last.segment_size.map(usize::from) else { return false };
     let tail = order.get(last.first + last.count - 1).and_then(|&i| outgoing.get(i));
     last.dst == datagram.dst
-        && tail.is_some_and(|tail| tail.len == size && tail.response == datagram.response)
+        && tail.is_some_and(|tail| {
+            tail.len == size && tail.response == datagram.response && tail.segmentable == datagram.segmentable
+        })
         && datagram.len <= size
         && last.count < MAX_SEGMENTS
         && size * last.count + datagram.len <= MAX_SEGMENTED_BYTES
 }
 
-/// Whether the kernel may split a segmented message for this peer without breaking the ICRC.
+/// Whether the kernel may split a segmented message for this datagram's peer without breaking
+/// the ICRC.
 ///
 /// The kernel numbers the IPv4 identification of the segments it cuts from one message (0, 1,
 /// 2, …), and the ICRC covers that field: a peer that checks the ICRC against the real header
-/// (Linux rxe, RNICs) would drop every segment but the first. Loopback never reaches such a
-/// peer with a cut message — the kernel hands the message whole to a receiver with
-/// `UDP_GRO`, and Lightpath receivers without it solve for the ID anyway — and IPv6 has no
-/// identification field.
-fn segmentation_safe(dst: SocketAddr) -> bool {
-    dst.ip().is_loopback() || dst.is_ipv6()
+/// (Linux rxe, RNICs) would drop every segment but the first. A Lightpath soft device solves
+/// for the ID (its queue pair's address vector says `peer_solves_ip_id`, which the stream
+/// negotiation sets for soft peers); loopback never reaches such a peer with a cut message —
+/// the kernel hands the message whole to a receiver with `UDP_GRO`, and Lightpath receivers
+/// without it solve for the ID anyway — and IPv6 has no identification field.
+fn segmentation_safe(datagram: Outgoing) -> bool {
+    datagram.segmentable || datagram.dst.ip().is_loopback() || datagram.dst.is_ipv6()
 }
 
 /// Where a datagram for peer `ip` goes: the peer's IP at the port the engine sealed it for
@@ -315,7 +322,7 @@ mod tests {
     fn planned(offload: bool, batch: &[(&str, usize, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
         let mut tx = TxBuffers::new(offload);
         for &(dst, len, response) in batch {
-            tx.outgoing.push(Outgoing { dst: dst.parse().expect("addr"), len, response });
+            tx.outgoing.push(Outgoing { dst: dst.parse().expect("addr"), len, response, segmentable: false });
         }
         tx.plan();
         (tx.order, tx.messages)
@@ -380,6 +387,24 @@ mod tests {
         assert_eq!(messages.iter().map(|m| (m.count, m.segment_size)).collect::<Vec<_>>(), [(1, None); 4]);
         let (_, v6) = planned(true, &[("[2001:db8::2]:4791", 1024, false); 4]);
         assert_eq!(v6.len(), 1, "IPv6 has no identification field to renumber");
+    }
+
+    #[test]
+    fn remote_ipv4_peers_that_solve_for_the_id_get_segmented_messages() {
+        let mut tx = TxBuffers::new(true);
+        let dst: SocketAddr = "10.0.0.2:4791".parse().expect("addr");
+        for segmentable in [true, true, true, false, false] {
+            tx.outgoing.push(Outgoing { dst, len: 1052, response: false, segmentable });
+        }
+        tx.plan();
+        let shape: Vec<(usize, Option<u16>)> = tx.messages.iter().map(|m| (m.count, m.segment_size)).collect();
+        assert_eq!(shape, [(3, Some(1052)), (1, None), (1, None)], "only the flagged run is segmented");
+        let mut off = TxBuffers::new(false);
+        for _ in 0..3 {
+            off.outgoing.push(Outgoing { dst, len: 1052, response: false, segmentable: true });
+        }
+        off.plan();
+        assert!(off.messages.iter().all(|m| m.count == 1), "offload off: never segmented");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The operating-system calls the soft provider needs that `std` does not offer: socket options
 //! (path-MTU discovery, buffer sizes, UDP offloads), batched datagram I/O
-//! (`sendmmsg`/`recvmmsg` with segmentation offload), eventfds,
+//! (`sendmmsg`/`recvmmsg` with segmentation offload), eventfds, one-shot timers,
 //! `ppoll`, `mlock` and `getifaddrs`. Every `unsafe` block of the crate outside the page allocator lives here,
 //! behind safe functions, each with a `// SAFETY:` note.
 
@@ -11,6 +11,7 @@ mod mmsg;
 mod poll;
 mod sockaddr;
 mod sockopt;
+mod timer;
 
 pub(crate) use eventfd::EventFd;
 pub(crate) use ifaddrs::interface_addrs;
@@ -20,6 +21,7 @@ pub(crate) use mmsg::{
 };
 pub(crate) use poll::wait_readable;
 pub(crate) use sockopt::{set_buffer_sizes, set_pmtu_discovery_do, set_udp_gro};
+pub(crate) use timer::OneShotTimer;
 
 use std::io;
 
