@@ -54,7 +54,12 @@ pub struct SoftConfig {
     pub local: SocketAddr,
     /// Name reported by `Device::name` (default: `soft-<ip>` or `soft-<ip>-<port>`).
     pub name: Option<String>,
-    /// The port's active MTU (default 1024, right for a 1500-byte link).
+    /// The port's active MTU (default 1024, right for a 1500-byte link). Like Linux rxe, the
+    /// device never goes above what the link holding its address carries (1024 on a 1500-byte
+    /// link, 4096 on a 9000-byte one or loopback): a larger value is lowered when the device
+    /// opens (`SoftDevice::config` shows the result), and `modify_qp` refuses a path MTU
+    /// above it with [`Error::PathMtuTooLarge`](lightpath_verbs::Error::PathMtuTooLarge),
+    /// naming the link's MTU.
     pub mtu: Mtu,
     /// Who drives the engine.
     pub mode: ProgressMode,

@@ -105,12 +105,16 @@ impl SoftCq {
         }
     }
 
-    /// Completions already in the queue, without driving the device, and the time to the
-    /// engine's next timer.
+    /// Completions already in the queue, without receiving, and the time to the engine's next
+    /// timer. When there are none, what the engine still has to send (answers an earlier
+    /// round held back) goes out first: the caller is about to block.
     fn take_ready(&self, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
         let device = &self.inner.device;
         let mut core = device.lock();
         let count = core.engine.poll_cq(self.inner.handle, out);
+        if count == 0 {
+            device.flush(&mut core);
+        }
         (count, device.until_next_timer(&core))
     }
 

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use lightpath_verbs::{Device, DeviceAttr, Error, Gid, Mtu, PortAttr, PortState, Result};
+use lightpath_verbs::{Device, DeviceAttr, Error, Gid, PortAttr, PortState, Result};
 
 use crate::config::SoftConfig;
 use crate::cq::SoftCq;
@@ -94,7 +94,7 @@ impl Device for SoftDevice {
         check_port(port_num)?;
         Ok(PortAttr {
             state: PortState::Active,
-            max_mtu: Mtu::Mtu4096,
+            max_mtu: self.inner.max_mtu,
             active_mtu: self.inner.config.mtu,
             gid_tbl_len: 1,
         })

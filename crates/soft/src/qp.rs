@@ -74,6 +74,9 @@ impl QueuePair for SoftQp {
     fn modify(&self, attr: &QpAttr) -> Result<()> {
         check_addressing(attr)?;
         let device = &self.pd.device;
+        if let Some(mtu) = attr.path_mtu {
+            device.check_path_mtu(mtu)?;
+        }
         let mut core = device.lock();
         let now = device.now();
         let result = core.engine.modify_qp(now, self.qpn, attr);

@@ -32,6 +32,9 @@ pub enum Error {
     Unsupported(&'static str),
     /// The device or provider is unavailable, with the reason.
     Unavailable(String),
+    /// A path MTU larger than the port's active MTU, which the link below cannot carry (its
+    /// packets would be refused or dropped); `why` says what limits it.
+    PathMtuTooLarge { requested: u32, active: u32, why: String },
     /// An operating-system error from the provider.
     Io(std::io::Error),
 }
@@ -51,6 +54,9 @@ impl fmt::Display for Error {
             Error::Busy(what) => write!(f, "busy: {what}"),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
             Error::Unavailable(why) => write!(f, "unavailable: {why}"),
+            Error::PathMtuTooLarge { requested, active, why } => {
+                write!(f, "path MTU {requested} is larger than the port's active MTU {active}: {why}")
+            }
             Error::Io(err) => write!(f, "I/O error: {err}"),
         }
     }

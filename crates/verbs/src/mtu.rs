@@ -26,6 +26,20 @@ impl Mtu {
         256 << self.to_enum_index()
     }
 
+    /// Bytes a RoCE v2 packet adds around its payload at most: the IP header (20 for IPv4,
+    /// 40 for IPv6), UDP (8), BTH (12), the largest extended headers (28: an AtomicETH, more
+    /// than RETH with immediate data) and the ICRC (4).
+    pub fn roce_overhead(ipv6: bool) -> u32 {
+        (if ipv6 { 40 } else { 20 }) + 8 + 12 + 28 + 4
+    }
+
+    /// The largest path MTU whose packets fit a link of `link_mtu` bytes (as Linux rxe derives
+    /// a port's active MTU from its netdev's); `None` if even 256-byte payloads do not.
+    pub fn largest_for_link(link_mtu: u32, ipv6: bool) -> Option<Self> {
+        let room = link_mtu.checked_sub(Self::roce_overhead(ipv6))?;
+        Self::ALL.into_iter().rev().find(|m| m.bytes() <= room)
+    }
+
     /// From a byte count; only the five IB values are accepted.
     pub fn from_bytes(bytes: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.bytes() == bytes)
@@ -67,6 +81,19 @@ impl fmt::Display for Mtu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn largest_for_link() {
+        assert_eq!(Mtu::largest_for_link(1500, false), Some(Mtu::Mtu1024), "as rxe on Ethernet");
+        assert_eq!(Mtu::largest_for_link(9000, false), Some(Mtu::Mtu4096));
+        assert_eq!(Mtu::largest_for_link(65536, false), Some(Mtu::Mtu4096), "loopback");
+        assert_eq!(Mtu::largest_for_link(4096 + 72, false), Some(Mtu::Mtu4096));
+        assert_eq!(Mtu::largest_for_link(4096 + 71, false), Some(Mtu::Mtu2048));
+        assert_eq!(Mtu::largest_for_link(2048 + 92, true), Some(Mtu::Mtu2048));
+        assert_eq!(Mtu::largest_for_link(2048 + 91, true), Some(Mtu::Mtu1024));
+        assert_eq!(Mtu::largest_for_link(300, false), None);
+        assert_eq!(Mtu::largest_for_link(0, true), None);
+    }
 
     #[test]
     fn values() {

@@ -39,13 +39,6 @@ impl DeviceKey {
             DeviceKey::Local(local)
         }
     }
-
-    fn mtu(self) -> Mtu {
-        match self {
-            DeviceKey::Loopback => Mtu::Mtu4096,
-            DeviceKey::Local(_) => Mtu::Mtu1024,
-        }
-    }
 }
 
 /// A device and the completion queues its connections share.
@@ -70,9 +63,11 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options) -> io::Result<Entry>
         DeviceKey::Loopback => IpAddr::V4(Ipv4Addr::LOCALHOST),
         DeviceKey::Local(ip) => ip,
     };
-    let device = match open(SocketAddr::new(ip, options.soft_udp_port), key.mtu(), options) {
+    // The largest MTU: the device lowers it to what the link of its address carries (4096 on
+    // loopback and 9000-byte links, 1024 on 1500-byte ones).
+    let device = match open(SocketAddr::new(ip, options.soft_udp_port), Mtu::Mtu4096, options) {
         Err(err) if err.kind() == io::ErrorKind::AddrInUse => {
-            open(SocketAddr::new(ip, 0), key.mtu(), options)?
+            open(SocketAddr::new(ip, 0), Mtu::Mtu4096, options)?
         }
         other => other?,
     };

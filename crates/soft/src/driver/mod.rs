@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
 use lightpath_verbs::WorkCompletion;
-use lightpath_verbs::{Error, Gid, Result};
+use lightpath_verbs::{Error, Gid, Mtu, Result};
 
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
@@ -144,6 +144,10 @@ pub(crate) struct Shared {
     handover: OneShotTimer,
     epoch: Instant,
     pub(crate) config: SoftConfig,
+    /// The interface holding the device's address and its MTU, if it could be read.
+    pub(crate) link: Option<(String, u32)>,
+    /// The largest path MTU that link carries (4096 if unknown).
+    pub(crate) max_mtu: Mtu,
     pub(crate) gid: Gid,
     pub(crate) name: String,
     stop: AtomicBool,
@@ -167,6 +171,19 @@ impl Shared {
         let socket =
             RoceSocket::bind(config.local, config.recv_buffer, config.send_buffer, config.udp_offload)?;
         config.local = socket.local();
+        // As rxe derives a port's active MTU from its netdev's: never more than the link
+        // carries (a larger MTU would have every full-size datagram refused by the kernel).
+        let link = sys::link_mtu_of(config.local.ip()).ok().flatten();
+        let ipv6 = config.local.is_ipv6();
+        let max_mtu = match &link {
+            None => Mtu::Mtu4096,
+            Some((interface, mtu)) => Mtu::largest_for_link(*mtu, ipv6).ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "the link MTU of {interface} ({mtu} bytes) cannot carry RoCE v2 packets of even 256 bytes"
+                ))
+            })?,
+        };
+        config.mtu = config.mtu.min(max_mtu);
         let gid = Gid::from_ip(config.local.ip());
         let engine = Engine::new(EngineConfig {
             gid,
@@ -194,6 +211,8 @@ impl Shared {
             handover: OneShotTimer::new()?,
             epoch: Instant::now(),
             name: config.device_name(),
+            link,
+            max_mtu,
             gid,
             config,
             stop: AtomicBool::new(false),
@@ -203,6 +222,25 @@ impl Shared {
             spin_misses: AtomicU32::new(0),
             spins_skipped: AtomicU32::new(0),
         })
+    }
+
+    /// Refuses a path MTU above the port's active MTU, naming the link that limits it.
+    pub(crate) fn check_path_mtu(&self, requested: Mtu) -> Result<()> {
+        let active = self.config.mtu;
+        if requested <= active {
+            return Ok(());
+        }
+        let why = match &self.link {
+            Some((interface, mtu)) if self.max_mtu == active => format!(
+                "{} is on {interface}, whose link MTU is {mtu} bytes; a {}-byte payload needs {} with \
+                 its RoCE v2 headers",
+                self.name,
+                requested.bytes(),
+                requested.bytes() + Mtu::roce_overhead(self.config.local.is_ipv6())
+            ),
+            _ => format!("{} was opened with MTU {}", self.name, active.bytes()),
+        };
+        Err(Error::PathMtuTooLarge { requested: requested.bytes(), active: active.bytes(), why })
     }
 
     /// The bound socket address.
@@ -248,6 +286,12 @@ impl Shared {
                 self.waker.signal(1);
             }
         }
+    }
+
+    /// Sends what the engine has to send (held-back answers, due retransmissions' output).
+    pub(crate) fn flush(&self, core: &mut Core) {
+        let now = self.now();
+        self.transmit(core, now);
     }
 
     /// Receives what is waiting, runs due timers, transmits and notifies. Returns how many

@@ -52,9 +52,53 @@ pub(crate) fn interface_addrs() -> io::Result<Vec<InterfaceAddr>> {
     Ok(out)
 }
 
+/// The MTU of the interface that holds address `ip` (as `ip link` shows it), with the
+/// interface's name; `None` if no interface that is up has that address.
+pub(crate) fn link_mtu_of(ip: IpAddr) -> io::Result<Option<(String, u32)>> {
+    let Some(entry) = interface_addrs()?.into_iter().find(|entry| entry.ip == ip) else {
+        return Ok(None);
+    };
+    let mtu = interface_mtu(&entry.interface)?;
+    Ok(Some((entry.interface, mtu)))
+}
+
+/// `SIOCGIFMTU` on a throwaway datagram socket (of the caller's network namespace).
+fn interface_mtu(name: &str) -> io::Result<u32> {
+    let bytes = name.as_bytes();
+    // SAFETY: ifreq is plain old data (a name array and a union of integers/sockaddrs), for
+    // which all-zero bytes are a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    if bytes.len() >= request.ifr_name.len() || bytes.contains(&0) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad interface name {name:?}")));
+    }
+    for (slot, &byte) in request.ifr_name.iter_mut().zip(bytes) {
+        *slot = byte as libc::c_char;
+    }
+    // Bound to the wildcard address, which needs no interface to be up (not even lo).
+    let socket = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+        .or_else(|_| std::net::UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: the socket is open for the call, `request` is a live ifreq with a NUL-terminated
+    // name (zeroed beyond it), and SIOCGIFMTU writes only its `ifru_mtu` field.
+    super::check(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFMTU, &mut request) })?;
+    // SAFETY: SIOCGIFMTU succeeded, so the union holds the MTU.
+    let mtu = unsafe { request.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| io::Error::other(format!("interface {name} reports MTU {mtu}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_link_mtu() {
+        let (name, mtu) = link_mtu_of(IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("ioctl").expect("lo is up");
+        assert_eq!(name, "lo");
+        assert!(mtu >= 1280, "lo MTU {mtu}");
+        assert_eq!(link_mtu_of("192.0.2.77".parse().expect("ip")).expect("lookup"), None);
+        assert!(interface_mtu("no-such-if0").is_err());
+        assert!(interface_mtu("a-name-far-too-long-for-linux").is_err());
+    }
 
     #[test]
     fn loopback_is_listed() {

@@ -14,7 +14,7 @@ mod sockopt;
 mod timer;
 
 pub(crate) use eventfd::EventFd;
-pub(crate) use ifaddrs::interface_addrs;
+pub(crate) use ifaddrs::{interface_addrs, link_mtu_of};
 pub(crate) use mlock::{mlock, munlock};
 pub(crate) use mmsg::{
     OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, RECV_BATCH, SEND_DATAGRAMS,
