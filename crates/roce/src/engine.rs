@@ -281,7 +281,7 @@ impl Engine {
                 port => port,
             };
             let (dst, local_ip, segmentable) =
-                (qp.params.peer_ip, qp.params.local_ip, qp.params.peer_solves_ip_id);
+                (qp.params.peer_ip, qp.params.local_ip, qp.params.lightpath_peer);
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port };

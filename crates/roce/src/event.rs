@@ -26,7 +26,7 @@ pub struct Transmit {
     /// Bytes written at the start of the buffer (BTH … ICRC).
     pub len: usize,
     /// The peer solves for the IPv4 identification when it checks the ICRC (the queue pair's
-    /// address vector says so: `peer_solves_ip_id`), so the driver may let the kernel segment
+    /// address vector says so: `lightpath_peer`), so the driver may let the kernel segment
     /// this datagram out of a larger send.
     pub segmentable: bool,
 }

@@ -75,7 +75,7 @@ pub struct SoftConfig {
     pub send_buffer: usize,
     /// Use the kernel's UDP offloads (default true): receive offload (`UDP_GRO`: coalesced
     /// datagrams arrive in one piece) and, towards loopback and IPv6 peers and peers whose
-    /// address vector says `peer_solves_ip_id` (Lightpath soft devices), segmentation offload
+    /// address vector says `lightpath_peer` (Lightpath soft devices), segmentation offload
     /// (`UDP_SEGMENT`: one system call and one trip through the network stack for up to 64 KB
     /// of datagrams). Other IPv4 peers never get segmented messages: the kernel numbers the IP
     /// identification of the segments it cuts, which the ICRC covers, so Linux rxe and RNICs

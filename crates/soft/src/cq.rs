@@ -8,7 +8,7 @@ use lightpath_roce::CqHandle;
 use lightpath_verbs::{CompletionQueue, Error, Result, WorkCompletion};
 
 use crate::config::ProgressMode;
-use crate::driver::{CqSignal, DeviceInner};
+use crate::driver::{CqSignal, DeviceInner, WaitRound};
 
 /// A completion queue of a [`SoftDevice`](crate::SoftDevice). The engine's queue is destroyed
 /// when the last handle and the last queue pair using it are gone.
@@ -51,24 +51,28 @@ impl SoftCq {
         let device = &self.inner.device;
         let _waiter = self.inner.signal.register_waiter();
         let watch = device.try_watch_socket();
-        let started = Instant::now();
         // A watcher's first look takes what is queued without a receive call, which would
         // usually find nothing: the spin or the socket wait below finds what arrives.
         let mut look_only = watch.is_some();
         let spin = if watch.is_some() { device.spin_budget() } else { Duration::ZERO };
-        let spin_until = started + spin;
-        let mut spun = false;
+        // The watcher busy-polls until `spin` has passed without a datagram; `None` once it
+        // has slept (or never spins).
+        let started = Instant::now();
+        let mut spin_until = (!spin.is_zero()).then(|| started + spin);
+        // However busy the device, a wait spins at most this long in all before it sleeps.
+        let spin_cap = started + spin * 16;
+        let mut spin_saw_traffic = false;
         loop {
-            let (count, next_timer) = if look_only {
+            let round = if look_only {
                 self.take_ready(out)
             } else {
                 device.wait_round(self.inner.handle, out, watch.is_some())
             };
-            if count > 0 {
-                if spun {
+            if round.completions > 0 {
+                if spin_until.is_some() && !look_only {
                     device.record_spin(true);
                 }
-                return Ok(count);
+                return Ok(round.completions);
             }
             let first_look = std::mem::replace(&mut look_only, false);
             let now = Instant::now();
@@ -81,16 +85,23 @@ impl SoftCq {
                 },
                 None => None,
             };
-            if now < spin_until && remaining != Some(Duration::ZERO) {
-                // Busy-poll: the next round receives and runs the engine itself.
-                spun = true;
-                std::hint::spin_loop();
-                continue;
+            if let Some(until) = spin_until {
+                if round.received > 0 && now < spin_cap {
+                    // Traffic flows (a message in several datagrams, or other queues' work):
+                    // keep spinning, as long again from now.
+                    spin_saw_traffic = true;
+                    spin_until = Some(now + spin);
+                    continue;
+                }
+                if now < until && remaining != Some(Duration::ZERO) {
+                    // Busy-poll: the next round receives and runs the engine itself.
+                    std::hint::spin_loop();
+                    continue;
+                }
+                device.record_spin(spin_saw_traffic);
+                spin_until = None;
             }
-            if std::mem::take(&mut spun) {
-                device.record_spin(false);
-            }
-            let timeout = match (remaining, next_timer) {
+            let timeout = match (remaining, round.next_timer) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -108,14 +119,14 @@ impl SoftCq {
     /// Completions already in the queue, without receiving, and the time to the engine's next
     /// timer. When there are none, what the engine still has to send (answers an earlier
     /// round held back) goes out first: the caller is about to block.
-    fn take_ready(&self, out: &mut [WorkCompletion]) -> (usize, Option<Duration>) {
+    fn take_ready(&self, out: &mut [WorkCompletion]) -> WaitRound {
         let device = &self.inner.device;
         let mut core = device.lock();
-        let count = core.engine.poll_cq(self.inner.handle, out);
-        if count == 0 {
+        let completions = core.engine.poll_cq(self.inner.handle, out);
+        if completions == 0 {
             device.flush(&mut core);
         }
-        (count, device.until_next_timer(&core))
+        WaitRound { completions, received: 0, next_timer: device.until_next_timer(&core) }
     }
 
     fn wait_polling_mode(

@@ -94,15 +94,18 @@ pub struct AddressVector {
     /// address. The ibverbs provider refuses any other value than 0 or 4791 (libibverbs cannot
     /// choose the port); the shared-memory provider ignores it (GIDs are its addresses).
     pub udp_dport: u16,
-    /// The peer verifies the ICRC of an IPv4 datagram whatever its IP identification (a
-    /// Lightpath soft device solves for the ID), so the sender's kernel may renumber the IDs
-    /// of the datagrams it cuts from one large send: the soft provider then hands runs of
+    /// The peer is a Lightpath soft device (the stream negotiation knows: only soft devices
+    /// advertise their UDP port). Such a peer verifies the ICRC of an IPv4 datagram whatever
+    /// its IP identification (it solves for the ID), so the sender's kernel may renumber the
+    /// IDs of the datagrams it cuts from one large send: the soft provider then hands runs of
     /// same-size datagrams to UDP segmentation offload (one system call and one trip through
-    /// the stack for up to 64 KiB). Never set it towards Linux rxe or an RNIC: they check the
-    /// ICRC against the real header and would drop every segment but the first. False by
-    /// default; IPv6 (no ID) and loopback peers are segmented regardless; other providers
-    /// ignore it.
-    pub peer_solves_ip_id: bool,
+    /// the stack for up to 64 KiB). And it keeps up with a wider send window: 1,024 PSNs in
+    /// flight instead of rxe's 128, so a sender on a 1500-byte link is not held up every
+    /// 128 KiB by an acknowledgement's round trip. Never set it towards Linux rxe or an RNIC:
+    /// they check the ICRC against the real header and would drop every segment but the
+    /// first. False by default; IPv6 (no ID) and loopback peers are segmented regardless;
+    /// other providers ignore it.
+    pub lightpath_peer: bool,
 }
 
 impl AddressVector {
@@ -119,7 +122,7 @@ impl AddressVector {
             sl: 0,
             port_num: 1,
             udp_dport: 0,
-            peer_solves_ip_id: false,
+            lightpath_peer: false,
         }
     }
 }

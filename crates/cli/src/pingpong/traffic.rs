@@ -129,7 +129,7 @@ impl<D: Device> PingPong<D> {
             // ibv_rc_pingpong's handshake has no port: the peer listens on its provider's.
             udp_dport: 0,
             // The peer may be the real ibv_rc_pingpong over rxe or an RNIC.
-            peer_solves_ip_id: false,
+            lightpath_peer: false,
         };
         let mut rtr = QpAttr::to_rtr(av, path.mtu, remote.qpn, remote.psn);
         rtr.max_dest_rd_atomic = Some(1);

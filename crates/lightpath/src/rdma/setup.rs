@@ -84,7 +84,7 @@ impl<D: Device> RdmaSetup<D> {
         // Only a soft device advertises its UDP port, and a soft device checks ICRCs whatever
         // the IPv4 identification: our soft device may then let the kernel segment large sends
         // to it (rxe and RNICs, behind an ibverbs peer, would drop renumbered segments).
-        av.peer_solves_ip_id = peer.udp_port != 0;
+        av.lightpath_peer = peer.udp_port != 0;
         self.qp.modify(&QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn)).map_err(from_verbs)?;
         let mut rts = QpAttr::to_rts(self.psn);
         // 268 ms ACK timeout, 7 retries: about 2 s before a silent path is declared dead, so a

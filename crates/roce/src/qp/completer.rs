@@ -33,7 +33,7 @@
 use lightpath_verbs::{QpState, WcStatus, WorkCompletion};
 use lightpath_wire::{NakCode, OpKind, Position, Psn, Syndrome, TransportHeader};
 
-use super::requester::{Recovery, MAX_UNACKED_PSNS, MIN_SEND_WINDOW};
+use super::requester::{Recovery, MIN_SEND_WINDOW};
 use super::response_window::RESPONSE_WINDOW;
 use super::send_queue::SendWqe;
 use super::timers::{ack_timeout_nanos, rnr_delay_nanos};
@@ -139,7 +139,7 @@ impl Qp {
         }
         let moved = self.req.una.distance_from(start);
         self.req.answered.advance(moved as u32);
-        self.req.window = self.req.window.saturating_add(moved as u32).min(MAX_UNACKED_PSNS as u32);
+        self.req.window = self.req.window.saturating_add(moved as u32).min(self.max_send_window());
         if self.req.una.is_after(self.req.executed_until) {
             // Keep the two within one window of each other, so PSN comparisons stay valid.
             self.req.executed_until = self.req.una;

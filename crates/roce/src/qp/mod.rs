@@ -56,8 +56,8 @@ pub(crate) struct Params {
     pub(crate) src_port: u16,
     /// The peer's UDP port from the address vector; 0: the engine's configured RoCE port.
     pub(crate) dst_port: u16,
-    /// The address vector's `peer_solves_ip_id`: datagrams to this peer may be segmented.
-    pub(crate) peer_solves_ip_id: bool,
+    /// The address vector's `lightpath_peer`: datagrams to this peer may be segmented.
+    pub(crate) lightpath_peer: bool,
     pub(crate) flow_label: u32,
     pub(crate) rq_psn: u32,
     pub(crate) sq_psn: u32,
@@ -79,7 +79,7 @@ impl Params {
             peer_ip: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             src_port: 0xC000,
             dst_port: 0,
-            peer_solves_ip_id: false,
+            lightpath_peer: false,
             flow_label: 0,
             rq_psn: 0,
             sq_psn: 0,

@@ -20,6 +20,9 @@ use crate::time::Time;
 /// The requester stops once its next PSN is this far past the oldest unacknowledged one
 /// (rxe's `RXE_MAX_UNACKED_PSNS`).
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+/// The same limit towards a Lightpath soft peer (address vector `lightpath_peer`), which
+/// takes bursts this long without dropping (its socket buffer holds several MB).
+pub(crate) const LIGHTPATH_MAX_UNACKED_PSNS: i32 = 1024;
 /// AckReq is set on the last packet of every message and, in long messages, on every this
 /// many packets, so a peer that only ACKs AckReq packets (rxe) keeps our window moving.
 pub(crate) const ACK_REQ_INTERVAL: u32 = 64;
@@ -211,9 +214,15 @@ impl Qp {
         !(wqe.is_read_or_atomic() && self.req.rd_atomic_outstanding >= u32::from(self.params.max_rd_atomic))
     }
 
+    /// The largest send window towards this peer, in PSNs.
+    pub(crate) fn max_send_window(&self) -> u32 {
+        let max = if self.params.lightpath_peer { LIGHTPATH_MAX_UNACKED_PSNS } else { MAX_UNACKED_PSNS };
+        max as u32
+    }
+
     /// The current send limit in PSNs past `una`.
     fn send_window(&self) -> i32 {
-        (self.req.window.clamp(MIN_SEND_WINDOW, MAX_UNACKED_PSNS as u32)) as i32
+        (self.req.window.clamp(MIN_SEND_WINDOW, self.max_send_window())) as i32
     }
 
     /// Whether the next PSN lies at or beyond the send window.

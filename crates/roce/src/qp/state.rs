@@ -36,7 +36,7 @@ impl Qp {
             p.peer_ip = av.dgid.to_ip();
             p.flow_label = av.flow_label;
             p.dst_port = av.udp_dport;
-            p.peer_solves_ip_id = av.peer_solves_ip_id;
+            p.lightpath_peer = av.lightpath_peer;
         }
         if let Some(mtu) = attr.path_mtu {
             p.pmtu = mtu.bytes();
@@ -78,6 +78,7 @@ impl Qp {
             }
             (QpState::Rtr, QpState::Rts) => {
                 self.req = Requester::start(self.params.sq_psn, self.params.retry_cnt, self.params.rnr_retry);
+                self.req.window = self.max_send_window();
                 self.state = to;
             }
             _ => self.state = to,

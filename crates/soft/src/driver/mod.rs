@@ -44,9 +44,20 @@ const MAX_RX_BATCHES_PER_DRIVE: usize = 8;
 /// wake-up of that thread per message (measured: 21,823 wake-ups of the server's progress
 /// thread over a 20,000-message ping-pong). Arrivals meanwhile wait in the socket; nothing the
 /// application waits for is delayed, since a thread that blocks watches the socket itself.
-const SOCKET_HANDOVER_DELAY: Duration = Duration::from_micros(200);
+const SOCKET_HANDOVER_DELAY: Duration = Duration::from_millis(1);
 
-/// Spins in a row without a completion after which socket watchers stop spinning.
+/// What one [`Shared::wait_round`] found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WaitRound {
+    /// Completions taken from the queue.
+    pub(crate) completions: usize,
+    /// Messages received from the socket (work for the engine, if not for this queue yet).
+    pub(crate) received: usize,
+    /// Time to the engine's next timer.
+    pub(crate) next_timer: Option<Duration>,
+}
+
+/// Spins in a row that saw no traffic after which socket watchers stop spinning.
 const SPIN_GIVE_UP_AFTER: u32 = 4;
 
 /// Once spinning was given up, one wait in this many spins anyway, to see whether it pays
@@ -342,18 +353,14 @@ impl Shared {
     /// `SOCKET_HANDOVER_DELAY` if nobody else does. Completions for the caller's own queue
     /// do not signal its wake-up fd when it is the queue's only waiter (it takes them right
     /// after).
-    pub(crate) fn wait_round(
-        &self,
-        cq: CqHandle,
-        out: &mut [WorkCompletion],
-        watching: bool,
-    ) -> (usize, Option<Duration>) {
+    pub(crate) fn wait_round(&self, cq: CqHandle, out: &mut [WorkCompletion], watching: bool) -> WaitRound {
         let mut core = self.lock();
         let mut count = core.engine.poll_cq(cq, out);
+        let mut received = 0;
         if count == 0 {
             let now = self.now();
             let stop_for = watching.then_some(cq);
-            let received = self.receive_and_run_for(&mut core, now, RECV_BATCH, stop_for, Some(cq));
+            received = self.receive_and_run_for(&mut core, now, RECV_BATCH, stop_for, Some(cq));
             count = core.engine.poll_cq(cq, out);
             if count == 0 || !watching {
                 self.transmit(&mut core, now);
@@ -362,7 +369,7 @@ impl Shared {
                 self.check_thread_deadline(&core);
             }
         }
-        (count, self.until_next_timer(&core))
+        WaitRound { completions: count, received, next_timer: self.until_next_timer(&core) }
     }
 
     /// Marks the calling thread as watching the socket (it blocks on it and drives the device
@@ -392,10 +399,10 @@ impl Shared {
         !self.socket_watched()
     }
 
-    /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] while
-    /// spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a row ended without a
-    /// completion (an idle connection, or a peer that cannot get a core), except one wait in
-    /// [`SPIN_RETRY_EVERY`], which tries again.
+    /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] after
+    /// the last datagram while spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a
+    /// row saw no datagram (an idle connection, or a peer that cannot get a core), except one
+    /// wait in [`SPIN_RETRY_EVERY`], which tries again.
     pub(crate) fn spin_budget(&self) -> Duration {
         let limit = self.config.wait_spin;
         if limit.is_zero() || self.spin_misses.load(Ordering::Relaxed) < SPIN_GIVE_UP_AFTER {
@@ -409,7 +416,7 @@ impl Shared {
         }
     }
 
-    /// Records whether a watcher's spin ended with a completion.
+    /// Records whether a watcher's spin received anything.
     pub(crate) fn record_spin(&self, hit: bool) {
         if hit {
             self.spin_misses.store(0, Ordering::Relaxed);

@@ -31,8 +31,16 @@ fn run_progress(shared: &Shared) {
         let (received, timeout) = {
             let mut core = shared.lock();
             let received = if idle { 0 } else { shared.drive(&mut core) };
-            let timeout = shared.until_next_timer(&core);
-            let deadline = core.engine.poll_timeout().map_or(u64::MAX, |t| t.as_nanos().max(AWAKE + 1));
+            // Never asleep for longer than a tick: a posting thread then wakes this one only
+            // for a timer due sooner (retransmission timers are hundreds of ms away; waking
+            // this thread on every idle-to-busy turn of a connection cost a context switch).
+            let tick_end = shared.now().as_nanos().saturating_add(IDLE_TICK.as_nanos() as u64);
+            let timeout = Some(shared.until_next_timer(&core).map_or(IDLE_TICK, |t| t.min(IDLE_TICK)));
+            let deadline = core
+                .engine
+                .poll_timeout()
+                .map_or(tick_end, |t| t.as_nanos().min(tick_end))
+                .max(AWAKE + 1);
             // Published under the lock: a posting thread that takes the lock after us compares
             // its new timer against this value and wakes us if it is earlier.
             shared.thread_deadline.store(deadline, Ordering::SeqCst);
@@ -42,6 +50,9 @@ fn run_progress(shared: &Shared) {
         shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
     }
 }
+
+/// The longest the progress thread sleeps (see `run_progress`).
+const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// What [`wait_for`] returns when only the hand-over timer woke the thread.
 const HANDOVER_ONLY: u8 = 0b100;

@@ -293,7 +293,7 @@ fn joins(last: &OutMessage, datagram: Outgoing, outgoing: &[Outgoing], order: &[
 /// The kernel numbers the IPv4 identification of the segments it cuts from one message (0, 1,
 /// 2, …), and the ICRC covers that field: a peer that checks the ICRC against the real header
 /// (Linux rxe, RNICs) would drop every segment but the first. A Lightpath soft device solves
-/// for the ID (its queue pair's address vector says `peer_solves_ip_id`, which the stream
+/// for the ID (its queue pair's address vector says `lightpath_peer`, which the stream
 /// negotiation sets for soft peers); loopback never reaches such a peer with a cut message —
 /// the kernel hands the message whole to a receiver with `UDP_GRO`, and Lightpath receivers
 /// without it solve for the ID anyway — and IPv6 has no identification field.
