@@ -12,6 +12,7 @@
 
 mod args;
 mod control;
+pub mod cpu;
 mod ibverbs;
 mod pattern;
 mod progress;
