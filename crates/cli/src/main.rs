@@ -15,6 +15,7 @@ mod devices;
 mod interop_peer;
 mod perf;
 mod pingpong;
+mod plot;
 mod sim;
 
 /// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
@@ -46,6 +47,8 @@ form with options of their own:\n  lightpath perf stream_lat|stream_bw|stream_rr
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),
+    /// Draw `perf --json` / compare.sh results as an SVG chart: size across, one line per provider.
+    Plot(plot::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Devices(args) => devices::run(args),
         Command::Decode(args) => decode::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Plot(args) => plot::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Pingpong(args) => pingpong::run(args),
         Command::InteropPeer(args) => interop_peer::run(args),
