@@ -43,7 +43,8 @@ enum Command {
     /// perftest-style latency and bandwidth tests between two lightpath processes.
     #[command(after_help = "Stream-layer tests (lightpath::Stream, as applications use it) take the same \
 form with options of their own:\n  lightpath perf stream_lat|stream_bw|stream_rr [SERVER] --provider soft|shm|tcp \
-[-s SIZE] [-n ITERS] [--conns N] [--json]\nSee `lightpath perf stream_lat --help`.")]
+[-s SIZE] [-n ITERS] [--conns N] [--polling] [--server threads|loop] [--json]\nSee `lightpath perf stream_lat --help`. \
+Results carry both processes' CPU time; `lightpath plot` draws --json lines.")]
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),
