@@ -34,7 +34,9 @@ OUT=${OUT:-target/compare.jsonl}
 ROUNDS=${ROUNDS:-1}
 ONLY=${ONLY:-all}
 RR_1000=${RR_1000:-0}
+NETNS_AUTO=0
 if [ -z "${NETNS:-}" ]; then
+    NETNS_AUTO=1
     if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then NETNS=1; else NETNS=0; fi
 fi
 mkdir -p "$(dirname "$OUT")"
@@ -144,8 +146,16 @@ rows() {
 places=(loopback)
 if [ "$NETNS" = 1 ]; then
     trap netns_down EXIT
-    netns_up
-    places+=(netns)
+    if (set -e; netns_up) 2> "$OUT.netns.log"; then
+        places+=(netns)
+    elif [ "$NETNS_AUTO" = 1 ]; then
+        echo "compare: cannot set up network namespaces, loopback only: $(tr '\n' ' ' < "$OUT.netns.log")" >&2
+        netns_down
+    else
+        cat "$OUT.netns.log" >&2
+        exit 1
+    fi
+    rm -f "$OUT.netns.log"
 fi
 for _ in $(seq "$ROUNDS"); do
     for place in "${places[@]}"; do rows "$place"; done
