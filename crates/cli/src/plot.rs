@@ -163,6 +163,21 @@ fn list(names: &[&str]) -> String {
     names.join(", ")
 }
 
+/// Width of the legend column, in pixels.
+const LEGEND_WIDTH: u32 = 220;
+
+/// Line colours, distinct on white.
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(140, 86, 75),
+    RGBColor(23, 190, 207),
+    RGBColor(90, 90, 90),
+];
+
 /// Draws `series` of `test` into an SVG document.
 pub fn render(test: &str, series: &Series, title: Option<&str>) -> Result<String> {
     let sizes = series.values().flat_map(|s| s.keys().copied());
@@ -182,10 +197,12 @@ pub fn render(test: &str, series: &Series, title: Option<&str>) -> Result<String
     let title = title.map_or_else(|| format!("{test}: {}", y_description(test)), str::to_string);
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (1100, 600)).into_drawing_area();
         let draw_err = |err: &dyn std::fmt::Display| anyhow!("drawing the chart: {err}");
         root.fill(&WHITE).map_err(|e| draw_err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
+        // The legend goes in a column of its own on the right, clear of the lines.
+        let (plot_area, legend_area) = root.split_horizontally(1100 - LEGEND_WIDTH);
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(&title, ("sans-serif", 22))
             .margin(16)
             .x_label_area_size(48)
@@ -212,25 +229,33 @@ pub fn render(test: &str, series: &Series, title: Option<&str>) -> Result<String
             .draw()
             .map_err(|e| draw_err(&e))?;
         for (i, (name, points)) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+            let color = COLORS[i % COLORS.len()].to_rgba();
+            // Past the palette, lines repeat its colours dashed.
+            let dashed = i >= COLORS.len();
             let line: Vec<(f64, f64)> =
                 points.iter().map(|(s, v)| ((*s as f64).log2(), *v)).filter(|(_, v)| *v > 0.0).collect();
-            chart
-                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-                .map_err(|e| draw_err(&e))?
-                .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            if dashed {
+                chart
+                    .draw_series(DashedLineSeries::new(line.clone(), 8, 5, color.stroke_width(2)))
+                    .map_err(|e| draw_err(&e))?;
+            } else {
+                chart
+                    .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+                    .map_err(|e| draw_err(&e))?;
+            }
             chart
                 .draw_series(line.into_iter().map(|p| Circle::new(p, 3, color.filled())))
                 .map_err(|e| draw_err(&e))?;
+            let y = 60 + 22 * i as i32;
+            let marks: &[(i32, i32)] = if dashed { &[(10, 18), (24, 34)] } else { &[(10, 34)] };
+            for &(from, to) in marks {
+                let mark = PathElement::new(vec![(from, y), (to, y)], color.stroke_width(2));
+                legend_area.draw(&mark).map_err(|e| draw_err(&e))?;
+            }
+            legend_area
+                .draw(&Text::new(name.as_str(), (42, y - 7), ("sans-serif", 14)))
+                .map_err(|e| draw_err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| draw_err(&e))?;
         root.present().map_err(|e| draw_err(&e))?;
     }
     Ok(svg)
