@@ -235,3 +235,34 @@ fn foreign_peers_are_dropped_and_the_server_goes_on() {
         drop(perftest);
     }
 }
+
+/// A client that speaks the control protocol but sends no usable endpoint is refused with the
+/// reason, and the server goes on to serve a real client.
+#[test]
+fn a_hello_without_an_endpoint_is_refused_and_the_server_goes_on() {
+    use std::io::Read;
+    let (server_ip, client_ip, udp_port) = unique_endpoint();
+    let port = free_tcp_port();
+    let (port_arg, udp) = (port.to_string(), udp_port.to_string());
+    let server =
+        spawn_server(&["perf", "send_lat", "-p", &port_arg, "--bind", &server_ip, "--udp-port", &udp]);
+    let mut fake = plain_client(&server_ip, port);
+    let hello = r#"{"magic":"lightpath-perf","version":1,"test":"send_lat","provider":"soft","plan":[[2,10]],"tx_depth":1,"endpoint":null}"#;
+    fake.write_all(&(hello.len() as u32).to_be_bytes()).unwrap();
+    fake.write_all(hello.as_bytes()).unwrap();
+    fake.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut len = [0u8; 4];
+    fake.read_exact(&mut len).unwrap();
+    let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+    fake.read_exact(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.contains("Reject") && answer.contains("no usable RDMA endpoint"), "{answer}");
+    let client = Command::new(BIN)
+        .args(["perf", "send_lat", &server_ip, "-p", &port_arg, "--bind", &client_ip, "--udp-port", &udp])
+        .args(["-n", "50", "--json"])
+        .output()
+        .unwrap();
+    assert!(client.status.success(), "{}", String::from_utf8_lossy(&client.stderr));
+    let server = wait_with_deadline(server, Duration::from_secs(10));
+    assert!(server.status.success(), "{}", String::from_utf8_lossy(&server.stderr));
+}

@@ -39,7 +39,7 @@ impl EndpointOptions {
 pub fn run(args: &Args) -> Result<()> {
     match &args.server {
         None => {
-            let (stream, hello) = session::accept_client(args)?;
+            let (stream, hello) = session::accept_client(args, rdma::usable_endpoint)?;
             serve_hello(stream, hello, &EndpointOptions::from_args(args), args.test)
         }
         Some(server) => {

@@ -62,6 +62,19 @@ pub struct RdmaEndpoint {
     pub rkey: u32,
 }
 
+/// Whether a client's hello carries an RDMA endpoint this side can connect to (for
+/// `session::accept_client`; the soft and ibverbs servers).
+pub fn usable_endpoint(hello: &super::control::Hello) -> std::result::Result<(), String> {
+    let endpoint: RdmaEndpoint = hello
+        .endpoint
+        .clone()
+        .and_then(|e| serde_json::from_value(e).ok())
+        .ok_or("the client sent no usable RDMA endpoint")?;
+    Gid::from_hex(&endpoint.gid).ok_or_else(|| format!("the client sent a bad GID {:?}", endpoint.gid))?;
+    Mtu::from_bytes(endpoint.mtu).ok_or_else(|| format!("the client sent a bad MTU {}", endpoint.mtu))?;
+    Ok(())
+}
+
 /// Lock-step messages on the control connection during a run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 enum Step {

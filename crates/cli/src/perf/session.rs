@@ -23,9 +23,12 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
 pub const HELLO_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Listens on `--bind` (or every address) at `-p` until a client whose hello this server can
-/// serve ([`control::check_hello`] against `-p`'s test and provider) arrives; returns its
-/// control connection and hello.
-pub fn accept_client(args: &Args) -> Result<(TcpStream, Hello)> {
+/// serve ([`control::check_hello`] against `-p`'s test and provider, then `usable`: the
+/// provider's look at the client's endpoint) arrives; returns its control connection and hello.
+pub fn accept_client(
+    args: &Args,
+    usable: fn(&Hello) -> std::result::Result<(), String>,
+) -> Result<(TcpStream, Hello)> {
     let addr = SocketAddr::new(args.bind.unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)), args.port);
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     eprintln!("lightpath perf: waiting for a client on {addr} ({} over {})", args.test, args.provider.name());
@@ -44,7 +47,7 @@ pub fn accept_client(args: &Args) -> Result<(TcpStream, Hello)> {
         };
         let found = found.clone();
         let _ = std::thread::Builder::new().name("perf-hello".into()).spawn(move || {
-            match hello_from(stream, test, provider) {
+            match hello_from(stream, test, provider, usable) {
                 Ok((stream, hello)) => {
                     if let Err(mpsc::SendError((mut stream, _, _))) = found.send((stream, hello, peer)) {
                         let reason = "the server is busy with another client".to_string();
@@ -66,6 +69,7 @@ fn hello_from(
     mut stream: TcpStream,
     test: super::args::PerfTest,
     provider: super::args::ProviderKind,
+    usable: fn(&Hello) -> std::result::Result<(), String>,
 ) -> Result<(TcpStream, Hello)> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(HELLO_PATIENCE))?;
@@ -77,7 +81,7 @@ fn hello_from(
             _ => err,
         }
     })?;
-    if let Err(reason) = control::check_hello(&hello, test, provider) {
+    if let Err(reason) = control::check_hello(&hello, test, provider).and_then(|()| usable(&hello)) {
         let _ = control::send(&mut stream, &Answer::Reject { reason: reason.clone() });
         return Err(anyhow!("refused: {reason}"));
     }

@@ -33,7 +33,7 @@ struct ShmEndpoint {
 pub fn run(args: &Args) -> Result<()> {
     match &args.server {
         None => {
-            let (stream, hello) = session::accept_client(args)?;
+            let (stream, hello) = session::accept_client(args, usable_endpoint)?;
             serve_hello(stream, hello, args.test)
         }
         Some(server) => {
@@ -62,6 +62,19 @@ fn same_host(peer: &ShmEndpoint, here: &HostIdentity) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether a client's hello carries an shm endpoint of a process this one can share memory
+/// with (for `session::accept_client`: a client from another host or namespace is told why,
+/// and the server goes on waiting).
+fn usable_endpoint(hello: &Hello) -> std::result::Result<(), String> {
+    let peer: ShmEndpoint = hello
+        .endpoint
+        .clone()
+        .and_then(|e| serde_json::from_value(e).ok())
+        .ok_or("the client sent no usable shm endpoint")?;
+    let host = here().map_err(|err| format!("{err:#}"))?;
+    same_host(&peer, &host).map_err(|err| format!("{err:#}"))
 }
 
 /// The server side on an accepted control connection.

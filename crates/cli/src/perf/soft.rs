@@ -63,7 +63,7 @@ pub fn open_device(ip: IpAddr, udp_port: u16, mtu: Mtu) -> Result<SoftDevice> {
 }
 
 fn serve(args: &Args) -> Result<()> {
-    let (stream, hello) = session::accept_client(args)?;
+    let (stream, hello) = session::accept_client(args, rdma::usable_endpoint)?;
     serve_hello(stream, hello, &EndpointOptions::from_args(args), args.test)
 }
 

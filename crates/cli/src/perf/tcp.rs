@@ -71,7 +71,7 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn serve(args: &Args) -> Result<()> {
-    let (stream, hello) = session::accept_client(args)?;
+    let (stream, hello) = session::accept_client(args, |_| Ok(()))?;
     serve_hello(stream, hello, args.test)
 }
 
