@@ -214,15 +214,12 @@ fn foreign_peers_are_dropped_and_the_server_goes_on() {
         perftest.write_all(b"6.22\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
         drop(plain_client(&server_ip, port));
         let _silent = plain_client(&server_ip, port);
-        let started = Instant::now();
         let client = Command::new(BIN)
             .args(["perf", "send_lat", &server_ip, "--provider", provider, "-p", &port_arg])
             .args(["--bind", &client_ip, "--udp-port", &udp, "-n", "50", "--json"])
             .output()
             .unwrap();
         assert!(client.status.success(), "{provider}: {}", String::from_utf8_lossy(&client.stderr));
-        // Not held up by the silent client (which is dropped only after 10 s).
-        assert!(started.elapsed() < Duration::from_secs(8), "{provider}: took {:?}", started.elapsed());
         let results: Vec<serde_json::Value> = String::from_utf8_lossy(&client.stdout)
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -232,6 +229,10 @@ fn foreign_peers_are_dropped_and_the_server_goes_on() {
         let stderr = String::from_utf8_lossy(&server.stderr);
         assert!(server.status.success(), "{provider}: {stderr}");
         assert!(stderr.contains("not a `lightpath perf` process"), "{stderr}");
+        // Not held up by the silent client: the real one was served at once, not after the
+        // silent one's 10 s of patience ran out (if they ran out at all before the end).
+        let served = stderr.find("connected").expect("a served client");
+        assert!(stderr.find("no hello within").is_none_or(|dropped| served < dropped), "{stderr}");
         drop(perftest);
     }
 }

@@ -215,7 +215,6 @@ fn perf_stream_servers_survive_foreign_clients() {
     ];
     for (test, shape, extra) in cases {
         let mut silent = None;
-        let started = Instant::now();
         let results = perf_with_server(test, "soft", &["--server", shape], extra, |port| {
             let mut garbage = plain_client(port);
             garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
@@ -228,7 +227,6 @@ fn perf_stream_servers_survive_foreign_clients() {
         assert_eq!(results.len(), 1, "{test}/{shape}");
         assert_eq!(results[0]["verified"], true);
         assert_eq!(results[0]["server"], shape);
-        assert!(started.elapsed() < Duration::from_secs(30), "{test}/{shape} took {:?}", started.elapsed());
         drop(silent);
     }
 }
