@@ -39,6 +39,8 @@ if [ -z "${NETNS:-}" ]; then
     NETNS_AUTO=1
     if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then NETNS=1; else NETNS=0; fi
 fi
+# 1,000 shm connections take about 10,000 descriptors per process.
+[ "$RR_1000" = 1 ] && { ulimit -n 65536 2> /dev/null || ulimit -n "$(ulimit -Hn)" 2> /dev/null || true; }
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
 port=$((20000 + RANDOM % 20000))
