@@ -2,10 +2,12 @@
 //! starts two soft RoCE v2 endpoints on loopback (127.0.0.1 and 127.0.0.2), performs every RDMA
 //! operation between them with verified data, shows `lightpath::Stream` choosing its transport
 //! (see `demo_streams`), then measures the soft provider side by side with kernel TCP (latency
-//! at 8 B and 4 KiB, bandwidth at 64 KiB and 1 MiB).
+//! at 8 B and 4 KiB, bandwidth at 64 KiB and 1 MiB), and last the streams as applications get
+//! them — default options, server and client as two processes of this binary — over shm and
+//! soft against the same API over kernel TCP.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::ExitCode;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -43,6 +45,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     println!("\nSide by side with kernel TCP on loopback (one run; both measured now, on this machine):\n");
     benchmarks(&args, port)?;
+    println!(
+        "\nStreams with default options (lightpath::Stream as applications use it; server and client\n\
+         are two processes) against the same API over kernel TCP:\n"
+    );
+    stream_benchmarks(&args)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -250,5 +257,93 @@ fn benchmarks(args: &Args, port: u16) -> Result<()> {
   Latency is one-way (round trip / 2); for latency lower is better, for bandwidth higher."
     );
     println!("  Every payload was verified. Full runs: `lightpath perf TEST` (server) + `lightpath perf TEST 127.0.0.1`.");
+    Ok(())
+}
+
+/// Runs one stream test as two processes of this binary (`lightpath perf TEST`, default
+/// options) and returns the client's JSON result.
+fn stream_run(
+    test: &str,
+    provider: &str,
+    size: usize,
+    iters: u64,
+    extra: &[&str],
+) -> Result<serde_json::Value> {
+    let exe = std::env::current_exe().context("cannot find this program's binary")?;
+    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port().to_string();
+    let server = Command::new(&exe)
+        .args(["perf", test, "--provider", provider, "-p", &port, "--bind", "127.0.0.1"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start the perf server")?;
+    let client = Command::new(&exe)
+        .args(["perf", test, "127.0.0.1", "--provider", provider, "-p", &port, "--json"])
+        .args(["-s", &size.to_string(), "-n", &iters.to_string()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run the perf client")?;
+    let mut server = server;
+    if !client.status.success() {
+        let _ = server.kill();
+    }
+    let server = server.wait_with_output()?;
+    ensure!(
+        client.status.success(),
+        "{test} over {provider} failed: {}{}",
+        String::from_utf8_lossy(&client.stderr),
+        String::from_utf8_lossy(&server.stderr)
+    );
+    let line = String::from_utf8_lossy(&client.stdout);
+    let first = line.lines().next().with_context(|| format!("{test} over {provider} printed no result"))?;
+    serde_json::from_str(first).with_context(|| format!("{test} over {provider}: not JSON: {first}"))
+}
+
+fn stream_benchmarks(args: &Args) -> Result<()> {
+    const PROVIDERS: [&str; 3] = ["shm", "soft", "tcp"];
+    println!(
+        "  {:<28} {:>12} {:>12} {:>12} {:>9} {:>9}",
+        "measurement", "shm", "soft", "kernel TCP", "shm/TCP", "soft/TCP"
+    );
+    let bw_iters = |size: u64| if size >= 1 << 20 { (args.bw_iters / 16).max(16) } else { args.bw_iters };
+    let rows: [(&str, &str, u64, u64, &[&str]); 4] = [
+        ("stream_lat 8 B (median)", "stream_lat", 8, args.lat_iters, &[]),
+        ("stream_bw 64 KiB", "stream_bw", 64 << 10, bw_iters(64 << 10), &[]),
+        ("stream_bw 1 MiB", "stream_bw", 1 << 20, bw_iters(1 << 20), &[]),
+        ("stream_rr 64 B, 16 conns", "stream_rr", 64, (args.lat_iters / 10).max(20), &["--conns", "16"]),
+    ];
+    for (name, test, size, iters, extra) in rows {
+        let mut values = Vec::new();
+        for provider in PROVIDERS {
+            let r = stream_run(test, provider, size as usize, iters, extra)?;
+            let value = match test {
+                "stream_lat" => r["lat_us"]["median"].as_f64(),
+                "stream_rr" => r["msg_rate_mpps"].as_f64().map(|m| m * 1e3),
+                _ => r["bw_mb_s"].as_f64(),
+            };
+            values.push(value.with_context(|| format!("{test} over {provider}: no value in {r}"))?);
+        }
+        let cell = |v: f64| match test {
+            "stream_lat" => format!("{v:.2} us"),
+            "stream_rr" => format!("{v:.1} kreq/s"),
+            _ => format!("{v:.0} MB/s"),
+        };
+        println!(
+            "  {:<28} {:>12} {:>12} {:>12} {:>8.2}x {:>8.2}x",
+            name,
+            cell(values[0]),
+            cell(values[1]),
+            cell(values[2]),
+            values[0] / values[2],
+            values[1] / values[2]
+        );
+    }
+    println!(
+        "\n  Defaults: no busy-polling (soft's progress thread; a short spin, then sleep), a thread per\n  \
+         connection on the server. More rows, CPU cost and two namespaces: scripts/compare.sh."
+    );
     Ok(())
 }

@@ -15,6 +15,7 @@ mod devices;
 mod interop_peer;
 mod perf;
 mod pingpong;
+mod plot;
 mod sim;
 
 /// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
@@ -42,10 +43,13 @@ enum Command {
     /// perftest-style latency and bandwidth tests between two lightpath processes.
     #[command(after_help = "Stream-layer tests (lightpath::Stream, as applications use it) take the same \
 form with options of their own:\n  lightpath perf stream_lat|stream_bw|stream_rr [SERVER] --provider soft|shm|tcp \
-[-s SIZE] [-n ITERS] [--conns N] [--json]\nSee `lightpath perf stream_lat --help`.")]
+[-s SIZE] [-n ITERS] [--conns N] [--polling] [--server threads|loop] [--json]\nSee `lightpath perf stream_lat --help`. \
+Results carry both processes' CPU time; `lightpath plot` draws --json lines.")]
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),
+    /// Draw `perf --json` / compare.sh results as an SVG chart: size across, one line per provider.
+    Plot(plot::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +73,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Devices(args) => devices::run(args),
         Command::Decode(args) => decode::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Plot(args) => plot::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Pingpong(args) => pingpong::run(args),
         Command::InteropPeer(args) => interop_peer::run(args),

@@ -2,7 +2,7 @@
 //! end of stream, and small perf runs over soft, shm and tcp whose JSON is checked.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -87,28 +87,57 @@ fn cat_over_tcp() {
 }
 
 fn perf(test: &str, provider: &str, extra: &[&str]) -> Vec<serde_json::Value> {
-    let port = free_port().to_string();
+    perf_with_server(test, provider, &[], extra, |_| {})
+}
+
+/// Runs a perf stream test: a server with `server_extra`, then `before_client(port)`, then the
+/// client with `extra`; both must succeed. Returns the client's JSON lines.
+fn perf_with_server(
+    test: &str,
+    provider: &str,
+    server_extra: &[&str],
+    extra: &[&str],
+    before_client: impl FnOnce(u16),
+) -> Vec<serde_json::Value> {
+    let port = free_port();
+    let port_arg = port.to_string();
     let mut server = Command::new(BIN)
-        .args(["perf", test, "-p", &port, "--provider", provider])
+        .args(["perf", test, "-p", &port_arg, "--provider", provider])
+        .args(server_extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    before_client(port);
     let client = Command::new(BIN)
-        .args(["perf", test, "127.0.0.1", "-p", &port, "--provider", provider, "--json"])
+        .args(["perf", test, "127.0.0.1", "-p", &port_arg, "--provider", provider, "--json"])
         .args(extra)
         .output()
         .unwrap();
-    let status = server.wait().unwrap();
     let mut server_err = String::new();
+    if !client.status.success() {
+        let _ = server.kill();
+    }
+    let status = server.wait().unwrap();
     server.stderr.take().unwrap().read_to_string(&mut server_err).unwrap();
-    assert!(client.status.success(), "client: {}", String::from_utf8_lossy(&client.stderr));
+    assert!(
+        client.status.success(),
+        "client: {}\nserver: {server_err}",
+        String::from_utf8_lossy(&client.stderr)
+    );
     assert!(status.success(), "server: {server_err}");
     String::from_utf8(client.stdout)
         .unwrap()
         .lines()
         .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
         .collect()
+}
+
+/// Both processes' CPU time is reported, with the per-request or per-GB figure.
+fn check_cpu(result: &serde_json::Value, per: &str) {
+    assert!(result["cpu_s"].as_f64().unwrap() > 0.0, "{result}");
+    assert!(result["server_cpu_s"].as_f64().unwrap() > 0.0, "{result}");
+    assert!(result[per].as_f64().unwrap() > 0.0, "{result}");
 }
 
 #[test]
@@ -118,18 +147,87 @@ fn perf_stream_tests_over_soft_shm_and_tcp() {
         assert_eq!(lat.len(), 1);
         assert_eq!(lat[0]["test"], "stream_lat");
         assert_eq!(lat[0]["size"], 4096);
+        assert_eq!(lat[0]["server"], "threads");
+        assert_eq!(lat[0]["polling"], false);
         assert!(lat[0]["lat_us"]["median"].as_f64().unwrap() > 0.0);
+        check_cpu(&lat[0], "cpu_us_per_op");
         let transport = lat[0]["transport"].as_str().unwrap();
         assert_eq!(transport.starts_with("rdma/"), provider != "tcp", "{transport}");
         assert!(transport.starts_with(&format!("rdma/{provider}")) || provider == "tcp", "{transport}");
 
-        let bw = perf("stream_bw", provider, &["-s", "65536", "-n", "64"]);
+        let bw = perf("stream_bw", provider, &["-s", "65536", "-n", "64", "--polling"]);
         assert!(bw[0]["bw_mb_s"].as_f64().unwrap() > 0.0);
         assert_eq!(bw[0]["verified"], true);
+        assert_eq!(bw[0]["polling"], true);
+        check_cpu(&bw[0], "cpu_s_per_gb");
 
         let rr = perf("stream_rr", provider, &["--conns", "8", "-n", "20", "-s", "64"]);
         assert_eq!(rr[0]["conns"], 8);
         assert!(rr[0]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
+        check_cpu(&rr[0], "cpu_us_per_op");
+    }
+}
+
+/// `--server loop` (one tokio event loop) serves every provider; the client's JSON says which
+/// shape served it, and a client expecting the other shape is told.
+#[test]
+fn perf_stream_rr_event_loop_server() {
+    for provider in ["soft", "shm", "tcp"] {
+        let rr = perf_with_server(
+            "stream_rr",
+            provider,
+            &["--server", "loop"],
+            &["--conns", "8", "-n", "20", "-s", "64", "--server", "loop"],
+            |_| {},
+        );
+        assert_eq!(rr.len(), 1);
+        assert_eq!(rr[0]["server"], "loop", "{provider}");
+        assert_eq!(rr[0]["conns"], 8);
+        check_cpu(&rr[0], "cpu_us_per_op");
+        assert_eq!(rr[0]["transport"].as_str().unwrap().starts_with("rdma/"), provider != "tcp");
+    }
+    let lat = perf_with_server("stream_lat", "soft", &["--server", "loop"], &["-n", "50"], |_| {});
+    assert_eq!(lat[0]["server"], "loop");
+}
+
+/// Connects to the server on `port`, retrying while it starts.
+fn plain_client(port: u16) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => return stream,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(err) => panic!("nothing listened on port {port}: {err}"),
+        }
+    }
+}
+
+/// Before the real client, a plain TCP client sends garbage, a port scanner connects and
+/// closes, and another plain client connects and says nothing (kept open for the whole run):
+/// every stream test's server, in both shapes, drops them and serves the real client.
+#[test]
+fn perf_stream_servers_survive_foreign_clients() {
+    let cases: [(&str, &str, &[&str]); 4] = [
+        ("stream_lat", "threads", &["-n", "50"]),
+        ("stream_bw", "threads", &["-n", "50"]),
+        ("stream_rr", "threads", &["--conns", "4", "-n", "20"]),
+        ("stream_rr", "loop", &["--conns", "4", "-n", "20"]),
+    ];
+    for (test, shape, extra) in cases {
+        let mut silent = None;
+        let results = perf_with_server(test, "soft", &["--server", shape], extra, |port| {
+            let mut garbage = plain_client(port);
+            garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            drop(plain_client(port));
+            silent = Some(plain_client(port));
+            // Let the server see them before the real client comes.
+            std::thread::sleep(Duration::from_millis(300));
+            drop(garbage);
+        });
+        assert_eq!(results.len(), 1, "{test}/{shape}");
+        assert_eq!(results[0]["verified"], true);
+        assert_eq!(results[0]["server"], shape);
+        drop(silent);
     }
 }
 

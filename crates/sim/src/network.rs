@@ -1,4 +1,4 @@
-//! The simulated network: endpoints identified by IP address, one [`Link`] per ordered pair of
+//! The simulated network: endpoints identified by IP address, one link (a [`LinkConfig`]) per ordered pair of
 //! endpoints, and the datagrams in flight ordered by arrival time.
 //!
 //! The network never calls an endpoint; the driver hands it datagrams with [`Network::send`]

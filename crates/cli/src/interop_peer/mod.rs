@@ -59,7 +59,7 @@ pub struct Args {
     /// GID index (a soft device has one GID, index 0).
     #[arg(short = 'g', long = "gid-index", value_parser = c_number::<u32>)]
     pub gid_index: Option<u32>,
-    /// Device: a soft device name (soft-<ip>, soft-<ip>-<udp port>, <ip> or <ip>:<udp port>).
+    /// Device: a soft device name (soft-IP, soft-IP-UDPPORT, IP or IP:UDPPORT).
     #[arg(short = 'd', long = "ib-dev", conflicts_with_all = ["bind", "udp_port"])]
     pub device: Option<String>,
     /// Port of the device (a soft device has one: 1).

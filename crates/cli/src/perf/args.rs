@@ -82,6 +82,14 @@ impl ProviderKind {
             ProviderKind::Shm => "shm",
         }
     }
+
+    /// Whether a client of this provider can run a test against a server of `other`: soft and
+    /// ibverbs speak one wire protocol (RoCE v2), so a soft client reaches an ibverbs server (a
+    /// real RNIC, or rxe) and the other way round; shm and tcp meet only themselves.
+    pub fn interoperates_with(self, other: ProviderKind) -> bool {
+        let roce = |p: ProviderKind| matches!(p, ProviderKind::Soft | ProviderKind::Ibverbs);
+        self == other || (roce(self) && roce(other))
+    }
 }
 
 /// Largest message `--all` reaches and the largest accepted size: 8 MiB (rxe's limit).

@@ -32,6 +32,10 @@ pub struct Hello {
     pub tx_depth: u32,
     /// Provider-specific connection data (e.g. the soft provider's QPN, PSN, GID, buffer keys).
     pub endpoint: Option<serde_json::Value>,
+    /// The client wants the server's CPU time of each size (the tcp baseline sends it after
+    /// each size's data; the RDMA providers in their verdict). Absent from older clients.
+    #[serde(default)]
+    pub cpu: bool,
 }
 
 /// The server's answer to [`Hello`].
@@ -76,9 +80,9 @@ pub fn check_hello(hello: &Hello, test: PerfTest, provider: ProviderKind) -> std
     if hello.test != test {
         return Err(format!("client runs {} but this server runs {}", hello.test, test));
     }
-    if hello.provider != provider {
+    if !hello.provider.interoperates_with(provider) {
         return Err(format!(
-            "client uses provider {} but this server uses {}",
+            "client uses provider {} but this server uses {} (they do not share a wire protocol)",
             hello.provider.name(),
             provider.name()
         ));
@@ -106,6 +110,7 @@ mod tests {
             plan: vec![(2, 10)],
             tx_depth: 1,
             endpoint: None,
+            cpu: true,
         }
     }
 
@@ -120,6 +125,27 @@ mod tests {
         bad = hello();
         bad.version = 99;
         assert!(check_hello(&bad, PerfTest::SendLat, ProviderKind::Tcp).unwrap_err().contains("version"));
+    }
+
+    /// soft and ibverbs are one wire (RoCE v2), so either client meets either server; shm and
+    /// tcp meet only themselves.
+    #[test]
+    fn providers_sharing_a_wire_are_accepted() {
+        use ProviderKind::*;
+        let all = [Soft, Ibverbs, Shm, Tcp];
+        for client in all {
+            for server in all {
+                let mut h = hello();
+                h.provider = client;
+                let verdict = check_hello(&h, PerfTest::SendLat, server);
+                let roce = |p| matches!(p, Soft | Ibverbs);
+                let compatible = client == server || (roce(client) && roce(server));
+                assert_eq!(verdict.is_ok(), compatible, "{client:?} client, {server:?} server: {verdict:?}");
+                if let Err(reason) = verdict {
+                    assert!(reason.contains(client.name()) && reason.contains(server.name()), "{reason}");
+                }
+            }
+        }
     }
 
     #[test]

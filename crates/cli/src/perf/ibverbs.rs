@@ -38,7 +38,10 @@ impl EndpointOptions {
 /// Runs the server or the client side.
 pub fn run(args: &Args) -> Result<()> {
     match &args.server {
-        None => serve_stream(session::accept_one(args)?, &EndpointOptions::from_args(args), args.test),
+        None => {
+            let (stream, hello) = session::accept_client(args, rdma::usable_endpoint)?;
+            serve_hello(stream, hello, &EndpointOptions::from_args(args), args.test)
+        }
         Some(server) => {
             let stream = session::connect(args, server)?;
             let mut reporter = Reporter::new(args.json);
@@ -78,6 +81,16 @@ fn open(options: &EndpointOptions) -> Result<(IbvDevice, Mtu)> {
 /// The server side on an accepted control connection.
 pub fn serve_stream(mut stream: TcpStream, options: &EndpointOptions, test: PerfTest) -> Result<()> {
     let hello: Hello = control::recv(&mut stream)?;
+    serve_hello(stream, hello, options, test)
+}
+
+/// The server side once the client's hello has been read.
+pub fn serve_hello(
+    mut stream: TcpStream,
+    hello: Hello,
+    options: &EndpointOptions,
+    test: PerfTest,
+) -> Result<()> {
     if let Err(reason) = control::check_hello(&hello, test, ProviderKind::Ibverbs) {
         control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
         bail!("refused the client: {reason}");
@@ -124,6 +137,7 @@ pub fn client_stream(
         provider: ProviderKind::Ibverbs,
         plan: plan.to_vec(),
         tx_depth,
+        cpu: true,
         endpoint: Some(serde_json::to_value(side.endpoint())?),
     };
     control::send(&mut stream, &hello)?;

@@ -9,9 +9,16 @@
 //! / max one-way latency in µs (round-trip tests such as READ and atomics report the round trip,
 //! as perftest does); bandwidth tests report MB/s (10^6 bytes per second) and million messages per
 //! second. Bandwidth tests verify the payload with a checksum at the end of each size.
+//!
+//! The server runs one client's test and exits; connections that are not such a client (or ask
+//! for another test, or bring an endpoint it cannot use) are answered or dropped and it goes on
+//! waiting ([`session`]). soft and ibverbs clients and servers meet each other: they speak one
+//! wire, RoCE v2 ([`ProviderKind::interoperates_with`]). Every result carries both processes'
+//! CPU time over the size ([`cpu`]).
 
 mod args;
 mod control;
+pub mod cpu;
 mod ibverbs;
 mod pattern;
 mod progress;

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::{PerfTest, ProviderKind};
 use super::control;
+use super::cpu::{self, CpuUse};
 use super::pattern;
 use super::progress::Progress;
 use super::report::SizeResult;
@@ -61,13 +62,35 @@ pub struct RdmaEndpoint {
     pub rkey: u32,
 }
 
+/// Whether a client's hello carries an RDMA endpoint this side can connect to (for
+/// `session::accept_client`; the soft and ibverbs servers).
+pub fn usable_endpoint(hello: &super::control::Hello) -> std::result::Result<(), String> {
+    let endpoint: RdmaEndpoint = hello
+        .endpoint
+        .clone()
+        .and_then(|e| serde_json::from_value(e).ok())
+        .ok_or("the client sent no usable RDMA endpoint")?;
+    Gid::from_hex(&endpoint.gid).ok_or_else(|| format!("the client sent a bad GID {:?}", endpoint.gid))?;
+    Mtu::from_bytes(endpoint.mtu).ok_or_else(|| format!("the client sent a bad MTU {}", endpoint.mtu))?;
+    Ok(())
+}
+
 /// Lock-step messages on the control connection during a run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 enum Step {
-    Start { size: usize, iters: u64 },
+    Start {
+        size: usize,
+        iters: u64,
+    },
     Ready,
     Finish,
-    Verdict { ok: bool, detail: String },
+    /// The server's check of the size, and the CPU time it used from `Start` to `Finish`.
+    Verdict {
+        ok: bool,
+        detail: String,
+        #[serde(default)]
+        cpu_ns: Option<u64>,
+    },
 }
 
 /// One side's verbs objects. Field order is drop order: the queue pair goes before the region
@@ -294,9 +317,10 @@ pub fn client_run<D: Device>(
     let ClientPlan { test, provider, sizes, depth } = plan;
     for &(size, iters) in sizes {
         control::send(control_stream, &Step::Start { size, iters })?;
+        let cpu_start = cpu::process_cpu();
         expect_step(control_stream, &Step::Ready)?;
         let mut progress = Progress::new(format!("{test} {size} B"), iters);
-        let result = match test {
+        let mut result = match test {
             PerfTest::SendLat | PerfTest::WriteLat | PerfTest::ReadLat | PerfTest::AtomicLat => {
                 let mut samples = latency_client(side, test, size, iters, peer, &mut progress)?;
                 let divisor = if test.reports_round_trip() { 1 } else { 2 };
@@ -314,13 +338,21 @@ pub fn client_run<D: Device>(
                 )
             }
         };
+        let client_cpu = cpu::process_cpu().saturating_sub(cpu_start);
         progress.finish();
         control::send(control_stream, &Step::Finish)?;
-        match control::recv::<Step>(control_stream)? {
-            Step::Verdict { ok: true, .. } => {}
-            Step::Verdict { ok: false, detail } => bail!("the server found the data wrong: {detail}"),
+        let server_cpu = match control::recv::<Step>(control_stream)? {
+            Step::Verdict { ok: true, cpu_ns, .. } => cpu_ns.map(Duration::from_nanos),
+            Step::Verdict { ok: false, detail, .. } => bail!("the server found the data wrong: {detail}"),
             other => bail!("unexpected control message {other:?}"),
-        }
+        };
+        result.cpu = server_cpu.map(|server| {
+            if test.is_latency() {
+                CpuUse::per_op(client_cpu, server, iters + warmup(iters))
+            } else {
+                CpuUse::per_gb(client_cpu, server, size as u64 * iters)
+            }
+        });
         verify_client(side, test, size)?;
         on_result(&result);
     }
@@ -339,6 +371,7 @@ pub fn server_run<D: Device>(
             Step::Start { size, iters } if size <= side.max_size => (size, iters),
             other => bail!("unexpected control message {other:?}"),
         };
+        let cpu_start = cpu::process_cpu();
         side.mr.write(0, &pattern::make(size, SERVER_SALT ^ size as u32))?;
         if matches!(test, PerfTest::SendLat | PerfTest::SendBw) {
             side.top_up_recvs(RECV_DEPTH)?;
@@ -353,9 +386,10 @@ pub fn server_run<D: Device>(
             PerfTest::SendBw => drive_until_finish(side, control_stream, Some(iters))?,
             _ => drive_until_finish(side, control_stream, None)?,
         };
+        let cpu_ns = u64::try_from(cpu::process_cpu().saturating_sub(cpu_start).as_nanos()).ok();
         let verdict = match verify_server(side, test, size, iters, received) {
-            Ok(()) => Step::Verdict { ok: true, detail: String::new() },
-            Err(err) => Step::Verdict { ok: false, detail: format!("{err:#}") },
+            Ok(()) => Step::Verdict { ok: true, detail: String::new(), cpu_ns },
+            Err(err) => Step::Verdict { ok: false, detail: format!("{err:#}"), cpu_ns },
         };
         control::send(control_stream, &verdict)?;
     }

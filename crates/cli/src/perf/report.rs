@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::args::{PerfTest, ProviderKind};
+use super::cpu::CpuUse;
 use super::stats::{BandwidthSummary, LatencySummary};
 
 /// The result of one size.
@@ -20,6 +21,9 @@ pub struct SizeResult {
     pub msg_rate_mpps: Option<f64>,
     /// Whether the payload was verified (bandwidth tests compare checksums at the end).
     pub verified: bool,
+    /// Both processes' CPU time over this size (absent when the server did not report it).
+    #[serde(flatten)]
+    pub cpu: Option<CpuUse>,
 }
 
 impl SizeResult {
@@ -40,6 +44,7 @@ impl SizeResult {
             bw_mb_s: None,
             msg_rate_mpps: None,
             verified: true,
+            cpu: None,
         }
     }
 
@@ -60,6 +65,7 @@ impl SizeResult {
             bw_mb_s: Some(bw.bw_mb_s),
             msg_rate_mpps: Some(bw.msg_rate_mpps),
             verified: true,
+            cpu: None,
         }
     }
 }
@@ -88,21 +94,32 @@ impl Reporter {
             println!("# {} over {}", result.test, result.provider);
             if result.lat_us.is_some() {
                 println!(
-                    "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-                    "#bytes", "#iters", "min[us]", "median[us]", "p99[us]", "max[us]", "avg[us]"
+                    "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+                    "#bytes",
+                    "#iters",
+                    "min[us]",
+                    "median[us]",
+                    "p99[us]",
+                    "max[us]",
+                    "avg[us]",
+                    "CPU (both)"
                 );
             } else {
-                println!("{:>10} {:>10} {:>14} {:>14}", "#bytes", "#iters", "BW[MB/s]", "MsgRate[Mpps]");
+                println!(
+                    "{:>10} {:>10} {:>14} {:>14} {:>14}",
+                    "#bytes", "#iters", "BW[MB/s]", "MsgRate[Mpps]", "CPU (both)"
+                );
             }
         }
+        let cpu = result.cpu.map(|c| c.summary()).unwrap_or_default();
         if let Some(lat) = result.lat_us {
             println!(
-                "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+                "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {cpu:>14}",
                 result.size, result.iters, lat.min, lat.median, lat.p99, lat.max, lat.avg
             );
         } else {
             println!(
-                "{:>10} {:>10} {:>14.2} {:>14.6}",
+                "{:>10} {:>10} {:>14.2} {:>14.6} {cpu:>14}",
                 result.size,
                 result.iters,
                 result.bw_mb_s.unwrap_or(0.0),

@@ -1,27 +1,92 @@
-//! Setting up the out-of-band TCP connection of a perf run: the server listens and accepts one
-//! client (as perftest does); the client connects, retrying briefly so that scripts may start
-//! both sides at once.
+//! Setting up the out-of-band TCP connection of a perf run: the server listens until one client
+//! it can serve has said hello (as perftest, it then runs that one client's test and exits);
+//! the client connects, retrying briefly so that scripts may start both sides at once.
+//!
+//! Anything else reaching the port — a port scanner, a plain TCP client sending garbage or
+//! nothing, a perftest binary, a `lightpath perf` client asking for another test — is answered
+//! or dropped and logged, and the server goes on waiting: each connection says hello on a
+//! thread of its own, within [`HELLO_PATIENCE`], so a silent one holds up nobody.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::args::Args;
+use super::control::{self, Answer, Hello};
 
 /// How long a client keeps retrying a refused connection.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
+/// How long the server waits for a new connection's hello before dropping it.
+pub const HELLO_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Listens on `--bind` (or every address) at `-p` and accepts one client.
-pub fn accept_one(args: &Args) -> Result<TcpStream> {
+/// Listens on `--bind` (or every address) at `-p` until a client whose hello this server can
+/// serve ([`control::check_hello`] against `-p`'s test and provider, then `usable`: the
+/// provider's look at the client's endpoint) arrives; returns its control connection and hello.
+pub fn accept_client(
+    args: &Args,
+    usable: fn(&Hello) -> std::result::Result<(), String>,
+) -> Result<(TcpStream, Hello)> {
     let addr = SocketAddr::new(args.bind.unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)), args.port);
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     eprintln!("lightpath perf: waiting for a client on {addr} ({} over {})", args.test, args.provider.name());
-    let (stream, peer) = listener.accept()?;
-    stream.set_nodelay(true)?;
+    let (test, provider) = (args.test, args.provider);
+    let (found, clients) = mpsc::channel::<(TcpStream, Hello, SocketAddr)>();
+    // The acceptor outlives this call (it is blocked in accept); later arrivals are told the
+    // server is busy. The process exits when the run is over.
+    std::thread::Builder::new().name("perf-accept".into()).spawn(move || loop {
+        let (stream, peer) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                eprintln!("lightpath perf: accept failed: {err}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let found = found.clone();
+        let _ = std::thread::Builder::new().name("perf-hello".into()).spawn(move || {
+            match hello_from(stream, test, provider, usable) {
+                Ok((stream, hello)) => {
+                    if let Err(mpsc::SendError((mut stream, _, _))) = found.send((stream, hello, peer)) {
+                        let reason = "the server is busy with another client".to_string();
+                        let _ = control::send(&mut stream, &Answer::Reject { reason });
+                    }
+                }
+                Err(err) => eprintln!("lightpath perf: ignored a connection from {peer}: {err:#}"),
+            }
+        });
+    })?;
+    let (stream, hello, peer) = clients.recv().map_err(|_| anyhow!("the acceptor thread stopped"))?;
+    drop(clients);
     eprintln!("lightpath perf: client {peer} connected");
-    Ok(stream)
+    Ok((stream, hello))
+}
+
+/// Reads and checks one connection's hello; a client asking for something else is told why.
+fn hello_from(
+    mut stream: TcpStream,
+    test: super::args::PerfTest,
+    provider: super::args::ProviderKind,
+    usable: fn(&Hello) -> std::result::Result<(), String>,
+) -> Result<(TcpStream, Hello)> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(HELLO_PATIENCE))?;
+    let hello: Hello = control::recv(&mut stream).map_err(|err| {
+        match err.downcast_ref::<std::io::Error>().map(std::io::Error::kind) {
+            Some(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                anyhow!("no hello within {} s", HELLO_PATIENCE.as_secs())
+            }
+            _ => err,
+        }
+    })?;
+    if let Err(reason) = control::check_hello(&hello, test, provider).and_then(|()| usable(&hello)) {
+        let _ = control::send(&mut stream, &Answer::Reject { reason: reason.clone() });
+        return Err(anyhow!("refused: {reason}"));
+    }
+    stream.set_read_timeout(None)?;
+    Ok((stream, hello))
 }
 
 fn listen(addr: SocketAddr) -> Result<TcpListener> {

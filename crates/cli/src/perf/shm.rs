@@ -32,7 +32,10 @@ struct ShmEndpoint {
 /// Runs the server or the client side.
 pub fn run(args: &Args) -> Result<()> {
     match &args.server {
-        None => serve_stream(session::accept_one(args)?, args.test),
+        None => {
+            let (stream, hello) = session::accept_client(args, usable_endpoint)?;
+            serve_hello(stream, hello, args.test)
+        }
         Some(server) => {
             let stream = session::connect(args, server)?;
             let mut reporter = Reporter::new(args.json);
@@ -61,9 +64,27 @@ fn same_host(peer: &ShmEndpoint, here: &HostIdentity) -> Result<()> {
     Ok(())
 }
 
+/// Whether a client's hello carries an shm endpoint of a process this one can share memory
+/// with (for `session::accept_client`: a client from another host or namespace is told why,
+/// and the server goes on waiting).
+fn usable_endpoint(hello: &Hello) -> std::result::Result<(), String> {
+    let peer: ShmEndpoint = hello
+        .endpoint
+        .clone()
+        .and_then(|e| serde_json::from_value(e).ok())
+        .ok_or("the client sent no usable shm endpoint")?;
+    let host = here().map_err(|err| format!("{err:#}"))?;
+    same_host(&peer, &host).map_err(|err| format!("{err:#}"))
+}
+
 /// The server side on an accepted control connection.
 pub fn serve_stream(mut stream: TcpStream, test: PerfTest) -> Result<()> {
     let hello: Hello = control::recv(&mut stream)?;
+    serve_hello(stream, hello, test)
+}
+
+/// The server side once the client's hello has been read.
+pub fn serve_hello(mut stream: TcpStream, hello: Hello, test: PerfTest) -> Result<()> {
     if let Err(reason) = control::check_hello(&hello, test, ProviderKind::Shm) {
         control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
         bail!("refused the client: {reason}");
@@ -114,6 +135,7 @@ pub fn client_stream(
         provider: ProviderKind::Shm,
         plan: plan.to_vec(),
         tx_depth,
+        cpu: true,
         endpoint: Some(serde_json::to_value(mine)?),
     };
     control::send(&mut stream, &hello)?;

@@ -63,12 +63,23 @@ pub fn open_device(ip: IpAddr, udp_port: u16, mtu: Mtu) -> Result<SoftDevice> {
 }
 
 fn serve(args: &Args) -> Result<()> {
-    serve_stream(session::accept_one(args)?, &EndpointOptions::from_args(args), args.test)
+    let (stream, hello) = session::accept_client(args, rdma::usable_endpoint)?;
+    serve_hello(stream, hello, &EndpointOptions::from_args(args), args.test)
 }
 
 /// The server side on an accepted control connection.
 pub fn serve_stream(mut stream: TcpStream, options: &EndpointOptions, test: PerfTest) -> Result<()> {
     let hello: Hello = control::recv(&mut stream)?;
+    serve_hello(stream, hello, options, test)
+}
+
+/// The server side once the client's hello has been read.
+pub fn serve_hello(
+    mut stream: TcpStream,
+    hello: Hello,
+    options: &EndpointOptions,
+    test: PerfTest,
+) -> Result<()> {
     if let Err(reason) = control::check_hello(&hello, test, ProviderKind::Soft) {
         control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
         bail!("refused the client: {reason}");
@@ -141,6 +152,7 @@ pub fn client_stream(
         provider: ProviderKind::Soft,
         plan: plan.to_vec(),
         tx_depth,
+        cpu: true,
         endpoint: Some(serde_json::to_value(side.endpoint())?),
     };
     control::send(&mut stream, &hello)?;

@@ -9,30 +9,58 @@
 //! | stream_rr | `--conns` connections, each `iters` requests of `size` bytes echoed back | transactions/s, round-trip latency |
 //!
 //! The server (no SERVER argument) listens on `-p` with a Lightpath listener and serves one
-//! client run (for stream_rr, all its connections). Each connection opens with one message
-//! holding the plan as JSON. The options and the JSON lines are those of the verbs-level
-//! tests, plus `conns` and `transport` (what the connection really got).
+//! client run (for stream_rr, all its connections), in one of two shapes (`--server`): a
+//! thread per connection (`threads`, the default) or one event loop (`loop`: a tokio
+//! current-thread runtime serving every connection through `lightpath::tokio` streams); see
+//! [`server`]. Each connection opens with one message holding the plan as JSON, which the
+//! server answers with its shape. The options and the JSON lines are those of the verbs-level
+//! tests, plus `conns`, `transport` (what the connection really got), `server` (its shape),
+//! `polling`, and both processes' CPU time over the measured iterations (`cpu_s`,
+//! `server_cpu_s`, `cpu_us_per_op` or `cpu_s_per_gb`; see [`super::cpu`]): before and after
+//! them the client asks the server for a reading, over the first connection.
 //!
 //! This subcommand is parsed before the verbs-level `perf` (see `wants`), so the verbs tests'
 //! enum stays untouched.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
-use lightpath::{Listener, Options, Stream};
+use lightpath::{Options, Stream};
 use lightpath_soft::ProgressMode;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::cpu::{self, CpuUse};
 use super::stats::{BandwidthSummary, LatencySummary};
 
+#[path = "stream_server.rs"]
+pub mod server;
 #[path = "stream_zero_copy.rs"]
 mod zero_copy;
+
+/// The shape of the server (`--server`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerShape {
+    /// A thread per connection, blocking calls.
+    Threads,
+    /// One event loop: a tokio current-thread runtime, a task per connection.
+    Loop,
+}
+
+impl ServerShape {
+    fn name(self) -> &'static str {
+        match self {
+            ServerShape::Threads => "threads",
+            ServerShape::Loop => "loop",
+        }
+    }
+}
 
 /// The stream-layer tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -93,6 +121,10 @@ pub struct StreamArgs {
     /// Connections (stream_rr).
     #[arg(long, default_value_t = 16)]
     pub conns: usize,
+    /// Server shape: a thread per connection (`threads`, default) or one tokio event loop
+    /// (`loop`). On a client: the shape to expect (the run fails if the server has another).
+    #[arg(long = "server", value_enum, value_name = "SHAPE")]
+    pub shape: Option<ServerShape>,
     /// Drive the soft device from the calling threads and busy-poll (as the verbs tests do)
     /// instead of sleeping until the progress thread wakes them.
     #[arg(long)]
@@ -138,9 +170,28 @@ struct Plan {
     /// Both sides use registered buffers (write_buf / read_buf).
     #[serde(default)]
     zero_copy: bool,
+    /// The server answers the plan with a [`ServerInfo`] message.
+    #[serde(default)]
+    reply: bool,
+    /// Around each size's measured iterations the client sends [`PROBE`] on this connection
+    /// and the server answers its CPU time ([`cpu::encode`]).
+    #[serde(default)]
+    cpu_probe: bool,
+}
+
+/// The server's answer to a plan.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct ServerInfo {
+    /// The server's shape.
+    server: ServerShape,
+    /// Why the server refuses the plan, if it does.
+    #[serde(default)]
+    error: Option<String>,
 }
 
 const MAGIC: &str = "lightpath-perf-stream";
+/// The client's request for the server's CPU time.
+const PROBE: &[u8] = b"cpu?";
 
 /// One result line.
 #[derive(Debug, Clone, Serialize)]
@@ -151,6 +202,10 @@ pub struct StreamResult {
     pub size: usize,
     pub iters: u64,
     pub conns: usize,
+    /// The server's shape (`threads` or `loop`).
+    pub server: &'static str,
+    /// Whether this run busy-polled (`--polling`).
+    pub polling: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lat_us: Option<LatencySummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -158,6 +213,9 @@ pub struct StreamResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub msg_rate_mpps: Option<f64>,
     pub verified: bool,
+    /// Both processes' CPU time over the measured iterations.
+    #[serde(flatten)]
+    pub cpu: Option<CpuUse>,
 }
 
 fn options(args: &StreamArgs) -> Result<Options> {
@@ -208,9 +266,14 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
     ensure!(args.iters != Some(0), "at least one iteration is needed");
     ensure!(args.conns > 0, "at least one connection is needed");
     ensure!(!(args.zero_copy && args.test == StreamTest::Rr), "--zero-copy is for stream_lat and stream_bw");
+    if args.server.is_none() && args.shape == Some(ServerShape::Loop) {
+        ensure!(!args.zero_copy, "--zero-copy is served by --server threads only");
+        // In polling mode nothing processes the soft device's arrivals while the loop sleeps.
+        ensure!(!args.polling, "--server loop needs the soft provider's progress thread: drop --polling");
+    }
     let options = options(args)?;
     match &args.server {
-        None => serve(args, &options),
+        None => server::serve(args, &options),
         Some(server) => {
             let results = client(args, server, &options)?;
             print(&results, args.json);
@@ -227,24 +290,37 @@ fn print(results: &[StreamResult], json: bool) {
         }
         if i == 0 {
             println!(
-                "# {} over {} ({}), {} connection(s)",
-                result.test, result.provider, result.transport, result.conns
+                "# {} over {} ({}), {} connection(s), server: {}{}",
+                result.test,
+                result.provider,
+                result.transport,
+                result.conns,
+                result.server,
+                if result.polling { ", busy-polling" } else { "" }
             );
             println!(
-                "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>14}",
-                "#bytes", "#iters", "min[us]", "median[us]", "p99[us]", "BW[MB/s]", "rate[Mops]"
+                "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>14} {:>14}",
+                "#bytes",
+                "#iters",
+                "min[us]",
+                "median[us]",
+                "p99[us]",
+                "BW[MB/s]",
+                "rate[Mops]",
+                "CPU (both)"
             );
         }
         let lat = result.lat_us.map_or([f64::NAN; 3], |l| [l.min, l.median, l.p99]);
         println!(
-            "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>14.6}",
+            "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>14.6} {:>14}",
             result.size,
             result.iters,
             lat[0],
             lat[1],
             lat[2],
             result.bw_mb_s.unwrap_or(f64::NAN),
-            result.msg_rate_mpps.unwrap_or(f64::NAN)
+            result.msg_rate_mpps.unwrap_or(f64::NAN),
+            result.cpu.map(|c| c.summary()).unwrap_or_default()
         );
     }
 }
@@ -261,68 +337,6 @@ fn stamp(buf: &mut [u8], index: u64) {
     let bytes = index.to_be_bytes();
     let n = buf.len().min(8);
     buf[..n].copy_from_slice(&bytes[..n]);
-}
-
-fn serve(args: &StreamArgs, options: &Options) -> Result<ExitCode> {
-    let addr = SocketAddr::new(args.bind.unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)), args.port);
-    let listener = Listener::bind_with(addr, options.clone())
-        .or_else(|_| Listener::bind_with(("0.0.0.0", args.port), options.clone()))
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    eprintln!("lightpath perf: waiting for a client on port {} ({})", args.port, args.test.name());
-    // The first connection's plan says how many connections the run has (stream_rr).
-    let mut handles = Vec::new();
-    let mut total = 1;
-    while handles.len() < total {
-        let (mut stream, peer) = listener.accept()?;
-        let plan = read_plan(&mut stream)?;
-        if handles.is_empty() {
-            eprintln!("lightpath perf: client {peer} connected over {}", stream.transport());
-            total = plan.conns;
-        }
-        handles.push(std::thread::spawn(move || serve_conn(stream, &plan)));
-    }
-    for handle in handles {
-        handle.join().map_err(|_| anyhow::anyhow!("a server thread panicked"))??;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn read_plan(stream: &mut Stream) -> Result<Plan> {
-    let hello = stream.recv_msg()?.context("the client closed before its plan")?;
-    let plan: Plan = serde_json::from_slice(&hello).context("not a lightpath perf stream client")?;
-    ensure!(plan.magic == MAGIC, "not a lightpath perf stream client");
-    ensure!(plan.conns >= 1 && plan.conns <= 100_000, "implausible connection count {}", plan.conns);
-    ensure!(plan.sizes.iter().all(|&(size, _)| size > 0 && size <= 8 << 20), "message size out of range");
-    Ok(plan)
-}
-
-/// Serves one connection's plan.
-fn serve_conn(mut stream: Stream, plan: &Plan) -> Result<()> {
-    if plan.zero_copy {
-        return zero_copy::serve(stream, plan);
-    }
-    for &(size, iters) in &plan.sizes {
-        let mut buf = vec![0u8; size];
-        match plan.test {
-            StreamTest::Lat | StreamTest::Rr => {
-                for _ in 0..iters + warmup(iters) {
-                    stream.read_exact(&mut buf)?;
-                    stream.write_all(&buf)?;
-                }
-            }
-            StreamTest::Bw => {
-                for _ in 0..iters {
-                    stream.read_exact(&mut buf)?;
-                }
-                stream.write_all(&crc32fast::hash(&buf).to_be_bytes())?;
-            }
-        }
-    }
-    // Stay until the client closes, so its last records (its close among them) are
-    // acknowledged before this process exits and takes its queue pairs with it.
-    let mut rest = [0u8; 64];
-    while matches!(stream.read(&mut rest), Ok(n) if n > 0) {}
-    Ok(())
 }
 
 fn connect(server: &str, args: &StreamArgs, options: &Options) -> Result<Stream> {
@@ -346,17 +360,62 @@ fn check_transport(stream: &Stream, args: &StreamArgs) -> Result<String> {
     Ok(transport.to_string())
 }
 
+/// Sends `plan` and reads the server's answer; returns the server's shape.
+fn send_plan(stream: &mut Stream, plan: &Plan, args: &StreamArgs) -> Result<ServerShape> {
+    stream.send_msg(&serde_json::to_vec(plan)?)?;
+    let reply = stream.recv_msg()?.context("the server closed instead of answering the plan")?;
+    check_info(&reply, args)
+}
+
+fn check_info(reply: &[u8], args: &StreamArgs) -> Result<ServerShape> {
+    let info: ServerInfo =
+        serde_json::from_slice(reply).context("the server's answer is not a lightpath perf one")?;
+    if let Some(error) = info.error {
+        bail!("the server refused: {error}");
+    }
+    if let Some(want) = args.shape {
+        ensure!(
+            info.server == want,
+            "asked for a {} server but this one is {}",
+            want.name(),
+            info.server.name()
+        );
+    }
+    Ok(info.server)
+}
+
+/// One CPU reading of each side: this process's, then the server's (asked over `stream`).
+fn probe(stream: &mut Stream) -> Result<(Duration, Duration)> {
+    let mine = cpu::process_cpu();
+    stream.send_msg(PROBE)?;
+    let reply = stream.recv_msg()?.context("the server closed instead of answering a CPU probe")?;
+    let theirs = cpu::decode(&reply).context("the server's CPU reading is malformed")?;
+    Ok((mine, theirs))
+}
+
+/// The CPU used between two [`probe`]s.
+fn used(before: (Duration, Duration), after: (Duration, Duration)) -> (Duration, Duration) {
+    (after.0.saturating_sub(before.0), after.1.saturating_sub(before.1))
+}
+
 fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<StreamResult>> {
     let sizes = plan(args);
     let conns = if args.test == StreamTest::Rr { args.conns } else { 1 };
-    let plan =
-        Plan { magic: MAGIC.into(), test: args.test, sizes: sizes.clone(), conns, zero_copy: args.zero_copy };
+    let plan = Plan {
+        magic: MAGIC.into(),
+        test: args.test,
+        sizes: sizes.clone(),
+        conns,
+        zero_copy: args.zero_copy,
+        reply: true,
+        cpu_probe: !args.zero_copy,
+    };
     if args.test == StreamTest::Rr {
         return rr_client(args, server, options, &plan);
     }
     let mut stream = connect(server, args, options)?;
     let transport = check_transport(&stream, args)?;
-    stream.send_msg(&serde_json::to_vec(&plan)?)?;
+    let shape = send_plan(&mut stream, &plan, args)?;
     if args.zero_copy {
         return zero_copy::client(args, &mut stream, &transport, &sizes);
     }
@@ -364,36 +423,39 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
     for &(size, iters) in &sizes {
         let mut buf = vec![0u8; size];
         let mut back = vec![0u8; size];
-        let result = |lat_us, bw_mb_s, msg_rate_mpps| StreamResult {
+        let result = |lat_us, bw_mb_s, msg_rate_mpps, cpu| StreamResult {
             test: args.test.name(),
             provider: args.provider.clone(),
             transport: transport.clone(),
             size,
             iters,
             conns: 1,
+            server: shape.name(),
+            polling: args.polling,
             lat_us,
             bw_mb_s,
             msg_rate_mpps,
             verified: true,
+            cpu,
         };
         match args.test {
             StreamTest::Lat | StreamTest::Rr => {
-                let mut samples = Vec::with_capacity(iters as usize);
-                for i in 0..iters + warmup(iters) {
-                    stamp(&mut buf, i);
-                    let started = Instant::now();
-                    stream.write_all(&buf)?;
-                    stream.read_exact(&mut back)?;
-                    let elapsed = started.elapsed();
-                    ensure!(back == buf, "the echo of iteration {i} differs");
-                    if i >= warmup(iters) {
-                        samples.push(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
-                    }
+                for i in 0..warmup(iters) {
+                    round_trip(&mut stream, &mut buf, &mut back, i)?;
                 }
-                results.push(result(LatencySummary::from_nanos(&mut samples, 2), None, None));
+                let before = probe(&mut stream)?;
+                let mut samples = Vec::with_capacity(iters as usize);
+                for i in 0..iters {
+                    let elapsed = round_trip(&mut stream, &mut buf, &mut back, warmup(iters) + i)?;
+                    samples.push(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+                }
+                let (client_cpu, server_cpu) = used(before, probe(&mut stream)?);
+                let cpu = CpuUse::per_op(client_cpu, server_cpu, iters);
+                results.push(result(LatencySummary::from_nanos(&mut samples, 2), None, None, Some(cpu)));
             }
             StreamTest::Bw => {
                 stamp(&mut buf, 0);
+                let before = probe(&mut stream)?;
                 let started = Instant::now();
                 for i in 0..iters {
                     if i + 1 == iters {
@@ -404,13 +466,91 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
                 let mut crc = [0u8; 4];
                 stream.read_exact(&mut crc)?;
                 let elapsed = started.elapsed();
+                let (client_cpu, server_cpu) = used(before, probe(&mut stream)?);
                 ensure!(u32::from_be_bytes(crc) == crc32fast::hash(&buf), "the server's checksum differs");
                 let bw = BandwidthSummary::new(size as u64 * iters, iters, elapsed);
-                results.push(result(None, Some(bw.bw_mb_s), Some(bw.msg_rate_mpps)));
+                let cpu = CpuUse::per_gb(client_cpu, server_cpu, size as u64 * iters);
+                results.push(result(None, Some(bw.bw_mb_s), Some(bw.msg_rate_mpps), Some(cpu)));
             }
         }
     }
     Ok(results)
+}
+
+/// One ping-pong of `buf` (stamped with `i`), checked; returns the round-trip time.
+fn round_trip(stream: &mut Stream, buf: &mut [u8], back: &mut [u8], i: u64) -> Result<Duration> {
+    stamp(buf, i);
+    let started = Instant::now();
+    stream.write_all(buf)?;
+    stream.read_exact(back)?;
+    let elapsed = started.elapsed();
+    ensure!(back == buf, "the echo of iteration {i} differs");
+    Ok(elapsed)
+}
+
+/// `count` round trips on one connection (requests stamped `first..first + count`, XORed with
+/// the connection number); returns the stream and, if `record`, the round-trip times in ns.
+async fn round_trips(
+    mut stream: lightpath::tokio::Stream,
+    c: usize,
+    size: usize,
+    first: u64,
+    count: u64,
+    record: bool,
+) -> Result<(lightpath::tokio::Stream, Vec<u64>)> {
+    let mut buf = vec![0u8; size];
+    let mut back = vec![0u8; size];
+    let mut samples = Vec::with_capacity(if record { count as usize } else { 0 });
+    for i in first..first + count {
+        stamp(&mut buf, i ^ (c as u64) << 32);
+        let t = Instant::now();
+        stream.write_all(&buf).await?;
+        stream.read_exact(&mut back).await?;
+        ensure!(back == buf, "connection {c}: the echo of request {i} differs");
+        if record {
+            samples.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+    }
+    Ok((stream, samples))
+}
+
+/// Runs `count` round trips on every connection at once; the streams come back in order.
+async fn all_round_trips(
+    streams: &mut Vec<lightpath::tokio::Stream>,
+    size: usize,
+    first: u64,
+    count: u64,
+    record: bool,
+) -> Result<Vec<u64>> {
+    let tasks: Vec<_> = streams
+        .drain(..)
+        .enumerate()
+        .map(|(c, stream)| tokio::spawn(round_trips(stream, c, size, first, count, record)))
+        .collect();
+    let mut samples = Vec::new();
+    let mut failure = None;
+    for task in tasks {
+        match task.await.map_err(anyhow::Error::from).and_then(|r| r) {
+            Ok((stream, mut mine)) => {
+                streams.push(stream);
+                samples.append(&mut mine);
+            }
+            Err(err) => failure = failure.or(Some(err)),
+        }
+    }
+    match failure {
+        Some(err) => Err(err),
+        None => Ok(samples),
+    }
+}
+
+/// [`probe`] over a tokio stream.
+async fn probe_async(stream: &mut lightpath::tokio::Stream) -> Result<(Duration, Duration)> {
+    let mine = cpu::process_cpu();
+    stream.send_msg(PROBE).await?;
+    let reply = stream.recv_msg().await?.context("the server closed instead of answering a CPU probe")?;
+    let theirs = cpu::decode(&reply).context("the server's CPU reading is malformed")?;
+    Ok((mine, theirs))
 }
 
 fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) -> Result<Vec<StreamResult>> {
@@ -422,41 +562,23 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
             streams.push(stream);
         }
         let transport = check_transport(streams[0].get_ref(), args)?;
-        let hello = serde_json::to_vec(plan)?;
-        for stream in &mut streams {
-            stream.send_msg(&hello).await?;
+        let mut shape = ServerShape::Threads;
+        for (c, stream) in streams.iter_mut().enumerate() {
+            // The first connection carries the CPU probes.
+            let plan = Plan { cpu_probe: c == 0, ..plan.clone() };
+            stream.send_msg(&serde_json::to_vec(&plan)?).await?;
+            let reply =
+                stream.recv_msg().await?.context("the server closed instead of answering the plan")?;
+            shape = check_info(&reply, args)?;
         }
         let mut results = Vec::new();
         for &(size, iters) in &plan.sizes {
+            all_round_trips(&mut streams, size, 0, warmup(iters), false).await?;
+            let before = probe_async(&mut streams[0]).await?;
             let started = Instant::now();
-            let mut tasks = Vec::new();
-            for (c, mut stream) in streams.drain(..).enumerate() {
-                tasks.push(tokio::spawn(async move {
-                    let mut buf = vec![0u8; size];
-                    let mut back = vec![0u8; size];
-                    let mut samples = Vec::with_capacity(iters as usize);
-                    for i in 0..iters + warmup(iters) {
-                        stamp(&mut buf, i ^ (c as u64) << 32);
-                        let t = Instant::now();
-                        stream.write_all(&buf).await?;
-                        stream.read_exact(&mut back).await?;
-                        if back != buf {
-                            return Err(anyhow::anyhow!("connection {c}: the echo of request {i} differs"));
-                        }
-                        if i >= warmup(iters) {
-                            samples.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
-                        }
-                    }
-                    Ok((stream, samples))
-                }));
-            }
-            let mut samples = Vec::new();
-            for task in tasks {
-                let (stream, mut mine) = task.await??;
-                streams.push(stream);
-                samples.append(&mut mine);
-            }
+            let mut samples = all_round_trips(&mut streams, size, warmup(iters), iters, true).await?;
             let elapsed = started.elapsed();
+            let (client_cpu, server_cpu) = used(before, probe_async(&mut streams[0]).await?);
             let total = samples.len() as u64;
             results.push(StreamResult {
                 test: args.test.name(),
@@ -465,10 +587,13 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
                 size,
                 iters,
                 conns: plan.conns,
+                server: shape.name(),
+                polling: args.polling,
                 lat_us: LatencySummary::from_nanos(&mut samples, 1),
                 bw_mb_s: Some(2.0 * (total * size as u64) as f64 / elapsed.as_secs_f64() / 1e6),
                 msg_rate_mpps: Some(total as f64 / elapsed.as_secs_f64() / 1e6),
                 verified: true,
+                cpu: Some(CpuUse::per_op(client_cpu, server_cpu, total)),
             });
         }
         // Close each connection cleanly (a dropped tokio stream closes in the background, which

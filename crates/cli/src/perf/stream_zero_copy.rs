@@ -69,10 +69,13 @@ pub(super) fn client(
             size,
             iters,
             conns: 1,
+            server: "threads",
+            polling: args.polling,
             lat_us,
             bw_mb_s,
             msg_rate_mpps,
             verified: true,
+            cpu: None,
         };
         match args.test {
             StreamTest::Lat | StreamTest::Rr => {

@@ -20,6 +20,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use super::args::{Args, PerfTest, ProviderKind};
 use super::control::{self, Answer, Hello};
+use super::cpu::{self, CpuUse};
 use super::pattern;
 use super::progress::Progress;
 use super::report::{Reporter, SizeResult};
@@ -70,20 +71,30 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn serve(args: &Args) -> Result<()> {
-    serve_stream(session::accept_one(args)?, args.test)
+    let (stream, hello) = session::accept_client(args, |_| Ok(()))?;
+    serve_hello(stream, hello, args.test)
 }
 
 /// The server side on an accepted control connection.
 pub fn serve_stream(mut stream: TcpStream, test: PerfTest) -> Result<()> {
     let hello: Hello = control::recv(&mut stream)?;
+    serve_hello(stream, hello, test)
+}
+
+/// The server side once the client's hello has been read.
+pub fn serve_hello(mut stream: TcpStream, hello: Hello, test: PerfTest) -> Result<()> {
     if let Err(reason) = control::check_hello(&hello, test, ProviderKind::Tcp) {
         control::send(&mut stream, &Answer::Reject { reason: reason.clone() })?;
         bail!("refused the client: {reason}");
     }
     control::send(&mut stream, &Answer::Accept { endpoint: None })?;
     for &(size, iters) in &hello.plan {
+        let cpu_start = cpu::process_cpu();
         serve_size(&mut stream, hello.test, size, iters)
             .with_context(|| format!("{} over tcp, {size} bytes", hello.test))?;
+        if hello.cpu {
+            stream.write_all(&cpu::encode(cpu::process_cpu().saturating_sub(cpu_start)))?;
+        }
     }
     Ok(())
 }
@@ -111,6 +122,7 @@ pub fn client_stream(
         plan: plan.to_vec(),
         tx_depth,
         endpoint: None,
+        cpu: true,
     };
     control::send(&mut stream, &hello)?;
     match control::recv::<Answer>(&mut stream)? {
@@ -118,8 +130,18 @@ pub fn client_stream(
         Answer::Reject { reason } => bail!("the server refused: {reason}"),
     }
     for &(size, iters) in plan {
-        let result = run_size(&mut stream, test, size, iters, tx_depth)
+        let cpu_start = cpu::process_cpu();
+        let mut result = run_size(&mut stream, test, size, iters, tx_depth)
             .with_context(|| format!("{test} over tcp, {size} bytes"))?;
+        let client_cpu = cpu::process_cpu().saturating_sub(cpu_start);
+        let mut reading = [0u8; 8];
+        stream.read_exact(&mut reading).context("reading the server's CPU time")?;
+        let server_cpu = cpu::decode(&reading).expect("8 bytes");
+        result.cpu = Some(if test.is_latency() {
+            CpuUse::per_op(client_cpu, server_cpu, iters + warmup(iters))
+        } else {
+            CpuUse::per_gb(client_cpu, server_cpu, size as u64 * iters)
+        });
         on_result(&result);
     }
     Ok(())

@@ -39,7 +39,7 @@ pub struct Args {
     /// Listen on / connect to this TCP port.
     #[arg(short = 'p', long = "port", default_value = "18515", value_parser = c_number::<u16>)]
     pub port: u16,
-    /// Device: a soft device name (soft-<ip>, soft-<ip>-<udp port>, <ip> or <ip>:<udp port>);
+    /// Device: a soft device name (soft-IP, soft-IP-UDPPORT, IP or IP:UDPPORT);
     /// the alternative to --bind and --udp-port.
     #[arg(short = 'd', long = "ib-dev", conflicts_with_all = ["bind", "udp_port"])]
     pub device: Option<String>,
