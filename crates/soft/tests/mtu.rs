@@ -7,7 +7,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 
 use lightpath_soft::{SoftConfig, SoftDevice};
-use lightpath_verbs::{AccessFlags, AddressVector, Device, Error, Mtu, ProtectionDomain, QpAttr, QpCaps, QueuePair};
+use lightpath_verbs::{
+    AccessFlags, AddressVector, Device, Error, Mtu, ProtectionDomain, QpAttr, QpCaps, QueuePair,
+};
 
 /// Moves `device`'s new queue pair to INIT, then asks for RTR at `mtu`.
 fn rtr_at(device: &SoftDevice, mtu: Mtu) -> (lightpath_verbs::Result<()>, lightpath_verbs::Result<()>) {

@@ -60,6 +60,11 @@ pub struct RdmaEndpoint {
     pub addr: u64,
     pub len: u64,
     pub rkey: u32,
+    /// The side is a Lightpath soft device (its peer may then segment its sends and widen
+    /// its window: `AddressVector::lightpath_peer`); false from ibverbs sides and older
+    /// Lightpath versions.
+    #[serde(default)]
+    pub lightpath_soft: bool,
 }
 
 /// Whether a client's hello carries an RDMA endpoint this side can connect to (for
@@ -164,6 +169,7 @@ impl<D: Device> Side<D> {
             addr: self.mr.addr(),
             len: self.mr.len() as u64,
             rkey: self.mr.rkey(),
+            lightpath_soft: false,
         }
     }
 
@@ -174,8 +180,11 @@ impl<D: Device> Side<D> {
             .ok_or_else(|| anyhow!("peer sent a bad MTU {}", peer.mtu))?
             .min(self.mtu);
         self.mtu = mtu;
-        let mut rtr =
-            QpAttr::to_rtr(AddressVector::new(gid, self.qp.endpoint().gid_index), mtu, peer.qpn, peer.psn);
+        let av = AddressVector {
+            lightpath_peer: peer.lightpath_soft,
+            ..AddressVector::new(gid, self.qp.endpoint().gid_index)
+        };
+        let mut rtr = QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn);
         // Short RNR back-off: a bandwidth test's receiver re-posts within microseconds.
         rtr.min_rnr_timer = Some(1);
         self.qp.modify(&rtr).context("moving the queue pair to RTR")?;

@@ -105,7 +105,8 @@ pub fn serve_hello(
             return Err(err);
         }
     };
-    control::send(&mut stream, &Answer::Accept { endpoint: Some(serde_json::to_value(side.endpoint())?) })?;
+    let endpoint = RdmaEndpoint { lightpath_soft: true, ..side.endpoint() };
+    control::send(&mut stream, &Answer::Accept { endpoint: Some(serde_json::to_value(endpoint)?) })?;
     rdma::server_run(&mut side, &mut stream, hello.test, &hello.plan)
 }
 
@@ -153,7 +154,7 @@ pub fn client_stream(
         plan: plan.to_vec(),
         tx_depth,
         cpu: true,
-        endpoint: Some(serde_json::to_value(side.endpoint())?),
+        endpoint: Some(serde_json::to_value(RdmaEndpoint { lightpath_soft: true, ..side.endpoint() })?),
     };
     control::send(&mut stream, &hello)?;
     let peer: RdmaEndpoint = match control::recv::<Answer>(&mut stream)? {

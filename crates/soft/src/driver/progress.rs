@@ -36,11 +36,8 @@ fn run_progress(shared: &Shared) {
             // this thread on every idle-to-busy turn of a connection cost a context switch).
             let tick_end = shared.now().as_nanos().saturating_add(IDLE_TICK.as_nanos() as u64);
             let timeout = Some(shared.until_next_timer(&core).map_or(IDLE_TICK, |t| t.min(IDLE_TICK)));
-            let deadline = core
-                .engine
-                .poll_timeout()
-                .map_or(tick_end, |t| t.as_nanos().min(tick_end))
-                .max(AWAKE + 1);
+            let deadline =
+                core.engine.poll_timeout().map_or(tick_end, |t| t.as_nanos().min(tick_end)).max(AWAKE + 1);
             // Published under the lock: a posting thread that takes the lock after us compares
             // its new timer against this value and wakes us if it is earlier.
             shared.thread_deadline.store(deadline, Ordering::SeqCst);
@@ -64,7 +61,9 @@ const HANDOVER_ONLY: u8 = 0b100;
 fn wait_for(shared: &Shared, timeout: Option<Duration>) -> u8 {
     let watched = shared.socket_watched();
     let all = [shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
-    let result = if watched { sys::wait_readable(&all[1..], timeout).map(|m| m << 1) } else {
+    let result = if watched {
+        sys::wait_readable(&all[1..], timeout).map(|m| m << 1)
+    } else {
         sys::wait_readable(&all, timeout)
     };
     match result {
@@ -87,7 +86,6 @@ fn wait_for(shared: &Shared, timeout: Option<Duration>) -> u8 {
         }
     }
 }
-
 
 /// Steps in when the application has not driven the device for `assist_after`, so ACKs,
 /// responses and retransmissions keep flowing while the application is busy elsewhere.

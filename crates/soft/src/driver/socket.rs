@@ -397,7 +397,8 @@ mod tests {
             tx.outgoing.push(Outgoing { dst, len: 1052, response: false, segmentable });
         }
         tx.plan();
-        let shape: Vec<(usize, Option<u16>)> = tx.messages.iter().map(|m| (m.count, m.segment_size)).collect();
+        let shape: Vec<(usize, Option<u16>)> =
+            tx.messages.iter().map(|m| (m.count, m.segment_size)).collect();
         assert_eq!(shape, [(3, Some(1052)), (1, None), (1, None)], "only the flagged run is segmented");
         let mut off = TxBuffers::new(false);
         for _ in 0..3 {

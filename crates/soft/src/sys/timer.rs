@@ -60,6 +60,10 @@ mod tests {
         assert_eq!(crate::sys::wait_readable(&fds, Some(Duration::ZERO)).expect("poll"), 0, "taken");
         timer.arm(Duration::from_millis(20));
         timer.arm(Duration::ZERO);
-        assert_eq!(crate::sys::wait_readable(&fds, Some(Duration::from_millis(50))).expect("poll"), 0, "disarmed");
+        assert_eq!(
+            crate::sys::wait_readable(&fds, Some(Duration::from_millis(50))).expect("poll"),
+            0,
+            "disarmed"
+        );
     }
 }
