@@ -153,6 +153,8 @@ pub(crate) struct Shared {
     /// Expires [`SOCKET_HANDOVER_DELAY`] after the last socket watcher left: then the
     /// progress thread watches the socket again, if nobody else does.
     handover: OneShotTimer,
+    /// When the last socket watcher left (nanoseconds since `epoch`; 0: never watched).
+    unwatched_since: AtomicU64,
     epoch: Instant,
     pub(crate) config: SoftConfig,
     /// The interface holding the device's address and its MTU, if it could be read.
@@ -220,6 +222,7 @@ impl Shared {
             socket,
             waker: EventFd::new(false)?,
             handover: OneShotTimer::new()?,
+            unwatched_since: AtomicU64::new(0),
             epoch: Instant::now(),
             name: config.device_name(),
             link,
@@ -396,7 +399,17 @@ impl Shared {
     /// watcher re-arms the timer).
     pub(crate) fn handover_due(&self) -> bool {
         self.handover.take();
-        !self.socket_watched()
+        if self.socket_watched() {
+            return false;
+        }
+        let left = self.unwatched_since.load(Ordering::SeqCst);
+        let unwatched_for = Duration::from_nanos(self.now().as_nanos().saturating_sub(left));
+        if left != 0 && unwatched_for < SOCKET_HANDOVER_DELAY {
+            // Early by a rounding: the rest of the delay, so the socket is never left alone.
+            self.handover.arm((SOCKET_HANDOVER_DELAY - unwatched_for).max(Duration::from_micros(1)));
+            return false;
+        }
+        true
     }
 
     /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] after
@@ -429,6 +442,18 @@ impl Shared {
     /// Whether some application thread watches the socket (see [`Shared::try_watch_socket`]).
     pub(crate) fn socket_watched(&self) -> bool {
         self.socket_watchers.load(Ordering::SeqCst) > 0
+    }
+
+    /// Whether the socket is the progress thread's to watch: nobody watches it, and nobody
+    /// has for [`SOCKET_HANDOVER_DELAY`]. (A thread between two waits of a ping-pong leaves
+    /// it unwatched for microseconds; a progress thread that took it over then would be woken
+    /// by, and race for, the datagrams the next wait is there to take.)
+    pub(crate) fn socket_is_progress_threads(&self) -> bool {
+        if self.socket_watched() {
+            return false;
+        }
+        let left = self.unwatched_since.load(Ordering::SeqCst);
+        left == 0 || self.now().as_nanos().saturating_sub(left) >= SOCKET_HANDOVER_DELAY.as_nanos() as u64
     }
 
     /// Receives up to [`MAX_RX_BATCHES_PER_DRIVE`] batches (the first of at most `first`
@@ -534,6 +559,7 @@ impl Drop for SocketWatch<'_> {
         // progress thread woke that thread every few hundred µs instead: a wake-up costs
         // far more.)
         if self.0.socket_watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.unwatched_since.store(self.0.now().as_nanos(), Ordering::SeqCst);
             self.0.handover.arm(SOCKET_HANDOVER_DELAY);
         }
     }

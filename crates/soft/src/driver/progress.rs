@@ -59,7 +59,7 @@ const HANDOVER_ONLY: u8 = 0b100;
 /// until the hand-over timer says the socket went unwatched (see `SOCKET_HANDOVER_DELAY`).
 /// Returns a mask of what woke it: 1 the socket, 2 the waker, 4 the hand-over timer.
 fn wait_for(shared: &Shared, timeout: Option<Duration>) -> u8 {
-    let watched = shared.socket_watched();
+    let watched = !shared.socket_is_progress_threads();
     let all = [shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
     let result = if watched {
         sys::wait_readable(&all[1..], timeout).map(|m| m << 1)
