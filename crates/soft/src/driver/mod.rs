@@ -155,6 +155,8 @@ pub(crate) struct Shared {
     handover: OneShotTimer,
     /// When the last socket watcher left (nanoseconds since `epoch`; 0: never watched).
     unwatched_since: AtomicU64,
+    /// `handover` is armed (or about to be): a leaving watcher arms it only when it is not.
+    handover_armed: AtomicBool,
     epoch: Instant,
     pub(crate) config: SoftConfig,
     /// The interface holding the device's address and its MTU, if it could be read.
@@ -223,6 +225,7 @@ impl Shared {
             waker: EventFd::new(false)?,
             handover: OneShotTimer::new()?,
             unwatched_since: AtomicU64::new(0),
+            handover_armed: AtomicBool::new(false),
             epoch: Instant::now(),
             name: config.device_name(),
             link,
@@ -395,18 +398,23 @@ impl Shared {
     }
 
     /// Called by the progress thread after the hand-over timer expired: whether the socket
-    /// is still unwatched (then it has been for [`SOCKET_HANDOVER_DELAY`]: every leaving
-    /// watcher re-arms the timer).
+    /// has been unwatched for [`SOCKET_HANDOVER_DELAY`] (if a watcher left since the timer was
+    /// armed, the timer is armed again for the rest of the delay; if one watches now, the
+    /// next to leave arms it).
     pub(crate) fn handover_due(&self) -> bool {
         self.handover.take();
+        self.handover_armed.store(false, Ordering::SeqCst);
         if self.socket_watched() {
+            // The watcher that leaves next arms the timer again.
             return false;
         }
         let left = self.unwatched_since.load(Ordering::SeqCst);
         let unwatched_for = Duration::from_nanos(self.now().as_nanos().saturating_sub(left));
         if left != 0 && unwatched_for < SOCKET_HANDOVER_DELAY {
-            // Early by a rounding: the rest of the delay, so the socket is never left alone.
-            self.handover.arm((SOCKET_HANDOVER_DELAY - unwatched_for).max(Duration::from_micros(1)));
+            // A watcher came and left since the timer was armed: the rest of the delay.
+            if !self.handover_armed.swap(true, Ordering::SeqCst) {
+                self.handover.arm((SOCKET_HANDOVER_DELAY - unwatched_for).max(Duration::from_micros(1)));
+            }
             return false;
         }
         true
@@ -554,13 +562,17 @@ pub(crate) struct SocketWatch<'a>(&'a Shared);
 impl Drop for SocketWatch<'_> {
     fn drop(&mut self) {
         // The last watcher leaves: the progress thread watches the socket again unless a
-        // thread comes back to wait within the hand-over delay (re-arming postpones it).
-        // (One timer system call per wait; arming only when unarmed and re-arming from the
-        // progress thread woke that thread every few hundred µs instead: a wake-up costs
-        // far more.)
-        if self.0.socket_watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.unwatched_since.store(self.0.now().as_nanos(), Ordering::SeqCst);
-            self.0.handover.arm(SOCKET_HANDOVER_DELAY);
+        // thread comes back to wait within the hand-over delay.
+        let shared = self.0;
+        if shared.socket_watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            shared.unwatched_since.store(shared.now().as_nanos(), Ordering::SeqCst);
+            // Arming a timer is a system call that may reprogram the CPU's timer (a VM exit
+            // under a hypervisor: re-arming at every wait of a ping-pong cost more than the
+            // rest of the round trip). Armed once; the progress thread re-arms it for the rest
+            // of the delay when it fires early relative to the last leave.
+            if !shared.handover_armed.swap(true, Ordering::SeqCst) {
+                shared.handover.arm(SOCKET_HANDOVER_DELAY);
+            }
         }
     }
 }
