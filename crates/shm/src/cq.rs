@@ -14,6 +14,44 @@ use lightpath_verbs::{CompletionQueue, Result, WorkCompletion};
 use crate::device::DeviceInner;
 use crate::sys::EventFd;
 
+/// Longest `wait` spins without giving the core away (see [`ShmCq::wait`]): about what a
+/// round trip between two idle processes takes, so an answer that is on its way is caught
+/// without a system call.
+pub(crate) const PLAIN_SPIN: Duration = Duration::from_micros(4);
+/// A `sched_yield` that takes longer than this ran another thread: the core is contended.
+const CONTENDED_YIELD: Duration = Duration::from_micros(2);
+
+/// How long waiters of a device spin before they start yielding the core: [`PLAIN_SPIN`] while
+/// yields come back at once (nobody else wants the core), none once a yield ran another thread
+/// (the peer may be queued on this core: spinning only delays it). Every quick yield earns
+/// back a µs.
+#[derive(Debug)]
+pub(crate) struct SpinPolicy {
+    plain_ns: AtomicU32,
+}
+
+impl SpinPolicy {
+    pub(crate) fn new() -> Self {
+        Self { plain_ns: AtomicU32::new(PLAIN_SPIN.as_nanos() as u32) }
+    }
+
+    /// How long to spin before yielding.
+    pub(crate) fn plain(&self) -> Duration {
+        Duration::from_nanos(u64::from(self.plain_ns.load(Ordering::Relaxed)))
+    }
+
+    /// Learns from one `sched_yield` that took `took`.
+    pub(crate) fn yielded(&self, took: Duration) {
+        let plain = if took > CONTENDED_YIELD {
+            0
+        } else {
+            let earned = self.plain_ns.load(Ordering::Relaxed).saturating_add(1_000);
+            earned.min(PLAIN_SPIN.as_nanos() as u32)
+        };
+        self.plain_ns.store(plain, Ordering::Relaxed);
+    }
+}
+
 /// The part of a completion queue that queue pairs hold.
 #[derive(Debug)]
 pub(crate) struct CqShared {
@@ -125,14 +163,19 @@ impl CompletionQueue for ShmCq {
 
     /// Polls for `ShmConfig::spin` (if few enough other threads of the device are spinning),
     /// then sleeps until a peer rings the device's doorbell or a completion is added by another
-    /// thread.
+    /// thread. Past the first few µs the spin yields the core between looks, so a thread that
+    /// has work on this core (the peer, on a busy machine) runs at once instead of after the
+    /// spin.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         if out.is_empty() {
             return Ok(0);
         }
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
-        let spin_until = start + self.device.shared.ctx.config.spin;
+        let spin = self.device.shared.ctx.config.spin;
+        let spin_until = start + spin;
+        let policy = &self.device.shared.spin_policy;
+        let yield_from = start + spin.min(policy.plain());
         // Spinning pays only with a core to spin on: past as many spinners as half the cores,
         // a thread sleeps at once instead of taking CPU from the threads that have work.
         let mut spinning = self.device.shared.start_spinning();
@@ -146,7 +189,17 @@ impl CompletionQueue for ShmCq {
                 return Ok(0);
             }
             if spinning.is_some() && now < spin_until {
-                std::hint::spin_loop();
+                if now < yield_from {
+                    std::hint::spin_loop();
+                } else {
+                    // Past a few µs, each look gives the core away first if another thread
+                    // can use it: on a busy machine the peer we wait for may be queued behind
+                    // us on this very core, and a plain spin would hold it off for the whole
+                    // spin (a round trip of 50 µs instead of one or two). How long the yield
+                    // took says whether the core is contended (see `SpinPolicy`).
+                    std::thread::yield_now();
+                    policy.yielded(now.elapsed());
+                }
                 continue;
             }
             spinning = None;
@@ -175,5 +228,26 @@ impl CompletionQueue for ShmCq {
 
     fn take_notify(&self) -> Result<bool> {
         Ok(self.shared.notify.take() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_contended_yield_stops_the_plain_spin_and_quick_ones_bring_it_back() {
+        let policy = SpinPolicy::new();
+        assert_eq!(policy.plain(), PLAIN_SPIN);
+        policy.yielded(Duration::from_micros(30));
+        assert_eq!(policy.plain(), Duration::ZERO, "a yield that ran another thread");
+        policy.yielded(Duration::from_nanos(300));
+        assert_eq!(policy.plain(), Duration::from_micros(1));
+        for _ in 0..10 {
+            policy.yielded(Duration::from_nanos(300));
+        }
+        assert_eq!(policy.plain(), PLAIN_SPIN, "capped at PLAIN_SPIN");
+        policy.yielded(CONTENDED_YIELD + Duration::from_nanos(1));
+        assert_eq!(policy.plain(), Duration::ZERO);
     }
 }

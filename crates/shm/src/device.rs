@@ -81,6 +81,8 @@ pub(crate) struct DeviceShared {
     /// Threads spinning in `CompletionQueue::wait`, and how many may.
     spinners: AtomicU32,
     max_spinners: u32,
+    /// How long waiters spin before they yield the core between looks.
+    pub(crate) spin_policy: crate::cq::SpinPolicy,
 }
 
 impl DeviceShared {
@@ -340,6 +342,7 @@ impl ShmDevice {
             next_id: AtomicU32::new(1),
             doorbell_watched: AtomicBool::new(false),
             spinners: AtomicU32::new(0),
+            spin_policy: crate::cq::SpinPolicy::new(),
             max_spinners: std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
                 as u32,
         });

@@ -65,6 +65,12 @@ impl QueuePair for ShmQp {
         self.with_core(|qp, regions| qp.post_send(wr, regions))?
     }
 
+    /// One copy from the caller's memory into the peer's mapped region (see
+    /// `QueuePair::write_direct`).
+    fn write_direct(&self, remote_addr: u64, rkey: u32, bytes: &[u8]) -> Option<Result<()>> {
+        Some(self.with_core(|qp, _| qp.write_direct(remote_addr, rkey, bytes)).and_then(|r| r))
+    }
+
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         self.with_core(|qp, regions| qp.post_recv(wr, regions))?
     }
