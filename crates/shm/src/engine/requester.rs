@@ -145,7 +145,7 @@ impl QpCore {
         remote_addr: u64,
         rkey: u32,
         bytes: &[u8],
-    ) -> lightpath_verbs::Result<()> {
+    ) -> lightpath_verbs::Result<bool> {
         use lightpath_verbs::Error;
         if self.state != QpState::Rts {
             return Err(Error::InvalidState(self.state));
@@ -154,17 +154,17 @@ impl QpCore {
             return Err(Error::Unavailable("the queue pair has no peer".into()));
         };
         if link.peer.is_none() {
-            return Err(Error::Unavailable("the peer has not attached".into()));
+            return Ok(false);
         }
         if bytes.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let op = SendOp::Write { remote_addr, rkey };
         let len = bytes.len() as u64;
         match remote_target(link, &op, dqpn, remote_addr, rkey, len) {
             Ok(Ok((target, offset))) => {
                 if target.write_from_caller(offset, bytes) {
-                    Ok(())
+                    Ok(true)
                 } else {
                     Err(Error::NotFound("a writable range of the peer's region"))
                 }
