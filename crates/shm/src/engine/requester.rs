@@ -150,14 +150,16 @@ impl QpCore {
         if self.state != QpState::Rts {
             return Err(Error::InvalidState(self.state));
         }
+        if bytes.is_empty() {
+            // Nothing to write, nothing to wait for (the stream layer asks this way, right
+            // after RTS, before the peer can have attached).
+            return Ok(true);
+        }
         let (Some(link), Some((_, dqpn))) = (self.link.as_mut(), self.dest) else {
             return Err(Error::Unavailable("the queue pair has no peer".into()));
         };
         if link.peer.is_none() {
             return Ok(false);
-        }
-        if bytes.is_empty() {
-            return Ok(true);
         }
         let op = SendOp::Write { remote_addr, rkey };
         let len = bytes.len() as u64;
