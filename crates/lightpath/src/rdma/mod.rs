@@ -3,7 +3,10 @@
 //!
 //! Memory per connection: one region `[credit slot (64 B) | receive ring]` the peer writes
 //! into, and one staging region mirroring the peer's ring. Both sizes are fixed at set-up,
-//! so a connection's memory is bounded whatever the traffic.
+//! so a connection's memory is bounded whatever the traffic. Providers that reach the peer's
+//! memory themselves (shm, `QueuePair::write_direct`) need no staging: the writer copies the
+//! caller's bytes straight into the peer's ring, and the ring is twice `Options::ring_size`
+//! (the same memory).
 //!
 //! Completions of a connection arrive through a completion queue its device shares among
 //! many connections (`crate::completions`), polled by whichever thread is inside a call on
