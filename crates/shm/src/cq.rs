@@ -20,6 +20,8 @@ use crate::sys::EventFd;
 pub(crate) const PLAIN_SPIN: Duration = Duration::from_micros(4);
 /// A `sched_yield` that takes longer than this ran another thread: the core is contended.
 const CONTENDED_YIELD: Duration = Duration::from_micros(2);
+/// How often a spinning waiter yields the core once past its plain spin.
+const YIELD_EVERY: Duration = Duration::from_micros(4);
 
 /// How long waiters of a device spin before they start yielding the core: [`PLAIN_SPIN`] while
 /// yields come back at once (nobody else wants the core), none once a yield ran another thread
@@ -163,9 +165,10 @@ impl CompletionQueue for ShmCq {
 
     /// Polls for `ShmConfig::spin` (if few enough other threads of the device are spinning),
     /// then sleeps until a peer rings the device's doorbell or a completion is added by another
-    /// thread. Past the first few µs the spin yields the core between looks, so a thread that
-    /// has work on this core (the peer, on a busy machine) runs at once instead of after the
-    /// spin.
+    /// thread. Past the first few µs (at once while the core is contended) the spin yields the
+    /// core every few µs, so a thread that has work on this core (the peer, on a busy machine)
+    /// runs at once instead of after the spin; a yield that ran another thread ends the spin
+    /// after one more look.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         if out.is_empty() {
             return Ok(0);
@@ -179,6 +182,11 @@ impl CompletionQueue for ShmCq {
         // Spinning pays only with a core to spin on: past as many spinners as half the cores,
         // a thread sleeps at once instead of taking CPU from the threads that have work.
         let mut spinning = self.device.shared.start_spinning();
+        let mut next_yield = yield_from;
+        // With many queue pairs this thread waits as the watcher of many connections (the
+        // stream layer's leader), routing for threads of its own process: yielding to them
+        // only delays everyone's completions, and only one thread per half core spins anyway.
+        let yields = self.device.shared.hints.few_queue_pairs();
         loop {
             let count = self.poll(out)?;
             if count > 0 {
@@ -189,17 +197,21 @@ impl CompletionQueue for ShmCq {
                 return Ok(0);
             }
             if spinning.is_some() && now < spin_until {
-                if now < yield_from {
+                if now < next_yield || !yields {
                     std::hint::spin_loop();
-                } else {
-                    // Past a few µs, each look gives the core away first if another thread
-                    // can use it: on a busy machine the peer we wait for may be queued behind
-                    // us on this very core, and a plain spin would hold it off for the whole
-                    // spin (a round trip of 50 µs instead of one or two). How long the yield
-                    // took says whether the core is contended (see `SpinPolicy`).
-                    std::thread::yield_now();
-                    policy.yielded(now.elapsed());
+                    continue;
                 }
+                // Now and then the spin offers the core to whoever else can use it: on a busy
+                // machine the peer we wait for may be queued behind us on this very core, and
+                // a plain spin would hold it off for the whole spin (a round trip of 50 µs
+                // instead of one or two). How long the yield took says whether the core is
+                // contended (see `SpinPolicy`: the next waits then yield at once). So a
+                // spinner never holds off a thread that has work on its core for more than
+                // a few µs.
+                std::thread::yield_now();
+                let took = now.elapsed();
+                policy.yielded(took);
+                next_yield = Instant::now() + YIELD_EVERY;
                 continue;
             }
             spinning = None;

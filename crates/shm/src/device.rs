@@ -53,7 +53,7 @@ pub(crate) struct DeviceShared {
     pub(crate) ctx: DeviceContext,
     pub(crate) core: Mutex<DeviceCore>,
     /// Whether the engine has anything to do, readable without its lock.
-    hints: Arc<Hints>,
+    pub(crate) hints: Arc<Hints>,
     pub(crate) exports: RwLock<Exports>,
     /// Peer devices' activity areas, mapped once each (the socket thread maps them).
     pub(crate) peer_areas: PeerAreas,

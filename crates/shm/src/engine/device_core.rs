@@ -40,9 +40,17 @@ pub(crate) struct Hints {
     words: AtomicUsize,
     /// Looks are owed (the agenda), or the device looks everywhere.
     local: AtomicBool,
+    /// The device has at most [`LOOK_EVERYWHERE_MAX`] queue pairs.
+    few: AtomicBool,
 }
 
 impl Hints {
+    /// Whether the device has at most [`LOOK_EVERYWHERE_MAX`] queue pairs (a waiter then
+    /// waits for one of few connections, not as the watcher of many; see `ShmCq::wait`).
+    pub(crate) fn few_queue_pairs(&self) -> bool {
+        self.few.load(Ordering::Relaxed)
+    }
+
     /// Whether nothing is marked and no look is owed. Relaxed loads: news published just now
     /// may be missed, and is found by the caller's next call (pollers poll again; sleepers
     /// look under the lock after arming).
@@ -305,6 +313,7 @@ impl DeviceCore {
         if self.hints.words.load(Ordering::Relaxed) != words {
             self.hints.words.store(words, Ordering::Relaxed);
         }
+        self.hints.few.store(self.everywhere, Ordering::Relaxed);
         let local = !self.agenda.is_empty() || self.everywhere || self.everywhere_once;
         if self.hints.local.load(Ordering::Relaxed) != local {
             self.hints.local.store(local, Ordering::Relaxed);
