@@ -424,6 +424,22 @@ mod tests {
     }
 
     #[test]
+    fn the_hints_say_whether_the_device_has_few_queue_pairs() {
+        let area = Arc::new(OwnArea::create(256).expect("area"));
+        let hints = Arc::new(Hints::default());
+        let mut core = DeviceCore::new(area, Arc::clone(&hints));
+        assert!(hints.few_queue_pairs(), "a new device");
+        for qpn in 2..2 + LOOK_EVERYWHERE_MAX as u32 {
+            add(&mut core, qpn);
+        }
+        assert!(hints.few_queue_pairs());
+        add(&mut core, 100);
+        assert!(!hints.few_queue_pairs(), "past LOOK_EVERYWHERE_MAX");
+        core.remove_qp(100);
+        assert!(hints.few_queue_pairs(), "back to few");
+    }
+
+    #[test]
     fn sleeping_is_announced_with_a_new_value_for_each_sleep() {
         let (area, mut core) = device();
         let awake = area.state();
