@@ -20,37 +20,72 @@ use crate::sys::EventFd;
 pub(crate) const PLAIN_SPIN: Duration = Duration::from_micros(4);
 /// A `sched_yield` that takes longer than this ran another thread: the core is contended.
 const CONTENDED_YIELD: Duration = Duration::from_micros(2);
+/// A `sched_yield` that takes longer than this ran a thread that keeps the core (a CPU-bound
+/// stranger, not a peer that answers and waits again): yielding to it costs whole time
+/// slices (a millisecond or so), so waiters stop yielding. A peer on this core that spins
+/// plainly runs at most its spin (`ShmConfig::spin`, 50 µs) before it sleeps: the threshold is
+/// well above that, or above twice the spin for longer spins.
+const HOGGED_YIELD: Duration = Duration::from_micros(200);
 /// How often a spinning waiter yields the core once past its plain spin.
 const YIELD_EVERY: Duration = Duration::from_micros(4);
+/// `plain_ns` value meaning "never yield: spin plainly for the whole spin".
+const NEVER: u32 = u32::MAX;
 
-/// How long waiters of a device spin before they start yielding the core: [`PLAIN_SPIN`] while
-/// yields come back at once (nobody else wants the core), none once a yield ran another thread
-/// (the peer may be queued on this core: spinning only delays it). Every quick yield earns
-/// back a µs.
+/// How long waiters of a device spin before they start yielding the core, learnt from how
+/// their yields went:
+///
+/// - a yield that comes back at once (nobody else wants the core) earns back a µs of plain
+///   spin, up to [`PLAIN_SPIN`];
+/// - one that ran another thread briefly (a peer on this core that answered and waits again)
+///   makes later waits yield at once: spinning would only keep that peer off the core;
+/// - one that ran a thread for longer than [`HOGGED_YIELD`] (a CPU-bound stranger) stops the
+///   yields: each would hand it a time slice, while a plain spin catches an answer from a
+///   peer on the other core at once. A wait whose spin then runs out without an answer (the
+///   peer may have moved onto this core) tries yielding again.
 #[derive(Debug)]
 pub(crate) struct SpinPolicy {
     plain_ns: AtomicU32,
+    /// A yield longer than this ran a CPU-bound stranger.
+    hogged: Duration,
 }
 
 impl SpinPolicy {
-    pub(crate) fn new() -> Self {
-        Self { plain_ns: AtomicU32::new(PLAIN_SPIN.as_nanos() as u32) }
+    /// The policy of waiters that spin for `spin`.
+    pub(crate) fn new(spin: Duration) -> Self {
+        Self {
+            plain_ns: AtomicU32::new(PLAIN_SPIN.as_nanos() as u32),
+            hogged: HOGGED_YIELD.max(spin.saturating_mul(2)),
+        }
     }
 
-    /// How long to spin before yielding.
-    pub(crate) fn plain(&self) -> Duration {
-        Duration::from_nanos(u64::from(self.plain_ns.load(Ordering::Relaxed)))
+    /// How long to spin before yielding (`None`: do not yield).
+    pub(crate) fn plain(&self) -> Option<Duration> {
+        match self.plain_ns.load(Ordering::Relaxed) {
+            NEVER => None,
+            ns => Some(Duration::from_nanos(u64::from(ns))),
+        }
     }
 
     /// Learns from one `sched_yield` that took `took`.
     pub(crate) fn yielded(&self, took: Duration) {
-        let plain = if took > CONTENDED_YIELD {
+        let plain = if took > self.hogged {
+            NEVER
+        } else if took > CONTENDED_YIELD {
             0
         } else {
-            let earned = self.plain_ns.load(Ordering::Relaxed).saturating_add(1_000);
-            earned.min(PLAIN_SPIN.as_nanos() as u32)
+            match self.plain_ns.load(Ordering::Relaxed) {
+                NEVER => NEVER,
+                ns => ns.saturating_add(1_000).min(PLAIN_SPIN.as_nanos() as u32),
+            }
         };
         self.plain_ns.store(plain, Ordering::Relaxed);
+    }
+
+    /// A waiter's spin ran out without an answer: if it was not yielding, try again.
+    pub(crate) fn spin_ran_out(&self) {
+        if self.plain_ns.load(Ordering::Relaxed) == NEVER {
+            self.plain_ns.store(PLAIN_SPIN.as_nanos() as u32, Ordering::Relaxed);
+        }
     }
 }
 
@@ -178,7 +213,8 @@ impl CompletionQueue for ShmCq {
         let spin = self.device.shared.ctx.config.spin;
         let spin_until = start + spin;
         let policy = &self.device.shared.spin_policy;
-        let yield_from = start + spin.min(policy.plain());
+        let plain = policy.plain();
+        let yield_from = start + spin.min(plain.unwrap_or(spin));
         // Spinning pays only with a core to spin on: past as many spinners as half the cores,
         // a thread sleeps at once instead of taking CPU from the threads that have work.
         let mut spinning = self.device.shared.start_spinning();
@@ -186,7 +222,7 @@ impl CompletionQueue for ShmCq {
         // With many queue pairs this thread waits as the watcher of many connections (the
         // stream layer's leader), routing for threads of its own process: yielding to them
         // only delays everyone's completions, and only one thread per half core spins anyway.
-        let yields = self.device.shared.hints.few_queue_pairs();
+        let yields = plain.is_some() && self.device.shared.hints.few_queue_pairs();
         loop {
             let count = self.poll(out)?;
             if count > 0 {
@@ -204,17 +240,19 @@ impl CompletionQueue for ShmCq {
                 // Now and then the spin offers the core to whoever else can use it: on a busy
                 // machine the peer we wait for may be queued behind us on this very core, and
                 // a plain spin would hold it off for the whole spin (a round trip of 50 µs
-                // instead of one or two). How long the yield took says whether the core is
-                // contended (see `SpinPolicy`: the next waits then yield at once). So a
-                // spinner never holds off a thread that has work on its core for more than
-                // a few µs.
+                // instead of one or two). How long the yield took says who else wants the
+                // core (see `SpinPolicy`): a peer that answers (later waits yield at once),
+                // or a CPU-bound stranger (later waits stop yielding, as each yield would
+                // hand it a time slice).
                 std::thread::yield_now();
                 let took = now.elapsed();
                 policy.yielded(took);
                 next_yield = Instant::now() + YIELD_EVERY;
                 continue;
             }
-            spinning = None;
+            if spinning.take().is_some() {
+                policy.spin_ran_out();
+            }
             let remaining = deadline.map(|d| d.saturating_duration_since(now));
             let _waiter = self.shared.register_waiter();
             let count = self.device.shared.sleep_until_rung(&self.shared, out, remaining)?;
@@ -248,18 +286,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_contended_yield_stops_the_plain_spin_and_quick_ones_bring_it_back() {
-        let policy = SpinPolicy::new();
-        assert_eq!(policy.plain(), PLAIN_SPIN);
-        policy.yielded(Duration::from_micros(30));
-        assert_eq!(policy.plain(), Duration::ZERO, "a yield that ran another thread");
+    fn yields_learn_who_else_wants_the_core() {
+        let policy = SpinPolicy::new(Duration::from_micros(50));
+        assert_eq!(policy.plain(), Some(PLAIN_SPIN));
+        policy.yielded(Duration::from_micros(5));
+        assert_eq!(policy.plain(), Some(Duration::ZERO), "a peer on this core: yield at once");
         policy.yielded(Duration::from_nanos(300));
-        assert_eq!(policy.plain(), Duration::from_micros(1));
+        assert_eq!(policy.plain(), Some(Duration::from_micros(1)), "a quick yield earns a µs");
         for _ in 0..10 {
             policy.yielded(Duration::from_nanos(300));
         }
-        assert_eq!(policy.plain(), PLAIN_SPIN, "capped at PLAIN_SPIN");
+        assert_eq!(policy.plain(), Some(PLAIN_SPIN), "capped at PLAIN_SPIN");
+        policy.yielded(Duration::from_micros(90));
+        assert_eq!(policy.plain(), Some(Duration::ZERO), "a peer that spun plainly (50 µs) first");
+        policy.yielded(HOGGED_YIELD + Duration::from_micros(1));
+        assert_eq!(policy.plain(), None, "a CPU-bound stranger: stop yielding");
+        policy.yielded(Duration::from_nanos(300));
+        assert_eq!(policy.plain(), None, "quick yields do not undo it (none happen)");
+        policy.spin_ran_out();
+        assert_eq!(policy.plain(), Some(PLAIN_SPIN), "a spin that ran out tries yielding again");
         policy.yielded(CONTENDED_YIELD + Duration::from_nanos(1));
-        assert_eq!(policy.plain(), Duration::ZERO);
+        assert_eq!(policy.plain(), Some(Duration::ZERO));
+        policy.spin_ran_out();
+        assert_eq!(policy.plain(), Some(Duration::ZERO), "only the stranger mode is reset");
     }
 }

@@ -315,6 +315,7 @@ impl ShmDevice {
         let (gid, listener) = bind_fresh_gid()?;
         let activity = Arc::new(OwnArea::create(config.max_qps)?);
         let hints = Arc::new(Hints::default());
+        let spin_policy = crate::cq::SpinPolicy::new(config.spin);
         let ctx = DeviceContext {
             gid,
             uid: rustix::process::getuid().as_raw(),
@@ -342,7 +343,7 @@ impl ShmDevice {
             next_id: AtomicU32::new(1),
             doorbell_watched: AtomicBool::new(false),
             spinners: AtomicU32::new(0),
-            spin_policy: crate::cq::SpinPolicy::new(),
+            spin_policy,
             max_spinners: std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
                 as u32,
         });
