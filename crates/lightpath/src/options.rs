@@ -15,7 +15,9 @@ pub struct Options {
     /// RDMA providers to offer or accept, best first; empty means TCP only.
     pub providers: Vec<ProviderId>,
     /// Bytes in this side's receive ring (the peer's staging mirrors it). Bounded memory per
-    /// connection is about twice this (ring plus staging for the other direction).
+    /// connection is about twice this (ring plus staging for the other direction). Over shm
+    /// the writer copies straight into the peer's ring and nobody keeps a staging mirror, so
+    /// the ring is twice this instead: the same memory.
     pub ring_size: u32,
     /// Receive requests kept posted.
     pub recv_depth: u32,

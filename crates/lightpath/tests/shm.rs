@@ -140,3 +140,43 @@ fn many_shm_streams_at_once() {
     }
     server.join().unwrap();
 }
+
+/// Over shm the writer copies straight into the peer's ring, so nobody keeps a staging mirror
+/// and the ring gets that memory: a writer whose reader is away gets twice `ring_size` in
+/// before it would block (over soft, where staging is needed, exactly `ring_size`). The bytes
+/// arrive intact across the ring's wrap.
+#[test]
+fn an_shm_ring_takes_the_staging_memory() {
+    for (providers, factor) in [(&[ProviderId::Shm][..], 2), (&[ProviderId::Soft][..], 1)] {
+        let ring = 64 << 10;
+        let options = Options::default().with_providers(providers).with_ring_size(ring);
+        let listener = listener(options.clone());
+        let addr = listener.local_addr().unwrap();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<usize>();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let total = go_rx.recv().unwrap();
+            let mut got = vec![0u8; total];
+            stream.read_exact(&mut got).unwrap();
+            got
+        });
+        let mut stream = Stream::connect_with(addr, &options).unwrap();
+        assert!(stream.transport().is_rdma(), "{:?}", stream.transport());
+        stream.set_nonblocking(true).unwrap();
+        let data = pattern(4 * ring as usize, 9);
+        let mut sent = 0;
+        loop {
+            match stream.write(&data[sent..sent + 4096]) {
+                Ok(n) => sent += n,
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(err) => panic!("{err}"),
+            }
+        }
+        assert_eq!(sent, factor * ring as usize, "{providers:?}: bytes in before the writer would block");
+        // The reader takes them all, then the rest of the pattern (the ring wraps).
+        go_tx.send(data.len()).unwrap();
+        stream.set_nonblocking(false).unwrap();
+        stream.write_all(&data[sent..]).unwrap();
+        assert_eq!(checksum(&server.join().unwrap()), checksum(&data), "{providers:?}");
+    }
+}

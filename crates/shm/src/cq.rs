@@ -14,6 +14,81 @@ use lightpath_verbs::{CompletionQueue, Result, WorkCompletion};
 use crate::device::DeviceInner;
 use crate::sys::EventFd;
 
+/// Longest `wait` spins without giving the core away (see [`ShmCq::wait`]): about what a
+/// round trip between two idle processes takes, so an answer that is on its way is caught
+/// without a system call.
+pub(crate) const PLAIN_SPIN: Duration = Duration::from_micros(4);
+/// A `sched_yield` that takes longer than this ran another thread: the core is contended.
+const CONTENDED_YIELD: Duration = Duration::from_micros(2);
+/// A `sched_yield` that takes longer than this ran a thread that keeps the core (a CPU-bound
+/// stranger, not a peer that answers and waits again): yielding to it costs whole time
+/// slices (a millisecond or so), so waiters stop yielding. A peer on this core that spins
+/// plainly runs at most its spin (`ShmConfig::spin`, 50 µs) before it sleeps: the threshold is
+/// well above that, or above twice the spin for longer spins.
+const HOGGED_YIELD: Duration = Duration::from_micros(200);
+/// How often a spinning waiter yields the core once past its plain spin.
+const YIELD_EVERY: Duration = Duration::from_micros(4);
+/// `plain_ns` value meaning "never yield: spin plainly for the whole spin".
+const NEVER: u32 = u32::MAX;
+
+/// How long waiters of a device spin before they start yielding the core, learnt from how
+/// their yields went:
+///
+/// - a yield that comes back at once (nobody else wants the core) earns back a µs of plain
+///   spin, up to [`PLAIN_SPIN`];
+/// - one that ran another thread briefly (a peer on this core that answered and waits again)
+///   makes later waits yield at once: spinning would only keep that peer off the core;
+/// - one that ran a thread for longer than [`HOGGED_YIELD`] (a CPU-bound stranger) stops the
+///   yields: each would hand it a time slice, while a plain spin catches an answer from a
+///   peer on the other core at once. A wait whose spin then runs out without an answer (the
+///   peer may have moved onto this core) tries yielding again.
+#[derive(Debug)]
+pub(crate) struct SpinPolicy {
+    plain_ns: AtomicU32,
+    /// A yield longer than this ran a CPU-bound stranger.
+    hogged: Duration,
+}
+
+impl SpinPolicy {
+    /// The policy of waiters that spin for `spin`.
+    pub(crate) fn new(spin: Duration) -> Self {
+        Self {
+            plain_ns: AtomicU32::new(PLAIN_SPIN.as_nanos() as u32),
+            hogged: HOGGED_YIELD.max(spin.saturating_mul(2)),
+        }
+    }
+
+    /// How long to spin before yielding (`None`: do not yield).
+    pub(crate) fn plain(&self) -> Option<Duration> {
+        match self.plain_ns.load(Ordering::Relaxed) {
+            NEVER => None,
+            ns => Some(Duration::from_nanos(u64::from(ns))),
+        }
+    }
+
+    /// Learns from one `sched_yield` that took `took`.
+    pub(crate) fn yielded(&self, took: Duration) {
+        let plain = if took > self.hogged {
+            NEVER
+        } else if took > CONTENDED_YIELD {
+            0
+        } else {
+            match self.plain_ns.load(Ordering::Relaxed) {
+                NEVER => NEVER,
+                ns => ns.saturating_add(1_000).min(PLAIN_SPIN.as_nanos() as u32),
+            }
+        };
+        self.plain_ns.store(plain, Ordering::Relaxed);
+    }
+
+    /// A waiter's spin ran out without an answer: if it was not yielding, try again.
+    pub(crate) fn spin_ran_out(&self) {
+        if self.plain_ns.load(Ordering::Relaxed) == NEVER {
+            self.plain_ns.store(PLAIN_SPIN.as_nanos() as u32, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The part of a completion queue that queue pairs hold.
 #[derive(Debug)]
 pub(crate) struct CqShared {
@@ -125,17 +200,29 @@ impl CompletionQueue for ShmCq {
 
     /// Polls for `ShmConfig::spin` (if few enough other threads of the device are spinning),
     /// then sleeps until a peer rings the device's doorbell or a completion is added by another
-    /// thread.
+    /// thread. Past the first few µs (at once while the core is contended) the spin yields the
+    /// core every few µs, so a thread that has work on this core (the peer, on a busy machine)
+    /// runs at once instead of after the spin; a yield that ran another thread ends the spin
+    /// after one more look.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         if out.is_empty() {
             return Ok(0);
         }
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
-        let spin_until = start + self.device.shared.ctx.config.spin;
+        let spin = self.device.shared.ctx.config.spin;
+        let spin_until = start + spin;
+        let policy = &self.device.shared.spin_policy;
+        let plain = policy.plain();
+        let yield_from = start + spin.min(plain.unwrap_or(spin));
         // Spinning pays only with a core to spin on: past as many spinners as half the cores,
         // a thread sleeps at once instead of taking CPU from the threads that have work.
         let mut spinning = self.device.shared.start_spinning();
+        let mut next_yield = yield_from;
+        // With many queue pairs this thread waits as the watcher of many connections (the
+        // stream layer's leader), routing for threads of its own process: yielding to them
+        // only delays everyone's completions, and only one thread per half core spins anyway.
+        let yields = plain.is_some() && self.device.shared.hints.few_queue_pairs();
         loop {
             let count = self.poll(out)?;
             if count > 0 {
@@ -146,10 +233,26 @@ impl CompletionQueue for ShmCq {
                 return Ok(0);
             }
             if spinning.is_some() && now < spin_until {
-                std::hint::spin_loop();
+                if now < next_yield || !yields {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // Now and then the spin offers the core to whoever else can use it: on a busy
+                // machine the peer we wait for may be queued behind us on this very core, and
+                // a plain spin would hold it off for the whole spin (a round trip of 50 µs
+                // instead of one or two). How long the yield took says who else wants the
+                // core (see `SpinPolicy`): a peer that answers (later waits yield at once),
+                // or a CPU-bound stranger (later waits stop yielding, as each yield would
+                // hand it a time slice).
+                std::thread::yield_now();
+                let took = now.elapsed();
+                policy.yielded(took);
+                next_yield = Instant::now() + YIELD_EVERY;
                 continue;
             }
-            spinning = None;
+            if spinning.take().is_some() {
+                policy.spin_ran_out();
+            }
             let remaining = deadline.map(|d| d.saturating_duration_since(now));
             let _waiter = self.shared.register_waiter();
             let count = self.device.shared.sleep_until_rung(&self.shared, out, remaining)?;
@@ -175,5 +278,36 @@ impl CompletionQueue for ShmCq {
 
     fn take_notify(&self) -> Result<bool> {
         Ok(self.shared.notify.take() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yields_learn_who_else_wants_the_core() {
+        let policy = SpinPolicy::new(Duration::from_micros(50));
+        assert_eq!(policy.plain(), Some(PLAIN_SPIN));
+        policy.yielded(Duration::from_micros(5));
+        assert_eq!(policy.plain(), Some(Duration::ZERO), "a peer on this core: yield at once");
+        policy.yielded(Duration::from_nanos(300));
+        assert_eq!(policy.plain(), Some(Duration::from_micros(1)), "a quick yield earns a µs");
+        for _ in 0..10 {
+            policy.yielded(Duration::from_nanos(300));
+        }
+        assert_eq!(policy.plain(), Some(PLAIN_SPIN), "capped at PLAIN_SPIN");
+        policy.yielded(Duration::from_micros(90));
+        assert_eq!(policy.plain(), Some(Duration::ZERO), "a peer that spun plainly (50 µs) first");
+        policy.yielded(HOGGED_YIELD + Duration::from_micros(1));
+        assert_eq!(policy.plain(), None, "a CPU-bound stranger: stop yielding");
+        policy.yielded(Duration::from_nanos(300));
+        assert_eq!(policy.plain(), None, "quick yields do not undo it (none happen)");
+        policy.spin_ran_out();
+        assert_eq!(policy.plain(), Some(PLAIN_SPIN), "a spin that ran out tries yielding again");
+        policy.yielded(CONTENDED_YIELD + Duration::from_nanos(1));
+        assert_eq!(policy.plain(), Some(Duration::ZERO));
+        policy.spin_ran_out();
+        assert_eq!(policy.plain(), Some(Duration::ZERO), "only the stranger mode is reset");
     }
 }

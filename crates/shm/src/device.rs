@@ -53,7 +53,7 @@ pub(crate) struct DeviceShared {
     pub(crate) ctx: DeviceContext,
     pub(crate) core: Mutex<DeviceCore>,
     /// Whether the engine has anything to do, readable without its lock.
-    hints: Arc<Hints>,
+    pub(crate) hints: Arc<Hints>,
     pub(crate) exports: RwLock<Exports>,
     /// Peer devices' activity areas, mapped once each (the socket thread maps them).
     pub(crate) peer_areas: PeerAreas,
@@ -81,6 +81,8 @@ pub(crate) struct DeviceShared {
     /// Threads spinning in `CompletionQueue::wait`, and how many may.
     spinners: AtomicU32,
     max_spinners: u32,
+    /// How long waiters spin before they yield the core between looks.
+    pub(crate) spin_policy: crate::cq::SpinPolicy,
 }
 
 impl DeviceShared {
@@ -313,6 +315,7 @@ impl ShmDevice {
         let (gid, listener) = bind_fresh_gid()?;
         let activity = Arc::new(OwnArea::create(config.max_qps)?);
         let hints = Arc::new(Hints::default());
+        let spin_policy = crate::cq::SpinPolicy::new(config.spin);
         let ctx = DeviceContext {
             gid,
             uid: rustix::process::getuid().as_raw(),
@@ -340,6 +343,7 @@ impl ShmDevice {
             next_id: AtomicU32::new(1),
             doorbell_watched: AtomicBool::new(false),
             spinners: AtomicU32::new(0),
+            spin_policy,
             max_spinners: std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
                 as u32,
         });

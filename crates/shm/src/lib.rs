@@ -12,7 +12,9 @@
 //!   directly on the peer's pages (atomics are real `AtomicU64` operations on the shared
 //!   mapping), after the checks a responder NIC makes (rkey, registration, protection domain,
 //!   bounds, access of the region and of the peer queue pair). Regions without remote write
-//!   access are sealed so peers can only map them read-only.
+//!   access are sealed so peers can only map them read-only. `QueuePair::write_direct` does
+//!   such a WRITE at once from the caller's own buffer (no local region, no request, one
+//!   copy): how the stream layer puts a writer's bytes into the peer's receive ring.
 //! - **Each queue pair has a shared segment** it alone writes: a single-producer ring of
 //!   records (small SEND payloads in pieces; for large SENDs only descriptors of where the bytes
 //!   are, which the receiver copies straight out of the sender's region; WRITE-with-immediate
@@ -38,7 +40,9 @@
 //!   idle device takes no lock.
 //! - **Polling fits the machine**: the application's `poll` does the work directly (no thread
 //!   hop, no system call on the data path); `wait` spins briefly (only as many threads at once
-//!   as half the cores), then sleeps on the device's doorbell, which peers ring only while
+//!   as half the cores; past a few µs, or at once while the core is contended, yielding the
+//!   core between looks, so a peer queued on the same core runs instead of waiting out the
+//!   spin), then sleeps on the device's doorbell, which peers ring only while
 //!   someone sleeps (the area's state word says so; one ring per sleep, whatever the number of
 //!   queue pairs); `request_notify` hands progress to the driver thread at once, so an
 //!   epoll/tokio program that only waits on the notification fd gets its completions. Each device has two helper threads (module `helper`): a socket thread

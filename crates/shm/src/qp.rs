@@ -65,6 +65,27 @@ impl QueuePair for ShmQp {
         self.with_core(|qp, regions| qp.post_send(wr, regions))?
     }
 
+    /// One copy from the caller's memory into the peer's mapped region (see
+    /// `QueuePair::write_direct`). Right after set-up the peer's introduction may still be on
+    /// its way (posted requests wait for it in the queue); this waits for it, at most the
+    /// device's `rpc_timeout`, without holding the device lock.
+    fn write_direct(&self, remote_addr: u64, rkey: u32, bytes: &[u8]) -> Option<Result<()>> {
+        let mut deadline = None;
+        loop {
+            match self.with_core(|qp, _| qp.write_direct(remote_addr, rkey, bytes)).and_then(|r| r) {
+                Ok(true) => return Some(Ok(())),
+                Ok(false) => {}
+                Err(err) => return Some(Err(err)),
+            }
+            let now = std::time::Instant::now();
+            let deadline = *deadline.get_or_insert(now + self.pd.device.shared.ctx.config.rpc_timeout);
+            if now >= deadline {
+                return Some(Err(Error::Unavailable("the peer queue pair never attached".into())));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         self.with_core(|qp, regions| qp.post_recv(wr, regions))?
     }

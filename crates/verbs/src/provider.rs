@@ -238,6 +238,26 @@ pub trait QueuePair: Send + Sync {
     /// key problems are reported by the completion, not here.
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
 
+    /// Copies `bytes` from the caller's memory straight into the peer's memory at
+    /// `remote_addr` (region `rkey`), now, if the provider reaches the peer's memory itself (the
+    /// shm provider maps its peers' regions): an RDMA WRITE without a local region, a send
+    /// queue entry or a completion, and with one copy instead of two. `None` when the provider
+    /// cannot (the default; then post a WRITE), `Some(Err)` when the write is refused (not in
+    /// RTS, an rkey, bound or access an RDMA WRITE would fail on, the peer gone), in which case
+    /// nothing was written.
+    ///
+    /// Ordering: the bytes are in place before the call returns, so a request posted
+    /// afterwards (a WRITE WITH IMMEDIATE announcing them) reaches the peer after them; they
+    /// are *not* ordered after requests posted earlier that the provider has not carried out
+    /// yet. Use it for memory that no outstanding request targets.
+    ///
+    /// A provider answers `None` to every call or to none, so a call with no bytes tells
+    /// whether it can.
+    fn write_direct(&self, remote_addr: u64, rkey: u32, bytes: &[u8]) -> Option<Result<()>> {
+        let _ = (remote_addr, rkey, bytes);
+        None
+    }
+
     /// Posts a receive work request. Refused with [`Error::InvalidState`] in RESET and with
     /// [`Error::QueueFull`] when `max_recv_wr` receives are posted.
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;

@@ -11,7 +11,7 @@
 //! served by the hub's notifier thread (see `notifier`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,9 @@ pub(crate) struct Hub<D: Device> {
     leader: AtomicBool,
     /// Inboxes whose owners went to sleep (some may have woken since), for the hand-off.
     sleepers: Mutex<VecDeque<Arc<Inbox>>>,
+    /// Entries in `sleepers` (updated under its lock), so a leader leaving with nobody
+    /// listed takes no lock.
+    listed: AtomicUsize,
     notifier: OnceLock<Notifier>,
     /// Completions for queue pairs no longer attached (dropped).
     strays: AtomicU32,
@@ -58,6 +61,7 @@ impl<D: Device> Hub<D> {
             router: Mutex::new(vec![WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); BATCH]),
             leader: AtomicBool::new(false),
             sleepers: Mutex::new(VecDeque::new()),
+            listed: AtomicUsize::new(0),
             notifier: OnceLock::new(),
             strays: AtomicU32::new(0),
         }
@@ -164,24 +168,37 @@ impl<D: Device> Hub<D> {
         let mut taken = 0;
         loop {
             let n = self.cq.poll(buf)?;
-            // Own completions move to `out` in order until it is full; once one has gone to
-            // the inbox, all later ones must follow it there.
-            let mut others = 0;
-            for i in 0..n {
-                let wc = buf[i];
-                if wc.qp_num == qpn && taken < out.len() {
-                    out[taken] = wc;
-                    taken += 1;
-                } else {
-                    buf[others] = wc;
-                    others += 1;
-                }
-            }
-            self.route(&buf[..others]);
+            taken = self.keep_own(qpn, out, taken, &mut buf[..n]);
             if n < buf.len() {
                 return Ok(taken);
             }
         }
+    }
+
+    /// Of the completions `wcs` just taken from the queue (router lock held, the caller's
+    /// inbox empty), moves queue pair `qpn`'s into `out` after the `taken` already there, in
+    /// order, while there is room (once one has gone to the inbox, all later ones must follow
+    /// it there), and routes the rest. Returns the new count in `out`.
+    fn keep_own(
+        &self,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+        mut taken: usize,
+        wcs: &mut [WorkCompletion],
+    ) -> usize {
+        let mut others = 0;
+        for i in 0..wcs.len() {
+            let wc = wcs[i];
+            if wc.qp_num == qpn && taken < out.len() {
+                out[taken] = wc;
+                taken += 1;
+            } else {
+                wcs[others] = wc;
+                others += 1;
+            }
+        }
+        self.route(&wcs[..others]);
+        taken
     }
 
     /// Routes whatever the queue has, waiting for the router lock if need be.
@@ -231,10 +248,9 @@ impl<D: Device> Hub<D> {
                 return Ok(0);
             }
             if self.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-                let led = self.lead(inbox, deadline);
+                let led = self.lead(inbox, qpn, out, deadline);
                 self.leader.store(false, Ordering::SeqCst);
-                led?;
-                return Ok(inbox.pop(out));
+                return led;
             }
             self.list_sleeper(inbox);
             // The leader may have left between the exchange above and now: sleep only while
@@ -244,39 +260,61 @@ impl<D: Device> Hub<D> {
     }
 
     /// The leader's turn: sleep in the queue's own `wait`, routing what arrives, until this
-    /// inbox has something or the deadline passes.
-    fn lead(&self, inbox: &Inbox, deadline: Instant) -> lightpath_verbs::Result<()> {
-        let mut buf = lock(&self.router);
+    /// connection has something or the deadline passes. Its own completions go straight into
+    /// `out` (no inbox on the way: with one busy connection, the leader is the only waiter
+    /// and the queue's wait is all there is between the peer and this thread).
+    fn lead(
+        &self,
+        inbox: &Inbox,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+        deadline: Instant,
+    ) -> lightpath_verbs::Result<usize> {
+        let mut guard = lock(&self.router);
+        let buf: &mut Vec<WorkCompletion> = &mut guard;
         loop {
-            self.drain(&mut buf)?;
-            if !inbox.is_empty() {
-                return Ok(());
+            // Whatever was routed here before this thread took the lock comes first; with
+            // the lock held nobody else routes, so what the queue gives next is newer.
+            let n = inbox.pop(out);
+            if n > 0 {
+                return Ok(n);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Ok(());
+                return Ok(0);
             }
-            let n = self.cq.wait(&mut buf, left)?;
-            self.route(&buf[..n]);
+            let n = self.cq.wait(buf, left)?;
+            let taken = self.keep_own(qpn, out, 0, &mut buf[..n]);
+            if taken > 0 {
+                return Ok(taken);
+            }
         }
     }
 
     fn list_sleeper(&self, inbox: &Arc<Inbox>) {
         if !inbox.listed.swap(true, Ordering::SeqCst) {
-            lock(&self.sleepers).push_back(Arc::clone(inbox));
+            let mut sleepers = lock(&self.sleepers);
+            sleepers.push_back(Arc::clone(inbox));
+            self.listed.store(sleepers.len(), Ordering::SeqCst);
         }
     }
 
     /// Wakes one listed sleeper (if any still sleeps) so that it takes the lead.
     fn hand_off(&self) {
+        // Nobody listed (the common case of one busy connection): no lock. A sleeper that
+        // lists itself after this look sees no leader and does not sleep.
+        if self.listed.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let mut sleepers = lock(&self.sleepers);
         while let Some(inbox) = sleepers.pop_front() {
             inbox.listed.store(false, Ordering::SeqCst);
             if inbox.is_sleeping() {
                 inbox.wake();
-                return;
+                break;
             }
         }
+        self.listed.store(sleepers.len(), Ordering::SeqCst);
     }
 
     /// Starts the notifier thread (once), which routes for armed inboxes.

@@ -259,3 +259,36 @@ fn a_private_queue_is_not_shared_or_kept() {
     assert_eq!(hubs.len(), 0, "private queues are not offered to later connections");
     assert!(!a.reserve(1), "full");
 }
+
+/// A thread that blocks before anything arrives leads: what the queue gives it comes straight
+/// into its buffer, in order, also when more of its own arrive than the buffer holds (the rest
+/// waits in its inbox, ahead of anything newer), and everybody else's completions reach their
+/// inboxes.
+#[test]
+fn a_leader_keeps_its_own_in_order_and_routes_the_rest() {
+    let device = device(ProgressMode::polling());
+    let hubs = HubPool::new(4096);
+    let (_pd, ends) = pairs(&device, &hubs, 2);
+    let ends: Vec<(Arc<End>, End)> = ends.into_iter().map(|(a, b)| (Arc::new(a), b)).collect();
+    for (_, b) in &ends {
+        for i in 0..16 {
+            b.qp.post_recv(&RecvWr::new(i, &[])).unwrap();
+        }
+    }
+    let leader = {
+        let a = Arc::clone(&ends[0].0);
+        std::thread::spawn(move || collect(&a.completions, 16))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    for i in 0..16u64 {
+        for (p, (a, _)) in ends.iter().enumerate() {
+            send_empty(&a.qp, (p as u64) << 8 | i);
+        }
+    }
+    let got = leader.join().unwrap();
+    assert_eq!(got.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), (0..16).collect::<Vec<u64>>());
+    let others = collect(&ends[1].0.completions, 16);
+    assert_eq!(others.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), (256..272).collect::<Vec<u64>>());
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
+    assert_eq!(ends[0].0.completions.poll(&mut buf).unwrap(), 0, "a completion was delivered twice");
+}

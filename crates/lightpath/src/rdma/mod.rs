@@ -3,7 +3,10 @@
 //!
 //! Memory per connection: one region `[credit slot (64 B) | receive ring]` the peer writes
 //! into, and one staging region mirroring the peer's ring. Both sizes are fixed at set-up,
-//! so a connection's memory is bounded whatever the traffic.
+//! so a connection's memory is bounded whatever the traffic. Providers that reach the peer's
+//! memory themselves (shm, `QueuePair::write_direct`) need no staging: the writer copies the
+//! caller's bytes straight into the peer's ring, and the ring is twice `Options::ring_size`
+//! (the same memory).
 //!
 //! Completions of a connection arrive through a completion queue its device shares among
 //! many connections (`crate::completions`), polled by whichever thread is inside a call on
@@ -67,7 +70,9 @@ pub(crate) struct RdmaConn<D: Device> {
     core: Conn,
     qp: QpOf<D>,
     recv_mr: MrOf<D>,
-    staging: MrOf<D>,
+    /// The mirror of the peer's ring records are posted from; `None` when the provider writes
+    /// the caller's bytes straight into the peer's ring (`QueuePair::write_direct`, shm).
+    staging: Option<MrOf<D>>,
     cq: ConnCompletions<D>,
     _pd: PdOf<D>,
     _device: D,
@@ -200,8 +205,12 @@ impl<D: Device> RdmaConn<D> {
                     Some(imm) => SendOp::WriteWithImm { remote_addr, rkey, imm },
                     None => SendOp::Write { remote_addr, rkey },
                 };
-                let sge = [self.staging.sge(offset as usize, len)];
-                let sges: &[Sge] = if len == 0 { &[] } else { &sge };
+                // Written directly (no staging): a zero-length request announces the bytes.
+                let sge = self.staging.as_ref().map(|staging| [staging.sge(offset as usize, len)]);
+                let sges: &[Sge] = match &sge {
+                    Some(sge) if len > 0 => sge,
+                    _ => &[],
+                };
                 let flags = if signaled {
                     lightpath_verbs::SendFlags::SIGNALED
                 } else {

@@ -42,6 +42,10 @@ impl<D: Device> RdmaSetup<D> {
         };
         let qp = pd.create_qp(cq.cq(), cq.cq(), caps).map_err(from_verbs)?;
         cq.attach(qp.qpn());
+        // Where the peer writes straight into this ring (shm: both sides use one provider),
+        // neither side keeps a staging mirror; the ring gets that memory instead, so memory
+        // per connection stays about twice `ring_size` and a writer runs ahead twice as far.
+        let ring = if qp.write_direct(0, 0, &[]).is_some() { ring.saturating_mul(2) } else { ring };
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         qp.modify(&QpAttr::to_init(access)).map_err(from_verbs)?;
         let recv_mr = pd.alloc_mr(SLOT_AREA + ring as usize, access).map_err(from_verbs)?;
@@ -92,8 +96,13 @@ impl<D: Device> RdmaSetup<D> {
         // (a peer that dies is noticed through its TCP connection much sooner).
         rts.timeout = Some(16);
         self.qp.modify(&rts).map_err(from_verbs)?;
-        let staging =
-            self.pd.alloc_mr(peer.ring_len as usize, AccessFlags::LOCAL_WRITE).map_err(from_verbs)?;
+        // A provider that reaches the peer's memory itself (shm) takes the writer's bytes
+        // straight into the peer's ring: no staging mirror (half the memory) and one copy.
+        let staging = if self.qp.write_direct(peer.ring_addr, peer.ring_rkey, &[]).is_some() {
+            None
+        } else {
+            Some(self.pd.alloc_mr(peer.ring_len as usize, AccessFlags::LOCAL_WRITE).map_err(from_verbs)?)
+        };
         let depth = self.options.recv_depth;
         let recvs: Vec<RecvWr<'_>> = (0..depth).map(|i| RecvWr::new(u64::from(i), &[])).collect();
         self.qp.post_recv_batch(&recvs).map_err(|err| from_verbs(err.error))?;

@@ -428,16 +428,29 @@ impl<D: Device> RdmaConn<D> {
         Ok(())
     }
 
-    /// Copies `bytes` into the staging ring at `offset`, wrapping at its end.
+    /// Copies `bytes` to ring offset `offset`, wrapping at the ring's end: into the staging
+    /// mirror, or (providers that reach the peer's memory, see `setup`) straight into the
+    /// peer's ring. Either way the record's WRITE WITH IMMEDIATE, posted later, announces them.
     pub(super) fn stage(&self, offset: u32, bytes: &[u8]) -> io::Result<()> {
         let ring = self.peer.ring_len as usize;
         let offset = offset as usize;
         let first = bytes.len().min(ring - offset);
-        self.staging.write(offset, &bytes[..first]).map_err(from_verbs)?;
+        self.copy_to_ring(offset, &bytes[..first])?;
         if first < bytes.len() {
-            self.staging.write(0, &bytes[first..]).map_err(from_verbs)?;
+            self.copy_to_ring(0, &bytes[first..])?;
         }
         Ok(())
+    }
+
+    fn copy_to_ring(&self, offset: usize, bytes: &[u8]) -> io::Result<()> {
+        if let Some(staging) = &self.staging {
+            return staging.write(offset, bytes).map_err(from_verbs);
+        }
+        match self.qp.write_direct(self.peer.ring_addr + offset as u64, self.peer.ring_rkey, bytes) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(err)) => Err(reset(format!("writing into the peer's ring failed: {err}"))),
+            None => Err(reset("the provider stopped writing into the peer's ring directly")),
+        }
     }
 
     /// Whether new bytes or records may be written: the connection works, this side has not

@@ -40,9 +40,17 @@ pub(crate) struct Hints {
     words: AtomicUsize,
     /// Looks are owed (the agenda), or the device looks everywhere.
     local: AtomicBool,
+    /// The device has at most [`LOOK_EVERYWHERE_MAX`] queue pairs.
+    few: AtomicBool,
 }
 
 impl Hints {
+    /// Whether the device has at most [`LOOK_EVERYWHERE_MAX`] queue pairs (a waiter then
+    /// waits for one of few connections, not as the watcher of many; see `ShmCq::wait`).
+    pub(crate) fn few_queue_pairs(&self) -> bool {
+        self.few.load(Ordering::Relaxed)
+    }
+
     /// Whether nothing is marked and no look is owed. Relaxed loads: news published just now
     /// may be missed, and is found by the caller's next call (pollers poll again; sleepers
     /// look under the lock after arming).
@@ -305,6 +313,7 @@ impl DeviceCore {
         if self.hints.words.load(Ordering::Relaxed) != words {
             self.hints.words.store(words, Ordering::Relaxed);
         }
+        self.hints.few.store(self.everywhere, Ordering::Relaxed);
         let local = !self.agenda.is_empty() || self.everywhere || self.everywhere_once;
         if self.hints.local.load(Ordering::Relaxed) != local {
             self.hints.local.store(local, Ordering::Relaxed);
@@ -412,6 +421,22 @@ mod tests {
 
         core.remove_qp(100);
         assert!(core.everywhere && area.state() & LOOKS_EVERYWHERE != 0, "back to looking everywhere");
+    }
+
+    #[test]
+    fn the_hints_say_whether_the_device_has_few_queue_pairs() {
+        let area = Arc::new(OwnArea::create(256).expect("area"));
+        let hints = Arc::new(Hints::default());
+        let mut core = DeviceCore::new(area, Arc::clone(&hints));
+        assert!(hints.few_queue_pairs(), "a new device");
+        for qpn in 2..2 + LOOK_EVERYWHERE_MAX as u32 {
+            add(&mut core, qpn);
+        }
+        assert!(hints.few_queue_pairs());
+        add(&mut core, 100);
+        assert!(!hints.few_queue_pairs(), "past LOOK_EVERYWHERE_MAX");
+        core.remove_qp(100);
+        assert!(hints.few_queue_pairs(), "back to few");
     }
 
     #[test]

@@ -136,6 +136,49 @@ impl QpCore {
         }
     }
 
+    /// Copies `bytes` straight into the peer's region `rkey` at `remote_addr`, with the checks
+    /// an RDMA WRITE gets (see `QueuePair::write_direct`): one copy from the caller's memory,
+    /// no request, no completion. A peer that has gone (or spoiled its status line) fails the
+    /// link as a posted request would.
+    pub(crate) fn write_direct(
+        &mut self,
+        remote_addr: u64,
+        rkey: u32,
+        bytes: &[u8],
+    ) -> lightpath_verbs::Result<bool> {
+        use lightpath_verbs::Error;
+        if self.state != QpState::Rts {
+            return Err(Error::InvalidState(self.state));
+        }
+        if bytes.is_empty() {
+            // Nothing to write, nothing to wait for (the stream layer asks this way, right
+            // after RTS, before the peer can have attached).
+            return Ok(true);
+        }
+        let (Some(link), Some((_, dqpn))) = (self.link.as_mut(), self.dest) else {
+            return Err(Error::Unavailable("the queue pair has no peer".into()));
+        };
+        if link.peer.is_none() {
+            return Ok(false);
+        }
+        let op = SendOp::Write { remote_addr, rkey };
+        let len = bytes.len() as u64;
+        match remote_target(link, &op, dqpn, remote_addr, rkey, len) {
+            Ok(Ok((target, offset))) => {
+                if target.write_from_caller(offset, bytes) {
+                    Ok(true)
+                } else {
+                    Err(Error::NotFound("a writable range of the peer's region"))
+                }
+            }
+            Ok(Err(status)) => Err(Error::Unavailable(format!("the peer refuses the write ({status})"))),
+            Err(failure) => {
+                self.fail_link(failure);
+                Err(Error::Unavailable("the peer is gone".into()))
+            }
+        }
+    }
+
     fn issue_one(&mut self, index: usize, regions: &Regions) -> Result<Step, LinkFailure> {
         let QpCore { req, link, pd, dest, published, direct_min, .. } = self;
         let (Some(link), Some((_, dqpn))) = (link.as_mut(), *dest) else { return Ok(Step::Blocked) };

@@ -127,6 +127,22 @@ impl Mapping {
         true
     }
 
+    /// Copies `src`, a buffer of the application's, to `offset` (see
+    /// `QueuePair::write_direct`). Unlike [`Mapping::write`] it makes no assumption about
+    /// where `src` lives: it may be a view of another mapping of the same pages.
+    #[must_use]
+    pub(crate) fn write_from_caller(&self, offset: usize, src: &[u8]) -> bool {
+        if !self.writable {
+            return false;
+        }
+        let Some(dst) = self.pointer(offset, src.len()) else { return false };
+        // SAFETY: `dst..dst + src.len()` is inside the live, writable mapping (checked above);
+        // `src` is valid for reads of its length. It might alias the destination pages through
+        // another mapping, so `copy` (memmove), defined for any overlap, is used.
+        unsafe { std::ptr::copy(src.as_ptr(), dst, src.len()) };
+        true
+    }
+
     /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
     #[must_use]
     pub(crate) fn copy(
