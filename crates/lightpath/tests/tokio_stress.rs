@@ -79,6 +79,7 @@ async fn http1_client(stream: Stream, requests: usize, salt: u32, done: Arc<Atom
             .header(hyper::header::HOST, "lightpath")
             .body(Full::new(Bytes::from(body)))
             .unwrap();
+        sender.ready().await.unwrap();
         let response = sender.send_request(request).await.unwrap();
         assert!(response.status().is_success());
         let got = response.into_body().collect().await.unwrap().to_bytes();
