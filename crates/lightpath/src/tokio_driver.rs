@@ -2,11 +2,25 @@
 //! readiness instead of blocking. `AsyncRead`/`AsyncWrite` are implemented, so
 //! `tokio::io::split`, `copy` and `copy_bidirectional` work.
 //!
-//! A stream waits on one file descriptor through `AsyncFd`: a duplicate of the stream's
-//! readiness fd ([`crate::Stream::readiness_fd`]) — for an RDMA stream the epoll instance that
-//! holds its completion queue's notification fd (armed before every wait, as a completion
-//! channel is) and its TCP liveness connection; for a TCP stream the socket. Connecting and
-//! accepting run the blocking negotiation on tokio's blocking pool.
+//! A stream waits on its readiness fd ([`crate::Stream::readiness_fd`]) through `AsyncFd`: for
+//! an RDMA stream the epoll instance that holds its share of the completion queue's
+//! notification (armed before every wait, as a completion channel is) and its TCP liveness
+//! connection, registered twice (two duplicates) so that a reading task and a writing task
+//! (`tokio::io::split`) each keep their own waker; for a TCP stream the socket itself.
+//!
+//! No lost wake-ups: whichever call polls an RDMA connection handles its completions, so a
+//! write, a flush or the look before a wait can take in the bytes a reader is waiting for (or
+//! a reader the credit a writer is waiting for), and no fd fires for them afterwards. A call
+//! that handled anything therefore wakes the task waiting on the other half (issue 17: hyper's
+//! HTTP/1.1 client polls read, then writes and flushes in the same task, and stalled for good
+//! when the flush took in the response).
+//!
+//! Connecting and accepting are async code on the runtime's reactor: the negotiation is the
+//! blocking calls' state machine (`crate::negotiate`) driven by socket readiness and tokio
+//! timers, the probe awaited on the connection's notification fd. No thread is taken, a
+//! dropped `connect` future closes what it had opened, and [`Listener`] negotiates each
+//! connection in a task of its own and queues the results, so `accept` is cancel-safe and a
+//! runtime shuts down without waiting for Lightpath.
 //!
 //! Messages and zero copy: [`Stream::send_msg`] completes once the whole message is handed to
 //! the transport (a large one flows through a full ring in parts, the task sleeping between
@@ -22,6 +36,10 @@
 //! started (the peer may be reading the buffer, or READs may be writing into it) closes the
 //! connection, fencing its queue pair so that the buffer may be reused at once — as a blocking
 //! write timeout does; one dropped before the transfer started changes nothing.
+//!
+//! Writes: `poll_write_vectored` writes the slices in turn within one call
+//! (`is_write_vectored` is true), so hyper and others hand over a header and a body without
+//! first copying them into one buffer.
 //!
 //! Closing: dropping a stream never blocks the runtime. The clean close (everything written
 //! is sent and acknowledged, then the goodbye) finishes on Lightpath's background thread, so
