@@ -209,3 +209,13 @@ async fn mixed_size_echo_over_soft_many_rounds() {
 async fn mixed_size_echo_over_tcp_many_rounds() {
     echo_rounds(Options::tcp_only(), 4, 30, 4).await;
 }
+
+/// The issue's own numbers (4 shm connections × 200 requests, 20 runs; 8 soft connections ×
+/// 200 requests, 10 runs): minutes in a debug build, so not part of the normal run
+/// (`cargo test -p lightpath --features tokio --test tokio_stress -- --ignored`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "soak: minutes in a debug build"]
+async fn hyper_http1_soak_as_in_the_issue() {
+    http1_rounds(shm(), 4, 200, 20).await;
+    http1_rounds(soft(), 8, 200, 10).await;
+}
