@@ -44,8 +44,9 @@ const FRAME_HEADER: usize = 3;
 /// What a [`Handshake`] needs from its driver next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Need {
-    /// Write [`Handshake::outgoing`] (report how much went with [`Handshake::sent`]).
-    Write,
+    /// Write [`Handshake::outgoing`] (report how much went with [`Handshake::sent`]); a peer
+    /// that takes nothing by `deadline` is given up ([`Handshake::write_failed`]).
+    Write { deadline: Instant },
     /// Read at most `max` bytes and pass them to [`Handshake::received`] (0 bytes: the peer
     /// closed); if none come by `deadline`, call [`Handshake::timed_out`].
     Read { max: usize, deadline: Instant },
@@ -160,10 +161,10 @@ impl Handshake {
 
     /// What to do next.
     pub(crate) fn need(&self) -> Need {
-        if self.out_sent < self.out.len() {
-            return Need::Write;
-        }
         let deadline = self.deadline;
+        if self.out_sent < self.out.len() {
+            return Need::Write { deadline };
+        }
         match &self.state {
             State::ClientMagic { .. } | State::ServerMagic => {
                 Need::Read { max: CLIENT_MAGIC.len() - self.input.len(), deadline }
@@ -549,11 +550,15 @@ fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Ne
     let mut chunk = [0u8; 512];
     loop {
         match handshake.need() {
-            Need::Write => match tcp.write(handshake.outgoing()) {
-                Ok(n) => handshake.sent(n),
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => handshake.write_failed(err),
-            },
+            Need::Write { deadline } => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                tcp.set_write_timeout(Some(left.max(Duration::from_millis(1))))?;
+                match tcp.write(handshake.outgoing()) {
+                    Ok(n) => handshake.sent(n),
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                    Err(err) => handshake.write_failed(err),
+                }
+            }
             Need::Read { max, deadline } => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -579,7 +584,10 @@ fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Ne
                 };
                 handshake.probe_finished(result);
             }
-            Need::Done => return handshake.finish(tcp),
+            Need::Done => {
+                tcp.set_write_timeout(None)?;
+                return handshake.finish(tcp);
+            }
         }
     }
 }

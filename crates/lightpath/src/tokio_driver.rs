@@ -490,11 +490,16 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
     let mut chunk = [0u8; 512];
     loop {
         match handshake.need() {
-            Need::Write => {
+            Need::Write { deadline } => {
                 let out = handshake.outgoing();
-                match tcp.async_io(Interest::WRITABLE, |tcp| (&*tcp).write(out)).await {
-                    Ok(n) => handshake.sent(n),
-                    Err(err) => handshake.write_failed(err),
+                let write = tcp.async_io(Interest::WRITABLE, |tcp| (&*tcp).write(out));
+                match ::tokio::time::timeout_at(deadline.into(), write).await {
+                    Ok(Ok(n)) => handshake.sent(n),
+                    Ok(Err(err)) => handshake.write_failed(err),
+                    Err(_elapsed) => handshake.write_failed(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "lightpath: the peer took nothing during negotiation",
+                    )),
                 }
             }
             Need::Read { max, deadline } => {
