@@ -108,6 +108,8 @@ pub(crate) struct Handshake {
     deadline: Instant,
     /// Server: whether its magic has gone into `out` (an error is sent after it).
     magic_sent: bool,
+    /// Which side this is.
+    is_client: bool,
 }
 
 impl Handshake {
@@ -132,6 +134,7 @@ impl Handshake {
             input: Vec::new(),
             deadline: Instant::now() + options.handshake_timeout,
             magic_sent: false,
+            is_client: true,
         })
     }
 
@@ -146,17 +149,8 @@ impl Handshake {
             input: Vec::new(),
             deadline: Instant::now() + options.plain_client_wait,
             magic_sent: false,
+            is_client: false,
         })
-    }
-
-    fn is_client(&self) -> bool {
-        matches!(
-            self.state,
-            State::ClientMagic { .. }
-                | State::ClientHello { .. }
-                | State::ClientReady { .. }
-                | State::ClientProbe { .. }
-        )
     }
 
     /// What to do next.
@@ -213,7 +207,7 @@ impl Handshake {
             return;
         }
         let err = match err.kind() {
-            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe if self.is_client() => {
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe if self.is_client => {
                 not_lightpath_closed()
             }
             _ => err,
@@ -291,10 +285,9 @@ impl Handshake {
         if matches!(self.state, State::Failed(_)) {
             return;
         }
-        let is_server = !self.is_client();
         self.out.clear();
         self.out_sent = 0;
-        if is_server && err.kind() == io::ErrorKind::InvalidData {
+        if !self.is_client && err.kind() == io::ErrorKind::InvalidData {
             if !self.magic_sent {
                 self.out.extend_from_slice(&SERVER_MAGIC);
             }
@@ -649,4 +642,132 @@ fn choose_provider(
             devices::setup(local, tcp, options).ok().map(|setup| (local, announced, setup))
         })
         .ok_or(FallbackReason::NoDevice)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The state machine on its own: bytes fed by hand, no driver. The sockets only serve the
+    //! local look-ups (addresses, `set_nodelay`); nothing is sent over them.
+    use super::*;
+
+    /// Both ends of a loopback TCP connection.
+    fn sockets() -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (client, server)
+    }
+
+    /// Writes everything the machine has to send; returns it.
+    fn drain_out(handshake: &mut Handshake) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Need::Write { .. } = handshake.need() {
+            out.extend_from_slice(handshake.outgoing());
+            let n = handshake.outgoing().len();
+            handshake.sent(n);
+        }
+        out
+    }
+
+    #[test]
+    fn the_server_reads_exactly_one_frame_at_a_time_and_falls_back_when_rdma_is_off() {
+        let (_client, server) = sockets();
+        let mut handshake = Handshake::server(&server, &Options::tcp_only()).unwrap();
+        assert!(matches!(handshake.need(), Need::Read { max: 8, .. }));
+        handshake.received(&CLIENT_MAGIC[..3], &server);
+        assert!(matches!(handshake.need(), Need::Read { max: 5, .. }), "the rest of the magic only");
+        handshake.received(&CLIENT_MAGIC[3..], &server);
+        let mut hello = Vec::new();
+        Message::ClientHello {
+            min_version: VERSION,
+            max_version: VERSION,
+            providers: vec![],
+            host_id: [0; 16],
+        }
+        .emit(&mut hello);
+        assert!(matches!(handshake.need(), Need::Read { max: FRAME_HEADER, .. }), "a frame header first");
+        handshake.received(&hello[..FRAME_HEADER], &server);
+        let body = hello.len() - FRAME_HEADER;
+        assert!(
+            matches!(handshake.need(), Need::Read { max, .. } if max == body),
+            "then exactly the body: {:?}",
+            handshake.need()
+        );
+        handshake.received(&hello[FRAME_HEADER..], &server);
+        let out = drain_out(&mut handshake);
+        assert!(out.starts_with(&SERVER_MAGIC));
+        let (answer, used) = Message::parse(&out[8..]).unwrap().unwrap();
+        assert_eq!(used, out.len() - 8);
+        assert!(matches!(answer, Message::ServerHello { choice: Choice::Tcp(FallbackReason::Disabled), .. }));
+        assert_eq!(handshake.need(), Need::Done);
+        match handshake.finish(server).unwrap() {
+            Negotiated::Tcp { framed, prefix, transport, .. } => {
+                assert!(framed);
+                assert!(prefix.is_empty());
+                assert_eq!(transport, Transport::Tcp(FallbackReason::Disabled));
+            }
+            Negotiated::Rdma { .. } => panic!("RDMA was off"),
+        }
+    }
+
+    #[test]
+    fn a_plain_client_is_known_by_its_first_byte_or_its_silence() {
+        let (_client, server) = sockets();
+        let mut speaks = Handshake::server(&server, &Options::default()).unwrap();
+        speaks.received(b"GET ", &server);
+        assert_eq!(speaks.need(), Need::Done);
+        match speaks.finish(server.try_clone().unwrap()).unwrap() {
+            Negotiated::Tcp { framed, prefix, transport, .. } => {
+                assert!(!framed);
+                assert_eq!(prefix, b"GET ");
+                assert_eq!(transport, Transport::PlainTcp);
+            }
+            Negotiated::Rdma { .. } => panic!("a plain client"),
+        }
+        let mut silent = Handshake::server(&server, &Options::default()).unwrap();
+        silent.received(&CLIENT_MAGIC[..2], &server);
+        silent.timed_out();
+        assert_eq!(silent.need(), Need::Done);
+        match silent.finish(server).unwrap() {
+            Negotiated::Tcp { prefix, transport, .. } => {
+                assert_eq!(prefix, &CLIENT_MAGIC[..2]);
+                assert_eq!(transport, Transport::PlainTcp);
+            }
+            Negotiated::Rdma { .. } => panic!("a plain client"),
+        }
+    }
+
+    #[test]
+    fn garbage_after_the_magic_is_answered_with_the_reason_and_fails() {
+        let (_client, server) = sockets();
+        let mut handshake = Handshake::server(&server, &Options::default()).unwrap();
+        handshake.received(&CLIENT_MAGIC, &server);
+        handshake.received(&[0xff, 0, 1], &server);
+        let out = drain_out(&mut handshake);
+        assert!(out.starts_with(&SERVER_MAGIC), "the reason follows the server magic");
+        assert!(matches!(Message::parse(&out[8..]), Ok(Some((Message::Error(_), _)))), "{out:?}");
+        assert_eq!(handshake.need(), Need::Done);
+        let err = handshake.finish(server).err().expect("a failed negotiation");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_client_knows_an_echo_server_and_a_server_that_closes() {
+        let (client, _server) = sockets();
+        let mut echoed = Handshake::client(&client, &Options::tcp_only()).unwrap();
+        let hello = drain_out(&mut echoed);
+        assert!(hello.starts_with(&CLIENT_MAGIC));
+        // The magics differ only in their last byte.
+        echoed.received(&hello[..8], &client);
+        assert_eq!(echoed.need(), Need::Done);
+        let err = echoed.finish(client.try_clone().unwrap()).err().expect("an echo is no answer");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("echoed"), "{err}");
+
+        let mut closed = Handshake::client(&client, &Options::tcp_only()).unwrap();
+        drain_out(&mut closed);
+        closed.received(&[], &client);
+        let err = closed.finish(client).err().expect("no answer");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused);
+    }
 }
