@@ -1,5 +1,6 @@
 //! [`Listener`]: accepts connections and negotiates each one on its own thread, so a slow or
-//! silent client never holds up the others.
+//! silent client never holds up the others. (The tokio listener, `crate::tokio::Listener`,
+//! runs the same negotiation as a task per connection instead.)
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};

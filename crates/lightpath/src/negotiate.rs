@@ -1,6 +1,20 @@
-//! The blocking negotiation over a fresh TCP connection (see `docs/stream-protocol.md`):
-//! the client offers providers, the server picks one and both set up queue pairs, the client
-//! probes the RDMA path, and on any failure both sides keep the TCP connection for the data.
+//! The negotiation over a fresh TCP connection (see `docs/stream-protocol.md`): the client
+//! offers providers, the server picks one and both set up queue pairs, the client probes the
+//! RDMA path, and on any failure both sides keep the TCP connection for the data.
+//!
+//! One state machine, two drivers (the shape of rustls' connection with its blocking and
+//! async I/O around it). [`Handshake`] holds where a negotiation is and does the local work
+//! (opening devices, setting up and connecting queue pairs, starting the probe), but never
+//! waits: it says what it needs next ([`Need`]) — bytes written, bytes read before a
+//! deadline, the probe's acknowledgement — and is fed the outcome. [`client`] and [`server`]
+//! drive it with blocking socket calls (the blocking [`crate::Stream`] and
+//! [`crate::Listener`]); `crate::tokio` drives the same machine on the runtime's reactor, so
+//! an async accept or connect never occupies a thread and can be dropped at any point.
+//!
+//! The machine reads exactly as many bytes as the current step needs (the magic's 8, then
+//! one message at a time, whose 3-byte header says its length), so nothing the peer sends
+//! after the negotiation — data over a TCP fallback, a goodbye on the liveness channel — is
+//! ever taken by it.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -24,149 +38,497 @@ pub(crate) enum Negotiated {
     Tcp { tcp: TcpStream, framed: bool, prefix: Vec<u8>, transport: Transport },
 }
 
-fn tcp_outcome(tcp: TcpStream, reason: FallbackReason) -> Negotiated {
-    let framed = reason != FallbackReason::VersionMismatch;
-    let transport = if framed { Transport::Tcp(reason) } else { Transport::PlainTcp };
-    Negotiated::Tcp { tcp, framed, prefix: Vec::new(), transport }
+/// Bytes of a negotiation frame's header (type, body length).
+const FRAME_HEADER: usize = 3;
+
+/// What a [`Handshake`] needs from its driver next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Write [`Handshake::outgoing`] (report how much went with [`Handshake::sent`]); a peer
+    /// that takes nothing by `deadline` is given up ([`Handshake::write_failed`]).
+    Write { deadline: Instant },
+    /// Read at most `max` bytes and pass them to [`Handshake::received`] (0 bytes: the peer
+    /// closed); if none come by `deadline`, call [`Handshake::timed_out`].
+    Read { max: usize, deadline: Instant },
+    /// Wait for the probe's acknowledgement ([`Handshake::probe_conn`]) until `deadline`,
+    /// then report it with [`Handshake::probe_finished`].
+    Probe { deadline: Instant },
+    /// Over: [`Handshake::finish`].
+    Done,
 }
 
-/// Reads from `tcp` until one message parses; `what` names the peer in errors.
-fn read_message(tcp: &mut TcpStream, pending: &mut Vec<u8>) -> io::Result<Message> {
-    let mut chunk = [0u8; 1024];
-    loop {
-        match Message::parse(pending) {
-            Ok(Some((message, used))) => {
-                pending.drain(..used);
-                return Ok(message);
-            }
-            Ok(None) => {}
-            Err(err) => return Err(invalid(format!("negotiation: {err}"))),
+/// Where a negotiation is.
+enum State {
+    /// Client: waiting for the server's magic; `providers` is what the hello offered.
+    ClientMagic { providers: Vec<ProviderId> },
+    /// Client: waiting for the server's hello.
+    ClientHello { providers: Vec<ProviderId> },
+    /// Client: Connect sent, waiting for Ready (or a fallback).
+    ClientReady { conn: Box<dyn RdmaStream>, provider: ProviderId },
+    /// Client: the probe is out.
+    ClientProbe { conn: Box<dyn RdmaStream>, provider: ProviderId },
+    /// Server: waiting for the client's magic (a plain client never sends it).
+    ServerMagic,
+    /// Server: waiting for the client's hello.
+    ServerHello,
+    /// Server: hello answered with an endpoint, waiting for the client's Connect.
+    ServerConnect { provider: ProviderId, setup: Box<dyn PendingSetup> },
+    /// Server: Ready sent, waiting for the client's confirmation that its probe passed.
+    ServerConfirm { conn: Box<dyn RdmaStream>, provider: ProviderId },
+    /// Over, once `out` has gone.
+    Finished(Outcome),
+    /// Failed; a server still sends what is in `out` (its reason, for the client) first.
+    Failed(io::Error),
+    /// Taken by `finish`.
+    Gone,
+}
+
+/// A finished negotiation, before the TCP connection is put back with it.
+enum Outcome {
+    Rdma {
+        conn: Box<dyn RdmaStream>,
+        provider: ProviderId,
+    },
+    /// Framed data over TCP between Lightpath peers (raw for a version mismatch).
+    Tcp(FallbackReason),
+    /// A client that does not speak Lightpath: raw TCP, its first bytes kept.
+    Plain(Vec<u8>),
+}
+
+/// One side of a negotiation, as a state machine (see the module docs).
+pub(crate) struct Handshake {
+    state: State,
+    options: Options,
+    /// Bytes to send, and how many of them went.
+    out: Vec<u8>,
+    out_sent: usize,
+    /// Bytes of the magic or message being received.
+    input: Vec<u8>,
+    /// When the current wait gives up.
+    deadline: Instant,
+    /// Server: whether its magic has gone into `out` (an error is sent after it).
+    magic_sent: bool,
+    /// Which side this is.
+    is_client: bool,
+}
+
+impl Handshake {
+    /// The client side on a connected TCP stream: the hello is ready to be written.
+    pub(crate) fn client(tcp: &TcpStream, options: &Options) -> io::Result<Handshake> {
+        tcp.set_nodelay(true)?;
+        let (min_version, max_version) = options.fault_versions.unwrap_or((VERSION, VERSION));
+        let providers: Vec<ProviderId> =
+            options.providers.iter().copied().filter(|p| devices::usable(*p, tcp)).collect();
+        let mut host_id = devices::shm::host_id();
+        if options.fault_other_host {
+            host_id[0] ^= 0xFF;
         }
-        let n = match tcp.read(&mut chunk) {
-            Ok(n) => n,
-            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "lightpath: the peer stopped answering during negotiation",
-                ))
+        let hello = Message::ClientHello { min_version, max_version, providers: providers.clone(), host_id };
+        let mut out = CLIENT_MAGIC.to_vec();
+        hello.emit(&mut out);
+        Ok(Handshake {
+            state: State::ClientMagic { providers },
+            options: options.clone(),
+            out,
+            out_sent: 0,
+            input: Vec::new(),
+            deadline: Instant::now() + options.handshake_timeout,
+            magic_sent: false,
+            is_client: true,
+        })
+    }
+
+    /// The server side on an accepted TCP stream: waits for the client to speak.
+    pub(crate) fn server(tcp: &TcpStream, options: &Options) -> io::Result<Handshake> {
+        tcp.set_nodelay(true)?;
+        Ok(Handshake {
+            state: State::ServerMagic,
+            options: options.clone(),
+            out: Vec::new(),
+            out_sent: 0,
+            input: Vec::new(),
+            deadline: Instant::now() + options.plain_client_wait,
+            magic_sent: false,
+            is_client: false,
+        })
+    }
+
+    /// What to do next.
+    pub(crate) fn need(&self) -> Need {
+        let deadline = self.deadline;
+        if self.out_sent < self.out.len() {
+            return Need::Write { deadline };
+        }
+        match &self.state {
+            State::ClientMagic { .. } | State::ServerMagic => {
+                Need::Read { max: CLIENT_MAGIC.len() - self.input.len(), deadline }
             }
-            Err(err) => return Err(err),
+            State::ClientHello { .. }
+            | State::ClientReady { .. }
+            | State::ServerHello
+            | State::ServerConnect { .. }
+            | State::ServerConfirm { .. } => Need::Read { max: self.frame_missing(), deadline },
+            State::ClientProbe { .. } => Need::Probe { deadline },
+            State::Finished(_) | State::Failed(_) | State::Gone => Need::Done,
+        }
+    }
+
+    /// Bytes the frame being received still lacks, as far as its header tells.
+    fn frame_missing(&self) -> usize {
+        match self.input.get(1..FRAME_HEADER) {
+            None => FRAME_HEADER - self.input.len(),
+            Some(len) => {
+                let body = usize::from(u16::from_be_bytes([len[0], len[1]]));
+                (FRAME_HEADER + body).saturating_sub(self.input.len()).max(1)
+            }
+        }
+    }
+
+    /// The bytes to write now.
+    pub(crate) fn outgoing(&self) -> &[u8] {
+        &self.out[self.out_sent..]
+    }
+
+    /// `n` bytes of [`Handshake::outgoing`] were written.
+    pub(crate) fn sent(&mut self, n: usize) {
+        self.out_sent = (self.out_sent + n).min(self.out.len());
+        if self.out_sent == self.out.len() {
+            self.out.clear();
+            self.out_sent = 0;
+        }
+    }
+
+    /// Writing failed with `err`.
+    pub(crate) fn write_failed(&mut self, err: io::Error) {
+        self.out.clear();
+        self.out_sent = 0;
+        if matches!(self.state, State::Failed(_)) {
+            // Only the reason for the peer failed to go; the failure stands.
+            return;
+        }
+        let err = match err.kind() {
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe if self.is_client => {
+                not_lightpath_closed()
+            }
+            _ => err,
         };
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "lightpath: the peer closed the connection during negotiation",
-            ));
-        }
-        pending.extend_from_slice(&chunk[..n]);
+        self.state = State::Failed(err);
     }
-}
 
-fn send(tcp: &mut TcpStream, message: &Message) -> io::Result<()> {
-    tcp.write_all(&message.to_bytes())
-}
-
-/// The client side, on a connected TCP stream.
-pub(crate) fn client(mut tcp: TcpStream, options: &Options) -> io::Result<Negotiated> {
-    tcp.set_nodelay(true)?;
-    tcp.set_read_timeout(Some(options.handshake_timeout))?;
-    let (min_version, max_version) = options.fault_versions.unwrap_or((VERSION, VERSION));
-    let providers: Vec<ProviderId> =
-        options.providers.iter().copied().filter(|p| devices::usable(*p, &tcp)).collect();
-    let mut host_id = devices::shm::host_id();
-    if options.fault_other_host {
-        host_id[0] ^= 0xFF;
-    }
-    let hello = Message::ClientHello { min_version, max_version, providers: providers.clone(), host_id };
-    let mut out = CLIENT_MAGIC.to_vec();
-    hello.emit(&mut out);
-    tcp.write_all(&out).map_err(|err| match err.kind() {
-        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => not_lightpath_closed(),
-        _ => err,
-    })?;
-
-    let mut magic = Vec::with_capacity(8);
-    let mut byte = [0u8; 8];
-    while magic.len() < 8 {
-        let n = match tcp.read(&mut byte[..8 - magic.len()]) {
-            Ok(0) => return Err(not_lightpath_closed()),
-            Err(err) if matches!(err.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
-                return Err(not_lightpath_closed())
+    /// Reading failed with `err` (not `WouldBlock`: the driver waits for those).
+    pub(crate) fn read_failed(&mut self, err: io::Error) {
+        let err = match (&self.state, err.kind()) {
+            (State::ClientMagic { .. }, io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
+                not_lightpath_closed()
             }
-            Ok(n) => n,
-            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                return Err(io::Error::new(
+            _ => err,
+        };
+        self.fail(err);
+    }
+
+    /// Nothing came before the deadline [`Need::Read`] or [`Need::Probe`] named.
+    pub(crate) fn timed_out(&mut self) {
+        match std::mem::replace(&mut self.state, State::Gone) {
+            // A client that waits for the server to speak first: plain TCP.
+            State::ServerMagic => self.state = State::Finished(Outcome::Plain(std::mem::take(&mut self.input))),
+            State::ClientMagic { .. } => {
+                self.state = State::Failed(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
                         "lightpath: no Lightpath answer within {:?}: the server is not a Lightpath listener (or is stuck)",
-                        options.handshake_timeout
+                        self.options.handshake_timeout
                     ),
                 ))
             }
-            Err(err) => return Err(err),
+            State::ClientProbe { conn, provider } => {
+                self.state = State::ClientProbe { conn, provider };
+                self.probe_finished(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the RDMA probe was not acknowledged",
+                )));
+            }
+            other => {
+                self.state = other;
+                self.fail(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "lightpath: the peer stopped answering during negotiation",
+                ));
+            }
+        }
+    }
+
+    /// Bytes read from the peer; empty means it closed the connection. Does the local work
+    /// the step calls for (device set-up, queue-pair connection) on `tcp`.
+    pub(crate) fn received(&mut self, bytes: &[u8], tcp: &TcpStream) {
+        if bytes.is_empty() {
+            let err = match self.state {
+                State::ClientMagic { .. } => not_lightpath_closed(),
+                State::ServerMagic => {
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "lightpath: the client left before speaking")
+                }
+                _ => io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "lightpath: the peer closed the connection during negotiation",
+                ),
+            };
+            return self.fail(err);
+        }
+        self.input.extend_from_slice(bytes);
+        if let Err(err) = self.step(tcp) {
+            self.fail(err);
+        }
+    }
+
+    /// Ends the negotiation with `err`. A server tells a client that spoke garbage why, in a
+    /// form the client parses (after the server magic).
+    fn fail(&mut self, err: io::Error) {
+        if matches!(self.state, State::Failed(_)) {
+            return;
+        }
+        self.out.clear();
+        self.out_sent = 0;
+        if !self.is_client && err.kind() == io::ErrorKind::InvalidData {
+            if !self.magic_sent {
+                self.out.extend_from_slice(&SERVER_MAGIC);
+            }
+            Message::Error(err.to_string()).emit(&mut self.out);
+        }
+        self.state = State::Failed(err);
+    }
+
+    fn send(&mut self, message: &Message) {
+        message.emit(&mut self.out);
+    }
+
+    /// The message now complete in `input`, if it is.
+    fn take_message(&mut self) -> io::Result<Option<Message>> {
+        match Message::parse(&self.input) {
+            Ok(Some((message, used))) => {
+                self.input.drain(..used);
+                Ok(Some(message))
+            }
+            Ok(None) => Ok(None),
+            Err(err) => Err(invalid(format!("negotiation: {err}"))),
+        }
+    }
+
+    /// Advances as far as the bytes received allow.
+    fn step(&mut self, tcp: &TcpStream) -> io::Result<()> {
+        let state = std::mem::replace(&mut self.state, State::Gone);
+        self.state = match state {
+            State::ClientMagic { providers } => match match_magic(&self.input, &SERVER_MAGIC) {
+                MagicMatch::Mismatch if match_magic(&self.input, &CLIENT_MAGIC) != MagicMatch::Mismatch => {
+                    return Err(invalid("the server echoed the hello back: it is not a Lightpath listener"))
+                }
+                MagicMatch::Mismatch => {
+                    let shown = String::from_utf8_lossy(&self.input).escape_debug().to_string();
+                    return Err(invalid(format!(
+                        "the server is not a Lightpath listener (it sent \"{shown}\")"
+                    )));
+                }
+                MagicMatch::Partial => State::ClientMagic { providers },
+                MagicMatch::Complete => {
+                    self.input.clear();
+                    State::ClientHello { providers }
+                }
+            },
+            State::ClientHello { providers } => match self.take_message()? {
+                None => State::ClientHello { providers },
+                Some(message) => self.client_hello_answered(message, providers, tcp)?,
+            },
+            State::ClientReady { conn, provider } => match self.take_message()? {
+                None => State::ClientReady { conn, provider },
+                Some(Message::Ready) => {
+                    let mut conn = conn;
+                    conn.start_probe()?;
+                    self.deadline = Instant::now() + self.options.probe_timeout;
+                    State::ClientProbe { conn, provider }
+                }
+                Some(Message::Fallback { reason, .. }) => State::Finished(Outcome::Tcp(reason)),
+                Some(Message::Error(text)) => return Err(invalid(format!("the server refused: {text}"))),
+                Some(other) => {
+                    return Err(invalid(format!("expected Ready, got {:?}", other.message_type())))
+                }
+            },
+            State::ServerMagic => match match_magic(&self.input, &CLIENT_MAGIC) {
+                // Any other first bytes: a plain client.
+                MagicMatch::Mismatch => State::Finished(Outcome::Plain(std::mem::take(&mut self.input))),
+                MagicMatch::Partial => State::ServerMagic,
+                MagicMatch::Complete => {
+                    self.input.clear();
+                    self.deadline = Instant::now() + self.options.handshake_timeout;
+                    State::ServerHello
+                }
+            },
+            State::ServerHello => match self.take_message()? {
+                None => State::ServerHello,
+                Some(Message::ClientHello { min_version, max_version, providers, host_id }) => {
+                    self.server_hello(min_version, max_version, &providers, host_id, tcp)
+                }
+                Some(other) => {
+                    return Err(invalid(format!("expected a client hello, got {:?}", other.message_type())))
+                }
+            },
+            State::ServerConnect { provider, setup } => match self.take_message()? {
+                None => State::ServerConnect { provider, setup },
+                Some(Message::Connect(endpoint)) => {
+                    match tcp.try_clone().and_then(|clone| setup.connect(&endpoint, clone)) {
+                        Ok(conn) => {
+                            self.send(&Message::Ready);
+                            // The client's probe may take up to its probe timeout.
+                            self.deadline =
+                                Instant::now() + self.options.handshake_timeout + self.options.probe_timeout;
+                            State::ServerConfirm { conn, provider }
+                        }
+                        Err(err) => {
+                            self.send(&Message::Fallback {
+                                reason: FallbackReason::SetupFailed,
+                                detail: err.to_string(),
+                            });
+                            State::Finished(Outcome::Tcp(FallbackReason::SetupFailed))
+                        }
+                    }
+                }
+                Some(Message::Fallback { reason, .. }) => State::Finished(Outcome::Tcp(reason)),
+                Some(other) => {
+                    return Err(invalid(format!("expected Connect, got {:?}", other.message_type())))
+                }
+            },
+            State::ServerConfirm { conn, provider } => match self.take_message()? {
+                None => State::ServerConfirm { conn, provider },
+                Some(Message::Confirm) => {
+                    let mut conn = conn;
+                    conn.activate()?;
+                    State::Finished(Outcome::Rdma { conn, provider })
+                }
+                Some(Message::Fallback { reason, .. }) => State::Finished(Outcome::Tcp(reason)),
+                Some(other) => {
+                    return Err(invalid(format!("expected Confirm, got {:?}", other.message_type())))
+                }
+            },
+            other => other,
         };
-        magic.extend_from_slice(&byte[..n]);
-        match match_magic(&magic, &SERVER_MAGIC) {
-            MagicMatch::Mismatch if match_magic(&magic, &CLIENT_MAGIC) != MagicMatch::Mismatch => {
-                return Err(invalid("the server echoed the hello back: it is not a Lightpath listener"))
+        Ok(())
+    }
+
+    /// The client's step after the server's hello: TCP, or a queue pair connected to the
+    /// server's and the Connect message.
+    fn client_hello_answered(
+        &mut self,
+        message: Message,
+        providers: Vec<ProviderId>,
+        tcp: &TcpStream,
+    ) -> io::Result<State> {
+        let (provider, server_endpoint) = match message {
+            Message::ServerHello { choice: Choice::Tcp(reason), .. } => {
+                return Ok(State::Finished(Outcome::Tcp(reason)))
             }
-            MagicMatch::Mismatch => {
-                let shown = String::from_utf8_lossy(&magic).escape_debug().to_string();
-                return Err(invalid(format!("the server is not a Lightpath listener (it sent \"{shown}\")")));
+            Message::ServerHello { choice: Choice::Rdma(provider, endpoint), .. } => (provider, endpoint),
+            Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
+            other => {
+                return Err(invalid(format!("expected the server's hello, got {:?}", other.message_type())))
             }
-            _ => {}
+        };
+        let fallback = |handshake: &mut Handshake, reason, detail: String| {
+            handshake.send(&Message::Fallback { reason, detail });
+            State::Finished(Outcome::Tcp(reason))
+        };
+        if !providers.contains(&provider) {
+            return Ok(fallback(self, FallbackReason::NoCommonProvider, String::new()));
+        }
+        let setup = match devices::setup(provider, tcp, &self.options) {
+            Ok(setup) => setup,
+            Err(err) => return Ok(fallback(self, FallbackReason::NoDevice, err.to_string())),
+        };
+        let endpoint = setup.endpoint();
+        match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone)) {
+            Ok(conn) => {
+                self.send(&Message::Connect(endpoint));
+                self.deadline = Instant::now() + self.options.handshake_timeout;
+                Ok(State::ClientReady { conn, provider })
+            }
+            Err(err) => Ok(fallback(self, FallbackReason::SetupFailed, err.to_string())),
         }
     }
-    let mut pending = Vec::new();
-    let choice = match read_message(&mut tcp, &mut pending)? {
-        Message::ServerHello { choice, .. } => choice,
-        Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
-        other => return Err(invalid(format!("expected the server's hello, got {:?}", other.message_type()))),
-    };
-    let (provider, server_endpoint) = match choice {
-        Choice::Tcp(reason) => return finish_tcp(tcp, reason),
-        Choice::Rdma(provider, endpoint) => (provider, endpoint),
-    };
-    if !providers.contains(&provider) {
-        send(
-            &mut tcp,
-            &Message::Fallback { reason: FallbackReason::NoCommonProvider, detail: String::new() },
-        )?;
-        return finish_tcp(tcp, FallbackReason::NoCommonProvider);
-    }
-    let setup = match devices::setup(provider, &tcp, options) {
-        Ok(setup) => setup,
-        Err(err) => {
-            send(&mut tcp, &Message::Fallback { reason: FallbackReason::NoDevice, detail: err.to_string() })?;
-            return finish_tcp(tcp, FallbackReason::NoDevice);
+
+    /// The server's answer to a client hello.
+    fn server_hello(
+        &mut self,
+        min_version: u8,
+        max_version: u8,
+        offered: &[ProviderId],
+        client_host: [u8; 16],
+        tcp: &TcpStream,
+    ) -> State {
+        self.out.extend_from_slice(&SERVER_MAGIC);
+        self.magic_sent = true;
+        let Some(version) = pick_version(min_version, max_version) else {
+            let reason = FallbackReason::VersionMismatch;
+            self.send(&Message::ServerHello { version: VERSION, choice: Choice::Tcp(reason) });
+            return State::Finished(Outcome::Tcp(reason));
+        };
+        match choose_provider(tcp, &self.options, offered, client_host) {
+            Ok((provider, announced, setup)) => {
+                self.send(&Message::ServerHello {
+                    version,
+                    choice: Choice::Rdma(announced, setup.endpoint()),
+                });
+                self.deadline = Instant::now() + self.options.handshake_timeout;
+                State::ServerConnect { provider, setup }
+            }
+            Err(reason) => {
+                self.send(&Message::ServerHello { version, choice: Choice::Tcp(reason) });
+                State::Finished(Outcome::Tcp(reason))
+            }
         }
-    };
-    let endpoint = setup.endpoint();
-    let mut conn = match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone)) {
-        Ok(conn) => conn,
-        Err(err) => {
-            send(
-                &mut tcp,
-                &Message::Fallback { reason: FallbackReason::SetupFailed, detail: err.to_string() },
-            )?;
-            return finish_tcp(tcp, FallbackReason::SetupFailed);
+    }
+
+    /// The connection whose probe [`Need::Probe`] waits for.
+    pub(crate) fn probe_conn(&mut self) -> Option<&mut Box<dyn RdmaStream>> {
+        match &mut self.state {
+            State::ClientProbe { conn, .. } => Some(conn),
+            _ => None,
         }
-    };
-    send(&mut tcp, &Message::Connect(endpoint))?;
-    match read_message(&mut tcp, &mut pending)? {
-        Message::Ready => {}
-        Message::Fallback { reason, .. } => return finish_tcp(tcp, reason),
-        Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
-        other => return Err(invalid(format!("expected Ready, got {:?}", other.message_type()))),
     }
-    if let Err(err) = conn.probe(options.probe_timeout) {
-        drop(conn);
-        send(&mut tcp, &Message::Fallback { reason: FallbackReason::PathFailed, detail: err.to_string() })?;
-        return finish_tcp(tcp, FallbackReason::PathFailed);
+
+    /// The probe's outcome: on success the client confirms and the connection is ready; on
+    /// failure both sides fall back to TCP.
+    pub(crate) fn probe_finished(&mut self, result: io::Result<()>) {
+        let State::ClientProbe { mut conn, provider } = std::mem::replace(&mut self.state, State::Gone)
+        else {
+            return;
+        };
+        self.state = match result.and_then(|()| conn.activate()) {
+            Ok(()) => {
+                self.send(&Message::Confirm);
+                State::Finished(Outcome::Rdma { conn, provider })
+            }
+            Err(err) => {
+                drop(conn);
+                self.send(&Message::Fallback { reason: FallbackReason::PathFailed, detail: err.to_string() });
+                State::Finished(Outcome::Tcp(FallbackReason::PathFailed))
+            }
+        };
     }
-    send(&mut tcp, &Message::Confirm)?;
-    conn.activate()?;
-    Ok(Negotiated::Rdma { conn, provider })
+
+    /// The result, with the TCP connection the driver used (call at [`Need::Done`]).
+    pub(crate) fn finish(mut self, tcp: TcpStream) -> io::Result<Negotiated> {
+        match std::mem::replace(&mut self.state, State::Gone) {
+            State::Finished(Outcome::Rdma { conn, provider }) => Ok(Negotiated::Rdma { conn, provider }),
+            State::Finished(Outcome::Tcp(reason)) => {
+                tcp.set_read_timeout(None)?;
+                let framed = reason != FallbackReason::VersionMismatch;
+                let transport = if framed { Transport::Tcp(reason) } else { Transport::PlainTcp };
+                Ok(Negotiated::Tcp { tcp, framed, prefix: Vec::new(), transport })
+            }
+            State::Finished(Outcome::Plain(prefix)) => {
+                tcp.set_read_timeout(None)?;
+                Ok(Negotiated::Tcp { tcp, framed: false, prefix, transport: Transport::PlainTcp })
+            }
+            State::Failed(err) => Err(err),
+            _ => Err(io::Error::other("lightpath: the negotiation was finished before its end")),
+        }
+    }
 }
 
 fn not_lightpath_closed() -> io::Error {
@@ -176,9 +538,57 @@ fn not_lightpath_closed() -> io::Error {
     )
 }
 
-fn finish_tcp(tcp: TcpStream, reason: FallbackReason) -> io::Result<Negotiated> {
-    tcp.set_read_timeout(None)?;
-    Ok(tcp_outcome(tcp, reason))
+/// Runs `handshake` to its end with blocking calls on `tcp`.
+fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Negotiated> {
+    let mut chunk = [0u8; 512];
+    loop {
+        match handshake.need() {
+            Need::Write { deadline } => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                tcp.set_write_timeout(Some(left.max(Duration::from_millis(1))))?;
+                match tcp.write(handshake.outgoing()) {
+                    Ok(n) => handshake.sent(n),
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                    Err(err) => handshake.write_failed(err),
+                }
+            }
+            Need::Read { max, deadline } => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    handshake.timed_out();
+                    continue;
+                }
+                tcp.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+                let max = max.min(chunk.len());
+                match tcp.read(&mut chunk[..max]) {
+                    Ok(n) => handshake.received(&chunk[..n], &tcp),
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                    Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                        handshake.timed_out()
+                    }
+                    Err(err) => handshake.read_failed(err),
+                }
+            }
+            Need::Probe { deadline } => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let result = match handshake.probe_conn() {
+                    Some(conn) => conn.wait_probe(left),
+                    None => Err(io::Error::other("lightpath: no probe to wait for")),
+                };
+                handshake.probe_finished(result);
+            }
+            Need::Done => {
+                tcp.set_write_timeout(None)?;
+                return handshake.finish(tcp);
+            }
+        }
+    }
+}
+
+/// The client side, on a connected TCP stream (blocking).
+pub(crate) fn client(tcp: TcpStream, options: &Options) -> io::Result<Negotiated> {
+    let handshake = Handshake::client(&tcp, options)?;
+    drive_blocking(handshake, tcp)
 }
 
 /// What a listener does with a new TCP connection.
@@ -189,104 +599,12 @@ pub(crate) enum Accepted {
     Dropped,
 }
 
-/// The server side, on an accepted TCP stream.
-pub(crate) fn server(mut tcp: TcpStream, options: &Options) -> Accepted {
-    let mut magic_sent = false;
-    match server_inner(&mut tcp, options, &mut magic_sent) {
+/// The server side, on an accepted TCP stream (blocking).
+pub(crate) fn server(tcp: TcpStream, options: &Options) -> Accepted {
+    match Handshake::server(&tcp, options).and_then(|handshake| drive_blocking(handshake, tcp)) {
         Ok(negotiated) => Accepted::Stream(negotiated),
-        Err(err) => {
-            if err.kind() == io::ErrorKind::InvalidData {
-                // Tell the client why, in a form it parses: after the server magic.
-                let mut out = if magic_sent { Vec::new() } else { SERVER_MAGIC.to_vec() };
-                Message::Error(err.to_string()).emit(&mut out);
-                let _ = tcp.write_all(&out);
-            }
-            Accepted::Dropped
-        }
+        Err(_) => Accepted::Dropped,
     }
-}
-
-fn server_inner(tcp: &mut TcpStream, options: &Options, magic_sent: &mut bool) -> io::Result<Negotiated> {
-    tcp.set_nodelay(true)?;
-    // Is this a Lightpath client? Read the magic; any other first byte is a plain client.
-    let mut prefix = Vec::with_capacity(8);
-    let started = Instant::now();
-    let mut buf = [0u8; 8];
-    while prefix.len() < 8 {
-        let left = options.plain_client_wait.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
-        tcp.set_read_timeout(Some(left))?;
-        match tcp.read(&mut buf[..8 - prefix.len()]) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "client left before speaking")),
-            Ok(n) => prefix.extend_from_slice(&buf[..n]),
-            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                // A client that waits for the server to speak first: plain TCP.
-                tcp.set_read_timeout(None)?;
-                return plain(tcp, prefix);
-            }
-            Err(err) => return Err(err),
-        }
-        if match_magic(&prefix, &CLIENT_MAGIC) == MagicMatch::Mismatch {
-            tcp.set_read_timeout(None)?;
-            return plain(tcp, prefix);
-        }
-    }
-    tcp.set_read_timeout(Some(options.handshake_timeout))?;
-    let mut pending = Vec::new();
-    let (min_version, max_version, offered, client_host) = match read_message(tcp, &mut pending)? {
-        Message::ClientHello { min_version, max_version, providers, host_id } => {
-            (min_version, max_version, providers, host_id)
-        }
-        other => return Err(invalid(format!("expected a client hello, got {:?}", other.message_type()))),
-    };
-    let mut out = SERVER_MAGIC.to_vec();
-    let Some(version) = pick_version(min_version, max_version) else {
-        Message::ServerHello { version: VERSION, choice: Choice::Tcp(FallbackReason::VersionMismatch) }
-            .emit(&mut out);
-        tcp.write_all(&out)?;
-        *magic_sent = true;
-        return finish_tcp(tcp.try_clone()?, FallbackReason::VersionMismatch);
-    };
-    let fallback = |reason| Message::ServerHello { version, choice: Choice::Tcp(reason) };
-    let (provider, announced, setup) = match choose_provider(tcp, options, &offered, client_host) {
-        Ok(chosen) => chosen,
-        Err(reason) => {
-            fallback(reason).emit(&mut out);
-            tcp.write_all(&out)?;
-            *magic_sent = true;
-            return finish_tcp(tcp.try_clone()?, reason);
-        }
-    };
-    Message::ServerHello { version, choice: Choice::Rdma(announced, setup.endpoint()) }.emit(&mut out);
-    tcp.write_all(&out)?;
-    *magic_sent = true;
-    let client_endpoint = match read_message(tcp, &mut pending)? {
-        Message::Connect(endpoint) => endpoint,
-        Message::Fallback { reason, .. } => return finish_tcp(tcp.try_clone()?, reason),
-        other => return Err(invalid(format!("expected Connect, got {:?}", other.message_type()))),
-    };
-    let mut conn = match setup.connect(&client_endpoint, tcp.try_clone()?) {
-        Ok(conn) => conn,
-        Err(err) => {
-            send(tcp, &Message::Fallback { reason: FallbackReason::SetupFailed, detail: err.to_string() })?;
-            return finish_tcp(tcp.try_clone()?, FallbackReason::SetupFailed);
-        }
-    };
-    send(tcp, &Message::Ready)?;
-    // The probe may take up to the client's probe timeout.
-    tcp.set_read_timeout(Some(options.handshake_timeout + options.probe_timeout))?;
-    match read_message(tcp, &mut pending)? {
-        Message::Confirm => {}
-        Message::Fallback { reason, .. } => {
-            drop(conn);
-            return finish_tcp(tcp.try_clone()?, reason);
-        }
-        other => return Err(invalid(format!("expected Confirm, got {:?}", other.message_type()))),
-    }
-    // Anything after the confirmation is the liveness channel's (a client that closes at
-    // once sends its goodbye right behind it).
-    conn.take_control_bytes(pending);
-    conn.activate()?;
-    Ok(Negotiated::Rdma { conn, provider })
 }
 
 /// The server's pick: the first of its own providers, in its order of preference, that fits
@@ -326,6 +644,130 @@ fn choose_provider(
         .ok_or(FallbackReason::NoDevice)
 }
 
-fn plain(tcp: &TcpStream, prefix: Vec<u8>) -> io::Result<Negotiated> {
-    Ok(Negotiated::Tcp { tcp: tcp.try_clone()?, framed: false, prefix, transport: Transport::PlainTcp })
+#[cfg(test)]
+mod tests {
+    //! The state machine on its own: bytes fed by hand, no driver. The sockets only serve the
+    //! local look-ups (addresses, `set_nodelay`); nothing is sent over them.
+    use super::*;
+
+    /// Both ends of a loopback TCP connection.
+    fn sockets() -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (client, server)
+    }
+
+    /// Writes everything the machine has to send; returns it.
+    fn drain_out(handshake: &mut Handshake) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Need::Write { .. } = handshake.need() {
+            out.extend_from_slice(handshake.outgoing());
+            let n = handshake.outgoing().len();
+            handshake.sent(n);
+        }
+        out
+    }
+
+    #[test]
+    fn the_server_reads_exactly_one_frame_at_a_time_and_falls_back_when_rdma_is_off() {
+        let (_client, server) = sockets();
+        let mut handshake = Handshake::server(&server, &Options::tcp_only()).unwrap();
+        assert!(matches!(handshake.need(), Need::Read { max: 8, .. }));
+        handshake.received(&CLIENT_MAGIC[..3], &server);
+        assert!(matches!(handshake.need(), Need::Read { max: 5, .. }), "the rest of the magic only");
+        handshake.received(&CLIENT_MAGIC[3..], &server);
+        let mut hello = Vec::new();
+        Message::ClientHello {
+            min_version: VERSION,
+            max_version: VERSION,
+            providers: vec![],
+            host_id: [0; 16],
+        }
+        .emit(&mut hello);
+        assert!(matches!(handshake.need(), Need::Read { max: FRAME_HEADER, .. }), "a frame header first");
+        handshake.received(&hello[..FRAME_HEADER], &server);
+        let body = hello.len() - FRAME_HEADER;
+        assert!(
+            matches!(handshake.need(), Need::Read { max, .. } if max == body),
+            "then exactly the body: {:?}",
+            handshake.need()
+        );
+        handshake.received(&hello[FRAME_HEADER..], &server);
+        let out = drain_out(&mut handshake);
+        assert!(out.starts_with(&SERVER_MAGIC));
+        let (answer, used) = Message::parse(&out[8..]).unwrap().unwrap();
+        assert_eq!(used, out.len() - 8);
+        assert!(matches!(answer, Message::ServerHello { choice: Choice::Tcp(FallbackReason::Disabled), .. }));
+        assert_eq!(handshake.need(), Need::Done);
+        match handshake.finish(server).unwrap() {
+            Negotiated::Tcp { framed, prefix, transport, .. } => {
+                assert!(framed);
+                assert!(prefix.is_empty());
+                assert_eq!(transport, Transport::Tcp(FallbackReason::Disabled));
+            }
+            Negotiated::Rdma { .. } => panic!("RDMA was off"),
+        }
+    }
+
+    #[test]
+    fn a_plain_client_is_known_by_its_first_byte_or_its_silence() {
+        let (_client, server) = sockets();
+        let mut speaks = Handshake::server(&server, &Options::default()).unwrap();
+        speaks.received(b"GET ", &server);
+        assert_eq!(speaks.need(), Need::Done);
+        match speaks.finish(server.try_clone().unwrap()).unwrap() {
+            Negotiated::Tcp { framed, prefix, transport, .. } => {
+                assert!(!framed);
+                assert_eq!(prefix, b"GET ");
+                assert_eq!(transport, Transport::PlainTcp);
+            }
+            Negotiated::Rdma { .. } => panic!("a plain client"),
+        }
+        let mut silent = Handshake::server(&server, &Options::default()).unwrap();
+        silent.received(&CLIENT_MAGIC[..2], &server);
+        silent.timed_out();
+        assert_eq!(silent.need(), Need::Done);
+        match silent.finish(server).unwrap() {
+            Negotiated::Tcp { prefix, transport, .. } => {
+                assert_eq!(prefix, &CLIENT_MAGIC[..2]);
+                assert_eq!(transport, Transport::PlainTcp);
+            }
+            Negotiated::Rdma { .. } => panic!("a plain client"),
+        }
+    }
+
+    #[test]
+    fn garbage_after_the_magic_is_answered_with_the_reason_and_fails() {
+        let (_client, server) = sockets();
+        let mut handshake = Handshake::server(&server, &Options::default()).unwrap();
+        handshake.received(&CLIENT_MAGIC, &server);
+        handshake.received(&[0xff, 0, 1], &server);
+        let out = drain_out(&mut handshake);
+        assert!(out.starts_with(&SERVER_MAGIC), "the reason follows the server magic");
+        assert!(matches!(Message::parse(&out[8..]), Ok(Some((Message::Error(_), _)))), "{out:?}");
+        assert_eq!(handshake.need(), Need::Done);
+        let err = handshake.finish(server).err().expect("a failed negotiation");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_client_knows_an_echo_server_and_a_server_that_closes() {
+        let (client, _server) = sockets();
+        let mut echoed = Handshake::client(&client, &Options::tcp_only()).unwrap();
+        let hello = drain_out(&mut echoed);
+        assert!(hello.starts_with(&CLIENT_MAGIC));
+        // The magics differ only in their last byte.
+        echoed.received(&hello[..8], &client);
+        assert_eq!(echoed.need(), Need::Done);
+        let err = echoed.finish(client.try_clone().unwrap()).err().expect("an echo is no answer");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("echoed"), "{err}");
+
+        let mut closed = Handshake::client(&client, &Options::tcp_only()).unwrap();
+        drain_out(&mut closed);
+        closed.received(&[], &client);
+        let err = closed.finish(client).err().expect("no answer");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused);
+    }
 }

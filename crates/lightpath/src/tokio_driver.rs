@@ -2,11 +2,25 @@
 //! readiness instead of blocking. `AsyncRead`/`AsyncWrite` are implemented, so
 //! `tokio::io::split`, `copy` and `copy_bidirectional` work.
 //!
-//! A stream waits on one file descriptor through `AsyncFd`: a duplicate of the stream's
-//! readiness fd ([`crate::Stream::readiness_fd`]) — for an RDMA stream the epoll instance that
-//! holds its completion queue's notification fd (armed before every wait, as a completion
-//! channel is) and its TCP liveness connection; for a TCP stream the socket. Connecting and
-//! accepting run the blocking negotiation on tokio's blocking pool.
+//! A stream waits on its readiness fd ([`crate::Stream::readiness_fd`]) through `AsyncFd`: for
+//! an RDMA stream the epoll instance that holds its share of the completion queue's
+//! notification (armed before every wait, as a completion channel is) and its TCP liveness
+//! connection, registered twice (two duplicates) so that a reading task and a writing task
+//! (`tokio::io::split`) each keep their own waker; for a TCP stream the socket itself.
+//!
+//! No lost wake-ups: whichever call polls an RDMA connection handles its completions, so a
+//! write, a flush or the look before a wait can take in the bytes a reader is waiting for (or
+//! a reader the credit a writer is waiting for), and no fd fires for them afterwards. A call
+//! that handled anything therefore wakes the task waiting on the other half (issue 17: hyper's
+//! HTTP/1.1 client polls read, then writes and flushes in the same task, and stalled for good
+//! when the flush took in the response).
+//!
+//! Connecting and accepting are async code on the runtime's reactor: the negotiation is the
+//! blocking calls' state machine (`crate::negotiate`) driven by socket readiness and tokio
+//! timers, the probe awaited on the connection's notification fd. No thread is taken, a
+//! dropped `connect` future closes what it had opened, and [`Listener`] negotiates each
+//! connection in a task of its own and queues the results, so `accept` is cancel-safe and a
+//! runtime shuts down without waiting for Lightpath.
 //!
 //! Messages and zero copy: [`Stream::send_msg`] completes once the whole message is handed to
 //! the transport (a large one flows through a full ring in parts, the task sleeping between
@@ -23,6 +37,10 @@
 //! connection, fencing its queue pair so that the buffer may be reused at once — as a blocking
 //! write timeout does; one dropped before the transfer started changes nothing.
 //!
+//! Writes: `poll_write_vectored` writes the slices in turn within one call
+//! (`is_write_vectored` is true), so hyper and others hand over a header and a body without
+//! first copying them into one buffer.
+//!
 //! Closing: dropping a stream never blocks the runtime. The clean close (everything written
 //! is sent and acknowledged, then the goodbye) finishes on Lightpath's background thread, so
 //! the bytes still reach a live peer. A program that needs to know they did — or that exits
@@ -30,17 +48,22 @@
 
 use std::future::poll_fn;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use ::tokio::net::ToSocketAddrs;
+use ::tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use ::tokio::task::{AbortHandle, JoinSet};
 
+use crate::negotiate::{Handshake, Need, Negotiated};
 use crate::options::Options;
+use crate::rdma::RdmaStream;
 use crate::stream::Backend;
 use crate::stream_zero_copy::ZeroCopyCall;
 use crate::{RegisteredBuf, Transport};
@@ -48,7 +71,10 @@ use crate::{RegisteredBuf, Transport};
 /// An asynchronous Lightpath stream.
 pub struct Stream {
     // Field order is drop order: deregister before the stream closes its fds.
-    fd: AsyncFd<OwnedFd>,
+    registration: Registration,
+    /// The tasks waiting to read and to write, for the wake-ups no fd gives (see
+    /// [`Stream::poll_io`]).
+    waiting: [Option<Waker>; 2],
     inner: crate::Stream,
 }
 
@@ -58,10 +84,40 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-#[derive(Clone, Copy)]
+/// How tokio watches a stream.
+enum Registration {
+    /// Two duplicates of the stream's readiness epoll fd, each registered on its own, so that a
+    /// reading task and a writing task (`tokio::io::split`) each keep their own waker: tokio
+    /// keeps one waker per direction of a registration, and an RDMA stream's fd only ever
+    /// reports readability, for readers and writers alike.
+    Rdma { readers: AsyncFd<OwnedFd>, writers: AsyncFd<OwnedFd> },
+    /// The TCP socket, readable and writable as any socket.
+    Tcp(AsyncFd<OwnedFd>),
+}
+
+/// Which half of the stream a call belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Reader = 0,
+    Writer = 1,
+}
+
+impl Side {
+    fn other(self) -> Side {
+        match self {
+            Side::Reader => Side::Writer,
+            Side::Writer => Side::Reader,
+        }
+    }
+}
+
+/// What a call that would block waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Wait {
-    Read,
-    Write,
+    /// Bytes or records from the peer, or a completion (an acknowledgement, a fetch).
+    Completion,
+    /// Room to write.
+    Room,
 }
 
 /// Abandons a zero-copy call whose future is dropped before it completed.
@@ -78,47 +134,82 @@ impl Drop for AbandonOnDrop<'_, '_> {
     }
 }
 
+/// Registers `fd` with the current runtime's reactor.
+fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: `fd` is an `OwnedFd` moved into the registration: it is open, nothing else can
+    // close or replace it while the `AsyncFd` owns it, and its `as_raw_fd` always returns the
+    // same number.
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
+}
+
 impl Stream {
     /// Connects with default options.
     pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<Stream> {
         Self::connect_with(addr, &Options::default()).await
     }
 
-    /// Connects with the given options (negotiation runs on the blocking pool).
+    /// Connects with the given options. The TCP connect and the negotiation run on the
+    /// runtime's reactor (no thread is taken); dropping the future at any point closes
+    /// whatever it had opened. Host names are resolved as `tokio::net::lookup_host` does.
     pub async fn connect_with(addr: impl ToSocketAddrs, options: &Options) -> io::Result<Stream> {
-        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
-        let options = options.clone();
-        let stream = ::tokio::task::spawn_blocking(move || crate::Stream::connect_with(&addrs[..], &options))
-            .await
-            .map_err(io::Error::other)??;
-        Self::from_std(stream)
+        let mut last_err = None;
+        for addr in ::tokio::net::lookup_host(addr).await? {
+            match ::tokio::net::TcpStream::connect(addr).await {
+                Ok(tcp) => {
+                    let tcp = tcp.into_std()?;
+                    let handshake = Handshake::client(&tcp, options)?;
+                    return Self::from_negotiated(negotiate(handshake, tcp).await?, options);
+                }
+                Err(err) => last_err = Some(err),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "lightpath: the address resolved to nothing")
+        }))
     }
 
-    /// Wraps a blocking stream (it is switched to nonblocking mode).
-    pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
+    /// A stream from a finished negotiation.
+    fn from_negotiated(negotiated: Negotiated, options: &Options) -> io::Result<Stream> {
+        let mut inner = crate::Stream::from_negotiated(negotiated, options.spin)?;
         inner.set_nonblocking(true)?;
-        // A duplicate, owned by the registration: it stays open exactly as long as tokio
-        // watches it, and refers to the same epoll instance (or socket) as the stream's fd.
-        let fd = inner.readiness_fd()?.try_clone_to_owned()?;
-        let interest = if inner.transport().is_rdma() {
-            // An epoll fd never reports writability (see `crate::Stream::readiness_fd`).
-            Interest::READABLE
+        Self::from_std(inner)
+    }
+
+    /// Wraps a blocking stream (it is switched to nonblocking mode). Should that fail, the
+    /// stream is closed in the background, as a dropped tokio stream is.
+    pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
+        match Self::registration(&mut inner) {
+            Ok(registration) => Ok(Stream { registration, waiting: [None, None], inner }),
+            Err(err) => {
+                inner.hand_off_close();
+                Err(err)
+            }
+        }
+    }
+
+    fn registration(inner: &mut crate::Stream) -> io::Result<Registration> {
+        inner.set_nonblocking(true)?;
+        // Duplicates, owned by the registrations: they stay open exactly as long as tokio
+        // watches them, and refer to the same epoll instance (or socket) as the stream's fd.
+        let registration = if inner.transport().is_rdma() {
+            let fd = inner.readiness_fd()?;
+            Registration::Rdma {
+                readers: register(fd.try_clone_to_owned()?, Interest::READABLE)?,
+                writers: register(fd.try_clone_to_owned()?, Interest::READABLE)?,
+            }
         } else {
-            Interest::READABLE | Interest::WRITABLE
+            let fd = inner.readiness_fd()?.try_clone_to_owned()?;
+            Registration::Tcp(register(fd, Interest::READABLE | Interest::WRITABLE)?)
         };
-        // SAFETY: `fd` is an `OwnedFd` moved into the registration: it is open, nothing else
-        // can close or replace it while the `AsyncFd` owns it, and its `as_raw_fd` always
-        // returns the same number.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)?;
-        Ok(Stream { fd, inner })
+        Ok(registration)
     }
 
     /// Closes the stream cleanly and waits until the peer has acknowledged everything written
     /// (RDMA) or the socket has taken it (TCP), reporting a failure to do so. Dropping a stream
     /// closes it too, without waiting (the close finishes in the background).
     pub async fn close(mut self) -> io::Result<()> {
-        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.shutdown(std::net::Shutdown::Write))).await?;
-        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.flush())).await
+        poll_fn(|cx| self.poll_io(cx, Side::Writer, |s| s.shutdown(std::net::Shutdown::Write))).await?;
+        poll_fn(|cx| self.poll_io(cx, Side::Writer, |s| s.flush())).await
         // Dropping `self` now only says goodbye: nothing is left to wait for.
     }
 
@@ -146,7 +237,7 @@ impl Stream {
     /// larger than the peer's ring goes in parts as the peer reads). See the module docs for
     /// cancel safety.
     pub async fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
-        poll_fn(|cx| self.poll_io(cx, Wait::Write, |s| s.send_msg(msg))).await?;
+        poll_fn(|cx| self.poll_io(cx, Side::Writer, |s| s.send_msg(msg))).await?;
         self.push_kept().await
     }
 
@@ -154,7 +245,7 @@ impl Stream {
     /// have gone.
     async fn push_kept(&mut self) -> io::Result<()> {
         poll_fn(|cx| {
-            self.poll_io(cx, Wait::Write, |s| match s.push_kept()? {
+            self.poll_io(cx, Side::Writer, |s| match s.push_kept()? {
                 true => Ok(()),
                 false => Err(io::ErrorKind::WouldBlock.into()),
             })
@@ -175,7 +266,7 @@ impl Stream {
     /// safety, the module docs.
     pub async fn write_buf(&mut self, local: &RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
         let call = ZeroCopyCall::Write { local, offset, len };
-        self.zero_copy(call, Wait::Write, |s| s.write_buf(local, offset, len)).await?;
+        self.zero_copy(call, Side::Writer, |s| s.write_buf(local, offset, len)).await?;
         self.push_kept().await
     }
 
@@ -183,7 +274,7 @@ impl Stream {
     /// reused. See [`crate::Stream::send_msg_buf`] and, for cancel safety, the module docs.
     pub async fn send_msg_buf(&mut self, local: &RegisteredBuf, offset: usize, len: usize) -> io::Result<()> {
         let call = ZeroCopyCall::SendMsg { local, offset, len };
-        self.zero_copy(call, Wait::Write, |s| s.send_msg_buf(local, offset, len)).await?;
+        self.zero_copy(call, Side::Writer, |s| s.send_msg_buf(local, offset, len)).await?;
         self.push_kept().await
     }
 
@@ -192,7 +283,7 @@ impl Stream {
     /// [`crate::Stream::read_buf`] and, for cancel safety, the module docs.
     pub async fn read_buf(&mut self, local: &RegisteredBuf, offset: usize, len: usize) -> io::Result<usize> {
         let call = ZeroCopyCall::Read { local, offset, len };
-        self.zero_copy(call, Wait::Read, |s| s.read_buf(local, offset, len)).await
+        self.zero_copy(call, Side::Reader, |s| s.read_buf(local, offset, len)).await
     }
 
     /// Receives one message into `local` from `offset`: its length, or `None` once the peer
@@ -200,7 +291,7 @@ impl Stream {
     /// [`crate::Stream::recv_msg_buf`] and, for cancel safety, the module docs.
     pub async fn recv_msg_buf(&mut self, local: &RegisteredBuf, offset: usize) -> io::Result<Option<usize>> {
         let call = ZeroCopyCall::RecvMsg { local, offset };
-        self.zero_copy(call, Wait::Read, |s| s.recv_msg_buf(local, offset)).await
+        self.zero_copy(call, Side::Reader, |s| s.recv_msg_buf(local, offset)).await
     }
 
     /// Runs the zero-copy `op` to completion; if the future is dropped first, `call` is
@@ -208,44 +299,84 @@ impl Stream {
     async fn zero_copy<T>(
         &mut self,
         call: ZeroCopyCall<'_>,
-        wait: Wait,
+        side: Side,
         mut op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
     ) -> io::Result<T> {
         let mut guard = AbandonOnDrop { stream: self, call: Some(call) };
-        let result = poll_fn(|cx| guard.stream.poll_io(cx, wait, &mut op)).await;
+        let result = poll_fn(|cx| guard.stream.poll_io(cx, side, &mut op)).await;
         guard.call = None;
         result
     }
 
     /// Receives one message; `None` once the peer has closed.
     pub async fn recv_msg(&mut self) -> io::Result<Option<Vec<u8>>> {
-        poll_fn(|cx| self.poll_io(cx, Wait::Read, |s| s.recv_msg())).await
+        poll_fn(|cx| self.poll_io(cx, Side::Reader, |s| s.recv_msg())).await
     }
 
-    /// Tries `op` until it does not say `WouldBlock`, waiting for readiness in between.
+    /// Completions and credit returns the RDMA connection has handled (0 over TCP).
+    fn events(&mut self) -> u64 {
+        match self.inner.backend_mut() {
+            Backend::Rdma(conn) => conn.events(),
+            _ => 0,
+        }
+    }
+
+    /// Tries `op` (a call of the `side` half) until it does not say `WouldBlock`, waiting for
+    /// readiness in between.
+    ///
+    /// No lost wake-ups: an RDMA connection's completions are handled by whichever call polls
+    /// them, so a write (or a flush, or the look before waiting) can take in the bytes a
+    /// reader waits for, or a reader the credit a writer waits for — and then no fd will ever
+    /// fire for them. So when a call handled anything, the task waiting on the other half is
+    /// woken to look again (a spurious look costs one nonblocking call).
     fn poll_io<T>(
         &mut self,
         cx: &mut Context<'_>,
-        wait: Wait,
+        side: Side,
+        op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        let before = self.events();
+        let result = self.poll_io_inner(cx, side, op);
+        if self.events() != before {
+            if let Some(waker) = self.waiting[side.other() as usize].take() {
+                waker.wake();
+            }
+        }
+        if result.is_pending() {
+            let slot = &mut self.waiting[side as usize];
+            if !slot.as_ref().is_some_and(|waker| waker.will_wake(cx.waker())) {
+                *slot = Some(cx.waker().clone());
+            }
+        }
+        result
+    }
+
+    fn poll_io_inner<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        side: Side,
         mut op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
         loop {
             let wait = match op(&mut self.inner) {
                 // Waiting for an acknowledgement or a fetch is waiting for a completion, as a
                 // read is, not for room (the stream may be writable all along).
-                Err(err) if crate::stream::AwaitingPeer::is(&err) => Wait::Read,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => wait,
+                Err(err) if crate::stream::AwaitingPeer::is(&err) => Wait::Completion,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => match side {
+                    Side::Reader => Wait::Completion,
+                    Side::Writer => Wait::Room,
+                },
                 other => return Poll::Ready(other),
             };
-            ready!(self.poll_ready(cx, &wait))?;
+            ready!(self.poll_ready(cx, side, wait))?;
         }
     }
 
     /// Ready when the stream may have made progress (so the caller tries again).
-    fn poll_ready(&mut self, cx: &mut Context<'_>, wait: &Wait) -> Poll<io::Result<()>> {
-        match self.inner.backend_mut() {
-            Backend::Rdma(conn) => {
-                if matches!(wait, Wait::Write) {
+    fn poll_ready(&mut self, cx: &mut Context<'_>, side: Side, wait: Wait) -> Poll<io::Result<()>> {
+        match (self.inner.backend_mut(), &self.registration) {
+            (Backend::Rdma(conn), Registration::Rdma { readers, writers }) => {
+                if wait == Wait::Room {
                     // Credit returns raise no completion here unless the peer knows we wait.
                     conn.note_write_blocked();
                     if conn.writable_now() {
@@ -257,7 +388,11 @@ impl Stream {
                 if !conn.arm()? {
                     return Poll::Ready(Ok(()));
                 }
-                let mut guard = ready!(self.fd.poll_read_ready(cx))?;
+                let fd = match side {
+                    Side::Reader => readers,
+                    Side::Writer => writers,
+                };
+                let mut guard = ready!(fd.poll_read_ready(cx))?;
                 // Cleared before draining: an event after this point wakes the task again,
                 // one before it is drained below (and the caller retries its operation).
                 guard.clear_ready();
@@ -265,16 +400,16 @@ impl Stream {
                 conn.poll_tcp();
                 Poll::Ready(Ok(()))
             }
-            Backend::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
-            Backend::Tcp(_) => {
+            (Backend::Tcp(_), Registration::Tcp(fd)) => {
                 let ready = match wait {
-                    Wait::Read => self.fd.poll_read_ready(cx),
-                    Wait::Write => self.fd.poll_write_ready(cx),
+                    Wait::Completion => fd.poll_read_ready(cx),
+                    Wait::Room => fd.poll_write_ready(cx),
                 };
                 let mut guard = ready!(ready)?;
                 guard.clear_ready();
                 Poll::Ready(Ok(()))
             }
+            _ => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         }
     }
 }
@@ -290,7 +425,7 @@ impl Drop for Stream {
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let n = ready!(this.poll_io(cx, Wait::Read, |s| s.read(buf.initialize_unfilled())))?;
+        let n = ready!(this.poll_io(cx, Side::Reader, |s| s.read(buf.initialize_unfilled())))?;
         buf.advance(n);
         Poll::Ready(Ok(()))
     }
@@ -298,24 +433,150 @@ impl AsyncRead for Stream {
 
 impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        self.get_mut().poll_io(cx, Wait::Write, |s| s.write(buf))
+        self.get_mut().poll_io(cx, Side::Writer, |s| s.write(buf))
+    }
+
+    /// Writes the slices in turn within one call, as far as they fit: a caller with a header
+    /// and a body in separate buffers (hyper, with `is_write_vectored`) hands both over
+    /// without first copying them into one buffer.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_io(cx, Side::Writer, |s| {
+            let mut total = 0;
+            for buf in bufs.iter().filter(|buf| !buf.is_empty()) {
+                match s.write(buf) {
+                    Ok(n) => {
+                        total += n;
+                        if n < buf.len() {
+                            break;
+                        }
+                    }
+                    // What went already is the call's result; the error comes again next time.
+                    Err(_) if total > 0 => break,
+                    Err(err) => return Err(err),
+                }
+            }
+            Ok(total)
+        })
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_io(cx, Wait::Write, |s| s.flush())
+        self.get_mut().poll_io(cx, Side::Writer, |s| s.flush())
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        ready!(this.poll_io(cx, Wait::Write, |s| s.shutdown(std::net::Shutdown::Write)))?;
-        this.poll_io(cx, Wait::Write, |s| s.flush())
+        ready!(this.poll_io(cx, Side::Writer, |s| s.shutdown(std::net::Shutdown::Write)))?;
+        this.poll_io(cx, Side::Writer, |s| s.flush())
     }
 }
 
-/// An asynchronous listener (negotiations run on the blocking listener's threads).
+/// Runs a negotiation on the runtime's reactor: the same state machine as the blocking
+/// calls (see `crate::negotiate`), its waits turned into readiness and timers. Dropping the
+/// future drops the TCP connection and whatever the negotiation had set up.
+async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Result<Negotiated> {
+    tcp.set_nonblocking(true)?;
+    // SAFETY: the socket is moved into the registration, which owns it until `into_inner`
+    // hands it back at the end; nothing else can close or replace its fd meanwhile.
+    let tcp = unsafe { AsyncFd::register_with_interest(tcp, Interest::READABLE | Interest::WRITABLE) }
+        .map_err(io::Error::from)?;
+    let mut chunk = [0u8; 512];
+    loop {
+        match handshake.need() {
+            Need::Write { deadline } => {
+                let out = handshake.outgoing();
+                let write = tcp.async_io(Interest::WRITABLE, |tcp| (&*tcp).write(out));
+                match ::tokio::time::timeout_at(deadline.into(), write).await {
+                    Ok(Ok(n)) => handshake.sent(n),
+                    Ok(Err(err)) => handshake.write_failed(err),
+                    Err(_elapsed) => handshake.write_failed(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "lightpath: the peer took nothing during negotiation",
+                    )),
+                }
+            }
+            Need::Read { max, deadline } => {
+                let max = max.min(chunk.len());
+                let read = tcp.async_io(Interest::READABLE, |tcp| (&*tcp).read(&mut chunk[..max]));
+                match ::tokio::time::timeout_at(deadline.into(), read).await {
+                    Ok(Ok(n)) => handshake.received(&chunk[..n], tcp.get_ref()),
+                    Ok(Err(err)) => handshake.read_failed(err),
+                    Err(_elapsed) => handshake.timed_out(),
+                }
+            }
+            Need::Probe { deadline } => {
+                let result = match handshake.probe_conn() {
+                    Some(conn) => match ::tokio::time::timeout_at(deadline.into(), wait_probe(conn)).await {
+                        Ok(result) => result,
+                        Err(_elapsed) => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the RDMA probe was not acknowledged",
+                        )),
+                    },
+                    None => Err(io::Error::other("lightpath: no probe to wait for")),
+                };
+                handshake.probe_finished(result);
+            }
+            Need::Done => return handshake.finish(tcp.into_inner()),
+        }
+    }
+}
+
+/// Waits for the probe's acknowledgement on the connection's notification fd.
+async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
+    let notify = register(conn.notification_fd()?, Interest::READABLE)?;
+    loop {
+        // Armed before the look: a completion after it makes the fd readable.
+        conn.request_notify()?;
+        if let Some(outcome) = conn.probe_outcome() {
+            return outcome;
+        }
+        let mut guard = notify.readable().await?;
+        guard.clear_ready();
+        conn.take_notify();
+    }
+}
+
+/// Negotiations a listener runs at once, plus negotiated streams not yet accepted; further
+/// clients wait in the kernel's backlog.
+const MAX_PENDING: usize = 256;
+
+/// A negotiated stream waiting for `accept`, with its place among the [`MAX_PENDING`].
+type Ready = io::Result<(Stream, SocketAddr, OwnedSemaphorePermit)>;
+
+/// An asynchronous listener.
+///
+/// A task of the runtime `bind` ran in accepts TCP connections and negotiates each one in a
+/// task of its own, so a silent, slow or garbage-speaking client never holds up the others;
+/// negotiated streams queue in the listener until [`Listener::accept`] takes them. So
+/// `accept` is cancel-safe as `tokio::net::TcpListener::accept` is: a dropped `accept` future
+/// loses no connection (the next call returns it). No thread is used: when the runtime shuts
+/// down, the listener's tasks simply end with it. Dropping the last handle stops accepting and
+/// closes the connections not yet accepted.
 #[derive(Debug, Clone)]
 pub struct Listener {
-    inner: Arc<crate::Listener>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    local: SocketAddr,
+    ready: ::tokio::sync::Mutex<mpsc::UnboundedReceiver<Ready>>,
+    acceptor: AbortHandle,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The acceptor task owns the negotiations (in its `JoinSet`): aborting it ends them.
+        self.acceptor.abort();
+    }
 }
 
 impl Listener {
@@ -324,21 +585,78 @@ impl Listener {
         Self::bind_with(addr, Options::default()).await
     }
 
-    /// Listens with the given options.
+    /// Listens with the given options. Must be called within a tokio runtime, whose tasks
+    /// then accept and negotiate.
     pub async fn bind_with(addr: impl ToSocketAddrs, options: Options) -> io::Result<Listener> {
-        Ok(Listener { inner: Arc::new(crate::Listener::bind_with(addr, options)?) })
+        let tcp = ::tokio::net::TcpListener::bind(addr).await?;
+        let local = tcp.local_addr()?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let acceptor = ::tokio::spawn(accept_loop(tcp, Arc::new(options), sender)).abort_handle();
+        Ok(Listener {
+            shared: Arc::new(Shared { local, ready: ::tokio::sync::Mutex::new(receiver), acceptor }),
+        })
     }
 
     /// The address listened on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
+        Ok(self.shared.local)
     }
 
-    /// The next negotiated connection.
+    /// The next negotiated connection and its peer's address. Cancel-safe: if the future is
+    /// dropped before it completes, no connection is lost. Clients that fail negotiation
+    /// (garbage, vanished) are dropped and never returned.
     pub async fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
-        let inner = Arc::clone(&self.inner);
-        let (stream, peer) =
-            ::tokio::task::spawn_blocking(move || inner.accept()).await.map_err(io::Error::other)??;
-        Ok((Stream::from_std(stream)?, peer))
+        let mut ready = self.shared.ready.lock().await;
+        match ready.recv().await {
+            Some(Ok((stream, peer, _place))) => Ok((stream, peer)),
+            Some(Err(err)) => Err(err),
+            None => Err(io::Error::other("lightpath: the listener stopped")),
+        }
+    }
+}
+
+/// Accepts TCP connections and starts a negotiation task for each, keeping at most
+/// [`MAX_PENDING`] negotiating or waiting to be accepted.
+async fn accept_loop(
+    tcp: ::tokio::net::TcpListener,
+    options: Arc<Options>,
+    ready: mpsc::UnboundedSender<Ready>,
+) {
+    let places = Arc::new(Semaphore::new(MAX_PENDING));
+    let mut negotiations = JoinSet::new();
+    loop {
+        let Ok(place) = Arc::clone(&places).acquire_owned().await else { return };
+        // Reap finished negotiations while waiting for the next connection.
+        let accepted = poll_fn(|cx| {
+            while let Poll::Ready(Some(_)) = negotiations.poll_join_next(cx) {}
+            tcp.poll_accept(cx)
+        })
+        .await;
+        match accepted {
+            Ok((conn, peer)) => {
+                let (options, ready) = (Arc::clone(&options), ready.clone());
+                negotiations.spawn(async move {
+                    let stream = async {
+                        let conn = conn.into_std()?;
+                        let handshake = Handshake::server(&conn, &options)?;
+                        negotiate(handshake, conn).await
+                    };
+                    // A client that failed the negotiation is dropped: it was told why.
+                    if let Ok(negotiated) = stream.await {
+                        let _ = ready
+                            .send(Stream::from_negotiated(negotiated, &options).map(|s| (s, peer, place)));
+                    }
+                });
+            }
+            Err(err)
+                if matches!(err.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+            Err(err) => {
+                // Out of file descriptors and the like: report it and keep serving.
+                if ready.send(Err(err)).is_err() {
+                    return;
+                }
+                ::tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
     }
 }

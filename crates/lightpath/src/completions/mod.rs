@@ -153,6 +153,11 @@ impl<D: Device> ConnCompletions<D> {
         Some(self.inbox.event_fd().as_raw_fd())
     }
 
+    /// A descriptor of its own for the notification fd (see `notify_fd`).
+    pub(crate) fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.inbox.event_fd().try_clone_to_owned()
+    }
+
     /// Consumes a pending notification; returns whether there was one.
     pub(crate) fn take_notify(&self) -> bool {
         self.inbox.take_wake()

@@ -26,10 +26,21 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn readable_now(&self) -> bool;
     fn writable_now(&mut self) -> bool;
     fn poll_tcp(&mut self);
-    fn probe(&mut self, timeout: Duration) -> io::Result<()>;
+    /// Completions and credit returns handled so far (see `RdmaConn::events`).
+    fn events(&self) -> u64;
+    /// Posts the probe (see `RdmaConn::start_probe`).
+    fn start_probe(&mut self) -> io::Result<()>;
+    /// The probe's outcome once its completion came; never waits.
+    fn probe_outcome(&mut self) -> Option<io::Result<()>>;
+    /// Waits at most `timeout` for the probe's outcome.
+    fn wait_probe(&mut self, timeout: Duration) -> io::Result<()>;
+    /// Asks for the notification fd ([`RdmaStream::notification_fd`]) to become readable on
+    /// the next completion, without handling any (an event loop arms, then looks, then waits).
+    fn request_notify(&mut self) -> io::Result<()>;
+    /// A descriptor of the connection's completion notification fd, for an event loop to
+    /// wait on before the stream exists (the negotiation's probe).
+    fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd>;
     fn activate(&mut self) -> io::Result<()>;
-    /// Liveness-channel bytes that arrived together with the end of the negotiation.
-    fn take_control_bytes(&mut self, bytes: Vec<u8>);
     fn register(&self, len: usize) -> io::Result<RegisteredBuf>;
     #[allow(clippy::too_many_arguments)]
     fn write_remote(
@@ -147,14 +158,26 @@ where
     fn poll_tcp(&mut self) {
         RdmaConn::poll_tcp(self)
     }
-    fn probe(&mut self, timeout: Duration) -> io::Result<()> {
-        RdmaConn::probe(self, timeout)
+    fn events(&self) -> u64 {
+        RdmaConn::events(self)
+    }
+    fn start_probe(&mut self) -> io::Result<()> {
+        RdmaConn::start_probe(self)
+    }
+    fn probe_outcome(&mut self) -> Option<io::Result<()>> {
+        RdmaConn::probe_outcome(self)
+    }
+    fn wait_probe(&mut self, timeout: Duration) -> io::Result<()> {
+        RdmaConn::wait_probe(self, timeout)
+    }
+    fn request_notify(&mut self) -> io::Result<()> {
+        self.cq.request_notify()
+    }
+    fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.cq.notification_fd()
     }
     fn activate(&mut self) -> io::Result<()> {
         RdmaConn::activate(self)
-    }
-    fn take_control_bytes(&mut self, bytes: Vec<u8>) {
-        self.control.extend_from_slice(&bytes);
     }
     fn register(&self, len: usize) -> io::Result<RegisteredBuf> {
         let mr = RdmaConn::register(self, len)?;

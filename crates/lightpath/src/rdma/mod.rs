@@ -95,6 +95,10 @@ pub(crate) struct RdmaConn<D: Device> {
     rendezvous: rendezvous::Rendezvous<D>,
     /// Sending-side state kept across calls (see `stream_ops`).
     send_state: stream_ops::SendState,
+    /// Completions handled and credit words that gave room, counted: an event-loop driver
+    /// compares it across a call to learn that the call changed what the other direction
+    /// waits for (see `crate::tokio`).
+    events: u64,
 }
 
 impl<D: Device> RdmaConn<D> {
@@ -150,10 +154,13 @@ impl<D: Device> RdmaConn<D> {
         if self.recv_mr.read(0, &mut word).is_err() {
             return false;
         }
-        self.core.on_credit_word(CreditWord::from_bytes(word))
+        let progressed = self.core.on_credit_word(CreditWord::from_bytes(word));
+        self.events += u64::from(progressed);
+        progressed
     }
 
     fn handle(&mut self, wc: WorkCompletion) {
+        self.events += 1;
         if !wc.status.is_success() {
             if self.core.is_rendezvous_read(wc.wr_id)
                 && matches!(wc.status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr)
@@ -401,6 +408,11 @@ impl<D: Device> RdmaConn<D> {
             || self.core.is_shut_down()
             || self.tcp_eof
             || self.core.send_room(RecordKind::Data, 1).is_some()
+    }
+
+    /// How many completions and credit returns this connection has handled so far.
+    pub(crate) fn events(&self) -> u64 {
+        self.events
     }
 
     /// Nonblocking look at the TCP connection (for event-loop drivers).

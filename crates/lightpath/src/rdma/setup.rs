@@ -139,6 +139,7 @@ impl<D: Device> RdmaSetup<D> {
             message: Vec::new(),
             rendezvous: super::rendezvous::Rendezvous::new(&self.options),
             send_state: super::stream_ops::SendState::default(),
+            events: 0,
         })
     }
 }
@@ -151,31 +152,55 @@ fn random_psn(salt: u32) -> u32 {
 }
 
 impl<D: Device> RdmaConn<D> {
-    /// Sends a probe over the queue pair and waits for its acknowledgement: proof that the
-    /// RDMA path works both ways.
-    pub(crate) fn probe(&mut self, timeout: Duration) -> io::Result<()> {
+    /// Sends a probe over the queue pair: its acknowledgement proves that the RDMA path works
+    /// both ways. [`RdmaConn::probe_outcome`] or [`RdmaConn::wait_probe`] sees it.
+    pub(crate) fn start_probe(&mut self) -> io::Result<()> {
         let word = CreditWord::new(0, u64::from(self.core.config().local_recv_depth)).to_bytes();
         let op = SendOp::Write { remote_addr: self.peer.credit_addr, rkey: self.peer.credit_rkey };
-        self.qp.post_send(&SendWr::inline(PROBE_ID, op, &word)).map_err(from_verbs)?;
+        self.qp.post_send(&SendWr::inline(PROBE_ID, op, &word)).map_err(from_verbs)
+    }
+
+    /// What the probe's completion says, if it is among `wcs` (other completions are of no
+    /// interest before the connection is used).
+    fn probe_in(wcs: &[WorkCompletion]) -> Option<io::Result<()>> {
+        let wc = wcs.iter().find(|wc| wc.wr_id == PROBE_ID)?;
+        Some(if wc.status.is_success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "the RDMA probe failed: {} (vendor error {:#x})",
+                wc.status, wc.vendor_err
+            )))
+        })
+    }
+
+    /// The probe's outcome if its completion has come, without waiting.
+    pub(crate) fn probe_outcome(&mut self) -> Option<io::Result<()>> {
+        loop {
+            let n = match self.cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(err) => return Some(Err(from_verbs(err))),
+            };
+            if let Some(outcome) = Self::probe_in(&self.wcs[..n]) {
+                return Some(outcome);
+            }
+            if n < self.wcs.len() {
+                return None;
+            }
+        }
+    }
+
+    /// Waits (at most `timeout`) for the probe's acknowledgement.
+    pub(crate) fn wait_probe(&mut self, timeout: Duration) -> io::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "the RDMA probe was not acknowledged"));
             }
-            let n = self.cq.wait(&mut self.wcs[..1], left).map_err(from_verbs)?;
-            if n == 1 {
-                let wc = self.wcs[0];
-                if wc.wr_id == PROBE_ID {
-                    return if wc.status.is_success() {
-                        Ok(())
-                    } else {
-                        Err(io::Error::other(format!(
-                            "the RDMA probe failed: {} (vendor error {:#x})",
-                            wc.status, wc.vendor_err
-                        )))
-                    };
-                }
+            let n = self.cq.wait(&mut self.wcs, left).map_err(from_verbs)?;
+            if let Some(outcome) = Self::probe_in(&self.wcs[..n]) {
+                return outcome;
             }
         }
     }
