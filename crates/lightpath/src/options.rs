@@ -43,7 +43,7 @@ pub struct Options {
     /// With the soft device's progress thread (the default), how long a thread blocked on
     /// the device busy-polls its socket before it sleeps, while that pays (see
     /// `lightpath_soft::SoftConfig::wait_spin`: spinning stops by itself on idle connections
-    /// or when the peer cannot get a core). Default 30 µs; the environment variable
+    /// or when the peer cannot get a core). Default 50 µs; the environment variable
     /// `LIGHTPATH_SOFT_SPIN_US` sets it (0 turns spinning off). Taken by the device the first
     /// connection opens.
     pub soft_wait_spin: Duration,
@@ -129,7 +129,7 @@ impl Default for Options {
             soft_wait_spin: std::env::var("LIGHTPATH_SOFT_SPIN_US")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .map_or(Duration::from_micros(30), Duration::from_micros),
+                .map_or(Duration::from_micros(50), Duration::from_micros),
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
             rendezvous_min: None,

@@ -81,12 +81,14 @@ pub struct SoftConfig {
     /// identification of the segments it cuts, which the ICRC covers, so Linux rxe and RNICs
     /// would drop them. Either offload is skipped where the kernel lacks it.
     pub udp_offload: bool,
-    /// [`ProgressMode::Thread`]: the longest a thread blocked in `wait` busy-polls the socket
-    /// (receiving and running the engine itself) before it sleeps (default 30 µs). The spin
-    /// adapts: it lasts about twice as long as the device's recent waits did, and not at all
-    /// once they take longer than this, so a ping-pong never sleeps (waking a sleeping thread
-    /// costs 5-40 µs on a virtual machine) while an idle connection costs no CPU. Zero turns
-    /// spinning off.
+    /// [`ProgressMode::Thread`]: how long the thread that watches the socket in `wait`
+    /// busy-polls it (receiving and running the engine itself) after the last datagram before
+    /// it sleeps (default 50 µs; at most 16 times that in all while traffic keeps arriving).
+    /// Past the first 4 µs it yields the core between rounds, so a peer or another thread on
+    /// a busy machine still runs. Four spins in a row that see no datagram stop spinning
+    /// (an idle connection costs no CPU); one wait in 32 tries again. A ping-pong then never
+    /// sleeps: waking a sleeping thread costs 5-40 µs on a virtual machine, more than the
+    /// whole round trip. Zero turns spinning off.
     pub wait_spin: Duration,
     /// Most queue pairs.
     pub max_qps: u32,
@@ -116,7 +118,7 @@ impl SoftConfig {
             recv_buffer: 8 << 20,
             send_buffer: 4 << 20,
             udp_offload: true,
-            wait_spin: Duration::from_micros(30),
+            wait_spin: Duration::from_micros(50),
             max_qps: 4096,
             max_mrs: 65536,
             max_cqs: 4096,

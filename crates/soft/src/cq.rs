@@ -10,6 +10,9 @@ use lightpath_verbs::{CompletionQueue, Error, Result, WorkCompletion};
 use crate::config::ProgressMode;
 use crate::driver::{CqSignal, DeviceInner, WaitRound};
 
+/// How long a spinning waiter polls before it starts yielding the core between rounds.
+const PLAIN_SPIN: Duration = Duration::from_micros(4);
+
 /// A completion queue of a [`SoftDevice`](crate::SoftDevice). The engine's queue is destroyed
 /// when the last handle and the last queue pair using it are gone.
 #[derive(Clone)]
@@ -94,8 +97,14 @@ impl SoftCq {
                     continue;
                 }
                 if now < until && remaining != Some(Duration::ZERO) {
-                    // Busy-poll: the next round receives and runs the engine itself.
-                    std::hint::spin_loop();
+                    // Busy-poll: the next round receives and runs the engine itself. Past the
+                    // first microseconds, offer the core to whoever else wants it (with more
+                    // runnable threads than cores, often the peer this wait is waiting for).
+                    if now.duration_since(started) > PLAIN_SPIN {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
                     continue;
                 }
                 device.record_spin(spin_saw_traffic);
