@@ -19,24 +19,38 @@
 //! UDP socket does not report — by solving for those 19 bits over GF(2), which accepts a
 //! corrupted datagram with probability around 2^-13 instead of 2^-32. Datagrams move in batches
 //! (up to 64 per `sendmmsg`, 32 messages per `recvmmsg`), with the kernel's UDP offloads where
-//! they are safe (`SoftConfig::udp_offload`): runs of equal-size datagrams to a loopback or
-//! IPv6 peer leave as one segmented message, and coalesced datagrams arrive as one. The UDP source port of every datagram is the bound
+//! they are safe (`SoftConfig::udp_offload`): runs of equal-size datagrams leave as one
+//! segmented message towards loopback and IPv6 peers and towards peers whose address vector
+//! says `lightpath_peer` (a Lightpath soft device, which solves for the IP ID the kernel
+//! renumbers in the segments it cuts; rxe and RNICs would drop them), and coalesced datagrams
+//! arrive as one. Queue pairs towards Lightpath peers also keep up to 1,024 PSNs in flight
+//! instead of rxe's 128. The UDP source port of every datagram is the bound
 //! port (the engine's per-QP entropy port cannot be chosen per datagram on one socket; rxe
 //! accepts any source port), and the engine seals the ICRC for that port
 //! (`EngineConfig::fixed_src_port`), so each datagram is checksummed once.
 //!
+//! The port's active MTU never exceeds what the link holding the device's address carries
+//! (as rxe derives it from the netdev's MTU: 1024 on a 1500-byte link, 4096 on a 9000-byte
+//! one or loopback); `modify_qp` refuses a larger path MTU at once, naming both MTUs.
+//!
 //! # Progress
 //!
-//! By default a progress thread owns the socket's receive side and the engine's timers; it
-//! sleeps in `ppoll` until a datagram, a timer or an eventfd wake-up. Posting threads transmit
-//! their own packets, and a thread blocked in `wait` on a completion queue watches the socket
-//! itself (the progress thread leaves it to such threads), so a completion that arrives by
-//! the network costs one wake-up, not two. In [`ProgressMode::Polling`], `poll`/`wait` on a completion queue drive
-//! the engine themselves (receive, timers, transmit), spinning before they block, and a helper
-//! thread steps in only when the application has not driven the device for a while. A poll
-//! that receives a message returns its completion before the engine's answer (the ACK) is
-//! sent; the ACK leaves with the application's next post — in the same `sendmmsg` as a reply —
-//! or at the start of its next poll.
+//! By default a progress thread owns the engine's timers and, when nobody else does, the
+//! socket's receive side; it sleeps in `ppoll` until a datagram, a timer, an eventfd wake-up
+//! or the hand-over timer, and at most 100 ms. Posting threads transmit their own packets. A
+//! thread blocked in `wait` on a completion queue watches the socket itself (one at a time):
+//! it busy-polls it for `SoftConfig::wait_spin` after the last datagram while that pays
+//! (yielding the core past the first microseconds), then sleeps on it, and drives the engine
+//! when a datagram arrives — so a completion that arrives by the network costs at most one
+//! wake-up, and none in a ping-pong. When its arrivals complete its own work, the engine's
+//! answers (ACKs) are held back and leave with its next post, in the same `sendmmsg` as its
+//! reply. The progress thread takes the socket back only once it has gone unwatched for 1 ms
+//! (a one-shot timer armed by the watcher that leaves), so a thread between two waits does
+//! not hand it over and back for every message, and held answers go out within that time
+//! even if the application goes quiet. In [`ProgressMode::Polling`], `poll`/`wait` on a
+//! completion queue drive the engine themselves (receive, timers, transmit), spinning before
+//! they block, and a helper thread steps in only when the application has not driven the
+//! device for a while; answers are held back the same way.
 //!
 //! # Memory
 //!
