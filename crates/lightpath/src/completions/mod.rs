@@ -154,6 +154,7 @@ impl<D: Device> ConnCompletions<D> {
     }
 
     /// A descriptor of its own for the notification fd (see `notify_fd`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     pub(crate) fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         self.inbox.event_fd().try_clone_to_owned()
     }

@@ -27,18 +27,22 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn writable_now(&mut self) -> bool;
     fn poll_tcp(&mut self);
     /// Completions and credit returns handled so far (see `RdmaConn::events`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn events(&self) -> u64;
     /// Posts the probe (see `RdmaConn::start_probe`).
     fn start_probe(&mut self) -> io::Result<()>;
     /// The probe's outcome once its completion came; never waits.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn probe_outcome(&mut self) -> Option<io::Result<()>>;
     /// Waits at most `timeout` for the probe's outcome.
     fn wait_probe(&mut self, timeout: Duration) -> io::Result<()>;
     /// Asks for the notification fd ([`RdmaStream::notification_fd`]) to become readable on
     /// the next completion, without handling any (an event loop arms, then looks, then waits).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn request_notify(&mut self) -> io::Result<()>;
     /// A descriptor of the connection's completion notification fd, for an event loop to
     /// wait on before the stream exists (the negotiation's probe).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd>;
     fn activate(&mut self) -> io::Result<()>;
     fn register(&self, len: usize) -> io::Result<RegisteredBuf>;

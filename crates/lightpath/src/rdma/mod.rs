@@ -411,6 +411,7 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// How many completions and credit returns this connection has handled so far.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     pub(crate) fn events(&self) -> u64 {
         self.events
     }

@@ -175,6 +175,7 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// The probe's outcome if its completion has come, without waiting.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     pub(crate) fn probe_outcome(&mut self) -> Option<io::Result<()>> {
         loop {
             let n = match self.cq.poll(&mut self.wcs) {
