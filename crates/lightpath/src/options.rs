@@ -126,10 +126,7 @@ impl Default for Options {
             linger: Duration::from_secs(10),
             spin: Duration::ZERO,
             soft_progress: ProgressMode::Thread,
-            soft_wait_spin: std::env::var("LIGHTPATH_SOFT_SPIN_US")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(Duration::from_micros(50), Duration::from_micros),
+            soft_wait_spin: lightpath_soft::config::default_wait_spin(),
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
             rendezvous_min: None,

@@ -83,12 +83,13 @@ pub struct SoftConfig {
     pub udp_offload: bool,
     /// [`ProgressMode::Thread`]: how long the thread that watches the socket in `wait`
     /// busy-polls it (receiving and running the engine itself) after the last datagram before
-    /// it sleeps (default 50 µs; at most 16 times that in all while traffic keeps arriving).
+    /// it sleeps (default 50 µs; at most four times that in all while datagrams keep coming).
     /// Past the first 4 µs it yields the core between rounds, so a peer or another thread on
     /// a busy machine still runs. Four spins in a row that see no datagram stop spinning
     /// (an idle connection costs no CPU); one wait in 32 tries again. A ping-pong then never
     /// sleeps: waking a sleeping thread costs 5-40 µs on a virtual machine, more than the
-    /// whole round trip. Zero turns spinning off.
+    /// whole round trip. Zero turns spinning off; `LIGHTPATH_SOFT_SPIN_US` sets the default
+    /// ([`default_wait_spin`]).
     pub wait_spin: Duration,
     /// Most queue pairs.
     pub max_qps: u32,
@@ -98,6 +99,15 @@ pub struct SoftConfig {
     pub max_cqs: u32,
     /// Largest completion queue.
     pub max_cqe: u32,
+}
+
+/// [`SoftConfig::wait_spin`]'s default: 50 µs, or `LIGHTPATH_SOFT_SPIN_US` µs when that
+/// environment variable holds a number (0 turns spinning off).
+pub fn default_wait_spin() -> Duration {
+    std::env::var("LIGHTPATH_SOFT_SPIN_US")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(Duration::from_micros(50), Duration::from_micros)
 }
 
 impl SoftConfig {
@@ -118,7 +128,7 @@ impl SoftConfig {
             recv_buffer: 8 << 20,
             send_buffer: 4 << 20,
             udp_offload: true,
-            wait_spin: Duration::from_micros(50),
+            wait_spin: default_wait_spin(),
             max_qps: 4096,
             max_mrs: 65536,
             max_cqs: 4096,

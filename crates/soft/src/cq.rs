@@ -10,6 +10,9 @@ use lightpath_verbs::{CompletionQueue, Error, Result, WorkCompletion};
 use crate::config::ProgressMode;
 use crate::driver::{CqSignal, DeviceInner, WaitRound};
 
+/// A wait whose spin keeps seeing datagrams spins at most this many times its spin in all.
+const SPIN_EXTENSIONS: u32 = 4;
+
 /// How long a spinning waiter polls before it starts yielding the core between rounds.
 const PLAIN_SPIN: Duration = Duration::from_micros(4);
 
@@ -62,8 +65,7 @@ impl SoftCq {
         // has slept (or never spins).
         let started = Instant::now();
         let mut spin_until = (!spin.is_zero()).then(|| started + spin);
-        // However busy the device, a wait spins at most this long in all before it sleeps.
-        let spin_cap = started + spin * 16;
+        let spin_cap = started + spin * SPIN_EXTENSIONS;
         let mut spin_saw_traffic = false;
         loop {
             let round = if look_only {
@@ -90,8 +92,10 @@ impl SoftCq {
             };
             if let Some(until) = spin_until {
                 if round.received > 0 && now < spin_cap {
-                    // Traffic flows (a message in several datagrams, or other queues' work):
-                    // keep spinning, as long again from now.
+                    // Traffic flows (this message's first datagrams, or other queues' work):
+                    // keep spinning, as long again from now, up to `spin_cap` in all (a slow
+                    // sender, such as a peer in an emulated VM, would otherwise keep this
+                    // thread on a core it needs).
                     spin_saw_traffic = true;
                     spin_until = Some(now + spin);
                     continue;

@@ -420,8 +420,8 @@ impl Shared {
         true
     }
 
-    /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] after
-    /// the last datagram while spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a
+    /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] while
+    /// spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a
     /// row saw no datagram (an idle connection, or a peer that cannot get a core), except one
     /// wait in [`SPIN_RETRY_EVERY`], which tries again.
     pub(crate) fn spin_budget(&self) -> Duration {
