@@ -248,7 +248,8 @@ fn epoll_echo_server(listener: lightpath::Listener, count: usize) -> ServerStats
 /// all through their readiness fds alone.
 fn epoll_loop_serves_several_streams(options: Options, rdma: bool) {
     const CLIENTS: usize = 4;
-    let len = (options.ring_size as usize) * 2 + 12_345;
+    // Twice the ring on every provider: shm rings are twice `ring_size` (no staging mirror).
+    let len = (options.ring_size as usize) * 4 + 12_345;
     let listener = listener(options.clone());
     let addr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || epoll_echo_server(listener, CLIENTS));

@@ -180,3 +180,102 @@ fn an_shm_ring_takes_the_staging_memory() {
         assert_eq!(checksum(&server.join().unwrap()), checksum(&data), "{providers:?}");
     }
 }
+
+/// A hostile server: it speaks the negotiation with a real shm queue pair but announces a
+/// receive ring far larger than the region behind it. The client's writes go straight into
+/// that ring (one copy, no staging), and the first one past the region is refused by the shm
+/// provider's checks: the client gets a clear `ConnectionReset` error — no panic, no hang, no
+/// byte written outside the region — and the connection stays broken.
+#[test]
+fn a_server_announcing_a_ring_it_does_not_have_gets_a_clear_error() {
+    use lightpath_shm::{ShmConfig, ShmDevice};
+    use lightpath_stream::negotiate::{Choice, Message, RdmaEndpoint, SERVER_MAGIC, VERSION};
+    use lightpath_verbs::{
+        AccessFlags, AddressVector, Device, Gid, MemoryRegion, Mtu, ProtectionDomain, QpAttr, QpCaps,
+        QueuePair, RecvWr,
+    };
+
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let device = ShmDevice::open(ShmConfig::default()).unwrap();
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(1024).unwrap();
+        let caps = QpCaps { max_send_wr: 64, max_recv_wr: 256, ..QpCaps::default() };
+        let qp = pd.create_qp(&cq, &cq, caps).unwrap();
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        qp.modify(&QpAttr::to_init(access)).unwrap();
+        // 64 bytes of credit slot and 4 KiB of ring, announced as 1 MiB.
+        let region = pd.alloc_mr(64 + 4096, access).unwrap();
+        let endpoint = RdmaEndpoint {
+            gid: qp.endpoint().gid.0,
+            udp_port: 0,
+            qpn: qp.qpn(),
+            psn: 0,
+            mtu: 4096,
+            ring_addr: region.addr() + 64,
+            ring_len: 1 << 20,
+            ring_rkey: region.rkey(),
+            credit_addr: region.addr(),
+            credit_rkey: region.rkey(),
+            recv_depth: 64,
+        };
+        let (mut conn, _) = tcp.accept().unwrap();
+        let mut bytes = Vec::new();
+        let mut buf = [0u8; 1024];
+        let mut next = |conn: &mut std::net::TcpStream, bytes: &mut Vec<u8>| loop {
+            if bytes.len() >= 8 {
+                if let Some((message, used)) = Message::parse(&bytes[8..]).unwrap() {
+                    bytes.drain(8..8 + used);
+                    return message;
+                }
+            }
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "the client hung up during the negotiation");
+            bytes.extend_from_slice(&buf[..n]);
+        };
+        assert!(matches!(next(&mut conn, &mut bytes), Message::ClientHello { .. }));
+        let mut answer = SERVER_MAGIC.to_vec();
+        Message::ServerHello { version: VERSION, choice: Choice::Rdma(ProviderId::Shm, endpoint) }
+            .emit(&mut answer);
+        conn.write_all(&answer).unwrap();
+        let Message::Connect(client) = next(&mut conn, &mut bytes) else { panic!("no Connect") };
+        let av = AddressVector::new(Gid(client.gid), 0);
+        qp.modify(&QpAttr::to_rtr(av, Mtu::Mtu4096, client.qpn, client.psn)).unwrap();
+        qp.modify(&QpAttr::to_rts(0)).unwrap();
+        for i in 0..64 {
+            qp.post_recv(&RecvWr::new(i, &[])).unwrap();
+        }
+        let mut ready = Vec::new();
+        Message::Ready.emit(&mut ready);
+        conn.write_all(&ready).unwrap();
+        assert!(matches!(next(&mut conn, &mut bytes), Message::Confirm));
+        // Keep everything alive until the client has seen its error.
+        done_rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+        let tail = {
+            let mut tail = vec![0u8; 64 + 4096];
+            region.read(0, &mut tail).unwrap();
+            tail
+        };
+        drop(conn);
+        tail
+    });
+
+    let options = Options::default().with_providers(&[ProviderId::Shm]);
+    let mut stream = Stream::connect_with(addr, &options).unwrap();
+    assert_eq!(stream.transport(), Transport::Rdma(ProviderId::Shm));
+    let started = std::time::Instant::now();
+    let data = vec![0xA5u8; 8192];
+    let err = stream.write_all(&data).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    assert!(err.to_string().contains("peer's ring"), "{err}");
+    let again = stream.write(&data[..16]).unwrap_err();
+    assert_eq!(again.kind(), std::io::ErrorKind::ConnectionReset, "the connection healed: {again}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "took {:?}", started.elapsed());
+    done_tx.send(()).unwrap();
+    let region = server.join().unwrap();
+    // Nothing of the refused write landed (the credit slot holds the client's credit word).
+    assert!(region[64..].iter().all(|&b| b == 0), "the refused write changed the region");
+    drop(stream);
+}

@@ -158,7 +158,8 @@ impl<D: Device> RdmaConn<D> {
             self.check_writable()?;
             self.read_slot();
             if let Some(at) = self.core.rendezvous_room() {
-                self.stage(at, &desc.encode())?;
+                let staged = self.stage(at, &desc.encode());
+                self.staged(staged)?;
                 self.core.commit_rendezvous();
                 self.post_ops();
                 break;

@@ -45,7 +45,10 @@ impl<D: Device> RdmaSetup<D> {
         // Where the peer writes straight into this ring (shm: both sides use one provider),
         // neither side keeps a staging mirror; the ring gets that memory instead, so memory
         // per connection stays about twice `ring_size` and a writer runs ahead twice as far.
-        let ring = if qp.write_direct(0, 0, &[]).is_some() { ring.saturating_mul(2) } else { ring };
+        let ring = match qp.write_direct(0, 0, &[]) {
+            Some(_) => ring.checked_mul(2).unwrap_or(ring),
+            None => ring,
+        };
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         qp.modify(&QpAttr::to_init(access)).map_err(from_verbs)?;
         let recv_mr = pd.alloc_mr(SLOT_AREA + ring as usize, access).map_err(from_verbs)?;

@@ -111,7 +111,8 @@ impl<D: Device> RdmaConn<D> {
                 let Some((grant, offset)) = self.core.send_room(RecordKind::Data, buf.len() - done) else {
                     break;
                 };
-                self.stage(offset, &buf[done..done + grant as usize])?;
+                let staged = self.stage(offset, &buf[done..done + grant as usize]);
+                self.staged(staged)?;
                 self.core.commit(RecordKind::Data, grant);
                 done += grant as usize;
             }
@@ -137,7 +138,8 @@ impl<D: Device> RdmaConn<D> {
             self.read_slot();
             while let Some((grant, offset)) = self.core.send_room(RecordKind::MsgPart, msg.len() - done) {
                 let last = grant as usize == msg.len() - done;
-                self.stage(offset, &msg[done..done + grant as usize])?;
+                let staged = self.stage(offset, &msg[done..done + grant as usize]);
+                self.staged(staged)?;
                 self.core.commit(if last { RecordKind::MsgEnd } else { RecordKind::MsgPart }, grant);
                 done += grant as usize;
                 if last {
@@ -200,7 +202,8 @@ impl<D: Device> RdmaConn<D> {
             let left = self.send_state.kept.len() - self.send_state.kept_sent;
             let Some((grant, offset)) = self.core.send_room(part, left) else { break };
             let from = self.send_state.kept_sent;
-            self.stage(offset, &self.send_state.kept[from..from + grant as usize])?;
+            let staged = self.stage(offset, &self.send_state.kept[from..from + grant as usize]);
+            self.staged(staged)?;
             let last = grant as usize == left;
             self.core.commit(if message && last { RecordKind::MsgEnd } else { part }, grant);
             self.send_state.kept_sent += grant as usize;
@@ -440,6 +443,16 @@ impl<D: Device> RdmaConn<D> {
             self.copy_to_ring(0, &bytes[first..])?;
         }
         Ok(())
+    }
+
+    /// The outcome of a `stage`: a failed copy into the peer's ring (a peer that went away,
+    /// or one that announced a ring it does not let this side write) breaks the connection,
+    /// since a record may already be partly committed.
+    pub(super) fn staged(&mut self, staged: io::Result<()>) -> io::Result<()> {
+        if let Err(err) = &staged {
+            self.fail(err.kind(), err.to_string().trim_start_matches("lightpath: ").to_string());
+        }
+        staged
     }
 
     fn copy_to_ring(&self, offset: usize, bytes: &[u8]) -> io::Result<()> {

@@ -308,7 +308,7 @@ impl<D: Device> RdmaConn<D> {
                 local
                     .view_dyn(offset + done, n, &mut |bytes| staged = self.stage(at, bytes))
                     .map_err(from_verbs)?;
-                staged?;
+                self.staged(staged)?;
                 let last = done + n == len;
                 self.core.commit(if message && last { RecordKind::MsgEnd } else { part }, grant);
                 done += n;

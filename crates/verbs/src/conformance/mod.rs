@@ -72,6 +72,7 @@ macro_rules! __lightpath_conformance_cases {
             unsignaled_requests,
             rdma_write,
             rdma_write_with_imm,
+            write_direct_or_none,
             rdma_read_multi_packet,
             atomic_compare_swap,
             atomic_fetch_add,

@@ -27,5 +27,6 @@ pub use messaging::{
 pub use queues::{many_qps_one_cq, psn_wrap, recv_queue_full, send_queue_full};
 pub use rdma::{
     atomic_compare_swap, atomic_fetch_add, rdma_read_multi_packet, rdma_write, rdma_write_with_imm,
+    write_direct_or_none,
 };
 pub use state::{modify_err_flushes_receives, modify_refusals, post_before_rts_refused};

@@ -72,6 +72,54 @@ pub fn rdma_write_with_imm<F: ConformanceFixture>() {
     assert_success(&pair.a.wait_one(), 4, WcOpcode::RdmaWrite);
 }
 
+/// `write_direct`: a provider that cannot answers `None`, to the no-bytes probe and to real
+/// writes alike; one that can puts the bytes exactly where an RDMA WRITE would, before a WRITE
+/// WITH IMMEDIATE posted afterwards is seen, and refuses what a WRITE would fail on (a bad
+/// rkey, a range past the region, a region without remote write) without writing anything.
+pub fn write_direct_or_none<F: ConformanceFixture>() {
+    let pair = Pair::connected::<F>();
+    let target = pair.b.alloc(4096, MR_ALL);
+    let read_only = pair.b.alloc(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
+    let inbox = pair.b.alloc(16, AccessFlags::LOCAL_WRITE);
+    let remote = target.remote();
+    let data = pattern(1000, 11);
+    let probe = pair.a.qp.write_direct(remote.addr, remote.rkey, &[]);
+    let Some(written) = pair.a.qp.write_direct(remote.addr + 100, remote.rkey, &data) else {
+        assert!(probe.is_none(), "answered the no-bytes probe but not a write");
+        assert!(pair.a.qp.write_direct(remote.addr, remote.rkey ^ 1, &data).is_none());
+        assert_eq!(read_region(&target, 0, 4096), vec![0u8; 4096]);
+        return;
+    };
+    assert!(probe.is_some(), "wrote directly but answered the probe with None");
+    written.expect("a direct write the rkey allows");
+
+    // The announcing WRITE WITH IMMEDIATE carries no bytes of its own.
+    pair.b.post_recv(21, &inbox, 0, 16);
+    let op = SendOp::WriteWithImm { remote_addr: remote.addr, rkey: remote.rkey, imm: 0x77 };
+    pair.a.qp.post_send(&SendWr::new(22, op, &[])).expect("post the announcement");
+    let recv = pair.b.wait_one();
+    assert_success(&recv, 21, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(read_region(&target, 100, data.len()), data);
+    assert_eq!(read_region(&target, 0, 100), vec![0u8; 100], "bytes before the range changed");
+    assert_eq!(read_region(&target, 1100, 100), vec![0u8; 100], "bytes after the range changed");
+    assert_success(&pair.a.wait_one(), 22, WcOpcode::RdmaWrite);
+
+    let junk = [0xEE_u8; 64];
+    let refused = [
+        ("a bad rkey", remote.addr, remote.rkey ^ 0x5A5A),
+        ("past the region", remote.addr + 4096 - 32, remote.rkey),
+        ("no remote write", read_only.remote().addr, read_only.remote().rkey),
+    ];
+    for (what, addr, rkey) in refused {
+        let result = pair.a.qp.write_direct(addr, rkey, &junk);
+        assert!(matches!(result, Some(Err(_))), "{what}: {result:?}");
+    }
+    assert_eq!(read_region(&target, 100, data.len()), data, "a refused write changed memory");
+    assert_eq!(read_region(&target, 4096 - 32, 32), vec![0u8; 32], "a refused write changed memory");
+    assert_eq!(read_region(&read_only, 0, 64), vec![0u8; 64], "a refused write changed memory");
+    assert_empty(&pair.a.cq);
+}
+
 /// A READ spanning several response packets returns the remote bytes.
 pub fn rdma_read_multi_packet<F: ConformanceFixture>() {
     let pair = Pair::connected::<F>();
