@@ -25,15 +25,15 @@
 //! # The protocol
 //!
 //! - **Producer** (a peer, after publishing anything for the queue pair in slot `s`): sets the
-//!   slot's bit with [`mark`] (`fetch_or`, `Release`: whoever takes the bit with `Acquire` sees
-//!   what was published before it), then asks [`ring_needed`] whether the owner sleeps and has
+//!   slot's bit with `mark` (`fetch_or`, `Release`: whoever takes the bit with `Acquire` sees
+//!   what was published before it), then asks `ring_needed` whether the owner sleeps and has
 //!   not been rung for this sleep yet; if so it rings the owner's doorbell.
 //! - **Consumer** (the owner, whenever it drives the device): [`take`]s each bit word
 //!   (`swap(0)`, `Acquire`) *before* processing the queue pairs it names, so news published
 //!   while it processes sets the bit again and is found next time. A bit set for news already
 //!   handled only costs one look.
 //! - **Sleeping**: a thread about to block stores a fresh odd value in the sleep word
-//!   ([`announce_sleep`], with a `SeqCst` fence), then takes the bits once more and blocks only
+//!   (`announce_sleep`, with a `SeqCst` fence), then takes the bits once more and blocks only
 //!   if none was set. The producer has a `SeqCst` fence between its mark and its load of the
 //!   sleep word: of the two, at least one sees the other's store (the store-buffer handshake),
 //!   so either the sleeper finds the mark or the producer rings. The rung word lets only the

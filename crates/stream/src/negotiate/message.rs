@@ -207,8 +207,8 @@ impl Message {
         }
     }
 
-    /// Appends the frame to `out`. Texts longer than [`MAX_TEXT`] bytes are cut (at a
-    /// character boundary) and provider lists to [`MAX_PROVIDERS`].
+    /// Appends the frame to `out`. Texts longer than `MAX_TEXT` bytes are cut (at a
+    /// character boundary) and provider lists to `MAX_PROVIDERS`.
     pub fn emit(&self, out: &mut Vec<u8>) {
         let mut body = Vec::new();
         match self {
