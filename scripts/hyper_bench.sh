@@ -35,33 +35,57 @@ port=$((20000 + RANDOM % 20000))
 failures=0
 log=$OUT.server.log
 
-# run PROVIDER CONNS BODY
-run() {
-    local provider=$1 conns=$2 body=$3
+# stop PID: SIGTERM, then SIGKILL if it is still there after 2 s.
+stop() {
+    kill "$1" 2> /dev/null || true
+    for _ in $(seq 40); do
+        kill -0 "$1" 2> /dev/null || break
+        sleep 0.05
+    done
+    kill -9 "$1" 2> /dev/null || true
+    wait "$1" 2> /dev/null || true
+}
+
+# attempt PROVIDER CONNS BODY REQUESTS: one server process, one client run; fails if either did.
+attempt() {
+    local provider=$1 conns=$2 body=$3 requests=$4
     port=$((port + 1))
-    local total=$SMALL
-    [ "$body" -gt 4096 ] && total=$LARGE
-    local requests=$((total / conns))
-    [ "$requests" -lt 20 ] && requests=20
     "$B" server "127.0.0.1:$port" --provider "$provider" > "$log" 2>&1 &
     local server=$!
     # Wait until it listens (it prints its address); a loaded machine may take seconds.
     for _ in $(seq 400); do
         grep -q "server on" "$log" 2> /dev/null && break
-        kill -0 "$server" 2> /dev/null || break
+        if ! kill -0 "$server" 2> /dev/null; then
+            local status=0
+            wait "$server" || status=$?
+            echo "hyper_bench: the $provider server on port $port exited ($status) before listening" >&2
+            sed 's/^/  server: /' "$log" >&2
+            return 1
+        fi
         sleep 0.05
     done
-    grep -q "server on" "$log" || echo "hyper_bench: the $provider server is not listening yet" >&2
-    if ! timeout 150 "$B" client "127.0.0.1:$port" --provider "$provider" --conns "$conns" \
-        --requests "$requests" --body "$body" --timeout 120 --json >> "$OUT"; then
-        echo "hyper_bench: $provider, $conns connections, body $body failed" >&2
-        sed 's/^/  server: /' "$log" >&2
-        failures=$((failures + 1))
-    fi
-    kill "$server" 2> /dev/null || true
-    wait "$server" 2> /dev/null || true
-    # Anything the server said beyond its address is worth seeing (errors of its connections).
+    local ok=0
+    timeout 150 "$B" client "127.0.0.1:$port" --provider "$provider" --conns "$conns" \
+        --requests "$requests" --body "$body" --timeout 120 --json > "$OUT.line" || ok=$?
+    stop "$server"
+    # Anything the server said beyond its address is worth seeing (its connections' errors).
     grep -v "server on" "$log" | sort | uniq -c | sed "s/^/  $provider x$conns $body B server: /" >&2 || true
+    [ "$ok" = 0 ] && cat "$OUT.line" >> "$OUT"
+    return "$ok"
+}
+
+# run PROVIDER CONNS BODY: one attempt, and a second one should it fail.
+run() {
+    local provider=$1 conns=$2 body=$3
+    local total=$SMALL
+    [ "$body" -gt 4096 ] && total=$LARGE
+    local requests=$((total / conns))
+    [ "$requests" -lt 20 ] && requests=20
+    if ! attempt "$provider" "$conns" "$body" "$requests"; then
+        echo "hyper_bench: $provider, $conns connections, body $body failed; once more" >&2
+        failures=$((failures + 1))
+        attempt "$provider" "$conns" "$body" "$requests" || echo "hyper_bench: failed again" >&2
+    fi
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -72,7 +96,7 @@ for round in $(seq "$ROUNDS"); do
         done
     done
 done
-rm -f "$log"
+rm -f "$log" "$OUT.line"
 
 python3 - "$OUT" "$PROVIDERS" <<'EOF'
 import json, statistics, sys
@@ -119,6 +143,6 @@ for (conns, body), by in sorted(cells.items()):
     print(row)
 EOF
 if [ "$failures" -gt 0 ]; then
-    echo "hyper_bench: $failures runs failed (see above)" >&2
+    echo "hyper_bench: $failures runs failed (see above; each was tried once more)" >&2
     exit 1
 fi
