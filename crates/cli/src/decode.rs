@@ -91,18 +91,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let dump = decode(input, endpoints.as_ref());
         tally.count(&dump, input.foreign_is_failure);
         if args.json {
-            println!("{}", json(index + 1, input, &dump));
+            outln!("{}", json(index + 1, input, &dump));
         } else {
-            println!("packet {} ({}, {} bytes)", index + 1, input.label, input.bytes.len());
+            outln!("packet {} ({}, {} bytes)", index + 1, input.label, input.bytes.len());
             print!("{dump}");
             if dump.roce && dump.icrc == IcrcStatus::Unchecked && dump.error.is_none() {
-                println!("{:<15} not checked (give --src, --dst and --sport)", "icrc");
+                outln!("{:<15} not checked (give --src, --dst and --sport)", "icrc");
             }
-            println!();
+            outln!();
         }
     }
     if !args.json {
-        println!("{}", tally.line());
+        outln!("{}", tally.line());
     }
     Ok(if tally.failures() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

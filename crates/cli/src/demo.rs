@@ -35,17 +35,17 @@ pub struct Args {
 
 /// Runs the demo.
 pub fn run(args: Args) -> Result<ExitCode> {
-    println!("Lightpath demo: two soft RoCE v2 endpoints on loopback\n");
+    outln!("Lightpath demo: two soft RoCE v2 endpoints on loopback\n");
     let port = operations().context("the operations demo failed")?;
-    println!("\nStreams (lightpath::Stream, the socket-like API): negotiated over a TCP connection, then");
-    println!("RDMA where both sides can — shared memory between processes of one host:\n");
+    outln!("\nStreams (lightpath::Stream, the socket-like API): negotiated over a TCP connection, then");
+    outln!("RDMA where both sides can — shared memory between processes of one host:\n");
     crate::demo_streams::run()?;
     if args.no_bench {
         return Ok(ExitCode::SUCCESS);
     }
-    println!("\nSide by side with kernel TCP on loopback (one run; both measured now, on this machine):\n");
+    outln!("\nSide by side with kernel TCP on loopback (one run; both measured now, on this machine):\n");
     benchmarks(&args, port)?;
-    println!(
+    outln!(
         "\nStreams with default options (lightpath::Stream as applications use it; server and client\n\
          are two processes) against the same API over kernel TCP:\n"
     );
@@ -93,7 +93,7 @@ fn expect_ok(wc: WorkCompletion, opcode: WcOpcode) -> Result<WorkCompletion> {
 }
 
 fn step(name: &str, detail: String) {
-    println!("  [ok] {name:<22} {detail}");
+    outln!("  [ok] {name:<22} {detail}");
 }
 
 /// Performs each operation between the two endpoints and checks the bytes. Returns the UDP port
@@ -101,8 +101,8 @@ fn step(name: &str, detail: String) {
 fn operations() -> Result<u16> {
     let (dev_a, dev_b) = open_pair()?;
     let port = dev_a.local_addr().port();
-    println!("  endpoint A: {} (GID {})", dev_a.local_addr(), dev_a.gid());
-    println!("  endpoint B: {} (GID {})\n", dev_b.local_addr(), dev_b.gid());
+    outln!("  endpoint A: {} (GID {})", dev_a.local_addr(), dev_a.gid());
+    outln!("  endpoint B: {} (GID {})\n", dev_b.local_addr(), dev_b.gid());
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
@@ -228,11 +228,11 @@ fn human_size(size: usize) -> String {
 }
 
 fn benchmarks(args: &Args, port: u16) -> Result<()> {
-    println!("  {:<28} {:>12} {:>12} {:>12}", "measurement", "soft", "kernel TCP", "soft/TCP");
+    outln!("  {:<28} {:>12} {:>12} {:>12}", "measurement", "soft", "kernel TCP", "soft/TCP");
     for size in [8usize, 4096] {
         let (soft, tcp) = compare(PerfTest::SendLat, size, args.lat_iters, port)?;
         let (s, t) = (soft.lat_us.map_or(0.0, |l| l.median), tcp.lat_us.map_or(0.0, |l| l.median));
-        println!(
+        outln!(
             "  {:<28} {:>9.2} us {:>9.2} us {:>11.2}x",
             format!("send_lat {} (median)", human_size(size)),
             s,
@@ -244,7 +244,7 @@ fn benchmarks(args: &Args, port: u16) -> Result<()> {
         let iters = if size >= 1 << 20 { (args.bw_iters / 16).max(16) } else { args.bw_iters };
         let (soft, tcp) = compare(PerfTest::WriteBw, size, iters, port)?;
         let (s, t) = (soft.bw_mb_s.unwrap_or(0.0), tcp.bw_mb_s.unwrap_or(0.0));
-        println!(
+        outln!(
             "  {:<28} {:>7.0} MB/s {:>7.0} MB/s {:>11.2}x",
             format!("write_bw {}", human_size(size)),
             s,
@@ -252,11 +252,11 @@ fn benchmarks(args: &Args, port: u16) -> Result<()> {
             s / t
         );
     }
-    println!(
+    outln!(
         "
   Latency is one-way (round trip / 2); for latency lower is better, for bandwidth higher."
     );
-    println!("  Every payload was verified. Full runs: `lightpath perf TEST` (server) + `lightpath perf TEST 127.0.0.1`.");
+    outln!("  Every payload was verified. Full runs: `lightpath perf TEST` (server) + `lightpath perf TEST 127.0.0.1`.");
     Ok(())
 }
 
@@ -304,9 +304,14 @@ fn stream_run(
 
 fn stream_benchmarks(args: &Args) -> Result<()> {
     const PROVIDERS: [&str; 3] = ["shm", "soft", "tcp"];
-    println!(
+    outln!(
         "  {:<28} {:>12} {:>12} {:>12} {:>9} {:>9}",
-        "measurement", "shm", "soft", "kernel TCP", "shm/TCP", "soft/TCP"
+        "measurement",
+        "shm",
+        "soft",
+        "kernel TCP",
+        "shm/TCP",
+        "soft/TCP"
     );
     let bw_iters = |size: u64| if size >= 1 << 20 { (args.bw_iters / 16).max(16) } else { args.bw_iters };
     let rows: [(&str, &str, u64, u64, &[&str]); 4] = [
@@ -331,7 +336,7 @@ fn stream_benchmarks(args: &Args) -> Result<()> {
             "stream_rr" => format!("{v:.1} kreq/s"),
             _ => format!("{v:.0} MB/s"),
         };
-        println!(
+        outln!(
             "  {:<28} {:>12} {:>12} {:>12} {:>8.2}x {:>8.2}x",
             name,
             cell(values[0]),
@@ -341,7 +346,7 @@ fn stream_benchmarks(args: &Args) -> Result<()> {
             values[1] / values[2]
         );
     }
-    println!(
+    outln!(
         "\n  Defaults: no busy-polling (soft's progress thread; a short spin, then sleep), a thread per\n  \
          connection on the server. More rows, CPU cost and two namespaces: scripts/compare.sh."
     );

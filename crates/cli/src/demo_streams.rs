@@ -35,9 +35,9 @@ pub fn run() -> Result<()> {
     for case in cases() {
         let (transport, detail) =
             echo_case(&case.options).with_context(|| format!("the stream demo ({}) failed", case.name))?;
-        println!("  [ok] {:<18} {:<44} {detail}", case.name, transport);
+        outln!("  [ok] {:<18} {:<44} {detail}", case.name, transport);
     }
-    println!(
+    outln!(
         "\n  Their speed, as two processes: `lightpath perf stream_lat|stream_bw --provider shm|soft|tcp`."
     );
     Ok(())

@@ -177,13 +177,13 @@ fn shm_report() -> ProviderReport {
 pub fn run(args: Args) -> Result<ExitCode> {
     let reports = vec![soft_report(), ibverbs_report(), shm_report()];
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        outln!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(ExitCode::SUCCESS);
     }
     for report in &reports {
         match &report.reason {
-            None => println!("{}: available", report.provider),
-            Some(reason) => println!("{}: unavailable: {reason}", report.provider),
+            None => outln!("{}: available", report.provider),
+            Some(reason) => outln!("{}: unavailable: {reason}", report.provider),
         }
         for device in &report.devices {
             let state = if device.usable {
@@ -191,7 +191,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             } else {
                 format!("unusable: {}", device.note.as_deref().unwrap_or(""))
             };
-            println!("  {:<28} GID {:<28} {}", device.name, device.gid, state);
+            outln!("  {:<28} GID {:<28} {}", device.name, device.gid, state);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -7,6 +7,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` that ends the program quietly (exit status 141, as a Unix tool killed by SIGPIPE)
+/// when stdout is closed (`lightpath perf … | head`), instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(141);
+        }
+    }};
+}
+
 mod cat;
 mod decode;
 mod demo;

@@ -83,7 +83,7 @@ pub fn run<S: DeviceSource>(config: &Config, source: &S, report: &mut Report) ->
         }
     };
     let pass = report.failures() == 0 && server_pass;
-    println!(
+    outln!(
         "{} lightpath interop-peer client op={} size={} iters={} mtu={} time={seconds:.3}s (own checks: {} failures)",
         if pass { "PASS" } else { "FAIL" },
         shape.op,

@@ -196,7 +196,7 @@ impl Report {
 
     /// Prints a progress message.
     pub fn say(&self, text: impl Display) {
-        println!("lightpath interop-peer {}: {text}", self.role);
+        outln!("lightpath interop-peer {}: {text}", self.role);
         let _ = std::io::stdout().flush();
     }
 
@@ -243,7 +243,7 @@ fn start_backstop(timeout: Duration) {
     let limit = timeout + BACKSTOP_GRACE;
     std::thread::spawn(move || {
         std::thread::sleep(limit);
-        println!("lightpath interop-peer: FAIL: overall timeout (-t) expired");
+        outln!("lightpath interop-peer: FAIL: overall timeout (-t) expired");
         let _ = std::io::stdout().flush();
         std::process::exit(1);
     });
@@ -280,7 +280,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Ok(false) => Ok(ExitCode::from(1)),
         Err(err) => {
             report.say(format_args!("ERROR: {err:#}"));
-            println!("FAIL lightpath interop-peer {role} op={} (setup error)", args.op);
+            outln!("FAIL lightpath interop-peer {role} op={} (setup error)", args.op);
             Ok(ExitCode::from(2))
         }
     }

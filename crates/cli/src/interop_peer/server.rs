@@ -159,7 +159,7 @@ pub fn run<S: DeviceSource>(config: &Config, source: &S, report: &mut Report) ->
         report.say("the client reported FAIL (or never reported)");
     }
     let pass = report.failures() == 0 && client_pass;
-    println!(
+    outln!(
         "{} lightpath interop-peer server op={} size={} iters={} mtu={} (own checks: {} failures)",
         if pass { "PASS" } else { "FAIL" },
         shape.op,

@@ -86,14 +86,14 @@ impl Reporter {
     /// Prints one result.
     pub fn print(&mut self, result: &SizeResult) {
         if self.json {
-            println!("{}", serde_json::to_string(result).expect("results always serialise"));
+            outln!("{}", serde_json::to_string(result).expect("results always serialise"));
             return;
         }
         if !self.printed_header {
             self.printed_header = true;
-            println!("# {} over {}", result.test, result.provider);
+            outln!("# {} over {}", result.test, result.provider);
             if result.lat_us.is_some() {
-                println!(
+                outln!(
                     "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
                     "#bytes",
                     "#iters",
@@ -105,20 +105,30 @@ impl Reporter {
                     "CPU (both)"
                 );
             } else {
-                println!(
+                outln!(
                     "{:>10} {:>10} {:>14} {:>14} {:>14}",
-                    "#bytes", "#iters", "BW[MB/s]", "MsgRate[Mpps]", "CPU (both)"
+                    "#bytes",
+                    "#iters",
+                    "BW[MB/s]",
+                    "MsgRate[Mpps]",
+                    "CPU (both)"
                 );
             }
         }
         let cpu = result.cpu.map(|c| c.summary()).unwrap_or_default();
         if let Some(lat) = result.lat_us {
-            println!(
+            outln!(
                 "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {cpu:>14}",
-                result.size, result.iters, lat.min, lat.median, lat.p99, lat.max, lat.avg
+                result.size,
+                result.iters,
+                lat.min,
+                lat.median,
+                lat.p99,
+                lat.max,
+                lat.avg
             );
         } else {
-            println!(
+            outln!(
                 "{:>10} {:>10} {:>14.2} {:>14.6} {cpu:>14}",
                 result.size,
                 result.iters,

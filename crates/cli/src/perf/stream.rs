@@ -285,11 +285,11 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
 fn print(results: &[StreamResult], json: bool) {
     for (i, result) in results.iter().enumerate() {
         if json {
-            println!("{}", serde_json::to_string(result).expect("results serialise"));
+            outln!("{}", serde_json::to_string(result).expect("results serialise"));
             continue;
         }
         if i == 0 {
-            println!(
+            outln!(
                 "# {} over {} ({}), {} connection(s), server: {}{}",
                 result.test,
                 result.provider,
@@ -298,7 +298,7 @@ fn print(results: &[StreamResult], json: bool) {
                 result.server,
                 if result.polling { ", busy-polling" } else { "" }
             );
-            println!(
+            outln!(
                 "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>14} {:>14}",
                 "#bytes",
                 "#iters",
@@ -311,7 +311,7 @@ fn print(results: &[StreamResult], json: bool) {
             );
         }
         let lat = result.lat_us.map_or([f64::NAN; 3], |l| [l.min, l.median, l.p99]);
-        println!(
+        outln!(
             "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>14.6} {:>14}",
             result.size,
             result.iters,

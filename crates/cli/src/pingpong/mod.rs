@@ -212,7 +212,7 @@ struct Local<D: Device> {
 fn prepare<D: Device>(args: &Args, plan: &Plan, device: D) -> Result<Local<D>> {
     let side = PingPong::new(device, args.size, args.rx_depth, plan.path.port_num)?;
     let address = side.address(random_psn());
-    println!("{}", output::local_line(&address));
+    outln!("{}", output::local_line(&address));
     Ok(Local { side, address })
 }
 
@@ -237,7 +237,7 @@ fn serve<S: DeviceSource>(args: &Args, plan: &Plan, source: &S) -> Result<()> {
     oob::write_address(&mut stream, &local.address)?;
     oob::read_done(&mut stream, deadline)?;
     drop(stream);
-    println!("{}", output::remote_line(&remote));
+    outln!("{}", output::remote_line(&remote));
     exchange(args, plan, local.side, false)
 }
 
@@ -249,7 +249,7 @@ fn client<S: DeviceSource>(args: &Args, plan: &Plan, source: &S, server: &str) -
     let remote = oob::read_address(&mut stream, deadline)?;
     oob::write_done(&mut stream)?;
     drop(stream);
-    println!("{}", output::remote_line(&remote));
+    outln!("{}", output::remote_line(&remote));
     local.side.connect(&remote, local.address.psn, plan.path)?;
     exchange(args, plan, local.side, true)
 }
@@ -262,12 +262,12 @@ fn exchange<D: Device>(args: &Args, plan: &Plan, mut side: PingPong<D>, is_clien
         .run(args.iters, is_client, plan.waiting, plan.timeout)
         .with_context(|| format!("ping-pong of {} × {} bytes", args.iters, args.size))?;
     for line in output::summary_lines(args.size, args.iters, elapsed) {
-        println!("{line}");
+        outln!("{line}");
     }
     if args.check && !is_client {
         // As the C tool: reported, but not an error.
         for page in side.unmarked_pages()? {
-            println!("invalid data in page {page}");
+            outln!("invalid data in page {page}");
         }
     }
     Ok(())
