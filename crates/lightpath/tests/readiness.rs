@@ -10,17 +10,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::BorrowedFd;
 use std::sync::mpsc;
 
-use common::{checksum, listener, pattern};
-use lightpath::{Options, ProviderId, Stream};
+use common::{checksum, listener, pattern, shm, soft};
+use lightpath::{Options, Stream};
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
-
-fn soft() -> Options {
-    Options::default().with_providers(&[ProviderId::Soft])
-}
-
-fn shm() -> Options {
-    Options::default().with_providers(&[ProviderId::Shm])
-}
 
 /// How long a loop may go without any event before the test calls it a hang (a guard, not a
 /// measurement: every wait here normally ends within milliseconds).

@@ -15,19 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Waker};
 
-use common::{checksum, pattern};
+use common::{checksum, pattern, shm, soft};
 use lightpath::tokio::{Listener, Stream};
 use lightpath::{Options, ProviderId, Transport};
 use rustix::process::{kill_process, waitpid, Pid, Signal, WaitOptions};
 use tokio::io::AsyncWrite;
-
-fn soft() -> Options {
-    Options::default().with_providers(&[ProviderId::Soft])
-}
-
-fn shm() -> Options {
-    Options::default().with_providers(&[ProviderId::Shm])
-}
 
 /// Child-process side of the stopped-peer tests: connects over soft, says so, then reads to
 /// the end and reports what it got: length, checksum, how the stream ended, and how the

@@ -10,30 +10,18 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::pattern;
+use common::{digest, pattern, shm, soft};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use lightpath::tokio::{Listener, Stream};
-use lightpath::{Options, ProviderId};
+use lightpath::Options;
 use tokio_util::codec::{Framed, FramedRead, FramedWrite, LengthDelimitedCodec};
 
 /// Longest any one test may take (each takes about a second).
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn shm() -> Options {
-    Options::default().with_providers(&[ProviderId::Shm])
-}
-
-fn soft() -> Options {
-    Options::default().with_providers(&[ProviderId::Soft])
-}
-
-fn digest(body: &[u8]) -> String {
-    format!("{} {:08x}", body.len(), crc32fast::hash(body))
-}
 
 /// Answers a request with its path, its body's length and the body's CRC-32.
 async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {

@@ -20,32 +20,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::pattern;
+use common::{digest, pattern, shm, soft};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use lightpath::tokio::{Listener, Stream};
-use lightpath::{Options, ProviderId};
+use lightpath::Options;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The body sizes of the issue, in turn.
 const SIZES: [usize; 5] = [1, 100, 4 << 10, 64 << 10, 256 << 10];
 /// A round that has not finished by then is stuck (a round takes well under a second).
 const ROUND_LIMIT: Duration = Duration::from_secs(20);
-
-fn shm() -> Options {
-    Options::default().with_providers(&[ProviderId::Shm])
-}
-
-fn soft() -> Options {
-    Options::default().with_providers(&[ProviderId::Soft])
-}
-
-/// The server's answer to a body: its length and CRC-32.
-fn digest(body: &[u8]) -> String {
-    format!("{} {:08x}", body.len(), crc32fast::hash(body))
-}
 
 async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let body = request.into_body().collect().await?.to_bytes();

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::thread::JoinHandle;
 
-use lightpath::{Listener, Options, Stream};
+use lightpath::{Listener, Options, ProviderId, Stream};
 
 /// Deterministic test bytes.
 pub fn pattern(len: usize, salt: u32) -> Vec<u8> {
@@ -22,6 +22,21 @@ pub fn pattern(len: usize, salt: u32) -> Vec<u8> {
 /// FNV-1a, enough to compare large transfers.
 pub fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3))
+}
+
+/// Options that offer (and accept) shm alone.
+pub fn shm() -> Options {
+    Options::default().with_providers(&[ProviderId::Shm])
+}
+
+/// Options that offer (and accept) soft alone.
+pub fn soft() -> Options {
+    Options::default().with_providers(&[ProviderId::Soft])
+}
+
+/// A body's length and CRC-32, as the HTTP tests' servers answer it.
+pub fn digest(body: &[u8]) -> String {
+    format!("{} {:08x}", body.len(), crc32fast::hash(body))
 }
 
 /// A listener on an ephemeral loopback port.
