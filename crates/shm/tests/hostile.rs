@@ -4,6 +4,9 @@
 //! before any introduction. Each such connection is dropped, the device keeps answering probes,
 //! and a genuine peer still connects and talks.
 
+mod common;
+
+use common::Fixture;
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -13,7 +16,6 @@ use lightpath_shm::{address::rendezvous_name, probe, ShmConfig, ShmDevice};
 use lightpath_verbs::conformance::harness::{
     assert_success, connect, pattern, read_region, Pair, PairOptions,
 };
-use lightpath_verbs::conformance::ConformanceFixture;
 use lightpath_verbs::{
     AccessFlags, AddressVector, Error, Gid, MemoryRegion, QpAttr, QpState, QueuePair, SendOp, SendWr,
     WcOpcode,
@@ -25,17 +27,6 @@ use rustix::net::{
     connect as socket_connect, recv, sendmsg, socket_with, AddressFamily, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
-
-struct Fixture;
-
-impl ConformanceFixture for Fixture {
-    type Device = ShmDevice;
-
-    fn open_pair() -> (ShmDevice, ShmDevice) {
-        let open = || ShmDevice::open(ShmConfig::default()).expect("shm device");
-        (open(), open())
-    }
-}
 
 fn raw_connect(gid: Gid) -> OwnedFd {
     let fd =

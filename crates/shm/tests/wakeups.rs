@@ -2,27 +2,18 @@
 //! it (epoll-style, never polling the queue), blocked waiters sleep instead of spinning, and an
 //! idle device's helper threads (socket and driver) block without a timeout.
 
+mod common;
+
+use common::Fixture;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use lightpath_shm::{helper_thread_names, ShmConfig, ShmDevice};
+use lightpath_shm::{helper_thread_names, ShmDevice};
 use lightpath_verbs::conformance::harness::{assert_success, wait_n, Pair};
-use lightpath_verbs::conformance::ConformanceFixture;
 use lightpath_verbs::{
     AccessFlags, CompletionQueue, MemoryRegion, QueuePair, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-
-struct Fixture;
-
-impl ConformanceFixture for Fixture {
-    type Device = ShmDevice;
-
-    fn open_pair() -> (ShmDevice, ShmDevice) {
-        let open = || ShmDevice::open(ShmConfig::default()).expect("shm device");
-        (open(), open())
-    }
-}
 
 fn empty() -> [WorkCompletion; 4] {
     [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4]

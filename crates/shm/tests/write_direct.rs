@@ -1,21 +1,12 @@
 //! `QueuePair::write_direct`: the caller's bytes go straight into the peer's mapped region,
 //! with the checks an RDMA WRITE gets, and a refused write changes nothing.
 
-use lightpath_shm::{ShmConfig, ShmDevice};
+mod common;
+
+use common::Fixture;
+use lightpath_shm::ShmDevice;
 use lightpath_verbs::conformance::harness::{read_region, Pair};
-use lightpath_verbs::conformance::ConformanceFixture;
 use lightpath_verbs::{AccessFlags, Error, MemoryRegion, QpCaps, QueuePair};
-
-struct Fixture;
-
-impl ConformanceFixture for Fixture {
-    type Device = ShmDevice;
-
-    fn open_pair() -> (ShmDevice, ShmDevice) {
-        let open = || ShmDevice::open(ShmConfig::default()).expect("shm device");
-        (open(), open())
-    }
-}
 
 #[test]
 fn bytes_land_in_the_peer_region() {

@@ -292,7 +292,7 @@ fn serve_loop(args: &StreamArgs, options: &Options) -> Result<ExitCode> {
             }
         }
     });
-    // The acceptor is blocked in accept on the blocking pool; do not wait for it.
+    // The acceptor task and connections still closing are dropped, not waited for.
     runtime.shutdown_background();
     result
 }

@@ -1,6 +1,7 @@
-//! What the tests of the helper threads' region questions share: a device configuration under
-//! which a stuck question turns into a failed completion quickly, queue-pair set-up one step at
-//! a time, and waiting on a notification fd without driving the device.
+//! What the shm tests share: the conformance fixture (two default devices), and for the tests
+//! of the helper threads' region questions a device configuration under which a stuck question
+//! turns into a failed completion quickly, queue-pair set-up one step at a time, and waiting on
+//! a notification fd without driving the device.
 
 #![allow(dead_code)] // each test binary uses its own part
 
@@ -9,11 +10,24 @@ use std::time::Duration;
 
 use lightpath_shm::{ShmConfig, ShmCq, ShmDevice, ShmMr, ShmQp};
 use lightpath_verbs::conformance::harness::{assert_success, read_region, wait_n, FULL_REMOTE_ACCESS};
+use lightpath_verbs::conformance::ConformanceFixture;
 use lightpath_verbs::{
     AccessFlags, AddressVector, CompletionQueue, MemoryRegion, Mtu, QpAttr, QpCaps, QueuePair, SendOp,
     SendWr, WcOpcode,
 };
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
+
+/// Two shm devices with the default configuration, for the harness's `Pair`.
+pub struct Fixture;
+
+impl ConformanceFixture for Fixture {
+    type Device = ShmDevice;
+
+    fn open_pair() -> (ShmDevice, ShmDevice) {
+        let open = || ShmDevice::open(ShmConfig::default()).expect("shm device");
+        (open(), open())
+    }
+}
 
 /// Bytes each WRITE carries.
 pub const LEN: u32 = 256;
