@@ -408,9 +408,7 @@ impl Shared {
             // The watcher that leaves next arms the timer again.
             return false;
         }
-        let left = self.unwatched_since.load(Ordering::SeqCst);
-        let unwatched_for = Duration::from_nanos(self.now().as_nanos().saturating_sub(left));
-        if left != 0 && unwatched_for < SOCKET_HANDOVER_DELAY {
+        if let Some(unwatched_for) = self.unwatched_for().filter(|&d| d < SOCKET_HANDOVER_DELAY) {
             // A watcher came and left since the timer was armed: the rest of the delay.
             if !self.handover_armed.swap(true, Ordering::SeqCst) {
                 self.handover.arm((SOCKET_HANDOVER_DELAY - unwatched_for).max(Duration::from_micros(1)));
@@ -421,8 +419,7 @@ impl Shared {
     }
 
     /// How long a socket watcher busy-polls before it sleeps: [`SoftConfig::wait_spin`] while
-    /// spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a
-    /// row saw no datagram (an idle connection, or a peer that cannot get a core), except one
+    /// spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a row saw no datagram (an idle connection, or a peer that cannot get a core), except one
     /// wait in [`SPIN_RETRY_EVERY`], which tries again.
     pub(crate) fn spin_budget(&self) -> Duration {
         let limit = self.config.wait_spin;
@@ -460,8 +457,13 @@ impl Shared {
         if self.socket_watched() {
             return false;
         }
+        self.unwatched_for().is_none_or(|d| d >= SOCKET_HANDOVER_DELAY)
+    }
+
+    /// How long ago the last socket watcher left; `None` if nobody ever watched.
+    fn unwatched_for(&self) -> Option<Duration> {
         let left = self.unwatched_since.load(Ordering::SeqCst);
-        left == 0 || self.now().as_nanos().saturating_sub(left) >= SOCKET_HANDOVER_DELAY.as_nanos() as u64
+        (left != 0).then(|| Duration::from_nanos(self.now().as_nanos().saturating_sub(left)))
     }
 
     /// Receives up to [`MAX_RX_BATCHES_PER_DRIVE`] batches (the first of at most `first`
