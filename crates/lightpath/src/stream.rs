@@ -360,7 +360,7 @@ impl Stream {
                 conn.take_notify();
                 conn.poll_tcp();
                 // Armed before looking, so that what changes after the look raises an event.
-                conn.arm()?;
+                conn.arm(lightpath_verbs::WakeFor::Anything)?;
                 let readable = conn.readable_now();
                 // Bytes kept from an accepted message go out first, and until they have the
                 // stream is not writable (an empty write pushes them; see `set_nonblocking`).

@@ -385,7 +385,13 @@ impl Stream {
                         return Poll::Ready(Ok(()));
                     }
                 }
-                if !conn.arm()? {
+                // A reader is woken by what the peer sends, not by the acknowledgement of its
+                // own requests (unless it needs them to go on); a writer by anything.
+                let wake = match (side, wait) {
+                    (Side::Reader, Wait::Completion) => conn.reader_wake(),
+                    _ => lightpath_verbs::WakeFor::Anything,
+                };
+                if !conn.arm(wake)? {
                     return Poll::Ready(Ok(()));
                 }
                 let fd = match side {

@@ -1,8 +1,10 @@
 //! [`ShmQp`]: a reliable-connected queue pair between two shm devices.
 
 use lightpath_verbs::{
-    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
+    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr, WakeFor,
 };
+
+use crate::activity::Wake;
 
 use crate::engine::{QpCore, Regions};
 use crate::pd::ShmPd;
@@ -84,6 +86,48 @@ impl QueuePair for ShmQp {
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
+    }
+
+    /// Keeps a reference to `fd`, which goes to the peer with the introduction at RTR: the
+    /// peer then writes it whenever it publishes something for this queue pair while a waiter
+    /// is armed (`arm_waiter`), and so does this device when another thread makes one of the
+    /// queue pair's completions. Too late once in RTR (`Ok(false)`): that introduction went
+    /// without it.
+    fn set_waiter_fd(&self, fd: &std::sync::Arc<std::os::fd::OwnedFd>) -> Result<bool> {
+        self.with_core(|qp, _| {
+            if qp.state != QpState::Reset && qp.state != QpState::Init {
+                return false;
+            }
+            qp.waiter_fd = Some(std::sync::Arc::clone(fd));
+            true
+        })
+    }
+
+    /// Sets this queue pair's waiting bit in the device's activity area, then moves the device
+    /// forward under its lock (which waits for any look another thread began): news the peer
+    /// published before the bit was visible is a completion in the queue when this returns,
+    /// and later news writes the queue pair's own doorbell. `Ok(false)` if the peer was not
+    /// given one (nothing armed).
+    fn arm_waiter(&self, wake: WakeFor) -> Result<bool> {
+        let shared = &self.pd.device.shared;
+        shared.touch();
+        let mut core = shared.lock_core();
+        shared.apply_events(&mut core);
+        let slot = match core.qps.get(&self.qpn) {
+            Some(qp) if qp.waiter_linked => qp.slot,
+            Some(_) => return Ok(false),
+            None => return Err(Error::NotFound("queue pair")),
+        };
+        let wake = match wake {
+            WakeFor::Anything => Wake::Anything,
+            WakeFor::Arrivals => Wake::Arrivals,
+        };
+        shared.ctx.activity.arm_waiter(slot, wake);
+        // This thread's own look need not write its own doorbell for what it finds.
+        core.arming = Some(self.qpn);
+        core.progress();
+        core.arming = None;
+        Ok(true)
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

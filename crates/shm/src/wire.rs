@@ -10,7 +10,7 @@
 use lightpath_verbs::Gid;
 
 const MAGIC: [u8; 4] = *b"LPSM";
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// Largest encoded message.
 pub(crate) const MAX_MESSAGE: usize = 64;
 
@@ -24,8 +24,10 @@ const KIND_PONG: u8 = 5;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Message {
     /// A queue pair reached RTR and introduces itself to the device of its destination. Carries
-    /// three descriptors: the queue pair's shared segment, its device's doorbell and its
-    /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`).
+    /// three or four descriptors: the queue pair's shared segment, its device's doorbell, its
+    /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`), and,
+    /// if its owner waits for it alone, the queue pair's own doorbell (an eventfd, written when
+    /// the slot's waiting bit is set). Version 3: the area has waiting bits.
     Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32, slot: u32 },
     /// "Describe your region with remote key `rkey`, as seen by your queue pair `qpn`."
     RegionQuery { tag: u32, qpn: u32, rkey: u32 },

@@ -451,6 +451,18 @@ impl Conn {
         !self.pending.is_empty() || self.close == CloseState::Queued
     }
 
+    /// Whether this side needs the acknowledgement of its own requests to go on: records or
+    /// control messages wait to be posted, the send queue is full (a credit return would wait
+    /// for room), or the peer is still fetching a rendezvous. A reader that waits while this is
+    /// false needs only what the peer sends (see `lightpath_verbs::WakeFor::Arrivals`).
+    pub fn needs_acks(&self) -> bool {
+        self.has_pending()
+            || self.sq_free() == 0
+            || self.notice_wanted.is_some()
+            || self.done_wanted.is_some()
+            || self.rendezvous_outstanding()
+    }
+
     /// Total bytes committed (the stream position of the next byte).
     pub fn bytes_committed(&self) -> u64 {
         self.committed

@@ -29,7 +29,7 @@ pub use gid::Gid;
 pub use mtu::Mtu;
 pub use provider::{
     BatchError, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain, Provider, QpOf,
-    QueuePair,
+    QueuePair, WakeFor,
 };
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -215,6 +215,18 @@ pub trait CompletionQueue: Send + Sync {
 }
 
 /// A reliable-connected queue pair.
+/// What a thread waiting for one queue pair ([`QueuePair::arm_waiter`]) wants to be woken for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WakeFor {
+    /// Any news: also the acknowledgement of its own requests and freed room to send (a
+    /// writer, or anyone waiting for a send completion).
+    Anything,
+    /// What the peer sends (a receive completion, a READ's data) or an error; not the
+    /// acknowledgements of its own requests (a reader: on a request/response connection the
+    /// request's acknowledgement would otherwise wake it once more than the response).
+    Arrivals,
+}
+
 pub trait QueuePair: Send + Sync {
     /// The queue pair number.
     fn qpn(&self) -> u32;
@@ -256,6 +268,31 @@ pub trait QueuePair: Send + Sync {
     fn write_direct(&self, remote_addr: u64, rkey: u32, bytes: &[u8]) -> Option<Result<()>> {
         let _ = (remote_addr, rkey, bytes);
         None
+    }
+
+    /// Gives the queue pair a doorbell of its own, `fd` (an eventfd, shared with the caller:
+    /// the provider keeps a reference, not a duplicate, so no descriptor is added), for a
+    /// thread or event loop that waits for this queue pair alone: once armed with [`QueuePair::arm_waiter`], news for this queue pair
+    /// (a peer's request, data or acknowledgement) makes `fd` readable directly, with no
+    /// progress thread, completion router or notifier in between; so does a completion of
+    /// this queue pair that another thread makes. Call it before RTR.
+    /// Returns whether the provider uses it; `false` (the default) means waiters keep using the
+    /// completion queue's `wait` and notification fd.
+    fn set_waiter_fd(&self, fd: &std::sync::Arc<std::os::fd::OwnedFd>) -> Result<bool> {
+        let _ = fd;
+        Ok(false)
+    }
+
+    /// Arms the doorbell given to [`QueuePair::set_waiter_fd`] for one wait, for the news `wake`
+    /// says, and moves the
+    /// queue pair forward: completions for whatever arrived before the call are in the
+    /// completion queue when it returns, and anything later makes the fd readable (once per
+    /// call; a spurious wake-up is possible, a lost one is not). The caller then polls its
+    /// completion queue once more and sleeps on the fd if that found nothing. `Ok(false)` when
+    /// the queue pair has no such doorbell (the default).
+    fn arm_waiter(&self, wake: WakeFor) -> Result<bool> {
+        let _ = wake;
+        Ok(false)
     }
 
     /// Posts a receive work request. Refused with [`Error::InvalidState`] in RESET and with

@@ -30,6 +30,8 @@ pub(crate) struct Hub<D: Device> {
     capacity: u32,
     reserved: Mutex<u32>,
     routes: Mutex<HashMap<u32, Arc<Inbox>>>,
+    /// Entries in `routes` (updated under its lock).
+    attached: AtomicUsize,
     /// The routing lock, with the buffer polls fill.
     router: Mutex<Vec<WorkCompletion>>,
     /// A thread is asleep in the queue's `wait`.
@@ -58,6 +60,7 @@ impl<D: Device> Hub<D> {
             capacity,
             reserved: Mutex::new(0),
             routes: Mutex::new(HashMap::new()),
+            attached: AtomicUsize::new(0),
             router: Mutex::new(vec![WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); BATCH]),
             leader: AtomicBool::new(false),
             sleepers: Mutex::new(VecDeque::new()),
@@ -95,12 +98,21 @@ impl<D: Device> Hub<D> {
 
     /// Routes completions of queue pair `qpn` to `inbox` from now on.
     pub(super) fn attach(&self, qpn: u32, inbox: Arc<Inbox>) {
-        lock(&self.routes).insert(qpn, inbox);
+        let mut routes = lock(&self.routes);
+        routes.insert(qpn, inbox);
+        self.attached.store(routes.len(), Ordering::Relaxed);
     }
 
     /// Stops routing for `qpn` (its queue pair is gone); later completions of it are dropped.
     pub(super) fn detach(&self, qpn: u32) {
-        lock(&self.routes).remove(&qpn);
+        let mut routes = lock(&self.routes);
+        routes.remove(&qpn);
+        self.attached.store(routes.len(), Ordering::Relaxed);
+    }
+
+    /// How many connections use the queue.
+    pub(super) fn attached(&self) -> usize {
+        self.attached.load(Ordering::Relaxed)
     }
 
     /// Completions that arrived for queue pairs no longer attached.
@@ -126,7 +138,7 @@ impl<D: Device> Hub<D> {
                 rest = later;
                 match routes.get(&first.qp_num) {
                     Some(inbox) => {
-                        if inbox.push(now.iter().copied()) && !to_wake.iter().any(|i| Arc::ptr_eq(i, inbox)) {
+                        if inbox.push(now) && !to_wake.iter().any(|i| Arc::ptr_eq(i, inbox)) {
                             to_wake.push(Arc::clone(inbox));
                         }
                     }
@@ -159,11 +171,31 @@ impl<D: Device> Hub<D> {
     /// way, the common case of a connection polling for itself), everything else is routed.
     /// Returns 0 at once if another thread is routing (it routes for all).
     pub(crate) fn poll_for(&self, qpn: u32, out: &mut [WorkCompletion]) -> lightpath_verbs::Result<usize> {
-        let mut guard = match self.router.try_lock() {
+        let guard = match self.router.try_lock() {
             Ok(guard) => guard,
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
         };
+        self.poll_routing(guard, qpn, out)
+    }
+
+    /// Like `poll_for`, but waits for the router lock if another thread routes: when it
+    /// returns, everything the queue held when it was called is in `out` or routed (a thread
+    /// about to sleep on its inbox's eventfd relies on that, see `ConnCompletions::wait`).
+    pub(crate) fn poll_for_locked(
+        &self,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+    ) -> lightpath_verbs::Result<usize> {
+        self.poll_routing(lock(&self.router), qpn, out)
+    }
+
+    fn poll_routing(
+        &self,
+        mut guard: MutexGuard<'_, Vec<WorkCompletion>>,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+    ) -> lightpath_verbs::Result<usize> {
         let buf: &mut Vec<WorkCompletion> = &mut guard;
         let mut taken = 0;
         loop {

@@ -5,10 +5,10 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lightpath_verbs::WorkCompletion;
+use lightpath_verbs::{WcOpcode, WorkCompletion};
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 /// Completions waiting for one connection, in the order the queue produced them.
@@ -17,25 +17,29 @@ pub(crate) struct Inbox {
     queue: Mutex<VecDeque<WorkCompletion>>,
     /// Entries in `queue` (updated under its lock), so an empty look takes no lock.
     len: AtomicUsize,
-    /// Readable while a wake-up is pending.
-    event: OwnedFd,
+    /// Readable while a wake-up is pending. Shared with the connection's queue pair where the
+    /// provider takes it as the queue pair's own doorbell (`QueuePair::set_waiter_fd`).
+    event: Arc<OwnedFd>,
     /// An event loop asked to be told (once) about the next completion.
     armed: AtomicBool,
     /// A thread sleeps on `event`.
     sleeping: AtomicBool,
+    /// The sleeper or the armed event loop waits for arrivals only (see `is_arrival`).
+    arrivals_only: AtomicBool,
     /// The inbox is in its hub's list of sleepers (see `Hub::hand_off`).
     pub(super) listed: AtomicBool,
 }
 
 impl Inbox {
     pub(crate) fn new() -> io::Result<Self> {
-        let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let event = Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         Ok(Self {
             queue: Mutex::new(VecDeque::new()),
             len: AtomicUsize::new(0),
             event,
             armed: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
+            arrivals_only: AtomicBool::new(false),
             listed: AtomicBool::new(false),
         })
     }
@@ -47,15 +51,27 @@ impl Inbox {
 
     /// Adds completions (the hub's router holds the routing lock, so per-connection order is
     /// the queue's order) and returns whether the owner must be woken.
-    pub(super) fn push(&self, wcs: impl IntoIterator<Item = WorkCompletion>) -> bool {
+    pub(super) fn push(&self, wcs: &[WorkCompletion]) -> bool {
         {
             let mut queue = self.queue();
-            queue.extend(wcs);
+            queue.extend(wcs.iter().copied());
             self.len.store(queue.len(), Ordering::SeqCst);
+        }
+        // A reader is not woken for the acknowledgement of its own request (its completion
+        // stays queued for its next look).
+        if self.arrivals_only.load(Ordering::SeqCst) && !wcs.iter().any(is_arrival) {
+            return false;
         }
         // Pairs with the SeqCst store of `sleeping` before the owner's last look at `len`:
         // either the owner sees the entries, or this sees it asleep.
         self.sleeping.load(Ordering::SeqCst) | self.armed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Sets what the next sleep or armed wait is for: arrivals only, or anything.
+    pub(super) fn set_arrivals_only(&self, arrivals_only: bool) {
+        if self.arrivals_only.load(Ordering::Relaxed) != arrivals_only {
+            self.arrivals_only.store(arrivals_only, Ordering::SeqCst);
+        }
     }
 
     /// Whether completions are waiting.
@@ -80,13 +96,13 @@ impl Inbox {
     /// Makes the eventfd readable.
     pub(super) fn wake(&self) {
         // Fails only when the counter would overflow, i.e. a wake-up is pending anyway.
-        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+        let _ = rustix::io::write(&*self.event, &1u64.to_ne_bytes());
     }
 
     /// Consumes a pending wake-up; returns whether there was one.
     pub(crate) fn take_wake(&self) -> bool {
         let mut value = [0u8; 8];
-        matches!(rustix::io::read(&self.event, &mut value), Ok(8))
+        matches!(rustix::io::read(&*self.event, &mut value), Ok(8))
     }
 
     /// Asks for a wake-up on the next completion (for event loops; see `notify_fd`).
@@ -97,6 +113,11 @@ impl Inbox {
     /// The eventfd, for epoll: readable once a completion arrives after `arm`.
     pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.event.as_fd()
+    }
+
+    /// The eventfd itself, to share with the queue pair as its own doorbell.
+    pub(super) fn shared_event(&self) -> &Arc<OwnedFd> {
+        &self.event
     }
 
     /// Whether a thread sleeps on the eventfd right now.
@@ -112,7 +133,7 @@ impl Inbox {
         self.sleeping.store(true, Ordering::SeqCst);
         let mut woken = !self.is_empty();
         if !woken && still_needed() {
-            let mut fds = [PollFd::new(&self.event, PollFlags::IN)];
+            let mut fds = [PollFd::new(&*self.event, PollFlags::IN)];
             let timeout = Timespec {
                 tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),
@@ -126,10 +147,17 @@ impl Inbox {
     }
 }
 
+/// Whether `wc` is something a reader waits for: what the peer sent, a READ's or atomic's
+/// result, or an error; not the acknowledgement of a SEND or WRITE (see
+/// `lightpath_verbs::WakeFor`).
+pub(crate) fn is_arrival(wc: &WorkCompletion) -> bool {
+    !wc.status.is_success() || !matches!(wc.opcode, WcOpcode::Send | WcOpcode::RdmaWrite)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lightpath_verbs::{WcOpcode, WcStatus};
+    use lightpath_verbs::WcStatus;
 
     fn wc(id: u64) -> WorkCompletion {
         WorkCompletion::new(id, WcStatus::Success, WcOpcode::Send, 7)
@@ -138,10 +166,10 @@ mod tests {
     #[test]
     fn keeps_order_and_reports_who_to_wake() {
         let inbox = Inbox::new().unwrap();
-        assert!(!inbox.push([wc(1), wc(2)]), "nobody sleeps or armed: no wake-up");
+        assert!(!inbox.push(&[wc(1), wc(2)]), "nobody sleeps or armed: no wake-up");
         inbox.arm();
-        assert!(inbox.push([wc(3)]), "armed: wake once");
-        assert!(!inbox.push([wc(4)]), "the arm was consumed");
+        assert!(inbox.push(&[wc(3)]), "armed: wake once");
+        assert!(!inbox.push(&[wc(4)]), "the arm was consumed");
         let mut out = [wc(0); 3];
         assert_eq!(inbox.pop(&mut out), 3);
         assert_eq!(out.map(|w| w.wr_id), [1, 2, 3]);
@@ -149,6 +177,28 @@ mod tests {
         assert_eq!(out[0].wr_id, 4);
         assert!(inbox.is_empty());
         assert_eq!(inbox.pop(&mut out), 0);
+    }
+
+    #[test]
+    fn a_reader_is_not_woken_by_acknowledgements() {
+        let inbox = Inbox::new().unwrap();
+        inbox.set_arrivals_only(true);
+        inbox.arm();
+        let mut ack = wc(1);
+        ack.opcode = WcOpcode::RdmaWrite;
+        assert!(!inbox.push(&[wc(1), ack]), "woken for acknowledgements");
+        let mut arrival = wc(2);
+        arrival.opcode = WcOpcode::RecvRdmaWithImm;
+        assert!(inbox.push(&[ack, arrival]), "not woken for an arrival");
+        inbox.arm();
+        let mut failed = ack;
+        failed.status = WcStatus::RetryExcErr;
+        assert!(inbox.push(&[failed]), "not woken for an error");
+        inbox.set_arrivals_only(false);
+        inbox.arm();
+        assert!(inbox.push(&[ack]), "a writer was not woken for an acknowledgement");
+        let mut out = [wc(0); 8];
+        assert_eq!(inbox.pop(&mut out), 6, "a completion was lost");
     }
 
     #[test]
@@ -172,7 +222,7 @@ mod tests {
         while !inbox.sleeping.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
-        if inbox.push([wc(9)]) {
+        if inbox.push(&[wc(9)]) {
             inbox.wake();
         }
         assert!(sleeper.join().unwrap(), "the sleep ended without a wake-up");

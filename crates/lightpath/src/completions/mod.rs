@@ -11,6 +11,17 @@
 //! its own queue: `poll`, `wait`, and the arm / fd / take protocol of completion channels,
 //! served by a per-connection eventfd.
 //!
+//! Waiting for one connection: where the provider lets a queue pair have a doorbell of its own
+//! (`QueuePair::set_waiter_fd`: shm hands it to the peer with the queue pair's introduction),
+//! the inbox's eventfd is that doorbell. A connection of a hub with others then waits without
+//! the hub's leader, router or notifier between its peer and itself: it arms the queue pair
+//! (`QueuePair::arm_waiter`, which also moves the provider forward), takes what the queue has,
+//! and sleeps on the eventfd, which the peer writes when it publishes news for this queue pair
+//! and the hub writes when another thread routes a completion here. One wake-up per message,
+//! of exactly the thread (or event loop) that waits, as kernel TCP does. Event loops always
+//! wait so; a blocked thread alone on its hub keeps the leader's path (the provider's own wait,
+//! which spins before it sleeps, and is as direct with nobody to route for).
+//!
 //! Capacity: a hub's queue must hold every completion its connections can have outstanding,
 //! so each connection reserves its send plus receive depth when it attaches, and a full hub
 //! makes the pool open another (twice as large, up to the device's `max_cqe`).
@@ -24,7 +35,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lightpath_verbs::{CqOf, Device, WorkCompletion};
+use lightpath_verbs::{CqOf, Device, QpOf, QueuePair, WakeFor, WorkCompletion};
 
 pub(crate) use hub::Hub;
 pub(crate) use inbox::Inbox;
@@ -92,13 +103,15 @@ pub(crate) struct ConnCompletions<D: Device> {
     entries: u32,
     /// The queue pair routed here, once attached.
     qpn: Option<u32>,
+    /// The queue pair's own doorbell is the inbox's eventfd (see the module docs).
+    waiter: bool,
 }
 
 impl<D: Device> ConnCompletions<D> {
     /// Takes a reservation of `entries` in `hub` (made by [`HubPool::reserve`]).
     pub(crate) fn new(hub: Arc<Hub<D>>, entries: u32) -> io::Result<Self> {
         match Inbox::new() {
-            Ok(inbox) => Ok(Self { hub, inbox: Arc::new(inbox), entries, qpn: None }),
+            Ok(inbox) => Ok(Self { hub, inbox: Arc::new(inbox), entries, qpn: None, waiter: false }),
             Err(err) => {
                 hub.release(entries);
                 Err(err)
@@ -111,12 +124,22 @@ impl<D: Device> ConnCompletions<D> {
         self.hub.cq()
     }
 
-    /// Routes the completions of queue pair `qpn` here.
-    pub(crate) fn attach(&mut self, qpn: u32) {
+    /// Routes the completions of `qp` here, and gives it the inbox's eventfd as its own
+    /// doorbell if the provider takes one (call before RTR).
+    pub(crate) fn attach(&mut self, qp: &QpOf<D>) -> io::Result<()> {
+        let qpn = qp.qpn();
         if let Some(old) = self.qpn.replace(qpn) {
             self.hub.detach(old);
         }
         self.hub.attach(qpn, Arc::clone(&self.inbox));
+        self.waiter = qp.set_waiter_fd(self.inbox.shared_event()).map_err(from_verbs)?;
+        Ok(())
+    }
+
+    /// Whether a wait goes straight to the queue pair's doorbell: it has one, and other
+    /// connections share the hub (alone, the leader's path is as direct and spins first).
+    fn waits_alone(&self) -> bool {
+        self.waiter && self.hub.attached() > 1
     }
 
     /// Moves up to `out.len()` of this connection's completions into `out`, routing what
@@ -134,17 +157,76 @@ impl<D: Device> ConnCompletions<D> {
         Ok(self.inbox.pop(out))
     }
 
-    /// Like `poll`, but blocks until a completion arrives or `timeout` passes (0 then).
+    /// Like `poll`, but blocks until a completion arrives or `timeout` passes (0 then). `qp`
+    /// is the attached queue pair; `wake` says what the caller waits for (waiting on the queue
+    /// pair's own doorbell, acknowledgements do not wake a caller waiting for arrivals; they
+    /// are still returned with the next completion).
     pub(crate) fn wait(
         &self,
+        qp: &QpOf<D>,
         out: &mut [WorkCompletion],
         timeout: Duration,
+        wake: WakeFor,
     ) -> lightpath_verbs::Result<usize> {
         if out.is_empty() {
             return Ok(0);
         }
         let Some(qpn) = self.qpn else { return Ok(0) };
+        self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
+        if self.waits_alone() {
+            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake)? {
+                return Ok(n);
+            }
+        }
         self.hub.wait(&self.inbox, qpn, out, timeout)
+    }
+
+    /// Waits on the queue pair's own doorbell (the inbox's eventfd): arm, look once more, sleep.
+    /// `None` if the queue pair turned out to have no doorbell (its link was made without one).
+    fn wait_on_doorbell(
+        &self,
+        qp: &QpOf<D>,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+        timeout: Duration,
+        wake: WakeFor,
+    ) -> lightpath_verbs::Result<Option<usize>> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut woken = false;
+        loop {
+            let n = self.inbox.pop(out);
+            if n > 0 {
+                return Ok(Some(n));
+            }
+            if woken {
+                // Rung: the news is most likely there; take it without arming first.
+                let n = self.hub.poll_for(qpn, out)?;
+                if n > 0 {
+                    return Ok(Some(n));
+                }
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(Some(0));
+            }
+            let mut found = Ok(Some(0));
+            // Counted asleep first, so a completion another thread routes here from now on
+            // writes the eventfd; then armed, so the peer's next news does; then one more look
+            // (the arm moved the provider forward, and the router lock waits for a thread that
+            // is routing), and only then the sleep.
+            woken = self.inbox.sleep_while(left, || {
+                found = match qp.arm_waiter(wake) {
+                    Ok(true) => self.hub.poll_for_locked(qpn, out).map(Some),
+                    Ok(false) => Ok(None),
+                    Err(err) => Err(err),
+                };
+                matches!(found, Ok(Some(0)))
+            });
+            match found {
+                Ok(Some(0)) => {}
+                other => return other,
+            }
+        }
     }
 
     /// The fd an event loop waits on (readable after `request_notify` once a completion
@@ -166,10 +248,27 @@ impl<D: Device> ConnCompletions<D> {
 }
 
 impl<D: Device + 'static> ConnCompletions<D> {
-    /// Asks for the notification fd to become readable on the next completion.
-    pub(crate) fn request_notify(&self) -> io::Result<()> {
+    /// Asks for the notification fd to become readable on the next completion of `qp` (the
+    /// attached queue pair) that `wake` asks for. Completions that are already there go into
+    /// `out` (their number is returned) or the inbox: the caller looks before it waits.
+    pub(crate) fn request_notify(
+        &self,
+        qp: &QpOf<D>,
+        out: &mut [WorkCompletion],
+        wake: WakeFor,
+    ) -> io::Result<usize> {
+        // An event loop cannot lead: its own doorbell is the direct path even alone on the hub.
+        if let (true, Some(qpn)) = (self.waiter, self.qpn) {
+            self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
+            self.inbox.arm();
+            if qp.arm_waiter(wake).map_err(from_verbs)? {
+                return self.hub.poll_for_locked(qpn, out).map_err(from_verbs);
+            }
+        }
+        self.inbox.set_arrivals_only(false);
         self.inbox.arm();
-        self.hub.ensure_notifier()
+        self.hub.ensure_notifier()?;
+        Ok(0)
     }
 }
 

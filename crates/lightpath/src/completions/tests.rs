@@ -10,7 +10,7 @@ const WAITER_PATIENCE: Duration = Duration::from_secs(60);
 use lightpath_soft::{ProgressMode, SoftConfig, SoftDevice};
 use lightpath_verbs::conformance::harness::{connect, PairOptions};
 use lightpath_verbs::{
-    Device, Mtu, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    Device, Mtu, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendOp, SendWr, WakeFor, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
@@ -38,7 +38,7 @@ fn end(device: &SoftDevice, pd: &Pd, hubs: &HubPool<SoftDevice>) -> End {
         ConnCompletions::new(hubs.reserve(device, entries, true).unwrap(), entries).unwrap();
     let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
     let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
-    completions.attach(qp.qpn());
+    completions.attach(&qp).unwrap();
     End { qp, completions }
 }
 
@@ -60,21 +60,17 @@ fn send_empty(qp: &Qp, wr_id: u64) {
     qp.post_send(&SendWr::new(wr_id, SendOp::Send, &[])).unwrap();
 }
 
-/// Collects `n` completions through `completions`, panicking if a wait of 30 s finds none.
-fn collect(completions: &ConnCompletions<SoftDevice>, n: usize) -> Vec<WorkCompletion> {
-    collect_within(completions, n, Duration::from_secs(30))
+/// Collects `n` completions of `end`, panicking if a wait of 30 s finds none.
+fn collect(end: &End, n: usize) -> Vec<WorkCompletion> {
+    collect_within(end, n, Duration::from_secs(30))
 }
 
 /// Collects `n` completions, panicking if a wait of `patience` finds none.
-fn collect_within(
-    completions: &ConnCompletions<SoftDevice>,
-    n: usize,
-    patience: Duration,
-) -> Vec<WorkCompletion> {
+fn collect_within(end: &End, n: usize, patience: Duration) -> Vec<WorkCompletion> {
     let mut got = Vec::new();
     let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 8];
     while got.len() < n {
-        let count = completions.wait(&mut buf, patience).unwrap();
+        let count = end.completions.wait(&end.qp, &mut buf, patience, WakeFor::Anything).unwrap();
         assert!(count > 0, "no completion within {patience:?} after {} of {n}", got.len());
         got.extend_from_slice(&buf[..count]);
     }
@@ -100,8 +96,8 @@ fn each_connection_gets_its_own_completions_in_order() {
         }
     }
     for (p, (a, b)) in ends.iter().enumerate() {
-        let sends = collect(&a.completions, 8);
-        let recvs = collect(&b.completions, 8);
+        let sends = collect(a, 8);
+        let recvs = collect(b, 8);
         let ids: Vec<u64> = sends.iter().map(|wc| wc.wr_id).collect();
         let want: Vec<u64> = (0..8).map(|i| (p as u64) << 8 | i).collect();
         assert_eq!(ids, want, "pair {p}: its sends, in order");
@@ -134,10 +130,10 @@ fn completions_of_a_detached_queue_pair_go_nowhere() {
     b0.qp.post_recv(&RecvWr::new(2, &[])).unwrap();
     send_empty(&a1_qp, 11);
     send_empty(&a0.qp, 10);
-    let got = collect(&a0.completions, 1);
+    let got = collect(&a0, 1);
     assert_eq!(got[0].wr_id, 10);
-    assert_eq!(collect(&b1.completions, 1)[0].wr_id, 1, "the receiving side is still attached");
-    assert_eq!(collect(&b0.completions, 1)[0].wr_id, 2);
+    assert_eq!(collect(&b1, 1)[0].wr_id, 1, "the receiving side is still attached");
+    assert_eq!(collect(&b0, 1)[0].wr_id, 2);
     assert_eq!(hub.strays(), 1, "the detached sender's completion was dropped, not misrouted");
 }
 
@@ -177,7 +173,7 @@ fn blocked_threads_all_get_theirs(mode: ProgressMode) {
                 let b = Arc::clone(b);
                 std::thread::spawn(move || {
                     let started = Instant::now();
-                    let wc = collect_within(&b.completions, 1, WAITER_PATIENCE)[0];
+                    let wc = collect_within(&b, 1, WAITER_PATIENCE)[0];
                     (wc, started.elapsed())
                 })
             })
@@ -200,7 +196,7 @@ fn blocked_threads_all_get_theirs(mode: ProgressMode) {
                 (wc.qp_num, wc.wr_id, wc.opcode, wc.status),
                 (b.qp.qpn(), round, WcOpcode::Recv, WcStatus::Success)
             );
-            let sent = collect(&a.completions, 1)[0];
+            let sent = collect(a, 1)[0];
             assert_eq!((sent.wr_id >> 16, sent.status), (round, WcStatus::Success));
         }
     }
@@ -223,7 +219,7 @@ fn an_armed_inbox_fd_fires_through_the_notifier() {
     let (_pd, ends) = pairs(&device, &hubs, 3);
     for (i, (a, b)) in ends.iter().enumerate() {
         b.qp.post_recv(&RecvWr::new(i as u64, &[])).unwrap();
-        b.completions.request_notify().unwrap();
+        b.completions.request_notify(&b.qp, &mut [], WakeFor::Anything).unwrap();
         let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 2];
         assert_eq!(b.completions.poll(&mut buf).unwrap(), 0);
         send_empty(&a.qp, 7);
@@ -277,7 +273,7 @@ fn a_leader_keeps_its_own_in_order_and_routes_the_rest() {
     }
     let leader = {
         let a = Arc::clone(&ends[0].0);
-        std::thread::spawn(move || collect(&a.completions, 16))
+        std::thread::spawn(move || collect(&a, 16))
     };
     std::thread::sleep(Duration::from_millis(20));
     for i in 0..16u64 {
@@ -287,7 +283,7 @@ fn a_leader_keeps_its_own_in_order_and_routes_the_rest() {
     }
     let got = leader.join().unwrap();
     assert_eq!(got.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), (0..16).collect::<Vec<u64>>());
-    let others = collect(&ends[1].0.completions, 16);
+    let others = collect(&ends[1].0, 16);
     assert_eq!(others.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), (256..272).collect::<Vec<u64>>());
     let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
     assert_eq!(ends[0].0.completions.poll(&mut buf).unwrap(), 0, "a completion was delivered twice");

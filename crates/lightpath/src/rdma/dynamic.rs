@@ -20,7 +20,10 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn closed_cleanly(&self) -> bool;
     fn linger(&self) -> Duration;
     fn tcp(&self) -> &TcpStream;
-    fn arm(&mut self) -> io::Result<bool>;
+    fn arm(&mut self, wake: WakeFor) -> io::Result<bool>;
+    /// What a reader that found nothing would wait for (see `RdmaConn::reader_wake`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn reader_wake(&self) -> WakeFor;
     fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
     fn take_notify(&mut self);
     fn readable_now(&self) -> bool;
@@ -144,8 +147,11 @@ where
     fn tcp(&self) -> &TcpStream {
         RdmaConn::tcp(self)
     }
-    fn arm(&mut self) -> io::Result<bool> {
-        RdmaConn::arm(self)
+    fn arm(&mut self, wake: WakeFor) -> io::Result<bool> {
+        RdmaConn::arm(self, wake)
+    }
+    fn reader_wake(&self) -> WakeFor {
+        RdmaConn::reader_wake(self)
     }
     fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::notify_fd(self)
@@ -175,7 +181,8 @@ where
         RdmaConn::wait_probe(self, timeout)
     }
     fn request_notify(&mut self) -> io::Result<()> {
-        self.cq.request_notify()
+        // No room for completions: whatever is there is routed to the inbox, for the look.
+        self.cq.request_notify(&self.qp, &mut [], WakeFor::Anything).map(drop)
     }
     fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         self.cq.notification_fd()

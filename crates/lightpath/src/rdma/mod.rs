@@ -22,7 +22,7 @@ use lightpath_stream::negotiate::{Message, RdmaEndpoint};
 use lightpath_stream::{Arrival, Conn, ConnConfig, CreditWord, Op, RecordKind};
 use lightpath_verbs::{
     AccessFlags, AddressVector, Device, Gid, MemoryRegion, MrOf, Mtu, PdOf, ProtectionDomain, QpAttr, QpCaps,
-    QpOf, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    QpOf, QueuePair, RecvWr, SendOp, SendWr, Sge, WakeFor, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::completions::{ConnCompletions, HubPool};
@@ -308,8 +308,18 @@ impl<D: Device> RdmaConn<D> {
         if self.peer_vanished() {
             return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
         }
-        self.wait(deadline)?;
+        self.wait_woken_by(deadline, self.reader_wake())?;
         Ok(true)
+    }
+
+    /// What a reader that found nothing waits for: only what the peer sends, unless this side
+    /// needs its own requests acknowledged to go on (see `Conn::needs_acks`).
+    pub(crate) fn reader_wake(&self) -> WakeFor {
+        if self.core.needs_acks() {
+            WakeFor::Anything
+        } else {
+            WakeFor::Arrivals
+        }
     }
 
     /// End of stream for a message reader: an error if it came inside a message.
@@ -334,6 +344,11 @@ impl<D: Device> RdmaConn<D> {
     /// One blocking step: spin, then sleep on the completion queue for at most a slice, and
     /// look at the TCP connection. Errors with `TimedOut` past the deadline.
     fn wait(&mut self, deadline: Deadline) -> io::Result<()> {
+        self.wait_woken_by(deadline, WakeFor::Anything)
+    }
+
+    /// `wait`, woken only for what `wake` says.
+    fn wait_woken_by(&mut self, deadline: Deadline, wake: WakeFor) -> io::Result<()> {
         let Deadline::At(deadline) = deadline else {
             self.check_tcp();
             return Err(io::ErrorKind::WouldBlock.into());
@@ -351,7 +366,7 @@ impl<D: Device> RdmaConn<D> {
             Some(deadline) => (deadline - now).min(LIVENESS_SLICE),
             None => LIVENESS_SLICE,
         };
-        let n = self.cq.wait(&mut self.wcs, slice).map_err(from_verbs)?;
+        let n = self.cq.wait(&self.qp, &mut self.wcs, slice, wake).map_err(from_verbs)?;
         for i in 0..n {
             let wc = self.wcs[i];
             self.handle(wc);
@@ -425,9 +440,13 @@ impl<D: Device> RdmaConn<D> {
 impl<D: Device + 'static> RdmaConn<D> {
     /// Arms the notification fd; returns `false` if something is ready already (the caller
     /// then does not wait).
-    pub(crate) fn arm(&mut self) -> io::Result<bool> {
-        self.cq.request_notify()?;
-        Ok(!self.pump())
+    pub(crate) fn arm(&mut self, wake: WakeFor) -> io::Result<bool> {
+        let n = self.cq.request_notify(&self.qp, &mut self.wcs, wake)?;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            self.handle(wc);
+        }
+        Ok(!self.pump() && n == 0)
     }
 }
 

@@ -41,7 +41,7 @@ impl<D: Device> RdmaSetup<D> {
             max_inline_data: 64,
         };
         let qp = pd.create_qp(cq.cq(), cq.cq(), caps).map_err(from_verbs)?;
-        cq.attach(qp.qpn());
+        cq.attach(&qp)?;
         // Where the peer writes straight into this ring (shm: both sides use one provider),
         // neither side keeps a staging mirror; the ring gets that memory instead, so memory
         // per connection stays about twice `ring_size` and a writer runs ahead twice as far.
@@ -202,7 +202,7 @@ impl<D: Device> RdmaConn<D> {
             if left.is_zero() {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "the RDMA probe was not acknowledged"));
             }
-            let n = self.cq.wait(&mut self.wcs, left).map_err(from_verbs)?;
+            let n = self.cq.wait(&self.qp, &mut self.wcs, left, WakeFor::Anything).map_err(from_verbs)?;
             if let Some(outcome) = Self::probe_in(&self.wcs[..n]) {
                 return outcome;
             }

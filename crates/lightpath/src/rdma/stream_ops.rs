@@ -420,7 +420,7 @@ impl<D: Device> RdmaConn<D> {
             Deadline::At(Some(at)) => (at - now).min(LIVENESS_SLICE),
             Deadline::At(None) | Deadline::Now => LIVENESS_SLICE,
         };
-        let n = self.cq.wait(&mut self.wcs, slice).map_err(from_verbs)?;
+        let n = self.cq.wait(&self.qp, &mut self.wcs, slice, WakeFor::Anything).map_err(from_verbs)?;
         for i in 0..n {
             let wc = self.wcs[i];
             self.handle(wc);

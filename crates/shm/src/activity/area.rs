@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{slot_position, AtomicWord, Word, SLOTS_PER_WORD};
+use super::{slot_position, waiting_position, AtomicWord, Wake, Word, SLOTS_PER_WORD};
 use crate::sync::Ordering;
 use crate::sys::{Mapping, Memfd};
 
@@ -25,8 +25,14 @@ fn words_of(slots: u32) -> usize {
     slots.div_ceil(SLOTS_PER_WORD) as usize
 }
 
-/// Bytes of an area with `slots` slots.
+/// Bytes of an area with `slots` slots: the activity bits, then twice as many words of waiting
+/// bits (two per slot).
 fn area_len(slots: u32) -> usize {
+    BITS_OFFSET + 3 * words_of(slots) * 8
+}
+
+/// Where the waiting bits of an area with `slots` slots start.
+fn waiting_offset(slots: u32) -> usize {
     BITS_OFFSET + words_of(slots) * 8
 }
 
@@ -56,6 +62,10 @@ impl AtomicWord for AreaWord<'_> {
 
     fn swap(&self, value: u64, order: Ordering) -> u64 {
         self.map.swap_u64(self.offset, value, order).unwrap_or(0)
+    }
+
+    fn fetch_and(&self, bits: u64, order: Ordering) -> u64 {
+        self.map.fetch_and_u64(self.offset, bits, order).unwrap_or(0)
     }
 }
 
@@ -110,6 +120,36 @@ impl OwnArea {
         }
     }
 
+    /// Sets the waiting bit of `slot` for `wake` (see [`arm_waiter`](super::arm_waiter)); the
+    /// caller then looks for the queue pair's news once more before it sleeps on the queue
+    /// pair's doorbell. Nothing happens for a slot past the end.
+    pub(crate) fn arm_waiter(&self, slot: u32, wake: Wake) {
+        if slot >= self.slots {
+            return;
+        }
+        let (index, _) = waiting_position(slot);
+        super::arm_waiter(&self.word(waiting_offset(self.slots) + index * 8), slot, wake);
+    }
+
+    /// Takes the waiting bits of `slot` as a producer would, for news this device made itself
+    /// (a completion another thread made; `arrival` as in [`take_waiter`](super::take_waiter));
+    /// returns whether one was set.
+    pub(crate) fn take_waiter(&self, slot: u32, arrival: bool) -> bool {
+        if slot >= self.slots {
+            return false;
+        }
+        let (index, _) = waiting_position(slot);
+        super::take_waiter(&self.word(waiting_offset(self.slots) + index * 8), slot, arrival)
+    }
+
+    /// The waiting bits of `slot` (tests): (anything, arrivals).
+    #[cfg(test)]
+    pub(crate) fn waiter_armed(&self, slot: u32) -> (bool, bool) {
+        let (index, bit) = waiting_position(slot);
+        let word = self.word(waiting_offset(self.slots) + index * 8).load(Ordering::Relaxed);
+        (word & bit != 0, word & bit << 1 != 0)
+    }
+
     /// The state word as last announced (tests).
     #[cfg(test)]
     pub(crate) fn state(&self) -> u64 {
@@ -162,7 +202,7 @@ impl PeerArea {
         if !(area_len(MIN_SLOTS)..=area_len(MAX_SLOTS)).contains(&len) {
             return Err("the peer's activity area has an impossible size");
         }
-        let slots = ((len - BITS_OFFSET) / 8) as u32 * SLOTS_PER_WORD;
+        let slots = ((len - BITS_OFFSET) / 24) as u32 * SLOTS_PER_WORD;
         let map = Mapping::peer(memfd, area_len(slots) as u64, true)
             .map_err(|_| "the peer's activity area cannot be mapped writable")?;
         Ok(Self { map, slots })
@@ -181,6 +221,17 @@ impl PeerArea {
         }
         let (index, _) = slot_position(slot);
         super::signal(&self.word(BITS_OFFSET + index * 8), slot, &self.word(OFF_STATE), &self.word(OFF_RUNG))
+    }
+
+    /// After [`PeerArea::signal`]: takes the waiting bits of `slot` that the news answers (see
+    /// [`take_waiter`](super::take_waiter)); returns whether to write the queue pair's own
+    /// doorbell (a thread of the owner waits for it alone).
+    pub(crate) fn take_waiter(&self, slot: u32, arrival: bool) -> bool {
+        if !self.has_slot(slot) {
+            return false;
+        }
+        let (index, _) = waiting_position(slot);
+        super::take_waiter(&self.word(waiting_offset(self.slots) + index * 8), slot, arrival)
     }
 
     fn word(&self, offset: usize) -> AreaWord<'_> {
@@ -241,6 +292,21 @@ mod tests {
         own.announce(state_value(5, false, true));
         assert!(!peer.signal(3), "rang an owner that is awake");
         assert_eq!(own.take(0), 0b110, "marked an owner that looks everywhere");
+
+        assert!(!peer.take_waiter(130, true), "nobody waits for slot 130");
+        own.arm_waiter(130, Wake::Anything);
+        own.arm_waiter(200, Wake::Arrivals);
+        own.arm_waiter(256, Wake::Anything);
+        assert_eq!(own.waiter_armed(130), (true, false));
+        assert_eq!(own.waiter_armed(200), (false, true));
+        assert!(!peer.take_waiter(131, true), "rang the wrong waiter");
+        assert!(peer.take_waiter(130, false), "did not ring the waiter");
+        assert!(!peer.take_waiter(130, true), "rang twice for one arming");
+        assert!(!peer.take_waiter(200, false), "an acknowledgement rang a reader");
+        assert!(peer.take_waiter(200, true), "an arrival did not ring the reader");
+        assert!(!peer.take_waiter(256, true), "slot past the end");
+        assert_eq!(own.take(2), 0, "a waiting bit showed up as a mark");
+        assert_eq!(own.take(3), 0, "a waiting bit showed up as a mark");
     }
 
     #[test]
@@ -266,7 +332,7 @@ mod tests {
             let received = Memfd::from_peer(fd, 1).expect("memfd");
             assert!(PeerArea::map(&received).is_err(), "an area of {len} bytes was mapped");
         }
-        let memfd = Memfd::create("lightpath-shm-test", area_len(128) as u64 + 5).expect("memfd");
+        let memfd = Memfd::create("lightpath-shm-test", area_len(128) as u64 + 13).expect("memfd");
         let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
         let area = PeerArea::map(&Memfd::from_peer(fd, 1).expect("memfd")).expect("a two-word area");
         assert!(area.has_slot(127) && !area.has_slot(128), "slots of a file with a partial word");

@@ -16,6 +16,10 @@
 //! offset 0     sleep word: odd while a thread of the owner sleeps and wants the doorbell rung
 //! offset 64    rung word: the sleep value a peer last rang the doorbell for
 //! offset 128   activity bits: bit s % 64 of word s / 64 is slot s
+//! then          waiting bits, two per slot (twice as many words as activity bits): bits
+//!               2 (s % 32) and 2 (s % 32) + 1 of word s / 32 are set while a thread of the owner
+//!               waits for slot s's queue pair on its own doorbell, for anything or for
+//!               arrivals only (see [`Wake`])
 //! ```
 //!
 //! Every queue pair of the owner has a *slot* (dense, lowest free first, reused after the queue
@@ -41,8 +45,23 @@
 //!   every sleep has its own value, so a new sleep is rung for again. Arming and disarming is
 //!   one store, however many queue pairs the device has.
 //!
-//! `tests/loom.rs` model-checks this handshake together with the ring (two producers, one
-//! consumer that sleeps whenever it finds nothing).
+//! - **Waiting for one queue pair**: a queue pair whose owner handed the peer a doorbell of its
+//!   own (the fourth descriptor of its introduction, an eventfd) can be waited for alone. The
+//!   waiting thread sets the slot's *waiting* bit ([`arm_waiter`], `fetch_or` then a `SeqCst`
+//!   fence), looks for news once more (under the engine lock, so a look another thread of the
+//!   owner began earlier has finished), and sleeps on that eventfd if there was none. The
+//!   producer, after publishing and the fence of [`signal`], takes the bit ([`take_waiter`]) and,
+//!   if it was set, writes the queue pair's eventfd: the one thread waiting for that
+//!   connection wakes, with no driver thread, router or notifier in between. A waiter that
+//!   only reads asks to be woken for *arrivals* (records, a NAK, a change of state), not for
+//!   acknowledgements or freed ring space: a request/response connection would otherwise wake
+//!   once for the request's acknowledgement and once for the response. The same
+//!   store-buffer handshake as the sleep word: either the waiter's look finds the news or the
+//!   producer sees the bit.
+//!
+//! `tests/loom.rs` model-checks these handshakes together with the ring (two producers, one
+//! consumer that sleeps whenever it finds nothing; two waiters, each for its own queue pair,
+//! that take each other's news).
 //!
 //! # Trust
 //!
@@ -65,6 +84,8 @@ pub trait AtomicWord: Word {
     fn fetch_or(&self, bits: u64, order: Ordering) -> u64;
     /// Atomically replaces the value; returns the previous one.
     fn swap(&self, value: u64, order: Ordering) -> u64;
+    /// Atomically ANDs `bits` in; returns the previous value.
+    fn fetch_and(&self, bits: u64, order: Ordering) -> u64;
 }
 
 /// Bits in one activity word.
@@ -92,6 +113,50 @@ pub fn state_value(epoch: u64, sleeping: bool, looks_everywhere: bool) -> u64 {
         value |= LOOKS_EVERYWHERE;
     }
     value
+}
+
+/// What a thread waiting for one queue pair wants to be woken for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Any news: also acknowledgements of its own requests and freed ring space (a writer).
+    Anything,
+    /// Arrivals only: the peer's records, a NAK, a change of its state (a reader).
+    Arrivals,
+}
+
+/// Slots per word of waiting bits (two bits each).
+pub const WAITERS_PER_WORD: u32 = 32;
+
+/// The word index of slot `slot`'s waiting bits, and its "anything" bit (the "arrivals" bit is
+/// the next one up).
+pub fn waiting_position(slot: u32) -> (usize, u64) {
+    ((slot / WAITERS_PER_WORD) as usize, 1 << (2 * (slot % WAITERS_PER_WORD)))
+}
+
+/// Owner side, before a thread looks for news of one queue pair a last time and sleeps on its
+/// doorbell: sets the queue pair's waiting bit for `wake` in `waiting` (its word, see
+/// [`waiting_position`]). After this the caller must look (the fence makes a producer that did
+/// not see the bit publish before that look).
+pub fn arm_waiter<W: AtomicWord>(waiting: &W, slot: u32, wake: Wake) {
+    let anything = waiting_position(slot).1;
+    let bit = match wake {
+        Wake::Anything => anything,
+        Wake::Arrivals => anything << 1,
+    };
+    waiting.fetch_or(bit, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// Producer side, after [`signal`] (whose fence orders what was published before this load):
+/// takes the waiting bits of `slot` that what was published answers (`arrival`: records, a
+/// NAK or a state change, which answer both; otherwise only "anything"); returns whether one
+/// was set, i.e. whether to write the queue pair's own doorbell. Only the producer that clears
+/// a bit rings.
+pub fn take_waiter<W: AtomicWord>(waiting: &W, slot: u32, arrival: bool) -> bool {
+    let anything = waiting_position(slot).1;
+    let bits = if arrival { anything | anything << 1 } else { anything };
+    // Mostly nobody waits: a plain load keeps the line shared.
+    waiting.load(Ordering::Relaxed) & bits != 0 && waiting.fetch_and(!bits, Ordering::Relaxed) & bits != 0
 }
 
 /// Owner side: publishes a new state. After announcing a sleep, or that it stopped looking
@@ -160,6 +225,12 @@ mod tests {
         fn swap(&self, value: u64, _: Ordering) -> u64 {
             self.0.replace(value)
         }
+
+        fn fetch_and(&self, bits: u64, _: Ordering) -> u64 {
+            let old = self.0.get();
+            self.0.set(old & bits);
+            old
+        }
     }
 
     /// Words of one owner: its state, its rung word and one activity word.
@@ -198,6 +269,34 @@ mod tests {
         announce(&owner.state, state_value(2, false, false));
         assert!(!owner.signal(1), "rang after the owner woke");
         assert_eq!(take(&owner.bits), 0b110);
+    }
+
+    #[test]
+    fn a_waiter_is_rung_once_per_arming() {
+        let waiting = CellWord::default();
+        assert!(!take_waiter(&waiting, 3, true), "rang a queue pair nobody waits for");
+        arm_waiter(&waiting, 3, Wake::Anything);
+        arm_waiter(&waiting, 70 % 32, Wake::Anything);
+        assert!(!take_waiter(&waiting, 4, true), "rang the wrong queue pair");
+        assert!(take_waiter(&waiting, 3, false), "did not ring the waiter");
+        assert!(!take_waiter(&waiting, 3, true), "rang twice for one arming");
+        assert!(take_waiter(&waiting, 6, true), "the other waiter's bit was lost");
+        assert_eq!(waiting.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_reader_is_rung_for_arrivals_only() {
+        let waiting = CellWord::default();
+        arm_waiter(&waiting, 31, Wake::Arrivals);
+        assert_eq!(waiting_position(31), (0, 1 << 62));
+        assert!(!take_waiter(&waiting, 31, false), "an acknowledgement woke a reader");
+        assert!(take_waiter(&waiting, 31, true), "an arrival did not wake the reader");
+        assert_eq!(waiting.load(Ordering::Relaxed), 0);
+        arm_waiter(&waiting, 5, Wake::Arrivals);
+        arm_waiter(&waiting, 5, Wake::Anything);
+        assert!(take_waiter(&waiting, 5, false), "a writer waiting too was not woken");
+        assert!(take_waiter(&waiting, 5, true), "the reader's bit went with the writer's");
+        assert!(!take_waiter(&waiting, 5, true));
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub(crate) struct DeviceCore {
     /// Counts sleeps, so each one has its own state value.
     epoch: u64,
     next_qpn: u32,
+    /// The queue pair whose waiter is taking its last look (`QueuePair::arm_waiter`): what
+    /// that look finds needs no ring of the queue pair's own doorbell.
+    pub(crate) arming: Option<u32>,
 }
 
 impl DeviceCore {
@@ -109,6 +112,7 @@ impl DeviceCore {
             sleepers: 0,
             epoch: 0,
             next_qpn: 2,
+            arming: None,
         };
         core.announce_state();
         core.publish_hints();
@@ -174,6 +178,7 @@ impl DeviceCore {
         let qp = self.qps.get_mut(&qpn)?;
         let result = f(qp, &self.regions);
         self.agenda.note(qp);
+        tell_waiter(qp, &self.activity, self.arming);
         self.publish_hints();
         Some(result)
     }
@@ -248,6 +253,7 @@ impl DeviceCore {
             self.looks += 1;
             qp.progress(&self.regions);
             self.agenda.note(qp);
+            tell_waiter(qp, &self.activity, self.arming);
         }
     }
 
@@ -303,6 +309,7 @@ impl DeviceCore {
             self.looks += 1;
             qp.progress(&self.regions);
             self.agenda.note(qp);
+            tell_waiter(qp, &self.activity, self.arming);
         }
     }
 
@@ -353,6 +360,24 @@ impl DeviceCore {
             self.epoch += 1;
         }
         self.announce_state();
+    }
+}
+
+/// After a call on `qp`: if it made completions and a thread waits for it alone (its waiting
+/// bit is set), writes its own doorbell, unless that thread is the one looking (`arming`).
+/// Completions are made under the device lock, and a waiter sets its bit before it takes that
+/// lock for its last look: either that look comes after this call and finds the completions,
+/// or this call sees the bit.
+fn tell_waiter(qp: &mut QpCore, activity: &OwnArea, arming: Option<u32>) {
+    let arrival = std::mem::take(&mut qp.completed_arrival);
+    if !std::mem::take(&mut qp.completed) || arming == Some(qp.qpn) {
+        return;
+    }
+    if let Some(fd) = &qp.waiter_fd {
+        if activity.take_waiter(qp.slot, arrival) {
+            // Fails only if the counter would overflow: it is readable anyway.
+            let _ = rustix::io::write(&**fd, &1u64.to_ne_bytes());
+        }
     }
 }
 

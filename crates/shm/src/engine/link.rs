@@ -62,6 +62,8 @@ pub(crate) struct PeerAttach {
     pub(crate) from_qpn: u32,
     pub(crate) segment: PeerSegment,
     pub(crate) doorbell: EventFd,
+    /// Its own doorbell, if a thread of the peer waits for it alone (see `crate::activity`).
+    pub(crate) waiter: Option<EventFd>,
     /// Its device's activity area, and its slot there.
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
@@ -75,6 +77,7 @@ pub(crate) struct PeerSide {
     pub(crate) segment: PeerSegment,
     pub(crate) consumer: Consumer,
     pub(crate) doorbell: EventFd,
+    pub(crate) waiter: Option<EventFd>,
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
     pub(crate) served: SocketGuard,
@@ -83,10 +86,17 @@ pub(crate) struct PeerSide {
 
 impl PeerSide {
     /// Tells the peer's device its queue pair has news (after publishing it), ringing the
-    /// doorbell if the device sleeps and no one rang for this sleep yet.
-    pub(crate) fn signal(&self) {
+    /// doorbell if the device sleeps and no one rang for this sleep yet, and the queue pair's
+    /// own doorbell if a thread waits for it alone and the news is for it (`arrival`: records,
+    /// a NAK or a state change; else only acknowledgements or freed ring space).
+    pub(crate) fn signal(&self, arrival: bool) {
         if self.area.signal(self.slot) {
             self.doorbell.signal(1);
+        }
+        if let Some(waiter) = &self.waiter {
+            if self.area.take_waiter(self.slot, arrival) {
+                waiter.signal(1);
+            }
         }
     }
 }
@@ -104,8 +114,8 @@ pub(crate) struct Link {
 
 impl Link {
     /// Creates our segment and introduces queue pair `qpn` (in activity slot `slot`) to the
-    /// device with GID `dgid`, asking for its queue pair `dqpn`. Fails if no such device is
-    /// reachable.
+    /// device with GID `dgid`, asking for its queue pair `dqpn`, handing over `waiter` (the
+    /// queue pair's own doorbell) if there is one. Fails if no such device is reachable.
     ///
     /// `status` (the queue pair's status once in RTR) is published before the introduction is
     /// sent: the peer may attach and carry out requests the moment it reads the introduction,
@@ -116,6 +126,7 @@ impl Link {
         dgid: Gid,
         dqpn: u32,
         status: PeerStatus,
+        waiter: Option<std::os::fd::BorrowedFd<'_>>,
         ctx: &DeviceContext,
     ) -> Result<Self> {
         let config = &ctx.config;
@@ -135,7 +146,8 @@ impl Link {
         }
         let hello = Message::Hello { from_gid: ctx.gid, from_qpn: qpn, to_qpn: dqpn, slot };
         let (bytes, len) = hello.encode();
-        let fds = [outbox.memfd().as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
+        let mut fds = vec![outbox.memfd().as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
+        fds.extend(waiter);
         socket.send(&bytes[..len], &fds)?;
         let client = ctx.registry.register(Arc::new(socket), SocketRole::Client);
         Ok(Self { outbox, producer, client, peer: None, rpc_tag: 0, rpc_timeout: config.rpc_timeout })
@@ -150,6 +162,7 @@ impl Link {
             segment: attach.segment,
             consumer,
             doorbell: attach.doorbell,
+            waiter: attach.waiter,
             area: attach.area,
             slot: attach.slot,
             served: attach.served,
@@ -266,7 +279,7 @@ mod tests {
             registry: Arc::new(SocketRegistry::new().expect("registry")),
         };
         let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let link = Link::establish(7, 5, peer_gid, 9, status, &ctx).expect("establish");
+        let link = Link::establish(7, 5, peer_gid, 9, status, None, &ctx).expect("establish");
 
         let served = listener.accept().expect("accept").expect("a connection");
         let mut buf = [0u8; MAX_MESSAGE];

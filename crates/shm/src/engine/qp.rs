@@ -47,6 +47,9 @@ pub(crate) struct QpCore {
     pub(crate) failure: Option<LinkFailure>,
     /// Something the peer may be waiting for was published (ring it if it sleeps).
     pub(crate) published: bool,
+    /// What was published includes an arrival for the peer (records, a NAK, a new state), not
+    /// only acknowledgements or freed ring space (see `crate::activity::Wake`).
+    pub(crate) published_arrival: bool,
     /// SENDs of at least this many bytes go as source descriptors.
     pub(crate) direct_min: u32,
     /// When the RNR wait of the last read expires, if one runs.
@@ -57,6 +60,17 @@ pub(crate) struct QpCore {
     pub(crate) queued: bool,
     /// The deadline queued in the device's timers for this queue pair.
     pub(crate) timer: Option<Instant>,
+    /// The queue pair's own doorbell (see `crate::activity`), shared with the application
+    /// (no descriptor of its own), handed to the peer with the introduction at RTR.
+    pub(crate) waiter_fd: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The current link was introduced with the queue pair's own doorbell: a thread may wait
+    /// for this queue pair alone.
+    pub(crate) waiter_linked: bool,
+    /// A completion was added since the device last looked whether a waiter must hear of it.
+    pub(crate) completed: bool,
+    /// One of them was a receive, an error or a local operation's result, not only the
+    /// acknowledgement of a request (which a reader does not wait for).
+    pub(crate) completed_arrival: bool,
 }
 
 /// The shm device has one port (1) and one GID (index 0); refuse anything else up front.
@@ -110,11 +124,16 @@ impl QpCore {
             pending: None,
             failure: None,
             published: false,
+            published_arrival: false,
             direct_min,
             wake_at: None,
             more_to_read: false,
             queued: false,
             timer: None,
+            waiter_fd: None,
+            waiter_linked: false,
+            completed: false,
+            completed_arrival: false,
         }
     }
 
@@ -126,6 +145,7 @@ impl QpCore {
         if let Some(link) = &self.link {
             link.outbox.publish_status(self.status());
             self.published = true;
+            self.published_arrival = true;
         }
     }
 
@@ -148,8 +168,10 @@ impl QpCore {
                 let min_rnr_timer = attr.min_rnr_timer.ok_or_else(|| missing(from, to, "min_rnr_timer"))?;
                 let access = attr.access.unwrap_or(self.access);
                 let status = PeerStatus { state: QpState::Rtr, access, rnr_retry: self.rnr_retry };
-                let link = Link::establish(self.qpn, self.slot, av.dgid, dqpn, status, ctx)?;
+                let waiter = self.waiter_fd.as_deref().map(std::os::fd::AsFd::as_fd);
+                let link = Link::establish(self.qpn, self.slot, av.dgid, dqpn, status, waiter, ctx)?;
                 self.link = Some(link);
+                self.waiter_linked = self.waiter_fd.is_some();
                 self.dest = Some((av.dgid, dqpn));
                 self.min_rnr_timer = min_rnr_timer;
                 self.access = access;
@@ -191,6 +213,7 @@ impl QpCore {
     fn reset(&mut self) {
         self.state = QpState::Reset;
         self.link = None;
+        self.waiter_linked = false;
         self.pending = None;
         self.dest = None;
         self.failure = None;
@@ -222,13 +245,19 @@ impl QpCore {
                 _ => head_status.take().unwrap_or(WcStatus::WrFlushErr),
             };
             self.send_cq.push(self.flush_wc(wqe.wr_id, status, wqe.opcode()));
+            self.completed = true;
+            self.completed_arrival = true;
         }
         self.req.clear_queue();
         if let Some(assembly) = self.resp.assembling.take() {
             self.recv_cq.push(self.flush_wc(assembly.recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+            self.completed = true;
+            self.completed_arrival = true;
         }
         for recv in std::mem::take(&mut self.resp.rq) {
             self.recv_cq.push(self.flush_wc(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+            self.completed = true;
+            self.completed_arrival = true;
         }
     }
 
@@ -302,8 +331,9 @@ impl QpCore {
         if !std::mem::take(&mut self.published) {
             return;
         }
+        let arrival = std::mem::take(&mut self.published_arrival);
         if let Some(peer) = self.link.as_ref().and_then(|link| link.peer.as_ref()) {
-            peer.signal();
+            peer.signal(arrival);
         }
     }
 
@@ -342,6 +372,8 @@ impl QpCore {
             QpState::Err => {
                 let wqe = Self::build_send(wr, self.caps)?;
                 self.send_cq.push(self.flush_wc(wqe.wr_id, WcStatus::WrFlushErr, wqe.opcode()));
+                self.completed = true;
+                self.completed_arrival = true;
                 return Ok(());
             }
             other => return Err(Error::InvalidState(other)),
@@ -428,6 +460,8 @@ impl QpCore {
             QpState::Reset => return Err(Error::InvalidState(QpState::Reset)),
             QpState::Err => {
                 self.recv_cq.push(self.flush_wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+                self.completed = true;
+                self.completed_arrival = true;
                 return Ok(());
             }
             _ => {}

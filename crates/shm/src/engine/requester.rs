@@ -180,16 +180,18 @@ impl QpCore {
     }
 
     fn issue_one(&mut self, index: usize, regions: &Regions) -> Result<Step, LinkFailure> {
-        let QpCore { req, link, pd, dest, published, direct_min, .. } = self;
+        let QpCore { req, link, pd, dest, published, published_arrival, direct_min, .. } = self;
+        // Records are arrivals for the peer (see `crate::activity::Wake`).
+        let mut pushed = false;
         let (Some(link), Some((_, dqpn))) = (link.as_mut(), *dest) else { return Ok(Step::Blocked) };
         let wqe = &mut req.sq[index];
         let pd = *pd;
         let step = match wqe.op {
             SendOp::Send | SendOp::SendWithImm { .. } if goes_direct(wqe, *direct_min) => {
-                push_direct(wqe, link, regions, pd, &mut req.next_message, published)?
+                push_direct(wqe, link, regions, pd, &mut req.next_message, &mut pushed)?
             }
             SendOp::Send | SendOp::SendWithImm { .. } => {
-                push_message(wqe, link, regions, pd, &mut req.next_message, published)?
+                push_message(wqe, link, regions, pd, &mut req.next_message, &mut pushed)?
             }
             SendOp::WriteWithImm { remote_addr, rkey, .. } => {
                 if let Stage::Pending { data_written: false, .. } = wqe.stage {
@@ -199,7 +201,7 @@ impl QpCore {
                     }
                     wqe.stage = Stage::Pending { pushed: 0, message: None, data_written: true };
                 }
-                push_message(wqe, link, regions, pd, &mut req.next_message, published)?
+                push_message(wqe, link, regions, pd, &mut req.next_message, &mut pushed)?
             }
             SendOp::Write { remote_addr, rkey } => {
                 wqe.stage = match write(wqe, link, regions, pd, dqpn, remote_addr, rkey)? {
@@ -227,6 +229,10 @@ impl QpCore {
                 Step::Issued
             }
         };
+        if pushed {
+            *published = true;
+            *published_arrival = true;
+        }
         Ok(step)
     }
 
@@ -279,6 +285,10 @@ impl QpCore {
                 let mut wc = WorkCompletion::new(wqe.wr_id, status, wqe.opcode(), self.qpn);
                 wc.byte_len = byte_len;
                 self.send_cq.push(wc);
+                self.completed = true;
+                // An acknowledged request is no arrival; a failure or a READ's data is.
+                self.completed_arrival |=
+                    !status.is_success() || !matches!(wqe.stage, Stage::AwaitAck { .. });
             }
             if !status.is_success() {
                 self.enter_error(None);

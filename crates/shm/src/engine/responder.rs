@@ -178,6 +178,7 @@ impl QpCore {
         }
         self.resp.halted = true;
         self.published = true;
+        self.published_arrival = true;
     }
 
     /// Completes a receive and acknowledges the message.
@@ -195,6 +196,8 @@ impl QpCore {
         wc.solicited = solicited;
         wc.src_qp = self.dest.map_or(0, |(_, qpn)| qpn);
         self.recv_cq.push(wc);
+        self.completed = true;
+        self.completed_arrival = true;
         self.resp.expected += 1;
         if let Some(link) = &self.link {
             link.outbox.publish_acked(self.resp.expected);
@@ -206,6 +209,8 @@ impl QpCore {
     /// `reason`, and this queue pair goes to ERR (as a responder NIC does).
     fn fail_recv(&mut self, recv: &RecvWqe, message: u64, status: WcStatus, reason: u8) -> Handled {
         self.recv_cq.push(WorkCompletion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
+        self.completed = true;
+        self.completed_arrival = true;
         self.nak(message, reason);
         self.enter_error(None);
         Handled::Stop

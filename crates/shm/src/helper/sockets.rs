@@ -337,7 +337,8 @@ fn introduce(shared: &DeviceShared, socket: SeqPacket) {
 }
 
 /// Checks an introduction's descriptors: a sealed memfd holding a valid segment, an eventfd
-/// doorbell, and a sealed memfd holding a valid activity area with the queue pair's slot.
+/// doorbell, a sealed memfd holding a valid activity area with the queue pair's slot, and
+/// optionally the queue pair's own doorbell (an eventfd).
 fn accept_hello(
     shared: &DeviceShared,
     socket: SeqPacket,
@@ -346,8 +347,8 @@ fn accept_hello(
 ) -> Option<PeerAttach> {
     let Message::Hello { from_gid, from_qpn, to_qpn, slot } = hello else { return None };
     let mut fds = fds.into_iter();
-    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd), None) =
-        (fds.next(), fds.next(), fds.next(), fds.next())
+    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd), waiter_fd, None) =
+        (fds.next(), fds.next(), fds.next(), fds.next(), fds.next())
     else {
         return None;
     };
@@ -355,12 +356,16 @@ fn accept_hello(
     let memfd = Memfd::from_peer(segment_fd, min_len).ok()?;
     let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).ok()?;
     let doorbell = EventFd::from_peer(doorbell_fd).ok()?;
+    let waiter = match waiter_fd {
+        Some(fd) => Some(EventFd::from_peer(fd).ok()?),
+        None => None,
+    };
     let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?).ok()?;
     if !area.has_slot(slot) {
         return None;
     }
     let served = shared.ctx.registry.register(Arc::new(socket), SocketRole::Served { qpn: to_qpn });
-    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, doorbell, area, slot, served })
+    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, doorbell, waiter, area, slot, served })
 }
 
 #[cfg(test)]

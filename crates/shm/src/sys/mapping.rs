@@ -197,6 +197,13 @@ impl Mapping {
         Some(unsafe { AtomicU64::from_ptr(word) }.fetch_or(bits, order))
     }
 
+    /// Atomic fetch-and on the aligned word at `offset`; returns the original value.
+    pub(crate) fn fetch_and_u64(&self, offset: usize, bits: u64, order: Ordering) -> Option<u64> {
+        let word = self.word(offset, true)?;
+        // SAFETY: as in `store_u64`.
+        Some(unsafe { AtomicU64::from_ptr(word) }.fetch_and(bits, order))
+    }
+
     /// Atomic swap on the aligned word at `offset`; returns the original value.
     pub(crate) fn swap_u64(&self, offset: usize, value: u64, order: Ordering) -> Option<u64> {
         let word = self.word(offset, true)?;
