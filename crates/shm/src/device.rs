@@ -146,17 +146,21 @@ impl DeviceShared {
     /// have something to do.
     pub(crate) fn drive(&self) {
         let drives = self.touch();
-        // Without marks or local work there is nothing to do, except now and then: a call
-        // under the lock counts towards the look at every queue pair that finds lost marks.
-        if !drives.is_multiple_of(LOCKED_DRIVE_EVERY)
-            && !self.has_events()
-            && self.hints.nothing_to_do(&self.ctx.activity)
-        {
+        if self.idle(drives) {
             return;
         }
         let mut core = self.lock_core();
         self.apply_events(&mut core);
         core.progress();
+    }
+
+    /// Whether a call that drives the device (the `drives`-th) may skip the engine: no marks,
+    /// no local work and no events, except now and then (a call under the lock counts towards
+    /// the look at every queue pair that finds lost marks).
+    pub(crate) fn idle(&self, drives: u64) -> bool {
+        !drives.is_multiple_of(LOCKED_DRIVE_EVERY)
+            && !self.has_events()
+            && self.hints.nothing_to_do(&self.ctx.activity)
     }
 
     /// A fresh local key, and the matching remote key (distinct values, unique per device).

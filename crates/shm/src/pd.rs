@@ -95,7 +95,7 @@ impl ProtectionDomain for ShmPd {
         }
         let caps = grant(caps)?;
         let shared = &self.device.shared;
-        let qpn = {
+        let (qpn, slot, waiter_linked) = {
             let mut core = shared.lock_core();
             if core.qps.len() >= shared.ctx.config.max_qps as usize {
                 return Err(Error::InvalidAttribute("more queue pairs than max_qp"));
@@ -104,10 +104,11 @@ impl ProtectionDomain for ShmPd {
             let slot = core.alloc_slot(qpn).ok_or(Error::InvalidAttribute("more queue pairs than max_qp"))?;
             let (send, recv) = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
             let qp = QpCore::new(qpn, slot, self.id, caps, send, recv, shared.ctx.config.direct_min);
+            let waiter_linked = Arc::clone(&qp.waiter_linked);
             core.insert_qp(qp);
             shared.exports_write().qp_pds.insert(qpn, self.id);
-            qpn
+            (qpn, slot, waiter_linked)
         };
-        Ok(ShmQp { pd: self.clone(), qpn, caps })
+        Ok(ShmQp { pd: self.clone(), qpn, slot, waiter_linked, caps })
     }
 }

@@ -16,6 +16,10 @@ use crate::pd::ShmPd;
 pub struct ShmQp {
     pub(crate) pd: ShmPd,
     pub(crate) qpn: u32,
+    /// Its activity slot (fixed for its life).
+    pub(crate) slot: u32,
+    /// Its link was introduced with its own doorbell (shared with the engine's `QpCore`).
+    pub(crate) waiter_linked: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub(crate) caps: QpCaps,
 }
 
@@ -104,25 +108,28 @@ impl QueuePair for ShmQp {
     }
 
     /// Sets this queue pair's waiting bit in the device's activity area, then moves the device
-    /// forward under its lock (which waits for any look another thread began): news the peer
-    /// published before the bit was visible is a completion in the queue when this returns,
-    /// and later news writes the queue pair's own doorbell. `Ok(false)` if the peer was not
-    /// given one (nothing armed).
+    /// forward as `poll` does (under its lock unless nothing is marked or owed): news the peer
+    /// published before the bit was visible is found by that look or by the look another
+    /// thread has begun (whose completions then ring this doorbell: `tell_waiter` fences and
+    /// reads the bit after it adds them), and later news writes the queue pair's own doorbell.
+    /// `Ok(false)` if the peer was not given one (nothing armed).
     fn arm_waiter(&self, wake: WakeFor) -> Result<bool> {
         let shared = &self.pd.device.shared;
-        shared.touch();
-        let mut core = shared.lock_core();
-        shared.apply_events(&mut core);
-        let slot = match core.qps.get(&self.qpn) {
-            Some(qp) if qp.waiter_linked => qp.slot,
-            Some(_) => return Ok(false),
-            None => return Err(Error::NotFound("queue pair")),
-        };
+        let drives = shared.touch();
+        if !self.waiter_linked.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(false);
+        }
+        let slot = self.slot;
         let wake = match wake {
             WakeFor::Anything => Wake::Anything,
             WakeFor::Arrivals => Wake::Arrivals,
         };
         shared.ctx.activity.arm_waiter(slot, wake);
+        if shared.idle(drives) {
+            return Ok(true);
+        }
+        let mut core = shared.lock_core();
+        shared.apply_events(&mut core);
         // This thread's own look need not write its own doorbell for what it finds.
         core.arming = Some(self.qpn);
         core.progress();

@@ -61,7 +61,7 @@ fn assert_dropped(fd: &OwnedFd, what: &str) {
 /// An introduction as a Lightpath device would send it, for `to_qpn`, from activity slot
 /// `slot`.
 fn hello_from_slot(to_qpn: u32, slot: u32) -> Vec<u8> {
-    let mut bytes = b"LPSM\x02\x01".to_vec();
+    let mut bytes = b"LPSM\x03\x01".to_vec();
     bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
     bytes.extend_from_slice(&2u32.to_le_bytes());
     bytes.extend_from_slice(&to_qpn.to_le_bytes());
@@ -74,10 +74,17 @@ fn hello(to_qpn: u32) -> Vec<u8> {
 }
 
 /// An introduction as version 1 sent it (no slot: its devices had no activity area).
-fn previous_hello(to_qpn: u32) -> Vec<u8> {
+fn first_hello(to_qpn: u32) -> Vec<u8> {
     let mut bytes = hello(to_qpn);
     bytes.truncate(bytes.len() - 4);
     bytes[4] = 1;
+    bytes
+}
+
+/// An introduction as version 2 sent it (its activity areas had no waiting bits).
+fn previous_hello(to_qpn: u32) -> Vec<u8> {
+    let mut bytes = hello(to_qpn);
+    bytes[4] = 2;
     bytes
 }
 
@@ -118,8 +125,9 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
 
     let cases: Vec<(&str, Vec<u8>, Vec<BorrowedFd<'_>>)> = vec![
         ("junk bytes", b"GET / HTTP/1.1\r\n".to_vec(), vec![]),
-        ("a question before any introduction", b"LPSM\x02\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
+        ("a question before any introduction", b"LPSM\x03\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
         ("an introduction without descriptors", hello(target), vec![]),
+        ("an introduction of version 1", first_hello(target), vec![seg, bell, area.as_fd()]),
         ("an introduction of the previous version", previous_hello(target), vec![seg, bell, area.as_fd()]),
         ("a pipe for a doorbell", hello(target), vec![seg, pipe.as_fd(), area.as_fd()]),
         ("an unsealed segment", hello(target), vec![unsealed.as_fd(), bell, area.as_fd()]),
@@ -130,7 +138,13 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
         ("an activity area too small for one slot", hello(target), vec![seg, bell, tiny.as_fd()]),
         ("a pipe for an activity area", hello(target), vec![seg, bell, pipe.as_fd()]),
         ("a slot outside the activity area", hello_from_slot(target, 1 << 20), vec![seg, bell, area.as_fd()]),
-        ("four descriptors", hello(target), vec![seg, bell, area.as_fd(), bell]),
+        ("a memfd for the queue pair's own doorbell", hello(target), vec![seg, bell, area.as_fd(), seg]),
+        (
+            "a pipe for the queue pair's own doorbell",
+            hello(target),
+            vec![seg, bell, area.as_fd(), pipe.as_fd()],
+        ),
+        ("five descriptors", hello(target), vec![seg, bell, area.as_fd(), bell, bell]),
     ];
     for (what, bytes, fds) in cases {
         let fd = raw_connect(victim);

@@ -1,6 +1,7 @@
 //! Model check of the ring's and the activity area's memory ordering with `loom`: every
 //! interleaving (up to a preemption bound) of producer and consumer threads running the
-//! crate's own [`Producer`], [`Consumer`] and activity protocol (`mark`, `take`, `announce`)
+//! crate's own [`Producer`], [`Consumer`] and activity protocol (`mark`, `take`, `announce`,
+//! and the waiting bits: `arm_waiter`, `take_waiter`)
 //! over rings whose bytes are `loom` cells. A payload or header read that is not ordered after
 //! the write it observes is reported by loom as a data race; a record delivered twice, lost,
 //! reordered or torn fails the assertions; a lost wake-up shows as a deadlock (the consumer
@@ -82,6 +83,10 @@ impl AtomicWord for ModelWord {
 
     fn swap(&self, value: u64, order: Ordering) -> u64 {
         self.0.swap(value, order)
+    }
+
+    fn fetch_and(&self, bits: u64, order: Ordering) -> u64 {
+        self.0.fetch_and(bits, order)
     }
 }
 
@@ -347,4 +352,141 @@ fn a_sleeping_consumer_looking_everywhere_is_always_woken() {
 #[test]
 fn switching_from_looking_everywhere_to_marks_loses_nothing() {
     sleeping_consumer(Mode::Switching);
+}
+
+/// Two queue pairs of one device, each fed by its own producer, each waited for by a thread of
+/// its own on the queue pair's own doorbell (the waiting bits of the activity area): a waiter
+/// arms its bit, looks (skipping the engine when nothing is marked, as `arm_waiter` does), and
+/// sleeps; a producer takes the bit after publishing; the engine, run by either waiter, takes
+/// the marks, reads the rings marked and, for records it delivers to the *other* queue pair,
+/// fences and takes that queue pair's bit (`tell_waiter`).
+struct Waited {
+    rings: [Arc<Shared>; 2],
+    state: ModelWord,
+    rung: ModelWord,
+    bits: ModelWord,
+    waiting: ModelWord,
+    /// The engine: each queue pair's reader.
+    engine: Mutex<[Reader<'static>; 2]>,
+    /// Records delivered to each queue pair (its completion queue's length, which a poll
+    /// reads without a lock).
+    delivered: [AtomicU64; 2],
+    /// Each queue pair's own doorbell.
+    doorbells: [Mutex<u64>; 2],
+    rang: [Condvar; 2],
+}
+
+const WAITED_SIZES: [&[u32]; 2] = [&[8], &[16]];
+
+impl Waited {
+    fn new(capacity: usize) -> Arc<Self> {
+        let max = ring::max_payload_for(capacity);
+        Arc::new(Self {
+            rings: [Shared::new(capacity), Shared::new(capacity)],
+            state: word(),
+            rung: word(),
+            bits: word(),
+            waiting: word(),
+            engine: Mutex::new([
+                Reader::new(capacity, max, WAITED_SIZES[0]),
+                Reader::new(capacity, max, WAITED_SIZES[1]),
+            ]),
+            delivered: [AtomicU64::new(0), AtomicU64::new(0)],
+            doorbells: [Mutex::new(0), Mutex::new(0)],
+            rang: [Condvar::new(), Condvar::new()],
+        })
+    }
+
+    fn ring(&self, slot: usize) {
+        *self.doorbells[slot].lock().unwrap() += 1;
+        self.rang[slot].notify_all();
+    }
+
+    /// A producer's signal after publishing a record for `slot`.
+    fn signal(&self, slot: u32) {
+        // The device never sleeps here: only the queue pairs' own doorbells matter.
+        let _ = activity::signal(&self.bits, slot, &self.state, &self.rung);
+        if activity::take_waiter(&self.waiting, slot, true) {
+            self.ring(slot as usize);
+        }
+    }
+
+    /// One look by the waiter of `me`, under the engine lock: take the marks, read the rings
+    /// marked, and ring the other queue pair's waiter for what it got.
+    fn progress(&self, me: usize) {
+        let mut readers = self.engine.lock().unwrap();
+        let marks = take(&self.bits);
+        for slot in 0..2 {
+            if marks & 1 << slot == 0 {
+                continue;
+            }
+            if readers[slot].read(&self.rings[slot]) {
+                self.delivered[slot].store(readers[slot].next as u64, Ordering::Release);
+                if slot != me {
+                    loom::sync::atomic::fence(Ordering::SeqCst);
+                    if activity::take_waiter(&self.waiting, slot as u32, true) {
+                        self.ring(slot);
+                    }
+                }
+            }
+        }
+    }
+
+    fn delivered(&self, slot: usize) -> usize {
+        self.delivered[slot].load(Ordering::Acquire) as usize
+    }
+
+    /// The waiter of `slot`: until its records are delivered, arm, look, sleep.
+    fn wait_for_all(&self, slot: usize) {
+        let want = WAITED_SIZES[slot].len();
+        while self.delivered(slot) < want {
+            activity::arm_waiter(&self.waiting, slot as u32, activity::Wake::Arrivals);
+            // As `arm_waiter`: the engine only if something is marked.
+            if self.bits.load(Ordering::Relaxed) != 0 {
+                self.progress(slot);
+            }
+            if self.delivered(slot) >= want {
+                break;
+            }
+            let mut count = self.doorbells[slot].lock().unwrap();
+            while *count == 0 {
+                count = self.rang[slot].wait(count).unwrap();
+            }
+            *count = 0;
+            drop(count);
+            self.progress(slot);
+        }
+    }
+}
+
+/// With the fences of `arm_waiter`, `signal` and the engine's ring for the other queue pair,
+/// no interleaving leaves a waiter asleep with its record delivered or waiting in its ring,
+/// whichever of the two waiters' looks finds it (loom reports a deadlock if one does; removing
+/// the fence of `arm_waiter`, or the engine's before it takes the other waiter's bit, makes it
+/// report one).
+#[test]
+fn a_waiter_on_its_own_doorbell_is_always_woken() {
+    const CAPACITY: usize = 256;
+    model(2, || {
+        let max = ring::max_payload_for(CAPACITY);
+        let device = Waited::new(CAPACITY);
+        let producers: Vec<_> = (0..2)
+            .map(|slot| {
+                let device = Arc::clone(&device);
+                thread::spawn(move || {
+                    let shared = Arc::clone(&device.rings[slot]);
+                    produce(&shared, CAPACITY, max, WAITED_SIZES[slot], || device.signal(slot as u32));
+                })
+            })
+            .collect();
+        let other = {
+            let device = Arc::clone(&device);
+            thread::spawn(move || device.wait_for_all(1))
+        };
+        device.wait_for_all(0);
+        other.join().unwrap();
+        for producer in producers {
+            producer.join().unwrap();
+        }
+    });
 }

@@ -365,15 +365,16 @@ impl DeviceCore {
 
 /// After a call on `qp`: if it made completions and a thread waits for it alone (its waiting
 /// bit is set), writes its own doorbell, unless that thread is the one looking (`arming`).
-/// Completions are made under the device lock, and a waiter sets its bit before it takes that
-/// lock for its last look: either that look comes after this call and finds the completions,
-/// or this call sees the bit.
+/// The fence pairs with the waiter's (`arm_waiter`): it stores its bit, fences and then looks
+/// at the queue; this call added the completions, fences and then loads the bit. Either the
+/// waiter's look finds them or this sees the bit.
 fn tell_waiter(qp: &mut QpCore, activity: &OwnArea, arming: Option<u32>) {
     let arrival = std::mem::take(&mut qp.completed_arrival);
     if !std::mem::take(&mut qp.completed) || arming == Some(qp.qpn) {
         return;
     }
     if let Some(fd) = &qp.waiter_fd {
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
         if activity.take_waiter(qp.slot, arrival) {
             // Fails only if the counter would overflow: it is readable anyway.
             let _ = rustix::io::write(&**fd, &1u64.to_ne_bytes());

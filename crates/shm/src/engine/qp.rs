@@ -65,7 +65,7 @@ pub(crate) struct QpCore {
     pub(crate) waiter_fd: Option<Arc<std::os::fd::OwnedFd>>,
     /// The current link was introduced with the queue pair's own doorbell: a thread may wait
     /// for this queue pair alone.
-    pub(crate) waiter_linked: bool,
+    pub(crate) waiter_linked: Arc<std::sync::atomic::AtomicBool>,
     /// A completion was added since the device last looked whether a waiter must hear of it.
     pub(crate) completed: bool,
     /// One of them was a receive, an error or a local operation's result, not only the
@@ -131,7 +131,7 @@ impl QpCore {
             queued: false,
             timer: None,
             waiter_fd: None,
-            waiter_linked: false,
+            waiter_linked: Arc::default(),
             completed: false,
             completed_arrival: false,
         }
@@ -171,7 +171,7 @@ impl QpCore {
                 let waiter = self.waiter_fd.as_deref().map(std::os::fd::AsFd::as_fd);
                 let link = Link::establish(self.qpn, self.slot, av.dgid, dqpn, status, waiter, ctx)?;
                 self.link = Some(link);
-                self.waiter_linked = self.waiter_fd.is_some();
+                self.waiter_linked.store(self.waiter_fd.is_some(), std::sync::atomic::Ordering::Release);
                 self.dest = Some((av.dgid, dqpn));
                 self.min_rnr_timer = min_rnr_timer;
                 self.access = access;
@@ -213,7 +213,7 @@ impl QpCore {
     fn reset(&mut self) {
         self.state = QpState::Reset;
         self.link = None;
-        self.waiter_linked = false;
+        self.waiter_linked.store(false, std::sync::atomic::Ordering::Release);
         self.pending = None;
         self.dest = None;
         self.failure = None;
