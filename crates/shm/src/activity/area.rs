@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::{slot_position, waiting_position, AtomicWord, Wake, Word, SLOTS_PER_WORD};
 use crate::sync::Ordering;
-use crate::sys::{Mapping, Memfd};
+use crate::sys::{EventFd, Mapping, Memfd};
 
 const OFF_STATE: usize = 0;
 const OFF_RUNG: usize = 64;
@@ -187,17 +187,22 @@ fn identity(memfd: &Memfd) -> io::Result<FileIdentity> {
     Ok((stat.st_dev, stat.st_ino))
 }
 
-/// A peer device's area, mapped here.
+/// A peer device's area, mapped here, with that device's doorbell: one descriptor per peer
+/// device, however many links lead there (the first introduction's; later ones' duplicates are
+/// closed). A hostile process that holds the area and introduces itself first with an eventfd
+/// of its own only keeps that device's sleepers from being rung (they find news by the safety
+/// net), the same harm as clearing its marks.
 #[derive(Debug)]
 pub(crate) struct PeerArea {
     map: Mapping,
     slots: u32,
+    doorbell: EventFd,
 }
 
 impl PeerArea {
     /// Maps an area a peer handed over. Its slot count follows from the file's size (sealed,
     /// so it cannot change); there is no header a peer could spoil for the others.
-    fn map(memfd: &Memfd) -> Result<Self, &'static str> {
+    fn map(memfd: &Memfd, doorbell: EventFd) -> Result<Self, &'static str> {
         let len = usize::try_from(memfd.len()).unwrap_or(usize::MAX);
         if !(area_len(MIN_SLOTS)..=area_len(MAX_SLOTS)).contains(&len) {
             return Err("the peer's activity area has an impossible size");
@@ -205,7 +210,12 @@ impl PeerArea {
         let slots = ((len - BITS_OFFSET) / 24) as u32 * SLOTS_PER_WORD;
         let map = Mapping::peer(memfd, area_len(slots) as u64, true)
             .map_err(|_| "the peer's activity area cannot be mapped writable")?;
-        Ok(Self { map, slots })
+        Ok(Self { map, slots, doorbell })
+    }
+
+    /// Rings the peer device's doorbell.
+    pub(crate) fn ring(&self) {
+        self.doorbell.signal(1);
     }
 
     /// Whether the area has slot `slot`.
@@ -247,14 +257,15 @@ pub(crate) struct PeerAreas {
 }
 
 impl PeerAreas {
-    /// The mapping of the area `memfd` holds (made now if no live link has it mapped).
-    pub(crate) fn get(&self, memfd: &Memfd) -> Result<Arc<PeerArea>, &'static str> {
+    /// The mapping of the area `memfd` holds (made now, with `doorbell`, if no live link has it
+    /// mapped; otherwise `doorbell` is closed).
+    pub(crate) fn get(&self, memfd: &Memfd, doorbell: EventFd) -> Result<Arc<PeerArea>, &'static str> {
         let id = identity(memfd).map_err(|_| "cannot identify the peer's activity area")?;
         let mut mapped = self.mapped.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(area) = mapped.get(&id).and_then(Weak::upgrade) {
             return Ok(area);
         }
-        let area = Arc::new(PeerArea::map(memfd)?);
+        let area = Arc::new(PeerArea::map(memfd, doorbell)?);
         mapped.retain(|_, area| area.strong_count() > 0);
         mapped.insert(id, Arc::downgrade(&area));
         Ok(area)
@@ -268,6 +279,10 @@ mod tests {
     use super::*;
     use crate::activity::state_value;
 
+    fn bell() -> EventFd {
+        EventFd::new(false).expect("eventfd")
+    }
+
     fn peer_memfd(own: &OwnArea) -> Memfd {
         let fd = own.memfd().as_fd().try_clone_to_owned().expect("dup");
         Memfd::from_peer(fd, 1).expect("memfd")
@@ -278,7 +293,7 @@ mod tests {
         let own = OwnArea::create(200).expect("area");
         assert_eq!(own.slots(), 256);
         let areas = PeerAreas::default();
-        let peer = areas.get(&peer_memfd(&own)).expect("peer view");
+        let peer = areas.get(&peer_memfd(&own), bell()).expect("peer view");
         assert!(!peer.signal(70), "rang an owner that is awake");
         assert!(!peer.signal(199));
         assert!(!peer.signal(256), "slot past the end");
@@ -313,14 +328,14 @@ mod tests {
     fn links_to_one_device_share_its_mapping() {
         let own = OwnArea::create(64).expect("area");
         let areas = PeerAreas::default();
-        let first = areas.get(&peer_memfd(&own)).expect("first");
-        let second = areas.get(&peer_memfd(&own)).expect("second");
+        let first = areas.get(&peer_memfd(&own), bell()).expect("first");
+        let second = areas.get(&peer_memfd(&own), bell()).expect("second");
         assert!(Arc::ptr_eq(&first, &second), "mapped twice");
         let other = OwnArea::create(64).expect("another device's area");
-        let third = areas.get(&peer_memfd(&other)).expect("third");
+        let third = areas.get(&peer_memfd(&other), bell()).expect("third");
         assert!(!Arc::ptr_eq(&first, &third), "two devices' areas confused");
         drop((first, second));
-        let again = areas.get(&peer_memfd(&own)).expect("remapped");
+        let again = areas.get(&peer_memfd(&own), bell()).expect("remapped");
         assert!(!Arc::ptr_eq(&again, &third));
     }
 
@@ -330,11 +345,11 @@ mod tests {
             let memfd = Memfd::create("lightpath-shm-test", len.max(1)).expect("memfd");
             let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
             let received = Memfd::from_peer(fd, 1).expect("memfd");
-            assert!(PeerArea::map(&received).is_err(), "an area of {len} bytes was mapped");
+            assert!(PeerArea::map(&received, bell()).is_err(), "an area of {len} bytes was mapped");
         }
         let memfd = Memfd::create("lightpath-shm-test", area_len(128) as u64 + 13).expect("memfd");
         let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
-        let area = PeerArea::map(&Memfd::from_peer(fd, 1).expect("memfd")).expect("a two-word area");
+        let area = PeerArea::map(&Memfd::from_peer(fd, 1).expect("memfd"), bell()).expect("a two-word area");
         assert!(area.has_slot(127) && !area.has_slot(128), "slots of a file with a partial word");
     }
 

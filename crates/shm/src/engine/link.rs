@@ -61,10 +61,9 @@ pub(crate) struct PeerAttach {
     pub(crate) from_gid: Gid,
     pub(crate) from_qpn: u32,
     pub(crate) segment: PeerSegment,
-    pub(crate) doorbell: EventFd,
     /// Its own doorbell, if a thread of the peer waits for it alone (see `crate::activity`).
     pub(crate) waiter: Option<EventFd>,
-    /// Its device's activity area, and its slot there.
+    /// Its device's activity area (with the device's doorbell), and its slot there.
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
     /// The socket it connected with.
@@ -76,7 +75,6 @@ pub(crate) struct PeerAttach {
 pub(crate) struct PeerSide {
     pub(crate) segment: PeerSegment,
     pub(crate) consumer: Consumer,
-    pub(crate) doorbell: EventFd,
     pub(crate) waiter: Option<EventFd>,
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
@@ -91,7 +89,7 @@ impl PeerSide {
     /// a NAK or a state change; else only acknowledgements or freed ring space).
     pub(crate) fn signal(&self, arrival: bool) {
         if self.area.signal(self.slot) {
-            self.doorbell.signal(1);
+            self.area.ring();
         }
         if let Some(waiter) = &self.waiter {
             if self.area.take_waiter(self.slot, arrival) {
@@ -161,7 +159,6 @@ impl Link {
         self.peer = Some(PeerSide {
             segment: attach.segment,
             consumer,
-            doorbell: attach.doorbell,
             waiter: attach.waiter,
             area: attach.area,
             slot: attach.slot,

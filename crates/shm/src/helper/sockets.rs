@@ -360,12 +360,12 @@ fn accept_hello(
         Some(fd) => Some(EventFd::from_peer(fd).ok()?),
         None => None,
     };
-    let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?).ok()?;
+    let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?, doorbell).ok()?;
     if !area.has_slot(slot) {
         return None;
     }
     let served = shared.ctx.registry.register(Arc::new(socket), SocketRole::Served { qpn: to_qpn });
-    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, doorbell, waiter, area, slot, served })
+    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, waiter, area, slot, served })
 }
 
 #[cfg(test)]
