@@ -14,7 +14,7 @@
 //! [`LIVENESS_SLICE`], checking the TCP connection (the liveness channel) between slices so
 //! that a peer that died is noticed promptly.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -243,21 +243,18 @@ impl<D: Device> RdmaConn<D> {
 
     /// Reads what the TCP connection has: the peer's clean close, an error, or EOF.
     fn check_tcp(&mut self) {
-        // Never block here, whatever mode another handle of this socket left it in.
-        if self.tcp.set_nonblocking(true).is_err() {
-            self.tcp_eof = true;
-            return;
-        }
+        // Never block here, whatever mode another handle of this socket left it in: each read
+        // says so itself (one system call per look; an event loop looks after every wake-up).
         let mut buf = [0u8; 512];
         loop {
-            match self.tcp.read(&mut buf) {
-                Ok(0) => {
+            match rustix::net::recv(&self.tcp, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
                     self.tcp_eof = true;
                     break;
                 }
-                Ok(n) => self.control.extend_from_slice(&buf[..n]),
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Ok((n, _)) => self.control.extend_from_slice(&buf[..n]),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => {
                     self.tcp_eof = true;
                     break;
