@@ -21,8 +21,10 @@ use crate::qp::{Qp, QpTable};
 use crate::stats::EngineStats;
 use crate::time::Time;
 
-/// Largest datagram the engine emits: BTH + 28 bytes of extension headers + 4096 payload + 4 ICRC.
-pub const MAX_DATAGRAM: usize = 4096 + 12 + 28 + 4 + 4;
+/// Largest datagram the engine emits: BTH (12) + 28 bytes of extension headers + the largest
+/// payload ([`MAX_LIGHTPATH_PMTU`](lightpath_verbs::MAX_LIGHTPATH_PMTU) between Lightpath soft
+/// devices; 4096 towards anybody else) + 4 ICRC, and 4 spare.
+pub const MAX_DATAGRAM: usize = lightpath_verbs::MAX_LIGHTPATH_PMTU as usize + 12 + 28 + 4 + 4;
 
 /// A sans-I/O RoCE v2 RC transport engine. See the crate documentation for the contract.
 pub struct Engine {

@@ -144,6 +144,17 @@ pub struct QpAttr {
     pub av: Option<AddressVector>,
     /// Path MTU (INIT→RTR).
     pub path_mtu: Option<Mtu>,
+    /// A Lightpath extension: a path MTU in bytes beyond InfiniBand's five sizes, between two
+    /// Lightpath soft devices (INIT→RTR, with an address vector whose `lightpath_peer` is
+    /// set). Any size from 256 to [`MAX_LIGHTPATH_PMTU`](crate::MAX_LIGHTPATH_PMTU) that the
+    /// link carries ([`lightpath_pmtu_for_link`](crate::lightpath_pmtu_for_link)): 32 KiB on
+    /// loopback, 1408 bytes on a 1500-byte Ethernet link (where IB's largest fitting size is
+    /// 1024), 8896 on a 9000-byte one. Fewer, larger packets cost fewer system calls, headers
+    /// and acknowledgements per byte. Both ends must set the same value (the stream
+    /// negotiation takes the smaller of the two sides' offers); it replaces `path_mtu`, which
+    /// stays required. Providers other than soft ignore it; the soft provider refuses a size
+    /// its link cannot carry ([`Error::PathMtuTooLarge`](crate::Error::PathMtuTooLarge)).
+    pub lightpath_pmtu: Option<u32>,
     /// Peer queue pair number (INIT→RTR).
     pub dest_qp_num: Option<u32>,
     /// Expected PSN of the first incoming request = the peer's `sq_psn` (INIT→RTR).

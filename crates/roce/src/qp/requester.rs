@@ -21,8 +21,12 @@ use crate::time::Time;
 /// (rxe's `RXE_MAX_UNACKED_PSNS`).
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
 /// The same limit towards a Lightpath soft peer (address vector `lightpath_peer`), which
-/// takes bursts this long without dropping (its socket buffer holds several MB).
+/// takes bursts this long without dropping (its socket buffer holds several MB)...
 pub(crate) const LIGHTPATH_MAX_UNACKED_PSNS: i32 = 1024;
+/// ...as long as they stay within this many payload bytes (4 MiB: 1,024 packets of 4 KiB); with
+/// a larger path MTU (`QpAttr::lightpath_pmtu`) the window holds fewer, larger packets, never
+/// fewer than [`MAX_UNACKED_PSNS`].
+pub(crate) const LIGHTPATH_WINDOW_BYTES: u32 = 4 << 20;
 /// AckReq is set on the last packet of every message and, in long messages, on every this
 /// many packets, so a peer that only ACKs AckReq packets (rxe) keeps our window moving.
 pub(crate) const ACK_REQ_INTERVAL: u32 = 64;
@@ -216,8 +220,11 @@ impl Qp {
 
     /// The largest send window towards this peer, in PSNs.
     pub(crate) fn max_send_window(&self) -> u32 {
-        let max = if self.params.lightpath_peer { LIGHTPATH_MAX_UNACKED_PSNS } else { MAX_UNACKED_PSNS };
-        max as u32
+        if !self.params.lightpath_peer {
+            return MAX_UNACKED_PSNS as u32;
+        }
+        (LIGHTPATH_WINDOW_BYTES / self.params.pmtu.max(1))
+            .clamp(MAX_UNACKED_PSNS as u32, LIGHTPATH_MAX_UNACKED_PSNS as u32)
     }
 
     /// The current send limit in PSNs past `una`.
