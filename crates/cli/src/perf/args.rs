@@ -162,8 +162,9 @@ impl Args {
         }
         if let Some(mtu) = self.mtu {
             let ib = lightpath_verbs::Mtu::from_bytes(mtu).is_some();
-            let extension = (256..=lightpath_verbs::MAX_LIGHTPATH_PMTU).contains(&mtu);
-            if !ib && !(extension && self.provider == ProviderKind::Soft) {
+            let extension = self.provider == ProviderKind::Soft
+                && (256..=lightpath_verbs::MAX_LIGHTPATH_PMTU).contains(&mtu);
+            if !(ib || extension) {
                 bail!(
                     "MTU {mtu} is not one of 256, 512, 1024, 2048, 4096 (between soft sides any size from 256 \
                      to 32768 the link carries)"
