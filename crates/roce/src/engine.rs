@@ -89,7 +89,13 @@ impl Engine {
     fn ctx(&mut self) -> (&mut QpTable, Ctx<'_>) {
         (
             &mut self.qps,
-            Ctx { mrs: &mut self.mrs, cqs: &mut self.cqs, stats: &mut self.stats, events: &mut self.events },
+            Ctx {
+                gather: self.config.gather_payloads,
+                mrs: &mut self.mrs,
+                cqs: &mut self.cqs,
+                stats: &mut self.stats,
+                events: &mut self.events,
+            },
         )
     }
 
@@ -282,6 +288,7 @@ impl Engine {
             let Some(qp) = qps.get_mut(qpn) else { continue };
             qp.in_ready_list = false;
             let produced = qp.produce(&mut ctx, now, buf);
+            let gathered = qp.gathered.take();
             let src_port = fixed_src_port.unwrap_or(qp.params.src_port);
             let dst_port = match qp.params.dst_port {
                 0 => default_dst_port,
@@ -292,7 +299,9 @@ impl Engine {
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port };
-            if segmentable {
+            if gathered.is_some() {
+                // Headers only; the driver appends the payload and a zero trailer.
+            } else if segmentable {
                 // A Lightpath soft peer neither needs nor checks the ICRC (see
                 // `handle_datagram`): the field stays zero, and a CRC pass over every byte
                 // is saved on both sides.
@@ -303,7 +312,7 @@ impl Engine {
                 continue;
             }
             self.stats.tx_datagrams += 1;
-            return Some(Transmit { dst, dst_port, src_port, len, segmentable });
+            return Some(Transmit { dst, dst_port, src_port, len, segmentable, gathered });
         }
         None
     }

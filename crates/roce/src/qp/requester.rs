@@ -359,26 +359,36 @@ impl Qp {
                     }
                 }
                 let header_len = h.emit(payload_len, buf).ok()?;
-                let payload = &mut buf[header_len..header_len + payload_len];
-                let copied = if wqe.inline {
-                    let start = offset as usize;
-                    match wqe.inline_data.get(start..start + payload_len) {
-                        Some(bytes) => {
-                            payload.copy_from_slice(bytes);
-                            Ok(())
-                        }
-                        None => Err(crate::memory::LocalProtectionError),
-                    }
+                // Towards a Lightpath peer the driver may send the payload from where it lies.
+                let in_place = (ctx.gather && self.params.lightpath_peer && !wqe.inline && payload_len > 0)
+                    .then(|| sgl::stable_span(ctx.mrs, &wqe.sges, offset, payload_len))
+                    .flatten();
+                if let Some(addr) = in_place {
+                    let trailer = h.datagram_len(payload_len) - header_len - payload_len;
+                    self.gathered = Some(crate::event::Gathered { addr, len: payload_len, trailer });
+                    (header_len, ack_req, 1)
                 } else {
-                    sgl::gather(ctx.mrs, &wqe.sges, offset, payload)
-                };
-                if copied.is_err() {
-                    // The region was deregistered (or shrank) after the WQE started.
-                    self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
-                    self.enter_error(ctx, true);
-                    return None;
+                    let payload = &mut buf[header_len..header_len + payload_len];
+                    let copied = if wqe.inline {
+                        let start = offset as usize;
+                        match wqe.inline_data.get(start..start + payload_len) {
+                            Some(bytes) => {
+                                payload.copy_from_slice(bytes);
+                                Ok(())
+                            }
+                            None => Err(crate::memory::LocalProtectionError),
+                        }
+                    } else {
+                        sgl::gather(ctx.mrs, &wqe.sges, offset, payload)
+                    };
+                    if copied.is_err() {
+                        // The region was deregistered (or shrank) after the WQE started.
+                        self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
+                        self.enter_error(ctx, true);
+                        return None;
+                    }
+                    (h.datagram_len(payload_len), ack_req, 1)
                 }
-                (h.datagram_len(payload_len), ack_req, 1)
             }
         };
 

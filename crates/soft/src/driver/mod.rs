@@ -217,6 +217,8 @@ impl Shared {
             max_mrs: config.max_mrs,
             max_cqs: config.max_cqs,
             max_cqe: config.max_cqe,
+            // Payloads towards Lightpath peers go from region memory to the kernel directly.
+            gather_payloads: true,
         });
         let core = Core {
             engine,
