@@ -15,7 +15,7 @@ mod timer;
 
 pub(crate) use eventfd::EventFd;
 pub(crate) use ifaddrs::{interface_addrs, link_mtu_of};
-pub(crate) use mlock::{mlock, munlock};
+pub(crate) use mlock::{map_zeroed, mlock, munlock, unmap};
 pub(crate) use mmsg::{
     DatagramParts, OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, RECV_BATCH,
     SEND_DATAGRAMS,
