@@ -26,6 +26,7 @@ use lightpath_verbs::{AccessFlags, QpCaps, QpState, WcOpcode, WcStatus, WorkComp
 
 use crate::cq::CqHandle;
 use crate::event::{Ctx, EngineEvent};
+use crate::stats::QpStats;
 use crate::time::Time;
 
 pub(crate) use table::QpTable;
@@ -113,6 +114,8 @@ pub(crate) struct Qp {
     pub(crate) timer_queued: Option<Time>,
     /// Engine bookkeeping: a `QpError` event for this QP waits in the event queue.
     pub(crate) error_event_pending: bool,
+    /// This queue pair's counters.
+    pub(crate) stats: QpStats,
 }
 
 impl Qp {
@@ -138,6 +141,7 @@ impl Qp {
             in_ready_list: false,
             timer_queued: None,
             error_event_pending: false,
+            stats: QpStats::default(),
         }
     }
 
@@ -197,6 +201,17 @@ impl Qp {
     /// output and the timers stop. `notify` queues a `QpError` event (errors the engine
     /// detected, as opposed to a `modify_qp` to ERR).
     pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>, notify: bool) {
+        if notify {
+            let head_error = (!self.sq.is_empty()).then(|| self.sq.get_mut(self.sq.head).error).flatten();
+            tracing::warn!(
+                qpn = self.qpn,
+                dest_qpn = self.params.dest_qpn,
+                peer = %self.params.peer_ip,
+                from_state = ?self.state,
+                status = ?head_error,
+                "queue pair entered the error state"
+            );
+        }
         self.state = QpState::Err;
         self.timers = QpTimers::default();
         self.resp.output.clear();
