@@ -139,6 +139,11 @@ pub struct Args {
     /// Print one JSON object per size (client) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Speak perftest's out-of-band exchange and message pattern, so the other end is
+    /// rdma-core's perftest (`ib_write_bw`, `ib_read_bw`, `ib_write_lat`, `ib_read_lat`)
+    /// instead of another `lightpath perf` (soft provider, RC, one queue pair).
+    #[arg(long)]
+    pub perftest: bool,
 }
 
 impl Args {
@@ -162,6 +167,12 @@ impl Args {
             if lightpath_verbs::Mtu::from_bytes(mtu).is_none() {
                 bail!("MTU {mtu} is not one of 256, 512, 1024, 2048, 4096");
             }
+        }
+        if self.perftest && self.provider != ProviderKind::Soft {
+            bail!("--perftest runs the soft provider against perftest; drop --provider");
+        }
+        if self.perftest && self.json {
+            bail!("--perftest prints perftest's table; --json is not available with it");
         }
         if self.tx_depth == 0 {
             bail!("tx depth must be at least 1");
