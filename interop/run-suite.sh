@@ -362,7 +362,7 @@ case_perftest() {
     lp_traffic=$((lp_traffic + 1))
     case $t in *_lat) iters=200 ;; *) iters=500 ;; esac
     if [ "$size" = all ]; then
-        iters=4
+        iters=5 # perftest's minimum
         opts="-a -n $iters"
     else
         opts="-s $size -n $iters"
