@@ -62,6 +62,8 @@ const OLDEST_PEER_VERSION: f64 = 5.70;
 const KEYS_LEN: usize = 108;
 /// Reads this side allows in flight towards it, and issues (perftest's usual value).
 const OUT_READS: u32 = 16;
+/// The ACK timeout exponent of the queue pair (4.096 µs × 2^18 ≈ 1.07 s; see `connect_perftest`).
+const ACK_TIMEOUT: u8 = 18;
 /// How long a control-connection step may take before the peer is declared stuck.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a passive server waits with neither a datagram nor a control message.
@@ -494,6 +496,10 @@ impl Side<SoftDevice> {
         self.qp.modify(&rtr).context("moving the queue pair to RTR")?;
         let mut rts = QpAttr::to_rts(self.psn);
         rts.max_rd_atomic = Some(peer.out_reads.clamp(1, OUT_READS) as u8);
+        // perftest's peer is often rxe, in a VM: under load its responder stalls for longer
+        // than the usual 67 ms timeout times 7 retries (seen with -a's 4-8 MiB messages under
+        // TCG), so this side waits up to ~1 s per retry before sending again.
+        rts.timeout = Some(ACK_TIMEOUT);
         self.qp.modify(&rts).context("moving the queue pair to RTS")?;
         self.peer_region = (peer.vaddr, peer.rkey);
         self.mtu = mtu;
