@@ -80,6 +80,20 @@ for op in "${ops[@]}"; do
     cases+=("interop-peer-lp-server-$op|rxe requester -> Lightpath responder|case_peer_lp_server $op")
     cases+=("interop-peer-lp-client-$op|Lightpath requester -> rxe responder|case_peer_lp_client $op")
 done
+# perftest (ib_write_bw, ...) in the VM against `lightpath perf --perftest` (soft, host), both
+# roles: three sizes over two MTUs, and -a (every size, 2 B..8 MiB, few iterations).
+pt_tests=(write_bw read_bw write_lat read_lat)
+pt_points=("64 1024" "4096 256" "65536 1024")
+for t in "${pt_tests[@]}"; do
+    for point in "${pt_points[@]}"; do
+        read -r s m <<< "$point"
+        cases+=("perftest-lp-server-$t-s$s-m$m|ib_$t (rxe) -> lightpath perf --perftest server|case_perftest server $t $s $m")
+        cases+=("perftest-lp-client-$t-s$s-m$m|lightpath perf --perftest client -> ib_$t (rxe)|case_perftest client $t $s $m")
+    done
+    cases+=("perftest-lp-server-$t-all|ib_$t -a (rxe) -> lightpath perf --perftest server|case_perftest server $t all 1024")
+    cases+=("perftest-lp-client-$t-all|lightpath perf --perftest -a client -> ib_$t (rxe)|case_perftest client $t all 1024")
+done
+cases+=("perftest-mismatch|ib_write_bw -c UC / larger size -> lightpath: clear errors, no hang|case_perftest_mismatch")
 # The ibverbs provider inside the VM, on rxe0: conformance, ibv_rc_pingpong, the soft provider
 # across the tap (every operation, both directions), perf against perftest, bad input.
 cases+=("ibverbs-build-tests|host|case_build_ibverbs_tests")
@@ -329,6 +343,136 @@ case_pingpong_lp_client() {
     sed 's/^/[lightpath] /' "$case_dir/lightpath.log"
     [ "$vm_rc" = 0 ] && [ "$host_rc" = 0 ] && return 0
     note "ibv_rc_pingpong rc=$vm_rc, lightpath rc=$host_rc"
+    return 1
+}
+
+# The "#bytes #iterations" pairs of a perftest-style result table (lines that start with two
+# numbers), one per line.
+result_pairs() { awk '/^[[:space:]]*[0-9]+[[:space:]]+[0-9]+[[:space:]]/ { print $1, $2 }' "$1"; }
+
+# perftest in the VM against `lightpath perf --perftest` in the host namespace. ROLE is
+# Lightpath's: server (perftest connects from the VM) or client (perftest serves in the VM).
+# SIZE is a message size or "all" (-a). Passes when both exit 0 and every "#bytes
+# #iterations" pair one prints, the other prints too (the passive servers of read_lat print
+# no table; their peer's must then have the expected pairs).
+case_perftest() {
+    local role=$1 t=$2 size=$3 m=$4 port host_rc=0 vm_rc=0 pid id opts iters
+    need_lightpath perf || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    case $t in *_lat) iters=200 ;; *) iters=500 ;; esac
+    if [ "$size" = all ]; then
+        iters=5 # perftest's minimum
+        opts="-a -n $iters"
+    else
+        opts="-s $size -n $iters"
+    fi
+    # -F: perftest's CPU-frequency check fails under TCG.
+    local pt="ib_$t -F -d rxe0 -x $G -p $port -m $m $opts"
+    local lp=("$LP" perf "$t" --perftest --bind "$LPVM_HOST_IP" -p "$port" -m "$m" $opts)
+    if [ "$role" = server ]; then
+        lpvm_ns_start "$case_dir/lightpath.log" $T_CASE "${lp[@]}"
+        pid=$LPVM_BG_PID
+        if ! lpvm_ns_wait_listening "$port" 30; then
+            note "lightpath perf --perftest never listened on TCP $port (see lightpath.log)"
+            kill "$pid" 2> /dev/null
+            return 1
+        fi
+        lpvm_job "pts-$t-$size-$m-$port" "$pt $LPVM_HOST_IP" $T_CASE > "$case_dir/rxe.log" 2>&1 || vm_rc=$?
+        wait "$pid" || host_rc=$?
+    else
+        id=ptc-$t-$size-$m-$port
+        lpvm_job_start "$id" "lp_serve $port $pt" $T_CASE
+        if ! lpvm_job_wait_listening "$id" 30; then
+            note "ib_$t in the VM never listened on TCP $port"
+            lpvm_job_wait "$id" 60
+            cat "$LPVM_SHARE/jobs/$id.log"
+            return 1
+        fi
+        lpvm_ns timeout --kill-after=3 $T_CASE "${lp[@]}" "$LPVM_VM_IP" > "$case_dir/lightpath.log" 2>&1 || host_rc=$?
+        lpvm_job_wait "$id" $((T_CASE + 30)) || vm_rc=$?
+        cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/rxe.log" 2> /dev/null
+    fi
+    sed 's/^/[perftest] /' "$case_dir/rxe.log"
+    sed 's/^/[lightpath] /' "$case_dir/lightpath.log"
+    if [ "$vm_rc" != 0 ] || [ "$host_rc" != 0 ]; then
+        note "ib_$t rc=$vm_rc, lightpath rc=$host_rc"
+        return 1
+    fi
+    local lp_pairs pt_pairs want
+    lp_pairs=$(result_pairs "$case_dir/lightpath.log")
+    pt_pairs=$(result_pairs "$case_dir/rxe.log")
+    if [ "$size" = all ]; then
+        want=$(for i in $(seq 1 23); do echo "$((1 << i)) $iters"; done)
+    else
+        want="$size $iters"
+    fi
+    # read_lat's server is passive and prints no table (perftest's and Lightpath's alike);
+    # every other side prints exactly the expected sizes and counts.
+    local lp_passive=0 pt_passive=0
+    if [ "$t" = read_lat ]; then
+        if [ "$role" = server ]; then lp_passive=1; else pt_passive=1; fi
+    fi
+    local pt_want=$want lp_want=$want
+    [ "$pt_passive" = 1 ] && pt_want=""
+    [ "$lp_passive" = 1 ] && lp_want=""
+    # A bandwidth server (perftest's and Lightpath's alike) prints the client's report, which
+    # comes once, at the end: with -a, that of the last size.
+    if [[ $t == *_bw ]]; then
+        if [ "$role" = server ]; then lp_want=$(tail -n 1 <<< "$want"); else pt_want=$(tail -n 1 <<< "$want"); fi
+    fi
+    if [ "$pt_pairs" != "$pt_want" ]; then
+        note "perftest reported [$(echo $pt_pairs)], expected [$(echo $pt_want)]"
+        return 1
+    fi
+    if [ "$lp_pairs" != "$lp_want" ]; then
+        note "lightpath reported [$(echo $lp_pairs)], expected [$(echo $lp_want)]"
+        return 1
+    fi
+    if [ $((lp_passive + pt_passive)) = 0 ]; then
+        note "both report $(echo "$want" | wc -l) size(s) with $iters iterations each"
+    else
+        note "the client reports $(echo "$want" | wc -l) size(s) with $iters iterations each (read_lat's server prints none)"
+    fi
+    return 0
+}
+
+# Options perftest does not exchange, mismatched on purpose: a UC client (-c UC) and a
+# client with larger messages than the server's buffer. Lightpath must exit with a clear
+# error (exit 2) within the case's time limit, not hang and not report a result.
+case_perftest_mismatch() {
+    local port pid host_rc=0 fail=0
+    need_lightpath perf || return $NOT_RUN
+    lp_traffic=$((lp_traffic + 1))
+    # 1. perftest over UC against Lightpath's RC server.
+    take_port
+    lpvm_ns_start "$case_dir/lightpath-uc.log" 60 "$LP" perf write_bw --perftest --bind "$LPVM_HOST_IP" -p "$port" -s 4096 -n 50
+    pid=$LPVM_BG_PID
+    lpvm_ns_wait_listening "$port" 30 || { note "lightpath never listened"; kill "$pid"; return 1; }
+    lpvm_job "ptm-uc-$port" "ib_write_bw -F -d rxe0 -x $G -p $port -c UC -s 4096 -n 50 $LPVM_HOST_IP" 60 > "$case_dir/rxe-uc.log" 2>&1
+    wait "$pid" || host_rc=$?
+    sed 's/^/[uc perftest] /' "$case_dir/rxe-uc.log"
+    sed 's/^/[uc lightpath] /' "$case_dir/lightpath-uc.log"
+    if [ "$host_rc" != 2 ] || ! grep -q "UC or UD" "$case_dir/lightpath-uc.log"; then
+        echo "UC peer: expected exit 2 naming UC or UD, got rc=$host_rc"
+        fail=1
+    fi
+    # 2. perftest writes 65536-byte messages into a server started for 64-byte ones... the
+    # server's buffer is at least a page, so the client's larger writes fall outside it.
+    take_port
+    host_rc=0
+    lpvm_ns_start "$case_dir/lightpath-size.log" 60 "$LP" perf write_bw --perftest --bind "$LPVM_HOST_IP" -p "$port" -s 64 -n 50
+    pid=$LPVM_BG_PID
+    lpvm_ns_wait_listening "$port" 30 || { note "lightpath never listened"; kill "$pid"; return 1; }
+    lpvm_job "ptm-size-$port" "ib_write_bw -F -d rxe0 -x $G -p $port -s 65536 -n 50 $LPVM_HOST_IP" 60 > "$case_dir/rxe-size.log" 2>&1
+    wait "$pid" || host_rc=$?
+    sed 's/^/[size perftest] /' "$case_dir/rxe-size.log"
+    sed 's/^/[size lightpath] /' "$case_dir/lightpath-size.log"
+    if [ "$host_rc" != 2 ] || ! grep -q "same -s / -a" "$case_dir/lightpath-size.log"; then
+        echo "larger client messages: expected exit 2 naming -s / -a, got rc=$host_rc"
+        fail=1
+    fi
+    [ "$fail" = 0 ] && note "both mismatches ended in clear errors" && return 0
     return 1
 }
 

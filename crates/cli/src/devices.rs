@@ -17,7 +17,85 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Show the counters of the soft devices that running Lightpath processes opened for
+    /// their streams (datagrams, bytes, retransmissions, NAKs, RNR NAKs, drops by reason),
+    /// asked of each process over its `@lightpath-stats-<pid>` socket (this network namespace).
+    #[arg(long)]
+    pub stats: bool,
 }
+
+#[derive(Debug, Serialize)]
+struct ProcessStats {
+    pid: u32,
+    devices: Vec<DeviceStats>,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceStats {
+    name: String,
+    local: String,
+    counters: std::collections::BTreeMap<String, u64>,
+    /// The counters in the order the process reported them (engine, then driver).
+    #[serde(skip)]
+    in_order: Vec<(String, u64)>,
+}
+
+/// `lightpath devices --stats`.
+fn run_stats(json: bool) -> Result<ExitCode> {
+    let pids = lightpath::counters::serving_processes()
+        .map_err(|err| anyhow::anyhow!("cannot read /proc/net/unix: {err}"))?;
+    let mut processes = Vec::new();
+    for pid in pids {
+        match lightpath::counters::fetch_report(pid) {
+            Ok(devices) => processes.push(ProcessStats {
+                pid,
+                devices: devices
+                    .into_iter()
+                    .map(|(name, local, in_order)| DeviceStats {
+                        name,
+                        local,
+                        counters: in_order.iter().cloned().collect(),
+                        in_order,
+                    })
+                    .collect(),
+            }),
+            // The process may have exited between the listing and the question.
+            Err(err) => eprintln!("lightpath: process {pid}: {err}"),
+        }
+    }
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&processes)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if processes.is_empty() {
+        outln!("no Lightpath process in this network namespace has a soft device open");
+    }
+    for process in &processes {
+        for device in &process.devices {
+            outln!("process {} {} ({})", process.pid, device.name, device.local);
+            for (name, value) in &device.in_order {
+                if *value != 0 || COUNTERS_ALWAYS_SHOWN.contains(&name.as_str()) {
+                    outln!("  {name:<26} {value}");
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Counters printed even when zero (the rest only when they moved).
+const COUNTERS_ALWAYS_SHOWN: [&str; 10] = [
+    "rx_datagrams",
+    "rx_bytes",
+    "tx_datagrams",
+    "tx_bytes",
+    "retransmits",
+    "naks_sent",
+    "naks_received",
+    "rnr_naks_sent",
+    "rnr_naks_received",
+    "drops_icrc",
+];
 
 #[derive(Debug, Serialize)]
 struct ProviderReport {
@@ -175,6 +253,9 @@ fn shm_report() -> ProviderReport {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<ExitCode> {
+    if args.stats {
+        return run_stats(args.json);
+    }
     let reports = vec![soft_report(), ibverbs_report(), shm_report()];
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&reports)?);

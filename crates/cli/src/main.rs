@@ -63,7 +63,27 @@ Results carry both processes' CPU time; `lightpath plot` draws --json lines.")]
     Plot(plot::Args),
 }
 
+/// Logging: `LIGHTPATH_LOG` is a tracing filter (`debug`, `lightpath_roce=trace`, ...);
+/// events go to stderr. Unset, nothing is installed and events cost a check each.
+fn init_logging() -> anyhow::Result<()> {
+    let Some(spec) = std::env::var_os("LIGHTPATH_LOG") else { return Ok(()) };
+    let spec = spec.to_str().ok_or_else(|| anyhow::anyhow!("LIGHTPATH_LOG is not UTF-8"))?;
+    let filter = tracing_subscriber::EnvFilter::try_new(spec)
+        .map_err(|err| anyhow::anyhow!("LIGHTPATH_LOG={spec:?} is not a valid filter: {err}"))?;
+    use std::io::IsTerminal as _;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    if let Err(err) = init_logging() {
+        eprintln!("lightpath: {err:#}");
+        return ExitCode::from(2);
+    }
     // `perf stream_…` has options of its own (see `perf::stream`).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let result =

@@ -37,6 +37,7 @@
 //! so a server with a thousand connections polls one queue, not a thousand.
 
 mod completions;
+pub mod counters;
 mod devices;
 mod error;
 mod listener;
@@ -53,6 +54,8 @@ mod tcp;
 #[path = "tokio_driver.rs"]
 pub mod tokio;
 
+pub use counters::{soft_device_stats, SoftDeviceStats};
+pub use lightpath_soft::{QpStats, SoftStats};
 pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 pub use listener::Listener;
 pub use options::Options;

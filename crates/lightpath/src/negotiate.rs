@@ -110,6 +110,20 @@ pub(crate) struct Handshake {
     magic_sent: bool,
     /// Which side this is.
     is_client: bool,
+    /// The connection's span: negotiation, provider choice and the fallback reason are
+    /// reported in it.
+    span: tracing::Span,
+    /// Why the connection falls back to TCP, in words, when a step said more than the reason
+    /// code (an error text, or the peer's detail); and whether the peer decided it.
+    fallback_detail: String,
+    fallback_by_peer: bool,
+}
+
+/// The span of one connection, named after its side and addresses.
+fn connection_span(role: &'static str, tcp: &TcpStream) -> tracing::Span {
+    let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let local = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    tracing::debug_span!("lightpath_connection", role, %peer, %local)
 }
 
 impl Handshake {
@@ -123,6 +137,8 @@ impl Handshake {
         if options.fault_other_host {
             host_id[0] ^= 0xFF;
         }
+        let span = connection_span("client", tcp);
+        tracing::debug!(parent: &span, offered = ?providers, "negotiation: client hello");
         let hello = Message::ClientHello { min_version, max_version, providers: providers.clone(), host_id };
         let mut out = CLIENT_MAGIC.to_vec();
         hello.emit(&mut out);
@@ -135,6 +151,9 @@ impl Handshake {
             deadline: Instant::now() + options.handshake_timeout,
             magic_sent: false,
             is_client: true,
+            span,
+            fallback_detail: String::new(),
+            fallback_by_peer: false,
         })
     }
 
@@ -150,6 +169,9 @@ impl Handshake {
             deadline: Instant::now() + options.plain_client_wait,
             magic_sent: false,
             is_client: false,
+            span: connection_span("server", tcp),
+            fallback_detail: String::new(),
+            fallback_by_peer: false,
         })
     }
 
@@ -314,6 +336,9 @@ impl Handshake {
 
     /// Advances as far as the bytes received allow.
     fn step(&mut self, tcp: &TcpStream) -> io::Result<()> {
+        // Device set-up and queue-pair events of this step belong to the connection.
+        let span = self.span.clone();
+        let _entered = span.enter();
         let state = std::mem::replace(&mut self.state, State::Gone);
         self.state = match state {
             State::ClientMagic { providers } => match match_magic(&self.input, &SERVER_MAGIC) {
@@ -344,7 +369,7 @@ impl Handshake {
                     self.deadline = Instant::now() + self.options.probe_timeout;
                     State::ClientProbe { conn, provider }
                 }
-                Some(Message::Fallback { reason, .. }) => State::Finished(Outcome::Tcp(reason)),
+                Some(Message::Fallback { reason, detail }) => self.peer_fell_back(reason, detail),
                 Some(Message::Error(text)) => return Err(invalid(format!("the server refused: {text}"))),
                 Some(other) => {
                     return Err(invalid(format!("expected Ready, got {:?}", other.message_type())))
@@ -381,6 +406,7 @@ impl Handshake {
                             State::ServerConfirm { conn, provider }
                         }
                         Err(err) => {
+                            self.fallback_detail = err.to_string();
                             self.send(&Message::Fallback {
                                 reason: FallbackReason::SetupFailed,
                                 detail: err.to_string(),
@@ -389,7 +415,7 @@ impl Handshake {
                         }
                     }
                 }
-                Some(Message::Fallback { reason, .. }) => State::Finished(Outcome::Tcp(reason)),
+                Some(Message::Fallback { reason, detail }) => self.peer_fell_back(reason, detail),
                 Some(other) => {
                     return Err(invalid(format!("expected Connect, got {:?}", other.message_type())))
                 }
@@ -401,7 +427,7 @@ impl Handshake {
                     conn.activate()?;
                     State::Finished(Outcome::Rdma { conn, provider })
                 }
-                Some(Message::Fallback { reason, .. }) => State::Finished(Outcome::Tcp(reason)),
+                Some(Message::Fallback { reason, detail }) => self.peer_fell_back(reason, detail),
                 Some(other) => {
                     return Err(invalid(format!("expected Confirm, got {:?}", other.message_type())))
                 }
@@ -421,7 +447,7 @@ impl Handshake {
     ) -> io::Result<State> {
         let (provider, server_endpoint) = match message {
             Message::ServerHello { choice: Choice::Tcp(reason), .. } => {
-                return Ok(State::Finished(Outcome::Tcp(reason)))
+                return Ok(self.peer_fell_back(reason, String::new()))
             }
             Message::ServerHello { choice: Choice::Rdma(provider, endpoint), .. } => (provider, endpoint),
             Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
@@ -429,7 +455,9 @@ impl Handshake {
                 return Err(invalid(format!("expected the server's hello, got {:?}", other.message_type())))
             }
         };
+        tracing::debug!(parent: &self.span, ?provider, "negotiation: the server chose a provider");
         let fallback = |handshake: &mut Handshake, reason, detail: String| {
+            handshake.fallback_detail.clone_from(&detail);
             handshake.send(&Message::Fallback { reason, detail });
             State::Finished(Outcome::Tcp(reason))
         };
@@ -469,6 +497,13 @@ impl Handshake {
         };
         match choose_provider(tcp, &self.options, offered, client_host) {
             Ok((provider, announced, setup)) => {
+                tracing::debug!(
+                    parent: &self.span,
+                    ?offered,
+                    ?provider,
+                    ?announced,
+                    "negotiation: provider chosen"
+                );
                 self.send(&Message::ServerHello {
                     version,
                     choice: Choice::Rdma(announced, setup.endpoint()),
@@ -494,6 +529,8 @@ impl Handshake {
     /// The probe's outcome: on success the client confirms and the connection is ready; on
     /// failure both sides fall back to TCP.
     pub(crate) fn probe_finished(&mut self, result: io::Result<()>) {
+        let span = self.span.clone();
+        let _entered = span.enter();
         let State::ClientProbe { mut conn, provider } = std::mem::replace(&mut self.state, State::Gone)
         else {
             return;
@@ -505,14 +542,49 @@ impl Handshake {
             }
             Err(err) => {
                 drop(conn);
+                self.fallback_detail = err.to_string();
                 self.send(&Message::Fallback { reason: FallbackReason::PathFailed, detail: err.to_string() });
                 State::Finished(Outcome::Tcp(FallbackReason::PathFailed))
             }
         };
     }
 
+    /// The peer decided to fall back (its hello or a Fallback message).
+    fn peer_fell_back(&mut self, reason: FallbackReason, detail: String) -> State {
+        self.fallback_detail = detail;
+        self.fallback_by_peer = true;
+        State::Finished(Outcome::Tcp(reason))
+    }
+
+    /// Reports how the negotiation ended, in the connection's span.
+    fn report_outcome(&self) {
+        let _entered = self.span.enter();
+        match &self.state {
+            State::Finished(Outcome::Rdma { provider, .. }) => {
+                tracing::debug!(?provider, "negotiation: RDMA connection ready")
+            }
+            State::Finished(Outcome::Tcp(FallbackReason::Disabled)) => tracing::debug!(
+                reason = ?FallbackReason::Disabled,
+                by_peer = self.fallback_by_peer,
+                "negotiation: data goes over TCP (RDMA is disabled)"
+            ),
+            State::Finished(Outcome::Tcp(reason)) => tracing::info!(
+                ?reason,
+                detail = %self.fallback_detail,
+                by_peer = self.fallback_by_peer,
+                "negotiation: falling back to TCP"
+            ),
+            State::Finished(Outcome::Plain(_)) => {
+                tracing::debug!("negotiation: the client does not speak Lightpath; plain TCP")
+            }
+            State::Failed(err) => tracing::debug!(error = %err, "negotiation failed"),
+            _ => {}
+        }
+    }
+
     /// The result, with the TCP connection the driver used (call at [`Need::Done`]).
     pub(crate) fn finish(mut self, tcp: TcpStream) -> io::Result<Negotiated> {
+        self.report_outcome();
         match std::mem::replace(&mut self.state, State::Gone) {
             State::Finished(Outcome::Rdma { conn, provider }) => Ok(Negotiated::Rdma { conn, provider }),
             State::Finished(Outcome::Tcp(reason)) => {

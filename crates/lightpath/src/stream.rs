@@ -134,6 +134,16 @@ impl Stream {
         self.transport
     }
 
+    /// The counters of this stream's queue pair when it runs over the soft provider
+    /// (datagrams and bytes each way, retransmissions, NAKs, RNR NAKs, ICRC drops); `None`
+    /// over TCP and the other providers. The soft device's counters, shared by all its
+    /// streams, are [`crate::soft_device_stats`].
+    pub fn queue_pair_stats(&self) -> Option<lightpath_soft::QpStats> {
+        let Backend::Rdma(conn) = &self.backend else { return None };
+        let qp = conn.queue_pair().downcast_ref::<lightpath_soft::SoftQp>()?;
+        qp.stats().ok()
+    }
+
     /// The peer's address (of the TCP connection).
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.peer)
@@ -576,6 +586,9 @@ impl Stream {
 
     /// Hands the backend to the reaper's background close; the stream is `Closed` afterwards.
     pub(crate) fn hand_off_close(&mut self) {
+        if !matches!(self.backend, Backend::Closed) {
+            tracing::debug!(transport = ?self.transport, peer = %self.peer, "stream closing in the background");
+        }
         match std::mem::replace(&mut self.backend, Backend::Closed) {
             Backend::Rdma(conn) => crate::reaper::close_rdma(conn),
             Backend::Tcp(conn) => crate::reaper::close_tcp(conn),
@@ -599,12 +612,21 @@ impl Drop for Stream {
         match std::mem::replace(&mut self.backend, Backend::Closed) {
             Backend::Rdma(mut conn) => {
                 conn.close();
+                tracing::debug!(
+                    transport = ?self.transport,
+                    peer = %self.peer,
+                    clean = conn.closed_cleanly(),
+                    "stream closed"
+                );
                 if conn.closed_cleanly() {
                     let linger = conn.linger();
                     crate::reaper::park(conn.into_parked(), linger);
                 }
             }
-            Backend::Tcp(mut conn) => conn.close(),
+            Backend::Tcp(mut conn) => {
+                conn.close();
+                tracing::debug!(transport = ?self.transport, peer = %self.peer, "stream closed");
+            }
             Backend::Closed => {}
         }
     }

@@ -18,7 +18,7 @@ use crate::cq::{CqHandle, CqTable};
 use crate::event::{Ctx, EngineEvent, Transmit};
 use crate::memory::{MrKeys, MrTable, RegionMemory};
 use crate::qp::{Qp, QpTable};
-use crate::stats::EngineStats;
+use crate::stats::{EngineStats, QpStats};
 use crate::time::Time;
 
 /// Largest datagram the engine emits: BTH (12) + 28 bytes of extension headers + the largest
@@ -84,6 +84,11 @@ impl Engine {
     /// Counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// One queue pair's counters.
+    pub fn qp_stats(&self, qpn: u32) -> Result<QpStats> {
+        self.qps.get(qpn).map(|qp| qp.stats).ok_or(Error::NotFound("queue pair"))
     }
 
     fn ctx(&mut self) -> (&mut QpTable, Ctx<'_>) {
@@ -161,7 +166,19 @@ impl Engine {
         let gid = self.config.gid;
         let (qps, mut ctx) = self.ctx();
         let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
+        let from = qp.state;
         qp.modify(&mut ctx, attr, gid)?;
+        if qp.state != from {
+            tracing::debug!(
+                qpn,
+                from = ?from,
+                to = ?qp.state,
+                dest_qpn = qp.params.dest_qpn,
+                peer = %qp.params.peer_ip,
+                pmtu = qp.params.pmtu,
+                "queue pair state changed"
+            );
+        }
         self.after_qp_work(qpn);
         Ok(())
     }
@@ -174,6 +191,7 @@ impl Engine {
     /// Destroys a queue pair. Outstanding work is discarded without completions.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         let qp = self.qps.remove(qpn).ok_or(Error::NotFound("queue pair"))?;
+        tracing::debug!(qpn, state = ?qp.state, stats = ?qp.stats, "queue pair destroyed");
         self.cqs.remove_user(qp.send_cq);
         self.cqs.remove_user(qp.recv_cq);
         self.tidy_timer_top();
@@ -203,6 +221,7 @@ impl Engine {
     /// local IP `to`. Every datagram is either processed or counted as one kind of drop.
     pub fn handle_datagram(&mut self, now: Time, from: IpAddr, to: IpAddr, src_port: u16, datagram: &[u8]) {
         self.stats.rx_datagrams += 1;
+        self.stats.rx_bytes += datagram.len() as u64;
         let repr = match TransportRepr::parse(datagram) {
             Ok(repr) => repr,
             Err(WireError::UnknownOpcode(_)) => {
@@ -260,12 +279,15 @@ impl Engine {
             let endpoints = Endpoints { src: from, dst: to, src_port, dst_port: self.config.roce_port };
             if !self.icrc_ok(&endpoints, datagram) {
                 self.stats.drops_icrc += 1;
+                self.note_icrc_failure(&endpoints, bth.dest_qpn, bth.psn.value(), datagram.len());
                 return;
             }
         }
         let qpn = bth.dest_qpn;
         let (qps, mut ctx) = self.ctx();
         let Some(qp) = qps.get_mut(qpn) else { return };
+        qp.stats.rx_datagrams += 1;
+        qp.stats.rx_bytes += datagram.len() as u64;
         if info.is_request() {
             qp.handle_request(&mut ctx, &repr.header, info, repr.payload);
         } else {
@@ -296,6 +318,10 @@ impl Engine {
             };
             let (dst, local_ip, segmentable) =
                 (qp.params.peer_ip, qp.params.local_ip, qp.params.lightpath_peer);
+            if let Some(len) = produced {
+                qp.stats.tx_datagrams += 1;
+                qp.stats.tx_bytes += (len + gathered.map_or(0, |g| g.len + g.trailer)) as u64;
+            }
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port };
@@ -312,9 +338,26 @@ impl Engine {
                 continue;
             }
             self.stats.tx_datagrams += 1;
+            self.stats.tx_bytes += (len + gathered.map_or(0, |g| g.len + g.trailer)) as u64;
             return Some(Transmit { dst, dst_port, src_port, len, segmentable, gathered });
         }
         None
+    }
+
+    /// Counts an ICRC failure against the queue pair it named and reports it: the first
+    /// from a queue pair's peer as a warning (a broken or hostile peer, or a path that
+    /// corrupts packets), the rest at debug level, so a flood of bad datagrams does not
+    /// flood the log.
+    #[cold]
+    fn note_icrc_failure(&mut self, endpoints: &Endpoints, qpn: u32, psn: u32, len: usize) {
+        let Some(qp) = self.qps.get_mut(qpn) else { return };
+        qp.stats.drops_icrc += 1;
+        let (from, src_port, drops) = (endpoints.src, endpoints.src_port, qp.stats.drops_icrc);
+        if drops == 1 {
+            tracing::warn!(qpn, %from, src_port, psn, len, drops, "datagram dropped: ICRC mismatch");
+        } else {
+            tracing::debug!(qpn, %from, src_port, psn, len, drops, "datagram dropped: ICRC mismatch");
+        }
     }
 
     /// Checks a received datagram's ICRC. An IPv4 datagram sent as a socket with

@@ -115,7 +115,7 @@ pub use cq::CqHandle;
 pub use engine::{Engine, MAX_DATAGRAM};
 pub use event::{EngineEvent, Gathered, Transmit};
 pub use memory::{MrKeys, RegionMemory, VecMemory};
-pub use stats::EngineStats;
+pub use stats::{EngineStats, QpStats};
 pub use time::Time;
 
 #[cfg(test)]

@@ -6,8 +6,12 @@
 pub struct EngineStats {
     /// Datagrams handed to `handle_datagram`.
     pub rx_datagrams: u64,
+    /// Bytes (UDP payload: BTH to ICRC) of the datagrams handed to `handle_datagram`.
+    pub rx_bytes: u64,
     /// Datagrams returned by `poll_transmit`.
     pub tx_datagrams: u64,
+    /// Bytes (UDP payload: BTH to ICRC) of the datagrams returned by `poll_transmit`.
+    pub tx_bytes: u64,
     /// Not a parseable RoCE v2 RC packet (truncated, bad lengths, unknown opcode, bad P_Key…).
     pub drops_malformed: u64,
     /// The ICRC did not match.
@@ -69,6 +73,36 @@ impl EngineStats {
             + self.drops_stale_duplicate
             + self.drops_responder_busy
     }
+}
+
+/// Counters of one queue pair: what a connection sent and received, and what recovery it
+/// needed. Datagrams that never reach a queue pair (malformed, unknown QPN, wrong peer) are
+/// only in the engine's [`EngineStats`]; an ICRC failure is counted here too when the
+/// datagram named this queue pair and came from its peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// Datagrams from the peer that passed the checks and reached the queue pair.
+    pub rx_datagrams: u64,
+    /// Their bytes (UDP payload: BTH to ICRC).
+    pub rx_bytes: u64,
+    /// Datagrams the queue pair sent.
+    pub tx_datagrams: u64,
+    /// Their bytes (UDP payload: BTH to ICRC).
+    pub tx_bytes: u64,
+    /// Request packets sent again.
+    pub retransmits: u64,
+    /// Retransmit-timer expiries that found requests outstanding.
+    pub timeouts: u64,
+    /// NAKs sent (all kinds except RNR).
+    pub naks_sent: u64,
+    /// NAKs received (all kinds except RNR).
+    pub naks_received: u64,
+    /// RNR NAKs sent (a request found no posted receive).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received: each is one wait before the requester resumes.
+    pub rnr_naks_received: u64,
+    /// Datagrams from the peer for this queue pair whose ICRC did not match (dropped).
+    pub drops_icrc: u64,
 }
 
 #[cfg(test)]

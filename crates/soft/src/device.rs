@@ -22,7 +22,15 @@ pub struct SoftDevice {
 impl SoftDevice {
     /// Opens a device: binds the socket, builds the engine, starts the helper thread.
     pub fn open(config: SoftConfig) -> Result<Self> {
-        Ok(Self { inner: DeviceInner::start(config)? })
+        let inner = DeviceInner::start(config)?;
+        tracing::debug!(
+            device = %inner.name,
+            local = %inner.local(),
+            gid = %inner.gid,
+            mtu = inner.config.mtu.bytes(),
+            "soft device opened"
+        );
+        Ok(Self { inner })
     }
 
     /// The bound socket address (with the real port if 0 was configured).

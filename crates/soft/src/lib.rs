@@ -88,7 +88,7 @@ pub use pd::SoftPd;
 pub use provider::{parse_device_name, SoftProvider};
 pub use qp::SoftQp;
 
-pub use lightpath_roce::EngineStats;
+pub use lightpath_roce::{EngineStats, QpStats};
 /// Out-of-band connection set-up (TCP exchange of QPN, PSN, GID, MTU and region keys), usable
 /// with soft queue pairs; see the module for the message format.
 pub use lightpath_verbs::connect;

@@ -6,6 +6,8 @@ use lightpath_verbs::{
     BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
 };
 
+use lightpath_roce::QpStats;
+
 use crate::cq::{CqInner, SoftCq};
 use crate::pd::SoftPd;
 
@@ -29,6 +31,16 @@ impl SoftQp {
         }
         let qpn = pd.device.lock().engine.create_qp(send_cq.inner.handle, recv_cq.inner.handle, caps)?;
         Ok(Self { pd, _send_cq: Arc::clone(&send_cq.inner), _recv_cq: Arc::clone(&recv_cq.inner), qpn, caps })
+    }
+}
+
+impl SoftQp {
+    /// This queue pair's counters: datagrams and bytes each way, retransmissions, NAKs and
+    /// RNR NAKs each way, and datagrams for it dropped for a bad ICRC. (The device-wide
+    /// counters, including datagrams that reached no queue pair, are
+    /// [`SoftDevice::stats`](crate::SoftDevice::stats).)
+    pub fn stats(&self) -> Result<QpStats> {
+        self.pd.device.lock().engine.qp_stats(self.qpn)
     }
 }
 

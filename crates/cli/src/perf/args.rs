@@ -141,6 +141,11 @@ pub struct Args {
     /// Print one JSON object per size (client) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Speak perftest's out-of-band exchange and message pattern, so the other end is
+    /// rdma-core's perftest (`ib_write_bw`, `ib_read_bw`, `ib_write_lat`, `ib_read_lat`)
+    /// instead of another `lightpath perf` (soft provider, RC, one queue pair).
+    #[arg(long)]
+    pub perftest: bool,
 }
 
 impl Args {
@@ -170,6 +175,12 @@ impl Args {
                      to 32768 the link carries)"
                 );
             }
+        }
+        if self.perftest && self.provider != ProviderKind::Soft {
+            bail!("--perftest runs the soft provider against perftest; drop --provider");
+        }
+        if self.perftest && self.json {
+            bail!("--perftest prints perftest's table; --json is not available with it");
         }
         if self.tx_depth == 0 {
             bail!("tx depth must be at least 1");

@@ -42,6 +42,10 @@ pub use report::SizeResult;
 /// Runs `lightpath perf`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     args.validate()?;
+    if args.perftest {
+        rdma::perftest::run(&args)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     match args.provider {
         ProviderKind::Soft => soft::run(&args)?,
         ProviderKind::Tcp => tcp::run(&args)?,

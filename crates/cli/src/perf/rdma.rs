@@ -31,6 +31,9 @@ use lightpath_verbs::{
 use serde::{Deserialize, Serialize};
 
 use super::args::{PerfTest, ProviderKind};
+
+#[path = "perftest.rs"]
+pub mod perftest;
 use super::control;
 use super::cpu::{self, CpuUse};
 use super::pattern;

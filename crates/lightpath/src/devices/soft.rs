@@ -73,7 +73,14 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options) -> io::Result<Entry>
     };
     let entry = (device, Arc::new(HubPool::new(SHARED_CQ_ENTRIES)));
     devices.insert(key, entry.clone());
+    crate::counters::serve_once();
     Ok(entry)
+}
+
+/// The soft devices opened so far (for their counters).
+pub(crate) fn open_devices() -> Vec<SoftDevice> {
+    let devices = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    devices.values().map(|(device, _)| device.clone()).collect()
 }
 
 /// This side's verbs objects for the connection `tcp`.

@@ -105,12 +105,17 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// One nonblocking step of a clean close: queues the close record, posts what it can and
     /// reads the TCP connection; true once [`RdmaStream::close`] would not wait.
     fn close_would_finish(&mut self) -> bool;
+    /// The connection's queue pair, for provider-specific queries (counters).
+    fn queue_pair(&self) -> &dyn std::any::Any;
 }
 
 impl<D: Device + 'static> RdmaStream for RdmaConn<D>
 where
     MrOf<D>: crate::remote::BufRegion + 'static,
 {
+    fn queue_pair(&self) -> &dyn std::any::Any {
+        self.queue_pair_ref()
+    }
     fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize> {
         RdmaConn::read(self, buf, deadline)
     }

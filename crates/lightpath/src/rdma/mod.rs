@@ -117,6 +117,11 @@ pub(crate) struct RdmaConn<D: Device> {
 }
 
 impl<D: Device> RdmaConn<D> {
+    /// The connection's queue pair.
+    pub(crate) fn queue_pair_ref(&self) -> &QpOf<D> {
+        &self.qp
+    }
+
     /// Negotiation is over: the TCP connection becomes the (nonblocking) liveness channel.
     pub(crate) fn activate(&mut self) -> io::Result<()> {
         self.tcp.set_read_timeout(None)?;

@@ -215,6 +215,12 @@ impl Qp {
         if !self.spend_retry(ctx) {
             return;
         }
+        tracing::debug!(
+            qpn = self.qpn,
+            from_psn = psn.value(),
+            retries_left = self.req.retry_left,
+            "go-back-N: resending from a lost request"
+        );
         self.rewind_to(psn);
         self.req.rewound_at = Some(psn);
         self.req.window /= 2;
@@ -260,6 +266,12 @@ impl Qp {
 
     fn on_sequence_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn) {
         ctx.stats.naks_received += 1;
+        self.stats.naks_received += 1;
+        tracing::debug!(
+            qpn = self.qpn,
+            psn = psn.value(),
+            "PSN sequence NAK received: the peer missed a packet"
+        );
         if self.req.executed_until.is_after(psn) {
             // Overtaken (a READ/atomic before it holds `una` back, so the stale check in
             // `handle_response` did not catch it).
@@ -382,6 +394,14 @@ impl Qp {
 
     fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn, timer_code: u8) {
         ctx.stats.rnr_naks_received += 1;
+        self.stats.rnr_naks_received += 1;
+        tracing::debug!(
+            qpn = self.qpn,
+            psn = psn.value(),
+            timer_code,
+            rnr_retries_left = self.req.rnr_left,
+            "RNR NAK received: the peer had no receive posted"
+        );
         if self.req.executed_until.is_after(psn) {
             // Overtaken, as a stale sequence NAK: the request has executed since.
             ctx.stats.stale_responses += 1;
@@ -404,6 +424,8 @@ impl Qp {
 
     fn on_fatal_nak(&mut self, ctx: &mut Ctx<'_>, now: Time, psn: Psn, code: NakCode) {
         ctx.stats.naks_received += 1;
+        self.stats.naks_received += 1;
+        tracing::warn!(qpn = self.qpn, psn = psn.value(), code = ?code, "fatal NAK received");
         self.absorb(ctx, now, psn);
         let Some(index) = self.sq.find_started(psn) else {
             ctx.stats.drops_unexpected_response += 1;
@@ -588,6 +610,13 @@ impl Qp {
             self.req.awaiting_retry_reply = None;
             if self.sq.has_outstanding() {
                 ctx.stats.timeouts += 1;
+                self.stats.timeouts += 1;
+                tracing::debug!(
+                    qpn = self.qpn,
+                    from_psn = self.req.una.value(),
+                    retries_left = self.req.retry_left,
+                    "retransmit timer expired: going back to the oldest unacknowledged request"
+                );
                 if !self.spend_retry(ctx) {
                     return;
                 }

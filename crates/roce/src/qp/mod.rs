@@ -26,6 +26,7 @@ use lightpath_verbs::{AccessFlags, QpCaps, QpState, WcOpcode, WcStatus, WorkComp
 
 use crate::cq::CqHandle;
 use crate::event::{Ctx, EngineEvent};
+use crate::stats::QpStats;
 use crate::time::Time;
 
 pub(crate) use table::QpTable;
@@ -116,6 +117,8 @@ pub(crate) struct Qp {
     /// The packet `produce` just wrote left its payload in registered memory
     /// (`EngineConfig::gather_payloads`); `poll_transmit` takes it.
     pub(crate) gathered: Option<crate::event::Gathered>,
+    /// This queue pair's counters.
+    pub(crate) stats: QpStats,
 }
 
 impl Qp {
@@ -142,6 +145,7 @@ impl Qp {
             timer_queued: None,
             error_event_pending: false,
             gathered: None,
+            stats: QpStats::default(),
         }
     }
 
@@ -201,6 +205,17 @@ impl Qp {
     /// output and the timers stop. `notify` queues a `QpError` event (errors the engine
     /// detected, as opposed to a `modify_qp` to ERR).
     pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>, notify: bool) {
+        if notify {
+            let head_error = (!self.sq.is_empty()).then(|| self.sq.get_mut(self.sq.head).error).flatten();
+            tracing::warn!(
+                qpn = self.qpn,
+                dest_qpn = self.params.dest_qpn,
+                peer = %self.params.peer_ip,
+                from_state = ?self.state,
+                status = ?head_error,
+                "queue pair entered the error state"
+            );
+        }
         self.state = QpState::Err;
         self.timers = QpTimers::default();
         self.resp.output.clear();

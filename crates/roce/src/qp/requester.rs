@@ -286,6 +286,8 @@ impl Qp {
             op => atomic_request(op, dest_qpn, psn, buf)?,
         };
         ctx.stats.retransmits += 1;
+        self.stats.retransmits += 1;
+        tracing::trace!(qpn = self.qpn, psn = psn.value(), "request packet sent again (response reissue)");
         self.req.rtt.on_retransmit();
         if self.timers.retransmit.is_none() {
             self.timers.retransmit =
@@ -394,6 +396,8 @@ impl Qp {
 
         if psn.is_before(self.req.sent_high) {
             ctx.stats.retransmits += 1;
+            self.stats.retransmits += 1;
+            tracing::trace!(qpn = self.qpn, psn = psn.value(), "request packet sent again");
             self.req.rtt.on_retransmit();
         } else {
             self.req.rtt.on_new_packet(psn, now);

@@ -29,8 +29,20 @@ impl Qp {
                     self.resp.output.pop();
                     match syndrome {
                         Syndrome::Ack { .. } => ctx.stats.acks_sent += 1,
-                        Syndrome::RnrNak { .. } => ctx.stats.rnr_naks_sent += 1,
-                        Syndrome::Nak(_) => ctx.stats.naks_sent += 1,
+                        Syndrome::RnrNak { .. } => {
+                            ctx.stats.rnr_naks_sent += 1;
+                            self.stats.rnr_naks_sent += 1;
+                            tracing::debug!(
+                                qpn = self.qpn,
+                                psn = psn.value(),
+                                "RNR NAK sent: no receive posted"
+                            );
+                        }
+                        Syndrome::Nak(code) => {
+                            ctx.stats.naks_sent += 1;
+                            self.stats.naks_sent += 1;
+                            tracing::debug!(qpn = self.qpn, psn = psn.value(), code = ?code, "NAK sent");
+                        }
                     }
                     return Some(h.datagram_len(0));
                 }

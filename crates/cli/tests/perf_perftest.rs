@@ -1,0 +1,152 @@
+//! `lightpath perf --perftest` without perftest: both ends are Lightpath speaking perftest's
+//! exchange on loopback (the rxe interop suite runs it against the real perftest), and peers
+//! that are not perftest get a clear error instead of a hang.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lightpath");
+
+/// Loopback addresses and a UDP port unique to this process and call.
+fn unique_endpoint() -> (String, String, u16) {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id() as u16;
+    let third = (pid % 200) as u8 + 20;
+    let fourth = (n % 100) as u8 * 2 + 110;
+    (format!("127.{third}.{fourth}.1"), format!("127.{third}.{fourth}.2"), 30000 + (pid % 20000) + n)
+}
+
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().ok();
+    panic!("process did not finish within {deadline:?}");
+}
+
+/// The "#bytes #iterations" pairs of a result table.
+fn result_pairs(stdout: &[u8]) -> Vec<(u64, u64)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn run_pair(test: &str, extra: &[&str]) -> (Output, Output) {
+    let (server_ip, client_ip, udp) = unique_endpoint();
+    let (port, udp) = (free_tcp_port().to_string(), udp.to_string());
+    let common = ["--perftest", "-p", &port, "--udp-port", &udp];
+    let server = Command::new(BIN)
+        .args(["perf", test, "--bind", &server_ip])
+        .args(common)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client retries until the server listens.
+    let start = Instant::now();
+    let client = loop {
+        let out = Command::new(BIN)
+            .args(["perf", test, &server_ip, "--bind", &client_ip])
+            .args(common)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_with_deadline(out, Duration::from_secs(60));
+        let refused = String::from_utf8_lossy(&out.stderr).contains("cannot reach perftest");
+        if !refused || start.elapsed() > Duration::from_secs(10) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let server = wait_with_deadline(server, Duration::from_secs(60));
+    (server, client)
+}
+
+fn check(test: &str, extra: &[&str], expected: &[(u64, u64)], server_prints: bool) {
+    let (server, client) = run_pair(test, extra);
+    let text =
+        |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(client.status.success(), "{test} client: {}", text(&client));
+    assert!(server.status.success(), "{test} server: {}", text(&server));
+    assert_eq!(result_pairs(&client.stdout), expected, "{test} client: {}", text(&client));
+    let server_pairs = result_pairs(&server.stdout);
+    if server_prints {
+        assert_eq!(server_pairs, expected, "{test} server: {}", text(&server));
+    } else {
+        assert!(server_pairs.is_empty(), "{test} server: {}", text(&server));
+    }
+}
+
+#[test]
+fn write_bw_both_ends_report_the_clients_bytes_and_iterations() {
+    check("write_bw", &["-s", "4096", "-n", "300"], &[(4096, 300)], true);
+}
+
+#[test]
+fn read_bw_with_default_size() {
+    check("read_bw", &["-n", "100"], &[(65536, 100)], true);
+}
+
+#[test]
+fn write_lat_ping_pong_every_size_of_a_short_all() {
+    // -a is every power of two to 8 MiB; a few iterations keep it short.
+    let expected: Vec<(u64, u64)> = (1..24).map(|shift| (1u64 << shift, 5)).collect();
+    check("write_lat", &["-a", "-n", "5"], &expected, true);
+}
+
+#[test]
+fn read_lat_server_is_passive() {
+    check("read_lat", &["-s", "64", "-n", "200"], &[(64, 200)], false);
+}
+
+#[test]
+fn a_peer_that_is_not_perftest_is_a_clear_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let peer = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut version = [0u8; 16];
+        conn.read_exact(&mut version).unwrap();
+        conn.write_all(b"HTTP/1.1 400 Bad").unwrap();
+        version
+    });
+    let client = Command::new(BIN)
+        .args(["perf", "write_bw", "127.0.0.1", "--perftest", "-p", &port, "--bind", "127.0.0.1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_with_deadline(client, Duration::from_secs(20));
+    let version = peer.join().unwrap();
+    assert_eq!(&version[..5], b"6.06\0", "we announce perftest's version, NUL-padded");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not perftest's"), "{stderr}");
+}
+
+#[test]
+fn unsupported_tests_are_refused_before_connecting() {
+    let out =
+        Command::new(BIN).args(["perf", "send_bw", "127.0.0.1", "--perftest", "-p", "1"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available with --perftest"));
+}
