@@ -3,12 +3,41 @@
 //! [`crate::conn::State::wait_set`] names, in slices while a pairing may still change the
 //! picture.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use libc::c_int;
 
 use crate::conn::{nonblocking, Conn, Io};
 use crate::real;
+
+/// How long a blocked call on a switched connection retries (yielding the core between
+/// tries) before it sleeps: a sleep and a wake-up cost tens of µs here, a stream message a
+/// microsecond. `LIGHTPATH_PRELOAD_SPIN_US` sets it (0: sleep at once).
+fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("LIGHTPATH_PRELOAD_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+        Duration::from_micros(us)
+    })
+}
+
+/// Retries while a spin lasts: true to try again now.
+fn keep_spinning(conn: &Conn, until: &mut Option<Instant>) -> bool {
+    let now = Instant::now();
+    let limit = *until.get_or_insert_with(|| {
+        if conn.lock().stream.is_some() {
+            now + spin()
+        } else {
+            now
+        }
+    });
+    if now < limit {
+        std::thread::yield_now();
+        return true;
+    }
+    false
+}
 
 /// Longest single wait before a blocked call looks at the connection again.
 const SLICE_MS: c_int = 10;
@@ -43,6 +72,7 @@ pub(crate) fn recv(conn: &Arc<Conn>, fd: c_int, buf: &mut [u8], flags: c_int) ->
     let dont_wait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
     let wait_all = flags & libc::MSG_WAITALL != 0 && !dont_wait && !peek;
     let mut done = 0usize;
+    let mut spin_until = None;
     loop {
         let attempt = {
             let mut state = conn.lock();
@@ -59,6 +89,7 @@ pub(crate) fn recv(conn: &Arc<Conn>, fd: c_int, buf: &mut [u8], flags: c_int) ->
             }
             Io::Err(errno) => return if done > 0 { Ok(done as isize) } else { Err(errno) },
             Io::WouldBlock if dont_wait => return if done > 0 { Ok(done as isize) } else { Err(libc::EAGAIN) },
+            Io::WouldBlock if keep_spinning(conn, &mut spin_until) => {}
             Io::WouldBlock => wait(conn, fd, true, false)?,
         }
     }
@@ -71,6 +102,7 @@ pub(crate) fn send(conn: &Arc<Conn>, fd: c_int, data: &[u8], flags: c_int) -> Re
     }
     let dont_wait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
     let mut done = 0usize;
+    let mut spin_until = None;
     loop {
         let attempt = {
             let mut state = conn.lock();
@@ -96,6 +128,7 @@ pub(crate) fn send(conn: &Arc<Conn>, fd: c_int, data: &[u8], flags: c_int) -> Re
                 return Err(errno);
             }
             Io::WouldBlock if dont_wait => return if done > 0 { Ok(done as isize) } else { Err(libc::EAGAIN) },
+            Io::WouldBlock if keep_spinning(conn, &mut spin_until) => {}
             Io::WouldBlock => {
                 if let Err(errno) = wait(conn, fd, false, true) {
                     return if done > 0 { Ok(done as isize) } else { Err(errno) };

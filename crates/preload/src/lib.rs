@@ -825,6 +825,11 @@ extern "C" fn at_exit() {
 }
 
 extern "C" fn init() {
+    // Read the environment now: servers such as nginx clear it before their workers run.
+    let _ = catch_unwind(|| {
+        report::init();
+        let _ = rendezvous::why_not();
+    });
     // SAFETY: registering a handler with no preconditions.
     unsafe { libc::atexit(at_exit) };
 }

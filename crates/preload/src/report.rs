@@ -11,6 +11,11 @@ fn target() -> Option<&'static str> {
     TARGET.get_or_init(|| std::env::var("LIGHTPATH_PRELOAD_REPORT").ok().filter(|v| !v.is_empty())).as_deref()
 }
 
+/// Reads the environment (at load, before a program can clear it).
+pub(crate) fn init() {
+    let _ = target();
+}
+
 /// Writes one report line (prefixed with the program's pid), if reporting is on.
 pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     let Some(target) = target() else { return };
