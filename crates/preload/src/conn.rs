@@ -201,7 +201,9 @@ pub(crate) fn socket_addr(fd: c_int, peer: bool) -> Option<SocketAddr> {
             // SAFETY: the family says the storage holds a sockaddr_in6.
             let v6 = unsafe { &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
-            Some(SocketAddr::new(ip.into(), u16::from_be(v6.sin6_port)))
+            // An IPv4 peer of a dual-stack socket is named as IPv4, as the peer names itself.
+            let ip = ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
+            Some(SocketAddr::new(ip, u16::from_be(v6.sin6_port)))
         }
         _ => None,
     }
@@ -276,6 +278,12 @@ impl State {
             }
         }
         self.switch_at = Some(u64::from_be_bytes(self.hdr_in));
+        crate::report::debug(format_args!(
+            "peer {:?} switched at tcp byte {} (received {} so far)",
+            self.peer,
+            u64::from_be_bytes(self.hdr_in),
+            self.tcp_recv
+        ));
     }
 
     /// Bytes still to come over TCP (`u64::MAX`: until the peer's header says).
@@ -420,7 +428,11 @@ impl State {
         self.send_switched = true;
         self.stream = Some(stream);
         self.phase = Phase::Rdma(transport.to_string());
-        let _ = self.push_header();
+        let pushed = self.push_header();
+        crate::report::debug(format_args!(
+            "to {:?}: sending switched at tcp byte {} (header pushed: {pushed:?})",
+            self.peer, self.tcp_sent
+        ));
         if self.shut_wr {
             if let Some(stream) = self.stream.as_mut() {
                 let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -446,6 +458,38 @@ impl State {
         }
     }
 
+    /// What the connection can do now apart from its TCP socket's own readiness: whether a
+    /// read would return at once (stream data, the peer's end or an error, bytes kept by a
+    /// peek) and whether a write to the stream would. The peer's switch header is taken off
+    /// the stream first, so its 8 bytes never count as readable data.
+    pub(crate) fn stream_readiness(&mut self) -> (bool, bool) {
+        self.learn_switch();
+        let mut readable = !self.peeked.is_empty();
+        if self.tcp_eof {
+            let reset = self.switch_at.is_some() && self.tcp_left() > 0;
+            let ended = self.switch_at.is_none()
+                && (self.stream.is_none() || self.stream_ended_early)
+                && self.phase != Phase::Pairing;
+            readable |= reset || ended;
+        }
+        let reads_stream = self.switch_at.is_some() && self.tcp_left() == 0;
+        let send_switched = self.send_switched;
+        let mut writable = false;
+        if let Some(stream) = self.stream.as_mut() {
+            match stream.poll_ready() {
+                Ok(ready) => {
+                    readable |= ready.readable && reads_stream;
+                    writable = ready.writable && send_switched;
+                }
+                Err(_) => {
+                    readable = true;
+                    writable = send_switched;
+                }
+            }
+        }
+        (readable, writable)
+    }
+
     /// What a wait for `want_read`/`want_write` should watch, or `None` when the stream can
     /// proceed now: (fd, poll events) pairs.
     pub(crate) fn wait_set(&mut self, fd: c_int, want_read: bool, want_write: bool) -> Option<Vec<(c_int, i16)>> {
@@ -460,22 +504,11 @@ impl State {
         if tcp_events != 0 {
             set.push((fd, tcp_events));
         }
-        let (tcp_done, header_unknown, send_switched) = (self.tcp_left() == 0, self.switch_at.is_none(), self.send_switched);
-        if let Some(stream) = self.stream.as_mut() {
-            if !self.peeked.is_empty() && want_read {
-                return None;
-            }
-            match stream.poll_ready() {
-                Ok(ready) => {
-                    let read_now = want_read && ready.readable && tcp_done;
-                    let header_now = want_read && ready.readable && header_unknown;
-                    let write_now = want_write && ready.writable && send_switched;
-                    if read_now || header_now || write_now {
-                        return None;
-                    }
-                }
-                Err(_) => return None,
-            }
+        let (readable, writable) = self.stream_readiness();
+        if (want_read && readable) || (want_write && writable) {
+            return None;
+        }
+        if let Some(stream) = self.stream.as_ref() {
             if let Ok(ready_fd) = stream.readiness_fd() {
                 set.push((ready_fd.as_raw_fd(), libc::POLLIN));
             }

@@ -244,25 +244,12 @@ fn evaluate(inner: c_int, reg: &mut Reg, tcp: u32) -> u32 {
     if tcp & HUP != 0 && state.stream.is_none() {
         events |= HUP;
     }
-    if !state.peeked.is_empty() {
+    let (readable, writable) = state.stream_readiness();
+    if readable {
         events |= IN;
     }
-    let send_switched = state.send_switched;
-    let tcp_done = !state.tcp_readable_matters();
-    if let Some(stream) = state.stream.as_mut() {
-        match stream.poll_ready() {
-            Ok(ready) => {
-                if ready.readable {
-                    events |= IN;
-                }
-                if ready.writable && send_switched {
-                    events |= OUT;
-                }
-            }
-            Err(_) => events |= IN | OUT | ERR,
-        }
-    } else if state.tcp_eof && tcp_done {
-        events |= IN;
+    if writable {
+        events |= OUT;
     }
     let mask = tcp_mask(&state, reg.events);
     drop(state);

@@ -14,6 +14,7 @@ fn target() -> Option<&'static str> {
 /// Reads the environment (at load, before a program can clear it).
 pub(crate) fn init() {
     let _ = target();
+    debug(format_args!("loaded"));
 }
 
 /// Writes one report line (prefixed with the program's pid), if reporting is on.
@@ -26,5 +27,13 @@ pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     }
     if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(target) {
         let _ = file.write_all(text.as_bytes());
+    }
+}
+
+/// A line for `LIGHTPATH_PRELOAD_DEBUG=1` runs (switch points and the like).
+pub(crate) fn debug(args: std::fmt::Arguments<'_>) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var("LIGHTPATH_PRELOAD_DEBUG").is_ok_and(|v| v == "1")) {
+        line(args);
     }
 }

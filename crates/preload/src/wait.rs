@@ -108,7 +108,7 @@ fn poll_tracked(
     let deadline = (timeout.as_ms() >= 0).then(|| Instant::now() + Duration::from_millis(timeout.as_ms() as u64));
     loop {
         let mut watch: Vec<pollfd> = Vec::with_capacity(app.len() + 4);
-        let mut extra_of: Vec<usize> = Vec::new();
+        let mut extra: Vec<pollfd> = Vec::new();
         let mut user = vec![0i16; app.len()];
         let mut tcp_asked = vec![0i16; app.len()];
         let mut transient = false;
@@ -122,6 +122,13 @@ fn poll_tracked(
             transient |= state.phase.transient();
             let want_in = entry.events & libc::POLLIN != 0;
             let want_out = entry.events & libc::POLLOUT != 0;
+            let (readable, writable) = state.stream_readiness();
+            if want_in && readable {
+                user[i] |= libc::POLLIN;
+            }
+            if want_out && writable {
+                user[i] |= libc::POLLOUT;
+            }
             let mut events = 0;
             if want_in && state.tcp_readable_matters() {
                 events |= libc::POLLIN | (entry.events & libc::POLLRDHUP);
@@ -131,34 +138,14 @@ fn poll_tracked(
             }
             tcp_asked[i] = events;
             watch.push(pollfd { fd: entry.fd, events, revents: 0 });
-            if want_in && !state.peeked.is_empty() {
-                user[i] |= libc::POLLIN;
-            }
-            if want_in && state.tcp_eof && state.switch_at.is_none() && state.stream.is_none() && !transient {
-                user[i] |= libc::POLLIN;
-            }
-            let send_switched = state.send_switched;
-            if let Some(stream) = state.stream.as_mut() {
-                match stream.poll_ready() {
-                    Ok(ready) => {
-                        if want_in && ready.readable {
-                            user[i] |= libc::POLLIN;
-                        }
-                        if want_out && ready.writable && send_switched {
-                            user[i] |= libc::POLLOUT;
-                        }
-                    }
-                    Err(_) => user[i] |= libc::POLLERR,
-                }
+            if let Some(stream) = state.stream.as_ref() {
                 if let Ok(ready_fd) = stream.readiness_fd() {
                     use std::os::fd::AsRawFd;
-                    watch.push(pollfd { fd: ready_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-                    extra_of.push(i);
+                    extra.push(pollfd { fd: ready_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
                 }
-            } else if state.tcp_eof && transient {
-                transient = true;
             }
         }
+        watch.extend_from_slice(&extra);
         let any_user = user.iter().any(|u| *u != 0);
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis().min(c_int::MAX as u128) as c_int);
         let mut wait_ms = if any_user { 0 } else { left.unwrap_or(-1) };
@@ -187,10 +174,8 @@ fn poll_tracked(
                 count += 1;
             }
         }
-        for (k, _) in extra_of.iter().enumerate() {
-            if watch[app.len() + k].revents != 0 {
-                extra_fired = true;
-            }
+        if watch[app.len()..].iter().any(|p| p.revents != 0) {
+            extra_fired = true;
         }
         if count > 0 {
             return Ok(count);
