@@ -238,7 +238,9 @@ fn spawn_pairing(conn: Arc<Conn>, unix: UnixStream, role: Role) {
     let thread_conn = Arc::clone(&conn);
     let spawned = std::thread::Builder::new().name("lightpath-pair".into()).spawn(move || {
         crate::guard::mark_internal();
+        let started = Instant::now();
         let result = pair(&thread_conn, unix, role);
+        crate::report::debug(format_args!("pairing took {:?}: {:?}", started.elapsed(), result.as_ref().map(|s| s.transport())));
         let mut state = thread_conn.lock();
         match result {
             Ok(stream) if !state.closed => {
