@@ -290,7 +290,8 @@ pub(crate) fn wait(epfd: c_int, out: &mut [epoll_event], timeout: c_int, sigmask
                 }
             }
         }
-        let wait_ms = if !got.is_empty() {
+        let has_streams = lock(&shadow).regs.values().any(|r| r.ready_fd.is_some());
+        let mut wait_ms = if !got.is_empty() {
             0
         } else {
             match deadline {
@@ -298,6 +299,9 @@ pub(crate) fn wait(epfd: c_int, out: &mut [epoll_event], timeout: c_int, sigmask
                 Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as c_int,
             }
         };
+        if has_streams && (wait_ms < 0 || wait_ms > crate::wait::RECHECK_MS) {
+            wait_ms = crate::wait::RECHECK_MS;
+        }
         // SAFETY: `buf` is a local array of 64 events.
         let n = unsafe { real::epoll_pwait(inner, buf.as_mut_ptr(), buf.len() as c_int, wait_ms, sigmask) };
         if n < 0 {
@@ -307,6 +311,16 @@ pub(crate) fn wait(epfd: c_int, out: &mut [epoll_event], timeout: c_int, sigmask
             }
         }
         let mut guard = lock(&shadow);
+        if n == 0 && has_streams {
+            for reg in guard.regs.values_mut() {
+                if reg.ready_fd.is_some() {
+                    let events = evaluate(inner, reg, 0);
+                    if events != 0 {
+                        merge(&mut got, reg.conn.id, events, reg.data);
+                    }
+                }
+            }
+        }
         for event in buf.iter().take(n.max(0) as usize) {
             let (token, events) = (event.u64, event.events);
             match token {

@@ -41,7 +41,9 @@ fn keep_spinning(conn: &Conn, until: &mut Option<Instant>) -> bool {
 
 /// Longest single wait before a blocked call looks at the connection again.
 const SLICE_MS: c_int = 10;
-const IDLE_SLICE_MS: c_int = 1000;
+/// Even with nothing pending, a blocked call looks again this often (see `crate::wait`'s
+/// note on missed wake-ups).
+const IDLE_SLICE_MS: c_int = 100;
 
 fn wait(conn: &Conn, fd: c_int, read: bool, write: bool) -> Result<(), c_int> {
     let (set, transient) = {

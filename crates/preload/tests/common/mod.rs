@@ -102,25 +102,28 @@ pub fn serve(mut command: Command, port: u16, name: &str) -> Background {
     }
 }
 
-/// Runs a command to its end, killing it after `limit` (the test then fails).
+/// Runs a command to its end (its output drained as it comes), killing it after `limit`
+/// (the test then fails).
 pub fn run(mut command: Command, limit: Duration, name: &str) -> Output {
     command.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
-    let mut child = command.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
+    let child = command.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(limit) {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let output = receiver.recv().unwrap().unwrap();
             panic!(
                 "{name} did not finish within {limit:?} (a stall)\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stdout[..output.stdout.len().min(2000)]),
                 String::from_utf8_lossy(&output.stderr)
             );
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
