@@ -341,7 +341,11 @@ impl State {
             }
             // TCP ended: the end, unless the peer may have switched.
             let header_may_come = self.stream.is_some() && !self.stream_ended_early;
-            return if header_may_come || self.phase == Phase::Pairing { Io::WouldBlock } else { Io::Done(0) };
+            return if header_may_come || self.phase == Phase::Pairing {
+                Io::WouldBlock
+            } else {
+                Io::Done(0)
+            };
         }
         let Some(stream) = self.stream.as_mut() else { return Io::Err(libc::EIO) };
         if peek {
@@ -492,7 +496,12 @@ impl State {
 
     /// What a wait for `want_read`/`want_write` should watch, or `None` when the stream can
     /// proceed now: (fd, poll events) pairs.
-    pub(crate) fn wait_set(&mut self, fd: c_int, want_read: bool, want_write: bool) -> Option<Vec<(c_int, i16)>> {
+    pub(crate) fn wait_set(
+        &mut self,
+        fd: c_int,
+        want_read: bool,
+        want_write: bool,
+    ) -> Option<Vec<(c_int, i16)>> {
         let mut set = Vec::with_capacity(2);
         let mut tcp_events = 0;
         if want_read && self.tcp_readable_matters() {

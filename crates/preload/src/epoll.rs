@@ -110,7 +110,13 @@ fn shadow_ctl(inner: &OwnedFd, op: c_int, fd: c_int, mask: u32, token: u64) -> c
 }
 
 /// epoll_ctl for a tracked connection `fd`.
-pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: &Arc<Conn>, event: Option<&epoll_event>) -> Result<c_int, c_int> {
+pub(crate) fn ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    conn: &Arc<Conn>,
+    event: Option<&epoll_event>,
+) -> Result<c_int, c_int> {
     let shadow = match op {
         libc::EPOLL_CTL_ADD => get_or_create(epfd)?,
         _ => shadow_of(epfd).ok_or(libc::ENOENT)?,
@@ -145,7 +151,15 @@ pub(crate) fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: &Arc<Conn>, event: Op
                 }
                 shadow.regs.insert(
                     conn.id,
-                    Reg { conn: Arc::clone(conn), fd, events, data, disabled: false, tcp_mask: mask, ready_fd },
+                    Reg {
+                        conn: Arc::clone(conn),
+                        fd,
+                        events,
+                        data,
+                        disabled: false,
+                        tcp_mask: mask,
+                        ready_fd,
+                    },
                 );
             } else {
                 let reg = shadow.regs.get_mut(&conn.id).ok_or(libc::ENOENT)?;
@@ -267,7 +281,12 @@ fn evaluate(inner: c_int, reg: &mut Reg, tcp: u32) -> u32 {
 }
 
 /// epoll_wait on an application epoll that has a shadow. `timeout` in ms (-1: forever).
-pub(crate) fn wait(epfd: c_int, out: &mut [epoll_event], timeout: c_int, sigmask: *const libc::sigset_t) -> Result<c_int, c_int> {
+pub(crate) fn wait(
+    epfd: c_int,
+    out: &mut [epoll_event],
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> Result<c_int, c_int> {
     let Some(shadow) = shadow_of(epfd) else {
         // SAFETY: `out` is the caller's buffer.
         let n = unsafe { real::epoll_pwait(epfd, out.as_mut_ptr(), out.len() as c_int, timeout, sigmask) };
@@ -296,7 +315,9 @@ pub(crate) fn wait(epfd: c_int, out: &mut [epoll_event], timeout: c_int, sigmask
         } else {
             match deadline {
                 None => -1,
-                Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as c_int,
+                Some(d) => {
+                    d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as c_int
+                }
             }
         };
         if has_streams && (wait_ms < 0 || wait_ms > crate::wait::RECHECK_MS) {

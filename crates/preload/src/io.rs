@@ -25,13 +25,7 @@ fn spin() -> Duration {
 /// Retries while a spin lasts: true to try again now.
 fn keep_spinning(conn: &Conn, until: &mut Option<Instant>) -> bool {
     let now = Instant::now();
-    let limit = *until.get_or_insert_with(|| {
-        if conn.lock().stream.is_some() {
-            now + spin()
-        } else {
-            now
-        }
-    });
+    let limit = *until.get_or_insert_with(|| if conn.lock().stream.is_some() { now + spin() } else { now });
     if now < limit {
         std::thread::yield_now();
         return true;
@@ -55,7 +49,8 @@ fn wait(conn: &Conn, fd: c_int, read: bool, write: bool) -> Result<(), c_int> {
         (state.wait_set(fd, read, write), transient)
     };
     let Some(set) = set else { return Ok(()) };
-    let mut fds: Vec<libc::pollfd> = set.iter().map(|&(fd, events)| libc::pollfd { fd, events, revents: 0 }).collect();
+    let mut fds: Vec<libc::pollfd> =
+        set.iter().map(|&(fd, events)| libc::pollfd { fd, events, revents: 0 }).collect();
     let timeout = if transient { SLICE_MS } else { IDLE_SLICE_MS };
     // SAFETY: `fds` is a valid array of its length.
     let n = unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
@@ -90,7 +85,9 @@ pub(crate) fn recv(conn: &Arc<Conn>, fd: c_int, buf: &mut [u8], flags: c_int) ->
                 }
             }
             Io::Err(errno) => return if done > 0 { Ok(done as isize) } else { Err(errno) },
-            Io::WouldBlock if dont_wait => return if done > 0 { Ok(done as isize) } else { Err(libc::EAGAIN) },
+            Io::WouldBlock if dont_wait => {
+                return if done > 0 { Ok(done as isize) } else { Err(libc::EAGAIN) }
+            }
             Io::WouldBlock if keep_spinning(conn, &mut spin_until) => {}
             Io::WouldBlock => wait(conn, fd, true, false)?,
         }
@@ -129,7 +126,9 @@ pub(crate) fn send(conn: &Arc<Conn>, fd: c_int, data: &[u8], flags: c_int) -> Re
                 }
                 return Err(errno);
             }
-            Io::WouldBlock if dont_wait => return if done > 0 { Ok(done as isize) } else { Err(libc::EAGAIN) },
+            Io::WouldBlock if dont_wait => {
+                return if done > 0 { Ok(done as isize) } else { Err(libc::EAGAIN) }
+            }
             Io::WouldBlock if keep_spinning(conn, &mut spin_until) => {}
             Io::WouldBlock => {
                 if let Err(errno) = wait(conn, fd, false, true) {

@@ -333,7 +333,13 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 
 fn fcntl_common(fd: c_int, cmd: c_int, arg: libc::c_long, large: bool) -> c_int {
     // SAFETY: the caller's arguments, passed on as given.
-    let rc = unsafe { if large { real::fcntl64(fd, cmd, arg) } else { real::fcntl(fd, cmd, arg) } };
+    let rc = unsafe {
+        if large {
+            real::fcntl64(fd, cmd, arg)
+        } else {
+            real::fcntl(fd, cmd, arg)
+        }
+    };
     if rc >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && table::maybe_tracked(fd) {
         let saved = real::errno();
         let _ = catch_unwind(|| on_dup(fd, rc));
@@ -441,7 +447,9 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
     // SAFETY: the caller's contract.
-    data!(fd, |c| unsafe { recv_vectored(c, fd, iovecs(iov, count), 0) }, unsafe { real::readv(fd, iov, count) })
+    data!(fd, |c| unsafe { recv_vectored(c, fd, iovecs(iov, count), 0) }, unsafe {
+        real::readv(fd, iov, count)
+    })
 }
 
 /// # Safety
@@ -449,7 +457,9 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ss
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
     // SAFETY: the caller's contract.
-    data!(fd, |c| unsafe { send_vectored(c, fd, iovecs(iov, count), 0) }, unsafe { real::writev(fd, iov, count) })
+    data!(fd, |c| unsafe { send_vectored(c, fd, iovecs(iov, count), 0) }, unsafe {
+        real::writev(fd, iov, count)
+    })
 }
 
 /// # Safety
@@ -457,13 +467,21 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> s
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract.
-    data!(fd, |c| io::recv(c, fd, unsafe { bytes_mut(buf, len) }, flags), unsafe { real::recv(fd, buf, len, flags) })
+    data!(fd, |c| io::recv(c, fd, unsafe { bytes_mut(buf, len) }, flags), unsafe {
+        real::recv(fd, buf, len, flags)
+    })
 }
 
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
-pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
     if len > buflen {
         // SAFETY: the C library reports the overflow.
         return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
@@ -479,7 +497,9 @@ pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, bu
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract.
-    data!(fd, |c| io::send(c, fd, unsafe { bytes(buf, len) }, flags), unsafe { real::send(fd, buf, len, flags) })
+    data!(fd, |c| io::send(c, fd, unsafe { bytes(buf, len) }, flags), unsafe {
+        real::send(fd, buf, len, flags)
+    })
 }
 
 /// # Safety
@@ -613,7 +633,11 @@ fn sendfile_common(out: c_int, input: c_int, offset: *mut off_t, count: size_t, 
             }
         }
         // SAFETY: offset, if given, is the caller's off_t.
-        let position = if offset.is_null() { unsafe { libc::lseek(input, 0, libc::SEEK_CUR) } } else { unsafe { *offset } };
+        let position = if offset.is_null() {
+            unsafe { libc::lseek(input, 0, libc::SEEK_CUR) }
+        } else {
+            unsafe { *offset }
+        };
         if position < 0 {
             return Err(real::errno());
         }
@@ -654,7 +678,6 @@ pub unsafe extern "C" fn sendfile64(out: c_int, input: c_int, offset: *mut off_t
 // ---------------------------------------------------------------------------------------
 // Readiness: poll, select, epoll.
 
-
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
@@ -678,7 +701,12 @@ pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: c_i
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
-pub unsafe extern "C" fn ppoll(fds: *mut pollfd, nfds: nfds_t, timeout: *const timespec, sigmask: *const sigset_t) -> c_int {
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: *const timespec,
+    sigmask: *const sigset_t,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { wait::poll(fds, nfds, wait::Timeout::from_timespec(timeout), sigmask) }
 }
@@ -704,9 +732,19 @@ pub unsafe extern "C" fn __ppoll_chk(
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
-pub unsafe extern "C" fn select(nfds: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, timeout: *mut timeval) -> c_int {
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    timeout: *mut timeval,
+) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe { wait::select(nfds, r, w, e, wait::Timeout::from_timeval(timeout), std::ptr::null(), || real::select(nfds, r, w, e, timeout)) }
+    unsafe {
+        wait::select(nfds, r, w, e, wait::Timeout::from_timeval(timeout), std::ptr::null(), || {
+            real::select(nfds, r, w, e, timeout)
+        })
+    }
 }
 
 /// # Safety
@@ -745,7 +783,13 @@ pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mu
 
 /// # Safety
 /// `events` must hold `max` entries.
-unsafe fn epoll_common(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int, sigmask: *const sigset_t) -> Option<c_int> {
+unsafe fn epoll_common(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    sigmask: *const sigset_t,
+) -> Option<c_int> {
     if !table::maybe_shadowed(epfd) || events.is_null() || max <= 0 {
         return None;
     }
@@ -757,7 +801,12 @@ unsafe fn epoll_common(epfd: c_int, events: *mut epoll_event, max: c_int, timeou
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
-pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
     // SAFETY: the caller's contract.
     if let Some(n) = unsafe { epoll_common(epfd, events, max, timeout, std::ptr::null()) } {
         return n;

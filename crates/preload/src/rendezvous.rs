@@ -106,14 +106,12 @@ fn start_watcher(me: u32) -> io::Result<Watcher> {
     let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
     let queue = Arc::new(Mutex::new(Vec::new()));
     let (thread_wake, thread_queue) = (Arc::clone(&wake), Arc::clone(&queue));
-    std::thread::Builder::new()
-        .name("lightpath-rendezvous".into())
-        .spawn(move || {
-            crate::guard::mark_internal();
-            if let Err(err) = watch(&thread_wake, &thread_queue) {
-                crate::report::line(format_args!("rendezvous thread stopped: {err}"));
-            }
-        })?;
+    std::thread::Builder::new().name("lightpath-rendezvous".into()).spawn(move || {
+        crate::guard::mark_internal();
+        if let Err(err) = watch(&thread_wake, &thread_queue) {
+            crate::report::line(format_args!("rendezvous thread stopped: {err}"));
+        }
+    })?;
     Ok(Watcher { pid: me, queue, wake })
 }
 
@@ -147,8 +145,13 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
                 for conn in fresh {
                     if let Some(entry) = offer(conn) {
                         let id = entry.conn.id;
-                        if epoll::add(&poller, entry.listener.as_fd(), epoll::EventData::new_u64(id), epoll::EventFlags::IN)
-                            .is_ok()
+                        if epoll::add(
+                            &poller,
+                            entry.listener.as_fd(),
+                            epoll::EventData::new_u64(id),
+                            epoll::EventFlags::IN,
+                        )
+                        .is_ok()
                         {
                             waiting.insert(id, entry);
                         }
@@ -240,7 +243,11 @@ fn spawn_pairing(conn: Arc<Conn>, unix: UnixStream, role: Role) {
         crate::guard::mark_internal();
         let started = Instant::now();
         let result = pair(&thread_conn, unix, role);
-        crate::report::debug(format_args!("pairing took {:?}: {:?}", started.elapsed(), result.as_ref().map(|s| s.transport())));
+        crate::report::debug(format_args!(
+            "pairing took {:?}: {:?}",
+            started.elapsed(),
+            result.as_ref().map(|s| s.transport())
+        ));
         let mut state = thread_conn.lock();
         match result {
             Ok(stream) if !state.closed => {

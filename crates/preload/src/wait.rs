@@ -60,13 +60,21 @@ impl Timeout {
 
 /// # Safety
 /// `fds` must hold `nfds` entries; `sigmask` null or valid.
-pub(crate) unsafe fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: Timeout, sigmask: *const sigset_t) -> c_int {
+pub(crate) unsafe fn poll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: Timeout,
+    sigmask: *const sigset_t,
+) -> c_int {
     let real_poll = |fds: *mut pollfd, nfds: nfds_t, ms: c_int| -> c_int {
         if sigmask.is_null() {
             // SAFETY: the caller's array.
             unsafe { real::poll(fds, nfds, ms) }
         } else {
-            let ts = (ms >= 0).then(|| timespec { tv_sec: (ms / 1000) as _, tv_nsec: ((ms % 1000) as i64 * 1_000_000) as _ });
+            let ts = (ms >= 0).then(|| timespec {
+                tv_sec: (ms / 1000) as _,
+                tv_nsec: ((ms % 1000) as i64 * 1_000_000) as _,
+            });
             let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
             // SAFETY: the caller's array and mask.
             unsafe { real::ppoll(fds, nfds, ts_ptr, sigmask) }
@@ -86,7 +94,9 @@ pub(crate) unsafe fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: Timeout, sigm
         return real_poll(fds, nfds, timeout.as_ms());
     }
     let saved = real::errno();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poll_tracked(app, &conns, timeout, &real_poll)));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        poll_tracked(app, &conns, timeout, &real_poll)
+    }));
     match result {
         Ok(Ok(n)) => {
             real::set_errno(saved);
@@ -109,7 +119,8 @@ fn poll_tracked(
     timeout: Timeout,
     real_poll: &dyn Fn(*mut pollfd, nfds_t, c_int) -> c_int,
 ) -> Result<c_int, c_int> {
-    let deadline = (timeout.as_ms() >= 0).then(|| Instant::now() + Duration::from_millis(timeout.as_ms() as u64));
+    let deadline =
+        (timeout.as_ms() >= 0).then(|| Instant::now() + Duration::from_millis(timeout.as_ms() as u64));
     loop {
         let mut watch: Vec<pollfd> = Vec::with_capacity(app.len() + 4);
         let mut extra: Vec<pollfd> = Vec::new();
@@ -151,7 +162,9 @@ fn poll_tracked(
         }
         watch.extend_from_slice(&extra);
         let any_user = user.iter().any(|u| *u != 0);
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis().min(c_int::MAX as u128) as c_int);
+        let left = deadline.map(|d| {
+            d.saturating_duration_since(Instant::now()).as_millis().min(c_int::MAX as u128) as c_int
+        });
         let mut wait_ms = if any_user { 0 } else { left.unwrap_or(-1) };
         if transient && (wait_ms < 0 || wait_ms > SLICE_MS) {
             wait_ms = SLICE_MS;
@@ -259,7 +272,8 @@ pub(crate) unsafe fn select(
             real::set_errno(libc::EBADF);
             return -1;
         }
-        let readable = p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && p.events & libc::POLLIN != 0;
+        let readable =
+            p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && p.events & libc::POLLIN != 0;
         let writable = p.revents & (libc::POLLOUT | libc::POLLERR) != 0 && p.events & libc::POLLOUT != 0;
         let exceptional = p.revents & libc::POLLPRI != 0;
         for (yes, set) in [(readable, r), (writable, w), (exceptional, e)] {

@@ -28,7 +28,12 @@ fn banner_exchange(name: &str, server_mode: Mode, client_mode: Mode) -> (String,
         "banner server",
     );
     let output = run(
-        command("python3", &[script, "banner-client", &port.to_string(), "40", "10"], client_mode, &report_path),
+        command(
+            "python3",
+            &[script, "banner-client", &port.to_string(), "40", "10"],
+            client_mode,
+            &report_path,
+        ),
         Duration::from_secs(30),
         "banner client",
     );
@@ -100,7 +105,12 @@ fn echo(name: &str, len: usize, server_mode: Mode, client_mode: Mode) -> (String
         "echo server",
     );
     let output = run(
-        command("python3", &[script, "echo-client", &port.to_string(), input.to_str().unwrap()], client_mode, &report_path),
+        command(
+            "python3",
+            &[script, "echo-client", &port.to_string(), input.to_str().unwrap()],
+            client_mode,
+            &report_path,
+        ),
         Duration::from_secs(60),
         "echo client",
     );
@@ -177,7 +187,9 @@ fn socat_relay_both_preloaded_moves_the_file_over_shm() {
     let result = run(client, Duration::from_secs(60), "socat client");
     assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(&output_path).map(|m| m.len()).unwrap_or(0) < 6 << 20 && std::time::Instant::now() < deadline {
+    while std::fs::metadata(&output_path).map(|m| m.len()).unwrap_or(0) < 6 << 20
+        && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(sha256_of(&output_path), sha256_of(&input));
@@ -199,19 +211,33 @@ fn python_http_server_and_curl_both_preloaded_and_curl_alone() {
     let port = common::free_port();
     let mut server_command = command(
         "python3",
-        &["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory", dir.to_str().unwrap()],
+        &[
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            dir.to_str().unwrap(),
+        ],
         Mode::Preloaded,
         &report_path,
     );
     server_command.current_dir(&dir);
     let _server = serve(server_command, port, "python3 -m http.server");
     let expected = sha256_of(&file);
-    for (i, mode) in [Mode::Preloaded, Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate() {
+    for (i, mode) in [Mode::Preloaded, Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate()
+    {
         let got = dir.join(format!("got{i}"));
         let url = format!("http://127.0.0.1:{port}/file.bin");
         let output = run(
             // At 50 MB/s the download lasts long enough for the connection to switch.
-            command("curl", &["-sS", "--limit-rate", "50M", "-o", got.to_str().unwrap(), &url], mode, &report_path),
+            command(
+                "curl",
+                &["-sS", "--limit-rate", "50M", "-o", got.to_str().unwrap(), &url],
+                mode,
+                &report_path,
+            ),
             Duration::from_secs(30),
             "curl",
         );

@@ -44,7 +44,12 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl() {
     )
     .unwrap();
     let _server = serve(
-        command("nginx", &["-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap()], Mode::Preloaded, &report_path),
+        command(
+            "nginx",
+            &["-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap()],
+            Mode::Preloaded,
+            &report_path,
+        ),
         port,
         "nginx",
     );
@@ -53,7 +58,12 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl() {
     for (i, mode) in [Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate() {
         let got = dir.join(format!("got{i}"));
         let output = run(
-            command("curl", &["-sS", "--limit-rate", "50M", "-o", got.to_str().unwrap(), &url], mode, &report_path),
+            command(
+                "curl",
+                &["-sS", "--limit-rate", "50M", "-o", got.to_str().unwrap(), &url],
+                mode,
+                &report_path,
+            ),
             Duration::from_secs(60),
             "curl",
         );
@@ -68,7 +78,11 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl() {
     for (u, o) in urls.iter().zip(&outs) {
         args.extend(["-o", o.as_str(), u.as_str()]);
     }
-    let output = run(command("curl", &args, Mode::Preloaded, &report_path), Duration::from_secs(120), "curl keep-alive");
+    let output = run(
+        command("curl", &args, Mode::Preloaded, &report_path),
+        Duration::from_secs(120),
+        "curl keep-alive",
+    );
     assert!(output.status.success(), "{}", text(&output));
     for o in &outs {
         assert_eq!(sha256_of(std::path::Path::new(o)), expected, "{o}");
@@ -89,7 +103,18 @@ fn redis_benchmark_and_redis_cli_against_a_preloaded_redis() {
     let _server = serve(
         command(
             "redis-server",
-            &["--port", &p, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir.to_str().unwrap()],
+            &[
+                "--port",
+                &p,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
             Mode::Preloaded,
             &report_path,
         ),
@@ -112,7 +137,8 @@ fn redis_benchmark_and_redis_cli_against_a_preloaded_redis() {
     let cli = |args: &[&str], mode| {
         let mut full = vec!["-p", p.as_str()];
         full.extend_from_slice(args);
-        let output = run(command("redis-cli", &full, mode, &report_path), Duration::from_secs(30), "redis-cli");
+        let output =
+            run(command("redis-cli", &full, mode, &report_path), Duration::from_secs(30), "redis-cli");
         assert!(output.status.success(), "{}", text(&output));
         String::from_utf8_lossy(&output.stdout).trim().to_string()
     };
@@ -120,7 +146,11 @@ fn redis_benchmark_and_redis_cli_against_a_preloaded_redis() {
     assert!(keys > 0 && keys <= 1001, "{keys} keys after SET with -r 1000");
     let value = "v".repeat(100_000);
     assert_eq!(cli(&["SET", "lightpath-key", &value], Mode::Preloaded), "OK");
-    assert_eq!(cli(&["GET", "lightpath-key"], Mode::Plain), value, "a plain client reads what a preloaded one wrote");
+    assert_eq!(
+        cli(&["GET", "lightpath-key"], Mode::Plain),
+        value,
+        "a plain client reads what a preloaded one wrote"
+    );
     assert_eq!(cli(&["GET", "lightpath-key"], Mode::Preloaded), value);
     let lines = wait_for_lines(&report_path, 20, Duration::from_secs(5));
     assert!(shm_bytes(&lines) > 1_000_000, "redis-benchmark's requests did not go over shm: {lines:#?}");
@@ -136,7 +166,12 @@ fn memcached_with_memccp_memccat_and_memcslap() {
     let port = common::free_port();
     let p = port.to_string();
     let _server = serve(
-        command("memcached", &["-p", &p, "-U", "0", "-l", "127.0.0.1", "-u", "root", "-t", "2"], Mode::Preloaded, &report_path),
+        command(
+            "memcached",
+            &["-p", &p, "-U", "0", "-l", "127.0.0.1", "-u", "root", "-t", "2"],
+            Mode::Preloaded,
+            &report_path,
+        ),
         port,
         "memcached",
     );
@@ -160,7 +195,12 @@ fn memcached_with_memccp_memccat_and_memcslap() {
         assert_eq!(output.stdout.len(), data.len() + 1);
     }
     let output = run(
-        command("memcslap", &[&servers, "--concurrency=4", "--execute-number=2000"], Mode::Preloaded, &report_path),
+        command(
+            "memcslap",
+            &[&servers, "--concurrency=4", "--execute-number=2000"],
+            Mode::Preloaded,
+            &report_path,
+        ),
         Duration::from_secs(120),
         "memcslap",
     );
@@ -189,21 +229,31 @@ fn iperf3_forward_and_reverse_with_byte_counts() {
         let port = common::free_port();
         let p = port.to_string();
         // Not -1: `serve`'s readiness probe is the server's first client.
-        let _server = serve(command("iperf3", &["-s", "-p", &p], Mode::Preloaded, &report_path), port, "iperf3 -s");
+        let _server =
+            serve(command("iperf3", &["-s", "-p", &p], Mode::Preloaded, &report_path), port, "iperf3 -s");
         let mut args = vec!["-c", "127.0.0.1", "-p", &p, "-n", "400M", "-J"];
         if reverse {
             args.push("-R");
         }
-        let output = run(command("iperf3", &args, client_mode, &report_path), Duration::from_secs(120), "iperf3 -c");
+        let output =
+            run(command("iperf3", &args, client_mode, &report_path), Duration::from_secs(120), "iperf3 -c");
         let json = text(&output);
         assert!(output.status.success(), "{json}");
         let sent = iperf_bytes(&json, "sum_sent").unwrap_or_else(|| panic!("no sum_sent: {json}"));
-        let received = iperf_bytes(&json, "sum_received").unwrap_or_else(|| panic!("no sum_received: {json}"));
+        let received =
+            iperf_bytes(&json, "sum_received").unwrap_or_else(|| panic!("no sum_received: {json}"));
         assert_eq!(sent, 400 << 20, "reverse {reverse}, {client_mode:?}");
         // The receiver's sum leaves out what is in flight when the sender stops (over plain
         // TCP too, where socket buffers hold several MiB).
-        assert!(received >= (400 << 20) / 100 * 97, "received {received} (reverse {reverse}, {client_mode:?})");
-        let lines = wait_for_lines(&report_path, if client_mode == Mode::Plain { 2 } else { 4 }, Duration::from_secs(5));
+        assert!(
+            received >= (400 << 20) / 100 * 97,
+            "received {received} (reverse {reverse}, {client_mode:?})"
+        );
+        let lines = wait_for_lines(
+            &report_path,
+            if client_mode == Mode::Plain { 2 } else { 4 },
+            Duration::from_secs(5),
+        );
         if client_mode == Mode::Preloaded {
             assert!(shm_bytes(&lines) > 200 << 20, "reverse {reverse}: {lines:#?}");
         } else {
