@@ -320,7 +320,7 @@ pub(crate) fn wait(
                 }
             }
         };
-        if has_streams && (wait_ms < 0 || wait_ms > crate::wait::RECHECK_MS) {
+        if has_streams && !(0..=crate::wait::RECHECK_MS).contains(&wait_ms) {
             wait_ms = crate::wait::RECHECK_MS;
         }
         // SAFETY: `buf` is a local array of 64 events.

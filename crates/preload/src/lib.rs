@@ -7,12 +7,12 @@
 //! * the application's fd is always the kernel TCP socket: `getpeername`, `fstat`, socket
 //!   options, `CLOEXEC`, inheritance and fd numbers are the kernel's. Nothing is ever sent on
 //!   that socket that the application did not write, so a plain peer sees plain TCP;
-//! * [`rendezvous`]: how the two ends of one connection find each other (an abstract Unix
+//! * `rendezvous`: how the two ends of one connection find each other (an abstract Unix
 //!   socket named after the connection's addresses) and negotiate a Lightpath stream;
-//! * [`conn`]: the switch protocol (each direction moves to the stream at a byte offset the
+//! * `conn`: the switch protocol (each direction moves to the stream at a byte offset the
 //!   sender announces on the stream);
-//! * [`io`]: the data calls; [`epoll`] and the `poll`/`select` hooks here: readiness;
-//! * [`report`]: per-connection lines saying which transport each connection ended on.
+//! * `io`: the data calls; `epoll` and `wait` (`poll`/`select`): readiness;
+//! * `report`: per-connection lines saying which transport each connection ended on.
 //!
 //! Intercepted (everything else, and every call on a descriptor that is not a tracked
 //! TCP connection, goes to the C library untouched): `connect`, `accept`, `accept4`,
@@ -23,8 +23,8 @@
 //! `epoll_ctl`, `epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `sendfile`, `sendfile64`.
 //!
 //! The library's own calls: the threads it starts mark themselves internal
-//! ([`guard`]), the C library's functions are reached through `dlsym(RTLD_NEXT)`
-//! ([`real`]), and no hook body lets a panic reach the C caller.
+//! (`guard`), the C library's functions are reached through `dlsym(RTLD_NEXT)`
+//! (`real`), and no hook body lets a panic reach the C caller.
 
 mod conn;
 mod epoll;
@@ -634,8 +634,10 @@ fn sendfile_common(out: c_int, input: c_int, offset: *mut off_t, count: size_t, 
         }
         // SAFETY: offset, if given, is the caller's off_t.
         let position = if offset.is_null() {
+            // SAFETY: lseek on the caller's fd has no memory preconditions.
             unsafe { libc::lseek(input, 0, libc::SEEK_CUR) }
         } else {
+            // SAFETY: a non-null offset is the caller's off_t.
             unsafe { *offset }
         };
         if position < 0 {

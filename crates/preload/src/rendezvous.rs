@@ -88,7 +88,7 @@ fn name(a: SocketAddr, b: SocketAddr) -> String {
 pub(crate) fn register(conn: Arc<Conn>) {
     let mut watcher = WATCHER.lock().unwrap_or_else(|p| p.into_inner());
     let me = pid();
-    if watcher.as_ref().map_or(true, |w| w.pid != me) {
+    if watcher.as_ref().is_none_or(|w| w.pid != me) {
         match start_watcher(me) {
             Ok(started) => *watcher = Some(started),
             Err(err) => {
@@ -288,8 +288,7 @@ fn pair(conn: &Conn, mut unix: UnixStream, role: Role) -> io::Result<lightpath::
             *device_pid = pid();
         }
     }
-    let mut options = lightpath::Options::default();
-    options.handshake_timeout = STEP_TIMEOUT;
+    let options = lightpath::Options { handshake_timeout: STEP_TIMEOUT, ..Default::default() };
     match role {
         Role::Listened => {
             let listener = TcpListener::bind(SocketAddr::new(local.ip(), 0))?;

@@ -33,7 +33,7 @@ impl Timeout {
         match unsafe { ts.as_ref() } {
             None => Timeout::Ms(-1),
             Some(ts) => {
-                let ms = (ts.tv_sec as i64).saturating_mul(1000) + (ts.tv_nsec as i64 + 999_999) / 1_000_000;
+                let ms = ts.tv_sec.saturating_mul(1000) + (ts.tv_nsec + 999_999) / 1_000_000;
                 Timeout::Ms(ms.clamp(0, c_int::MAX as i64) as c_int)
             }
         }
@@ -46,7 +46,7 @@ impl Timeout {
         match unsafe { tv.as_ref() } {
             None => Timeout::Ms(-1),
             Some(tv) => {
-                let ms = (tv.tv_sec as i64).saturating_mul(1000) + (tv.tv_usec as i64 + 999) / 1000;
+                let ms = tv.tv_sec.saturating_mul(1000) + (tv.tv_usec + 999) / 1000;
                 Timeout::Ms(ms.clamp(0, c_int::MAX as i64) as c_int)
             }
         }
@@ -166,9 +166,9 @@ fn poll_tracked(
             d.saturating_duration_since(Instant::now()).as_millis().min(c_int::MAX as u128) as c_int
         });
         let mut wait_ms = if any_user { 0 } else { left.unwrap_or(-1) };
-        if transient && (wait_ms < 0 || wait_ms > SLICE_MS) {
+        if transient && !(0..=SLICE_MS).contains(&wait_ms) {
             wait_ms = SLICE_MS;
-        } else if !extra.is_empty() && (wait_ms < 0 || wait_ms > RECHECK_MS) {
+        } else if !extra.is_empty() && !(0..=RECHECK_MS).contains(&wait_ms) {
             wait_ms = RECHECK_MS;
         }
         let n = real_poll(watch.as_mut_ptr(), watch.len() as nfds_t, wait_ms);
