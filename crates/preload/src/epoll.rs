@@ -295,6 +295,7 @@ pub(crate) fn wait(
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut got: Vec<(u64, u32, u64)> = Vec::new(); // (conn id or APP, events, data)
     let mut buf = [epoll_event { events: 0, u64: 0 }; 64];
+    let mut spin_until: Option<Instant> = None;
     loop {
         let inner = lock(&shadow).inner.as_raw_fd();
         // Level-triggered connections with a stream: look at them every time.
@@ -322,6 +323,14 @@ pub(crate) fn wait(
         };
         if has_streams && !(0..=crate::wait::RECHECK_MS).contains(&wait_ms) {
             wait_ms = crate::wait::RECHECK_MS;
+        }
+        // With switched connections, look without sleeping for a short while first: a sleep
+        // and a wake-up cost more than a stream message takes to arrive.
+        let spinning = has_streams
+            && wait_ms != 0
+            && *spin_until.get_or_insert_with(|| Instant::now() + crate::io::spin()) > Instant::now();
+        if spinning {
+            wait_ms = 0;
         }
         // SAFETY: `buf` is a local array of 64 events.
         let n = unsafe { real::epoll_pwait(inner, buf.as_mut_ptr(), buf.len() as c_int, wait_ms, sigmask) };
@@ -392,6 +401,9 @@ pub(crate) fn wait(
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(0);
+        }
+        if spinning {
+            std::thread::yield_now();
         }
     }
 }

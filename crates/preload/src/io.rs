@@ -14,7 +14,7 @@ use crate::real;
 /// How long a blocked call on a switched connection retries (yielding the core between
 /// tries) before it sleeps: a sleep and a wake-up cost tens of µs here, a stream message a
 /// microsecond. `LIGHTPATH_PRELOAD_SPIN_US` sets it (0: sleep at once).
-fn spin() -> Duration {
+pub(crate) fn spin() -> Duration {
     static SPIN: OnceLock<Duration> = OnceLock::new();
     *SPIN.get_or_init(|| {
         let us = std::env::var("LIGHTPATH_PRELOAD_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
