@@ -79,8 +79,8 @@ fn get_or_create(epfd: c_int) -> Result<Arc<Mutex<Shadow>>, c_int> {
         return Ok(Arc::clone(existing));
     }
     let errno = |e: rustix::io::Errno| e.raw_os_error();
-    let inner = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(errno)?;
-    let kick = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(errno)?;
+    let inner = crate::guard::high(epoll::create(epoll::CreateFlags::CLOEXEC).map_err(errno)?);
+    let kick = crate::guard::high(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(errno)?);
     // SAFETY: the application passed `epfd` to epoll_ctl, so it is open for this call.
     let app = unsafe { BorrowedFd::borrow_raw(epfd) };
     epoll::add(&inner, app, epoll::EventData::new_u64(APP), epoll::EventFlags::IN).map_err(errno)?;

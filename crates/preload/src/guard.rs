@@ -47,3 +47,16 @@ pub(crate) fn hook<T: Copy>(failed: T, body: impl FnOnce() -> Result<T, c_int>) 
         }
     }
 }
+
+/// Where the library's own long-lived descriptors are moved: a program that closes a number
+/// twice (iperf3 does) must not close one of them, and programs expect the low numbers.
+const HIGH_FD_BASE: i32 = 512;
+
+/// `fd` moved to a number at or above [`HIGH_FD_BASE`] (unchanged if that fails).
+pub(crate) fn high<T: From<std::os::fd::OwnedFd> + Into<std::os::fd::OwnedFd>>(fd: T) -> T {
+    let owned: std::os::fd::OwnedFd = fd.into();
+    match rustix::io::fcntl_dupfd_cloexec(&owned, HIGH_FD_BASE) {
+        Ok(moved) => T::from(moved),
+        Err(_) => T::from(owned),
+    }
+}

@@ -103,7 +103,7 @@ pub(crate) fn register(conn: Arc<Conn>) {
 }
 
 fn start_watcher(me: u32) -> io::Result<Watcher> {
-    let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
+    let wake = Arc::new(crate::guard::high(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?));
     let queue = Arc::new(Mutex::new(Vec::new()));
     let (thread_wake, thread_queue) = (Arc::clone(&wake), Arc::clone(&queue));
     std::thread::Builder::new().name("lightpath-rendezvous".into()).spawn(move || {
@@ -125,7 +125,7 @@ struct Waiting {
 const WAKE_TOKEN: u64 = u64::MAX;
 
 fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
-    let poller = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    let poller = crate::guard::high(epoll::create(epoll::CreateFlags::CLOEXEC)?);
     epoll::add(&poller, wake, epoll::EventData::new_u64(WAKE_TOKEN), epoll::EventFlags::IN)?;
     let mut waiting: HashMap<u64, Waiting> = HashMap::new();
     let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
@@ -205,6 +205,7 @@ fn offer(conn: Arc<Conn>) -> Option<Waiting> {
         }
         match UnixListener::bind_addr(&address) {
             Ok(listener) => {
+                let listener = crate::guard::high(listener);
                 if listener.set_nonblocking(true).is_err() {
                     break;
                 }
