@@ -7,6 +7,7 @@
 #
 #   scripts/preload_bench.sh            (builds the release library first)
 #   ROUNDS=3 scripts/preload_bench.sh   (medians over rounds)
+#   N=20000 IPERF_SECONDS=3 WRK_SECONDS=3 SKIP_REDIS=1 ...   (shorter; no redis rows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p lightpath-preload
@@ -29,7 +30,7 @@ redis_one() { # mode test clients -> "rps p50"
   start "$mode" redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1
   local pid=$!; wait_port $port
   local line; line=$(with "$mode" redis-benchmark -p $port -t "$test" -n "${N:-100000}" -c "$clients" --csv 2>/dev/null | grep -v '^"test"' | head -1)
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
   # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
   echo "$line" | tr -d '"' | awk -F, '{print $2, $5}'
 }
@@ -40,7 +41,7 @@ iperf_one() { # mode -> Gbit/s
   local pid=$!; sleep 0.5
   with "$mode" iperf3 -c 127.0.0.1 -p $port -t "${IPERF_SECONDS:-5}" -J 2>/dev/null \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)'
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
 }
 
 wrk_one() { # mode -> "req/s p50_us"
@@ -57,12 +58,12 @@ CONF
   local pid=$!; wait_port $port
   with "$mode" wrk -t1 -c"${WRK_CONNS:-10}" -d"${WRK_SECONDS:-5}s" --latency "http://127.0.0.1:$port/small.txt" 2>/dev/null \
     | awk '/Requests\/sec/ {rps=$2} /^ +50%/ {v=$2; if (v ~ /ms$/) {sub(/ms/,"",v); v*=1000} else if (v ~ /us$/) {sub(/us/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1e6}; p50=v} END {print rps, p50}'
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
 }
 
 printf 'preload benchmark, %s, %s rounds, load average %s\n' "$(date -u +%FT%TZ)" "$ROUNDS" "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-28s %14s %14s %8s\n' "test" "plain TCP" "preloaded" "ratio"
-if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+if [[ -z "${SKIP_REDIS:-}" ]] && command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
   for clients in 1 50; do
     for test in ping_inline set get; do
       : > "$WORK/p_rps"; : > "$WORK/l_rps"; : > "$WORK/p_p50"; : > "$WORK/l_p50"
@@ -77,7 +78,7 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
     done
   done
 else
-  echo "redis: SKIPPED (redis-server/redis-benchmark not installed)"
+  echo "redis: SKIPPED (SKIP_REDIS set, or redis-server/redis-benchmark not installed)"
 fi
 if command -v iperf3 >/dev/null; then
   : > "$WORK/p"; : > "$WORK/l"
