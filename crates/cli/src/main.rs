@@ -27,6 +27,7 @@ mod interop_peer;
 mod perf;
 mod pingpong;
 mod plot;
+mod run;
 mod sim;
 
 /// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
@@ -59,6 +60,8 @@ Results carry both processes' CPU time; `lightpath plot` draws --json lines.")]
     Perf(perf::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),
+    /// Run an unmodified program with the preload library: its TCP connections to peers that also run under it move to Lightpath (shm on one host).
+    Run(run::Args),
     /// Draw `perf --json` / compare.sh results as an SVG chart: size across, one line per provider.
     Plot(plot::Args),
 }
@@ -108,5 +111,6 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Perf(args) => perf::run(args),
         Command::Pingpong(args) => pingpong::run(args),
         Command::InteropPeer(args) => interop_peer::run(args),
+        Command::Run(args) => run::run(args),
     }
 }

@@ -104,6 +104,20 @@ impl Stream {
         Self::from_negotiated(negotiated, options.spin)
     }
 
+    /// Runs the server side of the negotiation on a TCP connection accepted by the caller
+    /// (what [`crate::Listener`] does on its own thread for each connection). A client that
+    /// does not speak Lightpath gives a plain TCP stream; one that leaves or speaks garbage
+    /// gives an error.
+    pub fn negotiate_server(tcp: TcpStream, options: &Options) -> io::Result<Stream> {
+        match negotiate::server(tcp, options) {
+            negotiate::Accepted::Stream(negotiated) => Self::from_negotiated(negotiated, options.spin),
+            negotiate::Accepted::Dropped => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "lightpath: the client left or failed the negotiation",
+            )),
+        }
+    }
+
     pub(crate) fn from_negotiated(negotiated: Negotiated, spin: Duration) -> io::Result<Stream> {
         let (backend, transport) = match negotiated {
             Negotiated::Rdma { conn, provider } => (Backend::Rdma(conn), Transport::Rdma(provider)),

@@ -1,0 +1,75 @@
+//! `lightpath run [--providers LIST] [--report FILE] -- CMD ARGS...`: runs an unmodified
+//! program with Lightpath's preload library (`liblightpath_preload.so`, crate
+//! `lightpath-preload`), so its TCP connections to peers that also run under it move to
+//! Lightpath streams (shm on one host) and all others stay plain TCP. The library is looked
+//! for beside this binary (`cargo build` puts both in `target/<profile>/`), or where
+//! `LIGHTPATH_PRELOAD_LIB` says.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+
+/// The preload library's file name.
+const LIBRARY: &str = "liblightpath_preload.so";
+
+/// Options of `lightpath run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Transports to offer, best first (shm, soft, ibverbs, tcp); sets LIGHTPATH_PROVIDERS.
+    /// The preload pairs connections on one host, so without shm connections stay TCP.
+    #[arg(long)]
+    pub providers: Option<String>,
+    /// Print one line per connection (transport, why, bytes per transport) to FILE when it
+    /// closes or the program exits; `stderr` for the standard error.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<String>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+}
+
+/// Where the preload library is.
+fn library() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("LIGHTPATH_PRELOAD_LIB") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("finding this program's path")?;
+    let dir = exe.parent().context("this program's directory")?;
+    for candidate in [dir.join(LIBRARY), dir.join("../lib").join(LIBRARY)] {
+        if candidate.is_file() {
+            return Ok(candidate.canonicalize().unwrap_or(candidate));
+        }
+    }
+    bail!(
+        "{LIBRARY} is not beside {} (build it with `cargo build --release -p lightpath-preload`, \
+         or set LIGHTPATH_PRELOAD_LIB)",
+        exe.display()
+    )
+}
+
+/// Runs `lightpath run`: replaces this process with the command.
+pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(list) = &args.providers {
+        lightpath::options::parse_providers(list).map_err(anyhow::Error::msg)?;
+    }
+    let library = library()?;
+    let mut preload = OsString::from(library.as_os_str());
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(existing);
+    }
+    let (program, rest) = args.command.split_first().context("no command given")?;
+    let mut command = std::process::Command::new(program);
+    command.args(rest).env("LD_PRELOAD", preload);
+    if let Some(list) = &args.providers {
+        command.env("LIGHTPATH_PROVIDERS", list);
+    }
+    if let Some(report) = &args.report {
+        command.env("LIGHTPATH_PRELOAD_REPORT", report);
+    }
+    let err = command.exec();
+    bail!("could not run {}: {err}", program.to_string_lossy())
+}

@@ -1,0 +1,572 @@
+//! One tracked TCP connection of the application, and the switch of its data to a
+//! Lightpath stream.
+//!
+//! # The switch protocol
+//!
+//! The application's fd is and stays the kernel TCP socket. Until the two sides have paired
+//! (see `crate::rendezvous`) every byte goes over it, untouched: a plain peer sees plain TCP.
+//! Once a side holds a Lightpath stream to the peer (RDMA over shm on one host), it switches
+//! its *sending* direction at once: it writes, as the first 8 bytes on the stream, how many
+//! bytes it had sent over TCP (big-endian `u64`), and sends everything after that over the
+//! stream. The TCP connection never carries a byte the application did not write.
+//!
+//! The receiver reads TCP until it has received exactly that many bytes from it, then reads
+//! the stream. Until the 8-byte header has arrived, it reads TCP and watches the stream too.
+//! Each direction switches on its own; nothing waits for the other side, so a server that
+//! speaks first and a client that waits to read behave exactly as over TCP.
+//!
+//! End of stream: a TCP end before the switch point is a reset (the peer died mid-way); after
+//! it, only the stream's end counts. A TCP end while a pairing is still being negotiated waits
+//! for the negotiation's outcome (bounded by its timeout), since the peer may have switched.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use libc::c_int;
+
+use crate::real;
+
+/// Where a connection is in its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Tracked, not yet offered (pairing starts at the first I/O call, so an accept-then-fork
+    /// parent that only closes never pairs).
+    Fresh,
+    /// Offered: waiting for the peer to turn up on the rendezvous name.
+    Waiting,
+    /// Paired with the peer: the Lightpath negotiation runs.
+    Pairing,
+    /// Data moves over a Lightpath stream (the transport's name).
+    Rdma(String),
+    /// Data stays on TCP, and why.
+    Tcp(String),
+}
+
+impl Phase {
+    /// Whether the connection may still switch (waits are sliced so they notice).
+    pub(crate) fn transient(&self) -> bool {
+        matches!(self, Phase::Fresh | Phase::Waiting | Phase::Pairing)
+    }
+}
+
+/// The result of one non-waiting attempt.
+pub(crate) enum Io {
+    Done(usize),
+    WouldBlock,
+    Err(c_int),
+}
+
+/// What a connection does and knows, under its lock.
+pub(crate) struct State {
+    pub(crate) phase: Phase,
+    pub(crate) stream: Option<lightpath::Stream>,
+    /// The application closed its last fd for this connection.
+    pub(crate) closed: bool,
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) peer: Option<SocketAddr>,
+    pub(crate) tcp_sent: u64,
+    pub(crate) tcp_recv: u64,
+    pub(crate) rdma_sent: u64,
+    pub(crate) rdma_recv: u64,
+    /// This side sends over the stream (after the header).
+    pub(crate) send_switched: bool,
+    hdr_out: [u8; 8],
+    hdr_out_sent: usize,
+    hdr_in: [u8; 8],
+    hdr_in_len: usize,
+    /// The peer's switch point: bytes it sent over TCP before its stream.
+    pub(crate) switch_at: Option<u64>,
+    /// The stream ended or failed before the peer's header: the peer never switched.
+    stream_ended_early: bool,
+    /// TCP reported end of stream.
+    pub(crate) tcp_eof: bool,
+    /// The application shut its sending side down.
+    shut_wr: bool,
+    /// Bytes read from the stream for MSG_PEEK or FIONREAD, handed out first.
+    pub(crate) peeked: Vec<u8>,
+    /// Application epoll instances this connection is registered in.
+    pub(crate) epolls: Vec<c_int>,
+}
+
+/// A tracked connection: the application's fd numbers point at it (several after `dup`).
+pub(crate) struct Conn {
+    pub(crate) id: u64,
+    /// The process that accepted or connected it; a fork child is not it.
+    pub(crate) owner: u32,
+    /// Application fds naming it.
+    pub(crate) fds: AtomicUsize,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("id", &self.id).finish()
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn pid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+impl Conn {
+    pub(crate) fn new() -> Conn {
+        Conn {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            owner: pid(),
+            fds: AtomicUsize::new(1),
+            state: Mutex::new(State {
+                phase: Phase::Fresh,
+                stream: None,
+                closed: false,
+                local: None,
+                peer: None,
+                tcp_sent: 0,
+                tcp_recv: 0,
+                rdma_sent: 0,
+                rdma_recv: 0,
+                send_switched: false,
+                hdr_out: [0; 8],
+                hdr_out_sent: 0,
+                hdr_in: [0; 8],
+                hdr_in_len: 0,
+                switch_at: None,
+                stream_ended_early: false,
+                tcp_eof: false,
+                shut_wr: false,
+                peeked: Vec::new(),
+                epolls: Vec::new(),
+            }),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether this process owns the connection (not a fork child holding a copy).
+    pub(crate) fn owned(&self) -> bool {
+        self.owner == pid()
+    }
+}
+
+/// The errno for a stream error.
+pub(crate) fn errno_of(err: &io::Error) -> c_int {
+    match err.kind() {
+        io::ErrorKind::BrokenPipe => libc::EPIPE,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::UnexpectedEof => {
+            libc::ECONNRESET
+        }
+        io::ErrorKind::NotConnected => libc::ENOTCONN,
+        io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+        _ => err.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+fn would_block(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::WouldBlock
+}
+
+/// The local or peer address of `fd`.
+pub(crate) fn socket_addr(fd: c_int, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: zeroed sockaddr_storage is a valid value of the type.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let address = (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: `address` points at `len` writable bytes.
+    let rc = unsafe {
+        if peer {
+            libc::getpeername(fd, address, &mut len)
+        } else {
+            libc::getsockname(fd, address, &mut len)
+        }
+    };
+    if rc != 0 {
+        return None;
+    }
+    match c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let v4 = unsafe { &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+            Some(SocketAddr::new(ip.into(), u16::from_be(v4.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let v6 = unsafe { &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
+            // An IPv4 peer of a dual-stack socket is named as IPv4, as the peer names itself.
+            let ip = ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
+            Some(SocketAddr::new(ip, u16::from_be(v6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `fd` is a TCP socket (AF_INET or AF_INET6, SOCK_STREAM, IPPROTO_TCP).
+pub(crate) fn is_tcp(fd: c_int) -> bool {
+    let get = |option: c_int| -> Option<c_int> {
+        let mut value: c_int = 0;
+        let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+        // SAFETY: `value` is a writable int of `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, option, (&mut value as *mut c_int).cast(), &mut len)
+        };
+        (rc == 0).then_some(value)
+    };
+    matches!(get(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
+        && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// Whether the application made `fd` nonblocking.
+pub(crate) fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL takes no argument.
+    let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+impl State {
+    /// Starts pairing if this is the connection's first I/O.
+    pub(crate) fn offer(&mut self, conn: &std::sync::Arc<Conn>, fd: c_int) {
+        if self.phase != Phase::Fresh || !conn.owned() {
+            return;
+        }
+        let Some(peer) = socket_addr(fd, true) else {
+            // Not connected yet (a nonblocking connect in progress): offer at the next call.
+            return;
+        };
+        self.peer = Some(peer);
+        self.local = socket_addr(fd, false);
+        if self.local.is_none() {
+            self.phase = Phase::Tcp("no local address".into());
+            return;
+        }
+        match crate::rendezvous::why_not() {
+            Some(reason) => self.phase = Phase::Tcp(reason),
+            None => {
+                self.phase = Phase::Waiting;
+                crate::rendezvous::register(std::sync::Arc::clone(conn));
+            }
+        }
+    }
+
+    /// Reads the peer's header off the stream, as far as it has arrived.
+    fn learn_switch(&mut self) {
+        if self.switch_at.is_some() || self.stream_ended_early {
+            return;
+        }
+        let Some(stream) = self.stream.as_mut() else { return };
+        while self.hdr_in_len < 8 {
+            match io::Read::read(stream, &mut self.hdr_in[self.hdr_in_len..]) {
+                Ok(0) => {
+                    self.stream_ended_early = true;
+                    return;
+                }
+                Ok(n) => self.hdr_in_len += n,
+                Err(err) if would_block(&err) => return,
+                Err(_) => {
+                    self.stream_ended_early = true;
+                    return;
+                }
+            }
+        }
+        self.switch_at = Some(u64::from_be_bytes(self.hdr_in));
+        crate::report::debug(format_args!(
+            "peer {:?} switched at tcp byte {} (received {} so far)",
+            self.peer,
+            u64::from_be_bytes(self.hdr_in),
+            self.tcp_recv
+        ));
+    }
+
+    /// Bytes still to come over TCP (`u64::MAX`: until the peer's header says).
+    fn tcp_left(&self) -> u64 {
+        match self.switch_at {
+            Some(at) => at.saturating_sub(self.tcp_recv),
+            None => u64::MAX,
+        }
+    }
+
+    /// Whether reads still look at the TCP socket.
+    pub(crate) fn tcp_readable_matters(&self) -> bool {
+        self.tcp_left() > 0 && !self.tcp_eof
+    }
+
+    /// One read attempt that never waits.
+    pub(crate) fn try_recv(&mut self, fd: c_int, buf: &mut [u8], peek: bool) -> Io {
+        if !self.peeked.is_empty() {
+            let n = buf.len().min(self.peeked.len());
+            buf[..n].copy_from_slice(&self.peeked[..n]);
+            if !peek {
+                self.peeked.drain(..n);
+            }
+            return Io::Done(n);
+        }
+        self.learn_switch();
+        let left = self.tcp_left();
+        if left > 0 && !self.tcp_eof {
+            let len = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let flags = libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 };
+            // SAFETY: `buf` has `len` writable bytes.
+            let got = unsafe { real::recv(fd, buf.as_mut_ptr().cast(), len, flags) };
+            if got > 0 {
+                if !peek {
+                    self.tcp_recv += got as u64;
+                }
+                return Io::Done(got as usize);
+            }
+            if got == 0 {
+                self.tcp_eof = true;
+            } else {
+                let errno = real::errno();
+                if errno != libc::EAGAIN && errno != libc::EWOULDBLOCK {
+                    return Io::Err(errno);
+                }
+            }
+        }
+        if self.switch_at.is_some() && self.tcp_left() > 0 {
+            // TCP ended before the switch point: the peer is gone.
+            return if self.tcp_eof { Io::Err(libc::ECONNRESET) } else { Io::WouldBlock };
+        }
+        if self.switch_at.is_none() {
+            if !self.tcp_eof {
+                return Io::WouldBlock;
+            }
+            // TCP ended: the end, unless the peer may have switched.
+            let header_may_come = self.stream.is_some() && !self.stream_ended_early;
+            return if header_may_come || self.phase == Phase::Pairing {
+                Io::WouldBlock
+            } else {
+                Io::Done(0)
+            };
+        }
+        let Some(stream) = self.stream.as_mut() else { return Io::Err(libc::EIO) };
+        if peek {
+            let mut chunk = vec![0u8; buf.len()];
+            return match io::Read::read(stream, &mut chunk) {
+                Ok(n) => {
+                    self.rdma_recv += n as u64;
+                    buf[..n].copy_from_slice(&chunk[..n]);
+                    self.peeked.extend_from_slice(&chunk[..n]);
+                    Io::Done(n)
+                }
+                Err(err) if would_block(&err) => Io::WouldBlock,
+                Err(err) => Io::Err(errno_of(&err)),
+            };
+        }
+        match io::Read::read(stream, buf) {
+            Ok(n) => {
+                self.rdma_recv += n as u64;
+                Io::Done(n)
+            }
+            Err(err) if would_block(&err) => Io::WouldBlock,
+            Err(err) => Io::Err(errno_of(&err)),
+        }
+    }
+
+    /// Pushes the switch header; true once it has gone.
+    fn push_header(&mut self) -> Result<bool, c_int> {
+        let Some(stream) = self.stream.as_mut() else { return Ok(false) };
+        while self.hdr_out_sent < 8 {
+            match io::Write::write(stream, &self.hdr_out[self.hdr_out_sent..]) {
+                Ok(n) => self.hdr_out_sent += n,
+                Err(err) if would_block(&err) => return Ok(false),
+                Err(err) => return Err(errno_of(&err)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// One write attempt that never waits.
+    pub(crate) fn try_send(&mut self, fd: c_int, data: &[u8], flags: c_int) -> Io {
+        if self.send_switched {
+            match self.push_header() {
+                Ok(true) => {}
+                Ok(false) => return Io::WouldBlock,
+                Err(errno) => return Io::Err(errno),
+            }
+            let Some(stream) = self.stream.as_mut() else { return Io::Err(libc::EIO) };
+            return match io::Write::write(stream, data) {
+                Ok(n) => {
+                    self.rdma_sent += n as u64;
+                    Io::Done(n)
+                }
+                Err(err) if would_block(&err) => Io::WouldBlock,
+                Err(err) => Io::Err(errno_of(&err)),
+            };
+        }
+        // SAFETY: `data` has `data.len()` readable bytes.
+        let sent = unsafe { real::send(fd, data.as_ptr().cast(), data.len(), flags | libc::MSG_DONTWAIT) };
+        if sent >= 0 {
+            self.tcp_sent += sent as u64;
+            return Io::Done(sent as usize);
+        }
+        match real::errno() {
+            libc::EAGAIN => Io::WouldBlock,
+            errno => Io::Err(errno),
+        }
+    }
+
+    /// Takes a negotiated stream: this side's sending switches now.
+    pub(crate) fn install(&mut self, mut stream: lightpath::Stream) {
+        let transport = stream.transport();
+        if !transport.is_rdma() {
+            self.phase = Phase::Tcp(format!("negotiated {transport}"));
+            stream.close_in_background();
+            return;
+        }
+        if let Err(err) = stream.set_nonblocking(true) {
+            self.phase = Phase::Tcp(format!("stream set-up failed: {err}"));
+            stream.close_in_background();
+            return;
+        }
+        self.hdr_out = self.tcp_sent.to_be_bytes();
+        self.hdr_out_sent = 0;
+        self.send_switched = true;
+        self.stream = Some(stream);
+        self.phase = Phase::Rdma(transport.to_string());
+        let pushed = self.push_header();
+        crate::report::debug(format_args!(
+            "to {:?}: sending switched at tcp byte {} (header pushed: {pushed:?})",
+            self.peer, self.tcp_sent
+        ));
+        if self.shut_wr {
+            if let Some(stream) = self.stream.as_mut() {
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+            }
+        }
+    }
+
+    /// The application shut a direction down (`how` as shutdown(2) takes it).
+    pub(crate) fn shutdown(&mut self, how: c_int) {
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            self.shut_wr = true;
+            if self.send_switched {
+                let _ = self.push_header();
+                if let Some(stream) = self.stream.as_mut() {
+                    let _ = stream.shutdown(std::net::Shutdown::Write);
+                }
+            }
+        }
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            if let Some(stream) = self.stream.as_mut() {
+                let _ = stream.shutdown(std::net::Shutdown::Read);
+            }
+        }
+    }
+
+    /// What the connection can do now apart from its TCP socket's own readiness: whether a
+    /// read would return at once (stream data, the peer's end or an error, bytes kept by a
+    /// peek) and whether a write to the stream would. The peer's switch header is taken off
+    /// the stream first, so its 8 bytes never count as readable data.
+    pub(crate) fn stream_readiness(&mut self) -> (bool, bool) {
+        self.learn_switch();
+        let mut readable = !self.peeked.is_empty();
+        if self.tcp_eof {
+            let reset = self.switch_at.is_some() && self.tcp_left() > 0;
+            let ended = self.switch_at.is_none()
+                && (self.stream.is_none() || self.stream_ended_early)
+                && self.phase != Phase::Pairing;
+            readable |= reset || ended;
+        }
+        let reads_stream = self.switch_at.is_some() && self.tcp_left() == 0;
+        let send_switched = self.send_switched;
+        let mut writable = false;
+        if let Some(stream) = self.stream.as_mut() {
+            match stream.poll_ready() {
+                Ok(ready) => {
+                    readable |= ready.readable && reads_stream;
+                    writable = ready.writable && send_switched;
+                }
+                Err(_) => {
+                    readable = true;
+                    writable = send_switched;
+                }
+            }
+        }
+        (readable, writable)
+    }
+
+    /// What a wait for `want_read`/`want_write` should watch, or `None` when the stream can
+    /// proceed now: (fd, poll events) pairs.
+    pub(crate) fn wait_set(
+        &mut self,
+        fd: c_int,
+        want_read: bool,
+        want_write: bool,
+    ) -> Option<Vec<(c_int, i16)>> {
+        let mut set = Vec::with_capacity(2);
+        let mut tcp_events = 0;
+        if want_read && self.tcp_readable_matters() {
+            tcp_events |= libc::POLLIN;
+        }
+        if want_write && !self.send_switched {
+            tcp_events |= libc::POLLOUT;
+        }
+        if tcp_events != 0 {
+            set.push((fd, tcp_events));
+        }
+        let (readable, writable) = self.stream_readiness();
+        if (want_read && readable) || (want_write && writable) {
+            return None;
+        }
+        if let Some(stream) = self.stream.as_ref() {
+            if let Ok(ready_fd) = stream.readiness_fd() {
+                set.push((ready_fd.as_raw_fd(), libc::POLLIN));
+            }
+        }
+        Some(set)
+    }
+
+    /// Closes the stream side (the application closed its last fd), cleanly in the
+    /// background.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
+        if self.send_switched {
+            let _ = self.push_header();
+        }
+        if let Some(stream) = self.stream.take() {
+            stream.close_in_background();
+        }
+    }
+
+    /// Closes the stream side and waits (at most the stream's linger) until the peer has
+    /// everything written: for process exit, when no background thread would finish it.
+    pub(crate) fn close_and_wait(&mut self) {
+        self.closed = true;
+        let _ = self.push_header();
+        if let Some(mut stream) = self.stream.take() {
+            let _ = stream.set_nonblocking(false);
+            drop(stream);
+        }
+    }
+
+    /// The transport this connection ended on, for the report.
+    pub(crate) fn describe(&self) -> String {
+        let transport = match &self.phase {
+            Phase::Rdma(name) => name.clone(),
+            Phase::Tcp(why) => format!("tcp ({why})"),
+            Phase::Fresh => "tcp (no I/O through the library)".into(),
+            Phase::Waiting => "tcp (no Lightpath peer answered yet)".into(),
+            Phase::Pairing => "tcp (negotiation unfinished)".into(),
+        };
+        let addr = |a: Option<SocketAddr>| a.map_or_else(|| "?".to_string(), |a| a.to_string());
+        format!(
+            "local={} peer={} transport={} tcp_out={} tcp_in={} rdma_out={} rdma_in={}",
+            addr(self.local),
+            addr(self.peer),
+            transport,
+            self.tcp_sent,
+            self.tcp_recv,
+            self.rdma_sent,
+            self.rdma_recv
+        )
+    }
+}

@@ -1,0 +1,108 @@
+"""Small blocking TCP peers for the preload tests (run with or without the library).
+
+  peers.py banner-server PORT N     accept N connections one by one; each: send a banner
+                                    first, then answer each line with 'OK <line>' until QUIT
+  peers.py banner-client PORT K MS  wait for the banner (send nothing before), then K lines
+                                    MS ms apart; print the transcript
+  peers.py echo-server PORT N       accept N connections one by one; echo until end of stream
+  peers.py echo-client PORT FILE    send FILE, shut the sending side down, read the echo to
+                                    the end; print 'sha256 <hex> <bytes>'
+"""
+import hashlib, socket, sys, time
+
+def listener(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    return s
+
+def read_line(c, buf):
+    while b"\n" not in buf:
+        d = c.recv(4096)
+        if not d:
+            return None, buf
+        buf += d
+    line, _, rest = buf.partition(b"\n")
+    return line, rest
+
+def banner_server(port, n):
+    s = listener(port)
+    for _ in range(n):
+        c, _ = s.accept()
+        c.sendall(b"220 lightpath-test ready\r\n")
+        buf = b""
+        while True:
+            line, buf = read_line(c, buf)
+            if line is None:
+                break
+            line = line.rstrip(b"\r")
+            if line == b"QUIT":
+                c.sendall(b"221 bye\r\n")
+                break
+            c.sendall(b"OK " + line + b"\r\n")
+        c.close()
+
+def banner_client(port, k, ms):
+    c = socket.create_connection(("127.0.0.1", port))
+    buf = b""
+    line, buf = read_line(c, buf)
+    out = [line]
+    for i in range(k):
+        c.sendall(b"LINE %d %s\r\n" % (i, b"x" * (i * 37 % 3000)))
+        line, buf = read_line(c, buf)
+        out.append(line)
+        time.sleep(ms / 1000.0)
+    c.sendall(b"QUIT\r\n")
+    line, buf = read_line(c, buf)
+    out.append(line)
+    rest = c.recv(100)
+    out.append(b"EOF" if rest == b"" and buf == b"" else b"STRAY " + buf + rest)
+    c.close()
+    sys.stdout.write(hashlib.sha256(b"\n".join(l or b"<none>" for l in out)).hexdigest() + " %d\n" % len(out))
+
+def echo_server(port, n):
+    s = listener(port)
+    for _ in range(n):
+        c, _ = s.accept()
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+        c.close()
+
+def echo_client(port, path):
+    data = open(path, "rb").read()
+    c = socket.create_connection(("127.0.0.1", port))
+    import threading
+    got = []
+    def reader():
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            got.append(d)
+    t = threading.Thread(target=reader)
+    t.start()
+    view = memoryview(data)
+    step = 1 << 16
+    for off in range(0, len(data), step):
+        c.sendall(view[off:off + step])
+        time.sleep(0.001)
+    c.shutdown(socket.SHUT_WR)
+    t.join()
+    c.close()
+    back = b"".join(got)
+    print("sha256", hashlib.sha256(back).hexdigest(), len(back))
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "banner-server":
+        banner_server(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "banner-client":
+        banner_client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    elif cmd == "echo-server":
+        echo_server(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "echo-client":
+        echo_client(int(sys.argv[2]), sys.argv[3])

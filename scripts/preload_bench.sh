@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The same unmodified programs with and without the preload library (liblightpath_preload.so),
+# side by side in one run, on one host (the preload pairs over shm): redis-benchmark
+# (PING_INLINE, SET, GET at -c 1 and -c 50: requests/s and p50), iperf3 (single stream,
+# forward), wrk against nginx (small file, keep-alive). Prints each pair and the ratio
+# preloaded/plain. Every server is started fresh per measurement.
+#
+#   scripts/preload_bench.sh            (builds the release library first)
+#   ROUNDS=3 scripts/preload_bench.sh   (medians over rounds)
+#   N=20000 IPERF_SECONDS=3 WRK_SECONDS=3 SKIP_REDIS=1 ...   (shorter; no redis rows)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p lightpath-preload
+LIB="$PWD/target/release/liblightpath_preload.so"
+ROUNDS=${ROUNDS:-1}
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+port=17800
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) {print "nan"} else {print a[int((NR+1)/2)]}}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+# `with MODE CMD...`: CMD with the library (lp) or without (plain), at most 120 s.
+with() { local mode=$1; shift; if [[ $mode == lp ]]; then env LD_PRELOAD="$LIB" timeout 120 "$@"; else timeout 120 "$@"; fi; }
+# `start MODE CMD...`: the same in the background; $! is the program's timeout wrapper.
+start() { local mode=$1; shift; if [[ $mode == lp ]]; then env LD_PRELOAD="$LIB" timeout 300 "$@" & else timeout 300 "$@" & fi; }
+wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+
+redis_one() { # mode test clients -> "rps p50"
+  local mode=$1 test=$2 clients=$3; port=$((port + 1))
+  start "$mode" redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1
+  local pid=$!; wait_port $port
+  local line; line=$(with "$mode" redis-benchmark -p $port -t "$test" -n "${N:-100000}" -c "$clients" --csv 2>/dev/null | grep -v '^"test"' | head -1)
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
+  # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
+  echo "$line" | tr -d '"' | awk -F, '{print $2, $5}'
+}
+
+iperf_one() { # mode -> Gbit/s
+  local mode=$1; port=$((port + 1))
+  start "$mode" iperf3 -s -1 -p $port >/dev/null 2>&1
+  local pid=$!; sleep 0.5
+  with "$mode" iperf3 -c 127.0.0.1 -p $port -t "${IPERF_SECONDS:-5}" -J 2>/dev/null \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)'
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
+}
+
+wrk_one() { # mode -> "req/s p50_us"
+  local mode=$1; port=$((port + 1))
+  mkdir -p "$WORK/www" && echo "hello from nginx" > "$WORK/www/small.txt"
+  cat > "$WORK/nginx.conf" <<CONF
+daemon off; user root; worker_processes 1; error_log $WORK/error.log; pid $WORK/nginx$port.pid;
+events { worker_connections 1024; }
+http { access_log off; sendfile on; keepalive_requests 1000000;
+  client_body_temp_path $WORK/b; proxy_temp_path $WORK/p; fastcgi_temp_path $WORK/f; uwsgi_temp_path $WORK/u; scgi_temp_path $WORK/s;
+  server { listen 127.0.0.1:$port; root $WORK/www; } }
+CONF
+  start "$mode" nginx -c "$WORK/nginx.conf" -p "$WORK" >/dev/null 2>&1
+  local pid=$!; wait_port $port
+  with "$mode" wrk -t1 -c"${WRK_CONNS:-10}" -d"${WRK_SECONDS:-5}s" --latency "http://127.0.0.1:$port/small.txt" 2>/dev/null \
+    | awk '/Requests\/sec/ {rps=$2} /^ +50%/ {v=$2; if (v ~ /ms$/) {sub(/ms/,"",v); v*=1000} else if (v ~ /us$/) {sub(/us/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1e6}; p50=v} END {print rps, p50}'
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
+}
+
+printf 'preload benchmark, %s, %s rounds, load average %s\n' "$(date -u +%FT%TZ)" "$ROUNDS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-28s %14s %14s %8s\n' "test" "plain TCP" "preloaded" "ratio"
+if [[ -z "${SKIP_REDIS:-}" ]] && command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  for clients in 1 50; do
+    for test in ping_inline set get; do
+      : > "$WORK/p_rps"; : > "$WORK/l_rps"; : > "$WORK/p_p50"; : > "$WORK/l_p50"
+      for _ in $(seq 1 "$ROUNDS"); do
+        read -r rps p50 <<<"$(redis_one plain $test $clients)"; echo "$rps" >> "$WORK/p_rps"; echo "$p50" >> "$WORK/p_p50"
+        read -r rps p50 <<<"$(redis_one lp $test $clients)"; echo "$rps" >> "$WORK/l_rps"; echo "$p50" >> "$WORK/l_p50"
+      done
+      p=$(median < "$WORK/p_rps"); l=$(median < "$WORK/l_rps")
+      printf '%-28s %14s %14s %8s\n' "redis $test -c $clients req/s" "$p" "$l" "$(ratio "$l" "$p")"
+      p=$(median < "$WORK/p_p50"); l=$(median < "$WORK/l_p50")
+      printf '%-28s %14s %14s %8s\n' "redis $test -c $clients p50 ms" "$p" "$l" "$(ratio "$l" "$p")"
+    done
+  done
+else
+  echo "redis: SKIPPED (SKIP_REDIS set, or redis-server/redis-benchmark not installed)"
+fi
+if command -v iperf3 >/dev/null; then
+  : > "$WORK/p"; : > "$WORK/l"
+  for _ in $(seq 1 "$ROUNDS"); do iperf_one plain >> "$WORK/p"; iperf_one lp >> "$WORK/l"; done
+  p=$(median < "$WORK/p"); l=$(median < "$WORK/l")
+  printf '%-28s %14.2f %14.2f %8s\n' "iperf3 1 stream Gbit/s" "$p" "$l" "$(ratio "$l" "$p")"
+else
+  echo "iperf3: SKIPPED (not installed)"
+fi
+if command -v nginx >/dev/null && command -v wrk >/dev/null; then
+  : > "$WORK/p_rps"; : > "$WORK/l_rps"; : > "$WORK/p_p50"; : > "$WORK/l_p50"
+  for _ in $(seq 1 "$ROUNDS"); do
+    read -r rps p50 <<<"$(wrk_one plain)"; echo "$rps" >> "$WORK/p_rps"; echo "$p50" >> "$WORK/p_p50"
+    read -r rps p50 <<<"$(wrk_one lp)"; echo "$rps" >> "$WORK/l_rps"; echo "$p50" >> "$WORK/l_p50"
+  done
+  p=$(median < "$WORK/p_rps"); l=$(median < "$WORK/l_rps")
+  printf '%-28s %14s %14s %8s\n' "wrk nginx small req/s" "$p" "$l" "$(ratio "$l" "$p")"
+  p=$(median < "$WORK/p_p50"); l=$(median < "$WORK/l_p50")
+  printf '%-28s %14s %14s %8s\n' "wrk nginx small p50 us" "$p" "$l" "$(ratio "$l" "$p")"
+else
+  echo "wrk/nginx: SKIPPED (not installed)"
+fi
