@@ -18,9 +18,19 @@
 //!   `lightpath launch`) that say who is rank 0 and where its store is.
 #![forbid(unsafe_code)]
 
+pub mod bootstrap;
+mod comm;
 pub mod dtype;
+mod error;
+pub mod launch;
+mod mesh;
 pub mod schedule;
 pub mod sim;
+pub mod store;
 
+pub use comm::{choose_allreduce, choose_broadcast, Communicator, Config, Request};
 pub use dtype::{DType, Element, ReduceOp};
+pub use error::Error;
 pub use schedule::{AllreduceAlgo, BroadcastAlgo, Collective};
+/// `half`'s 16-bit float types, re-exported for [`Element`] buffers.
+pub use half::{bf16, f16};
