@@ -186,7 +186,19 @@ impl Mesh {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
         }
-        let result = self.run(sched, group, input, output, op, seq);
+        let mut result = self.run(sched, group, input, output, op, seq);
+        if let Err(Error::PeerFailed { .. }) = &result {
+            // A peer whose data stream broke may have aborted first (and then exited because
+            // of another rank's failure): its abort names the rank really at fault. Give the
+            // control connections a moment to deliver it.
+            for _ in 0..10 {
+                if let Err(e @ Error::Aborted { .. }) = self.check_control(op, seq) {
+                    result = Err(e);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         if let Err(e) = &result {
             self.fail(e.clone());
         }
@@ -199,7 +211,12 @@ impl Mesh {
             return;
         }
         let blamed = e.rank().unwrap_or(self.rank);
-        let line = format!("abort {blamed} {}\n", e.to_string().replace('\n', " "));
+        // An abort passed on keeps the first reporter's words instead of nesting them.
+        let detail = match &e {
+            Error::Aborted { detail, .. } => detail.clone(),
+            other => other.to_string(),
+        };
+        let line = format!("abort {blamed} {}\n", detail.replace('\n', " "));
         for p in self.peers.iter_mut().flatten() {
             let _ = p.ctl.write(line.as_bytes());
         }
@@ -396,6 +413,9 @@ impl Mesh {
                     Ok(0) => {
                         if p.ctl_buf.starts_with(b"bye") {
                             p.left = true;
+                            break;
+                        }
+                        if p.ctl_buf.starts_with(b"abort ") {
                             break;
                         }
                         return Err(Error::PeerFailed {

@@ -200,7 +200,11 @@ fn worker() {
     drop(comm);
 }
 
+/// One job at a time: on two cores, several 8-rank jobs at once starve each other.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run(ranks: usize, role: &str, extra: &[(&str, &str)]) -> lightpath_collectives::launch::LaunchOutcome {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     let exe = std::env::current_exe().unwrap();
     let mut opts = LaunchOptions::new(ranks);
     opts.grace = Duration::from_secs(20);
@@ -215,7 +219,7 @@ fn run(ranks: usize, role: &str, extra: &[(&str, &str)]) -> lightpath_collective
 #[test]
 fn every_collective_on_1_to_4_ranks_over_shm() {
     for ranks in [1, 2, 3, 4] {
-        let out = run(ranks, "all", &[]);
+        let out = run(ranks, "all", &[("LIGHTPATH_COLL_TIMEOUT_MS", "20000")]);
         assert_eq!(out.first_failure, None, "{ranks} ranks: {:?}", out.statuses);
     }
 }
@@ -223,7 +227,7 @@ fn every_collective_on_1_to_4_ranks_over_shm() {
 #[test]
 fn every_collective_on_8_ranks_with_forced_algorithms() {
     for (var, value) in [("LIGHTPATH_COLL_ALLREDUCE", "ring"), ("LIGHTPATH_COLL_ALLREDUCE", "rabenseifner"), ("LIGHTPATH_COLL_BCAST", "chain:4096")] {
-        let out = run(if value == "ring" { 5 } else { 8 }, "all", &[(var, value)]);
+        let out = run(if value == "ring" { 5 } else { 8 }, "all", &[(var, value), ("LIGHTPATH_COLL_TIMEOUT_MS", "20000")]);
         assert_eq!(out.first_failure, None, "{var}={value}: {:?}", out.statuses);
     }
 }
