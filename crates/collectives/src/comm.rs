@@ -454,31 +454,33 @@ impl Communicator {
         Request { thread: Some(thread) }
     }
 
-    fn allreduce_algo(&self, bytes: usize) -> AllreduceAlgo {
+    /// The allreduce algorithm this communicator uses for `bytes` (forced or from the table).
+    pub fn allreduce_algorithm(&self, bytes: usize) -> AllreduceAlgo {
         self.shared.config.allreduce.unwrap_or_else(|| choose_allreduce(bytes, self.size()))
     }
 
-    fn broadcast_algo(&self, bytes: usize) -> BroadcastAlgo {
+    /// The broadcast algorithm this communicator uses for `bytes` (forced or from the table).
+    pub fn broadcast_algorithm(&self, bytes: usize) -> BroadcastAlgo {
         self.shared.config.broadcast.unwrap_or_else(|| choose_broadcast(bytes, self.size()))
     }
 
     /// `buf` = op over every rank's `buf`.
     pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        let algo = self.allreduce_algo(std::mem::size_of_val(buf));
+        let algo = self.allreduce_algorithm(std::mem::size_of_val(buf));
         let what = Collective::Allreduce { count: buf.len(), op, algo, in_place: true };
         self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(buf))
     }
 
     /// `output` = op over every rank's `input`.
     pub fn allreduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        let algo = self.allreduce_algo(std::mem::size_of_val(input));
+        let algo = self.allreduce_algorithm(std::mem::size_of_val(input));
         let what = Collective::Allreduce { count: output.len(), op, algo, in_place: false };
         self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
     }
 
     /// Nonblocking in-place allreduce; the buffer comes back from [`Request::wait`].
     pub fn iallreduce<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Request<Vec<T>> {
-        let algo = self.allreduce_algo(std::mem::size_of_val(&buf[..]));
+        let algo = self.allreduce_algorithm(std::mem::size_of_val(&buf[..]));
         let what = Collective::Allreduce { count: buf.len(), op, algo, in_place: true };
         self.spawn(what, T::DTYPE, buf, |b| bytemuck::cast_slice_mut(&mut b[..]))
     }
@@ -491,14 +493,14 @@ impl Communicator {
 
     /// Every rank's `buf` = the root's.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), Error> {
-        let algo = self.broadcast_algo(std::mem::size_of_val(buf));
+        let algo = self.broadcast_algorithm(std::mem::size_of_val(buf));
         let what = Collective::Broadcast { count: buf.len(), root, algo };
         self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(buf))
     }
 
     /// Nonblocking broadcast.
     pub fn ibroadcast<T: Element>(&self, buf: Vec<T>, root: usize) -> Request<Vec<T>> {
-        let algo = self.broadcast_algo(std::mem::size_of_val(&buf[..]));
+        let algo = self.broadcast_algorithm(std::mem::size_of_val(&buf[..]));
         let what = Collective::Broadcast { count: buf.len(), root, algo };
         self.spawn(what, T::DTYPE, buf, |b| bytemuck::cast_slice_mut(&mut b[..]))
     }

@@ -278,6 +278,8 @@ impl Mesh {
             done: usize,
             stage: usize,
             fill: usize,
+            /// Sends: the stream has pushed everything out (`flush` returned `Ok`).
+            flushed: bool,
         }
         let mut pending: Vec<Pending> = Vec::new();
         let mut stage_count = 0;
@@ -294,7 +296,7 @@ impl Mesh {
             } else {
                 0
             };
-            pending.push(Pending { peer: group[peer], region, kind, done: 0, stage, fill: 0 });
+            pending.push(Pending { peer: group[peer], region, kind, done: 0, stage, fill: 0, flushed: kind != 0 });
         }
         if pending.is_empty() {
             return Ok(());
@@ -318,6 +320,22 @@ impl Mesh {
             for i in 0..pending.len() {
                 let (peer_rank, kind, region) = (pending[i].peer, pending[i].kind, pending[i].region);
                 if pending[i].done == region.len {
+                    if pending[i].flushed {
+                        continue;
+                    }
+                    // Every byte was accepted; the stream may still hold some of them (posted
+                    // only when the stream is driven again). Drive it until they are out, so a
+                    // peer never waits on bytes this rank stopped pushing.
+                    let Some(peer) = self.peers[peer_rank].as_mut() else { continue };
+                    match peer.data.flush() {
+                        Ok(()) => {
+                            pending[i].flushed = true;
+                            remaining -= 1;
+                            progressed = true;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() }),
+                    }
                     continue;
                 }
                 // Steps on one stream and direction go in order.
@@ -365,7 +383,9 @@ impl Mesh {
                                 p.done += n;
                             }
                             if p.done == region.len {
-                                remaining -= 1;
+                                if kind != 0 {
+                                    remaining -= 1;
+                                }
                                 break;
                             }
                         }
@@ -393,10 +413,10 @@ impl Mesh {
             }
             self.check_control(op, seq)?;
             if idle >= self.timeout {
-                let waiting = pending.iter().find(|p| p.done < p.region.len).map(|p| p.peer).unwrap_or(self.rank);
+                let waiting = pending.iter().find(|p| p.done < p.region.len || !p.flushed).map(|p| p.peer).unwrap_or(self.rank);
                 return Err(Error::Timeout { rank: waiting, op, seq, after: self.timeout });
             }
-            self.wait(&pending.iter().filter(|p| p.done < p.region.len).map(|p| (p.peer, p.kind == 0)).collect::<Vec<_>>(), self.timeout - idle)?;
+            self.wait(&pending.iter().filter(|p| p.done < p.region.len || !p.flushed).map(|p| (p.peer, p.kind == 0)).collect::<Vec<_>>(), self.timeout - idle)?;
         }
     }
 
@@ -432,7 +452,8 @@ impl Mesh {
                 }
             }
             if p.ctl_buf.starts_with(b"abort ") {
-                let text = String::from_utf8_lossy(&p.ctl_buf[6..]).trim_end().to_string();
+                let line = p.ctl_buf[6..].split(|b| *b == b'\n').next().unwrap_or(&[]);
+                let text = String::from_utf8_lossy(line).trim_end().to_string();
                 let (blamed, detail) = text.split_once(' ').unwrap_or((&text, ""));
                 return Err(Error::Aborted { rank: blamed.parse().unwrap_or(rank), reporter: rank, op, seq, detail: detail.to_string() });
             }

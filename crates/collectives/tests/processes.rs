@@ -125,7 +125,9 @@ fn role_die(comm: &Communicator) {
     comm.barrier().unwrap();
     let victim = p - 1;
     if r == victim {
-        // Dies without closing: as a crash or kill -9 would.
+        // Dies without closing, as a crash or kill -9 would, while the others are in their
+        // allreduce loop.
+        std::thread::sleep(Duration::from_millis(200));
         std::process::abort();
     }
     let start = Instant::now();
