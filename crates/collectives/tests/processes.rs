@@ -310,3 +310,121 @@ fn a_rank_joining_twice_is_refused() {
     assert!(err.to_string().contains("joined twice"), "{err}");
     let _ = DType::F32;
 }
+
+/// Starts `n` ranks of this binary's worker with per-rank environment, as a launcher would,
+/// and returns whether every one succeeded (killing stragglers after two minutes).
+fn spawn_ranks(n: usize, role: &str, env: impl Fn(usize) -> Vec<(String, String)>) -> Vec<std::process::ExitStatus> {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<std::process::Child> = (0..n)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env("LPCOLL_ROLE", role)
+                .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+                .envs(env(r))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut statuses = vec![None; n];
+    while statuses.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if statuses[r].is_none() {
+                statuses[r] = c.try_wait().unwrap();
+                if statuses[r].is_none() && Instant::now() > deadline {
+                    let _ = c.kill();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    statuses.into_iter().map(Option::unwrap).collect()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn torchrun_environment_with_rank_0_serving_the_store() {
+    let port = free_port().to_string();
+    let statuses = spawn_ranks(3, "all", |r| {
+        [("RANK", r.to_string()), ("WORLD_SIZE", "3".into()), ("LOCAL_RANK", r.to_string()), ("LOCAL_WORLD_SIZE", "3".into()), ("MASTER_ADDR", "127.0.0.1".into()), ("MASTER_PORT", port.clone())]
+            .map(|(k, v)| (k.to_string(), v))
+            .to_vec()
+    });
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn torchrun_environment_with_the_agents_store() {
+    // torchrun's agent serves a TCPStore on MASTER_PORT and tells workers so; this store
+    // speaks the same protocol and plays the agent's part.
+    let store = lightpath_collectives::store::StoreServer::bind("127.0.0.1:0").unwrap();
+    let port = store.local_addr().port().to_string();
+    let statuses = spawn_ranks(2, "all", |r| {
+        [
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_RANK", r.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+            ("TORCHELASTIC_RUN_ID", "test".into()),
+            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
+    });
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn slurm_environment() {
+    // The variables srun sets per task; rank 0 serves the store at 61440 + job id % 4096 on
+    // the first host of the step's node list.
+    let job = (free_port() as u64 % 4096).to_string();
+    let statuses = spawn_ranks(2, "all", |r| {
+        [
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_LOCALID", r.to_string()),
+            ("SLURM_JOB_ID", job.clone()),
+            ("SLURM_STEP_ID", "0".into()),
+            ("SLURM_STEP_NODELIST", "localhost".into()),
+            ("SLURM_STEP_TASKS_PER_NODE", "2".into()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
+    });
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn under_open_mpi_mpirun() {
+    let Ok(mpirun) = which("mpirun") else {
+        eprintln!("SKIPPED: mpirun not found (scripts/ci-deps/collectives.sh installs Debian's openmpi-bin)");
+        return;
+    };
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(mpirun)
+        .args(["--oversubscribe", "-n", "3", "-x", "LPCOLL_ROLE=all", "-x", "LIGHTPATH_COLL_TIMEOUT_MS=20000"])
+        .arg(&exe)
+        .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "mpirun: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.matches("all collectives correct").count(), 3, "{text}");
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file()))
+        .ok_or(())
+}
