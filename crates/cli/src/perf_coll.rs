@@ -28,7 +28,8 @@ pub fn wants(args: &[OsString]) -> bool {
             .is_some_and(|a| TESTS.contains(&a.to_string_lossy().as_ref()))
 }
 
-const TESTS: [&str; 7] = ["allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "barrier"];
+const TESTS: [&str; 7] =
+    ["allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "barrier"];
 
 /// `lightpath perf <collective>`: run as every rank of a job.
 #[derive(Debug, Parser)]
@@ -77,7 +78,8 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
     if !TESTS.contains(&args.test.as_str()) {
         bail!("unknown collective test {:?}; one of {}", args.test, TESTS.join(", "));
     }
-    let dtype = DType::parse(&args.dtype).ok_or_else(|| anyhow!("--dtype {:?}: one of f32, f64, f16, bf16, i32, i64, u8", args.dtype))?;
+    let dtype = DType::parse(&args.dtype)
+        .ok_or_else(|| anyhow!("--dtype {:?}: one of f32, f64, f16, bf16, i32, i64, u8", args.dtype))?;
     let comm = Communicator::from_env()?;
     let (rank, p) = (comm.rank(), comm.size());
     let es = dtype.size();
@@ -86,17 +88,35 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
     } else if let (Some(s), false) = (args.size, args.all) {
         vec![s.max(es)]
     } else {
-        std::iter::successors(Some(8usize.max(es)), |s| Some(s * 2)).take_while(|s| *s <= args.max_size).collect()
+        std::iter::successors(Some(8usize.max(es)), |s| Some(s * 2))
+            .take_while(|s| *s <= args.max_size)
+            .collect()
     };
     if rank == 0 && !args.json {
         let transports = comm.transports();
         let via: Vec<&str> = transports.iter().flatten().map(String::as_str).collect();
-        outln!("# lightpath perf {}: {p} ranks, {dtype}, via {}", args.test, if via.is_empty() { "-".to_string() } else { via.join(",") });
-        outln!("# {:>10} {:>12} {:>12} {:>12} {:>10} {:>10}", "size(B)", "avg(us)", "min(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)");
+        outln!(
+            "# lightpath perf {}: {p} ranks, {dtype}, via {}",
+            args.test,
+            if via.is_empty() { "-".to_string() } else { via.join(",") }
+        );
+        outln!(
+            "# {:>10} {:>12} {:>12} {:>12} {:>10} {:>10}",
+            "size(B)",
+            "avg(us)",
+            "min(us)",
+            "max(us)",
+            "algbw(GB/s)",
+            "busbw(GB/s)"
+        );
     }
     for &bytes in &sizes {
         let count = bytes / es;
-        let iters = args.iters.unwrap_or(if bytes <= 64 << 10 { 1000 } else { ((256u64 << 20) / bytes as u64).clamp(20, 1000) });
+        let iters = args.iters.unwrap_or(if bytes <= 64 << 10 {
+            1000
+        } else {
+            ((256u64 << 20) / bytes as u64).clamp(20, 1000)
+        });
         let warmup = (iters / 10).max(2);
         let mut bench = Bench::new(&args.test, dtype, count, p, rank);
         for _ in 0..warmup {
@@ -139,7 +159,15 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
                         "iters": iters, "avg_us": avg[0], "min_us": mins[0], "max_us": maxs[0], "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "verified": true})
                 );
             } else {
-                outln!("  {:>10} {:>12.2} {:>12.2} {:>12.2} {:>10.3} {:>10.3}", total, avg[0], mins[0], maxs[0], algbw, algbw * factor);
+                outln!(
+                    "  {:>10} {:>12.2} {:>12.2} {:>12.2} {:>10.3} {:>10.3}",
+                    total,
+                    avg[0],
+                    mins[0],
+                    maxs[0],
+                    algbw,
+                    algbw * factor
+                );
             }
         }
     }
@@ -169,7 +197,15 @@ impl Bench {
             "alltoall" => (count / p * p, count / p * p),
             _ => (0, 0),
         };
-        Bench { test: test.into(), dtype, count, p, rank, input: vec![0; inp * es], output: vec![0; out * es] }
+        Bench {
+            test: test.into(),
+            dtype,
+            count,
+            p,
+            rank,
+            input: vec![0; inp * es],
+            output: vec![0; out * es],
+        }
     }
 
     fn what(&self, comm: &Communicator) -> lightpath_collectives::Collective {
@@ -178,7 +214,12 @@ impl Bench {
         let p = self.p;
         let n = self.count;
         match self.test.as_str() {
-            "allreduce" => Collective::Allreduce { count: n, op: ReduceOp::Sum, algo: comm.allreduce_algorithm(n * es), in_place: false },
+            "allreduce" => Collective::Allreduce {
+                count: n,
+                op: ReduceOp::Sum,
+                algo: comm.allreduce_algorithm(n * es),
+                in_place: false,
+            },
             "reduce" => Collective::Reduce { count: n, op: ReduceOp::Sum, root: 0 },
             "bcast" => Collective::Broadcast { count: n, root: 0, algo: comm.broadcast_algorithm(n * es) },
             "allgather" => Collective::Allgather { counts: vec![n / p; p], in_place: false },

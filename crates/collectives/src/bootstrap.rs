@@ -61,7 +61,10 @@ pub struct JobEnv {
     pub key_prefix: String,
 }
 
-fn parse<T: std::str::FromStr>(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<T>, String> {
+fn parse<T: std::str::FromStr>(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<T>, String> {
     match get(name) {
         None => Ok(None),
         Some(v) => v.trim().parse().map(Some).map_err(|_| format!("{name}={v:?} is not a number")),
@@ -181,8 +184,13 @@ pub fn detect_from(get: &dyn Fn(&str) -> Option<String>) -> Result<JobEnv, Strin
         let store = match store_override {
             Some(s) => s,
             None => {
-                let list = get("SLURM_STEP_NODELIST").or_else(|| get("SLURM_JOB_NODELIST")).or_else(|| get("SLURM_NODELIST"));
-                let host = list.as_deref().and_then(first_slurm_host).ok_or("srun without SLURM_STEP_NODELIST: set LIGHTPATH_STORE=host:port")?;
+                let list = get("SLURM_STEP_NODELIST")
+                    .or_else(|| get("SLURM_JOB_NODELIST"))
+                    .or_else(|| get("SLURM_NODELIST"));
+                let host = list
+                    .as_deref()
+                    .and_then(first_slurm_host)
+                    .ok_or("srun without SLURM_STEP_NODELIST: set LIGHTPATH_STORE=host:port")?;
                 join_host_port(&host, 61440 + (job % 4096) as u16)
             }
         };
@@ -224,10 +232,9 @@ fn finish(env: JobEnv) -> Result<JobEnv, String> {
 
 /// Resolves a `host:port` store address.
 pub fn resolve(store: &str) -> std::io::Result<SocketAddr> {
-    store
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{store} resolves to no address")))
+    store.to_socket_addrs()?.next().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{store} resolves to no address"))
+    })
 }
 
 #[cfg(test)]
@@ -236,32 +243,88 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| map.get(k).cloned()
     }
 
     #[test]
     fn launchers_are_told_apart() {
-        let e = detect_from(&env(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_USE_AGENT_STORE", "True")])).unwrap();
-        assert_eq!((e.launcher, e.rank, e.size, e.local_rank, e.local_size, e.store.as_str(), e.serve_store), (Launcher::Torchrun, 1, 4, 1, 2, "10.0.0.1:29500", false));
-        let e = detect_from(&env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).unwrap();
+        let e = detect_from(&env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (e.launcher, e.rank, e.size, e.local_rank, e.local_size, e.store.as_str(), e.serve_store),
+            (Launcher::Torchrun, 1, 4, 1, 2, "10.0.0.1:29500", false)
+        );
+        let e = detect_from(&env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ]))
+        .unwrap();
         assert!(e.serve_store, "plain env:// rank 0 serves");
-        let e = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_MCA_orte_hnp_uri", "1106771968.0;tcp://192.0.2.2,10.1.1.1:56115;tcp6://[fd00::2]:46549")])).unwrap();
+        let e = detect_from(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_MCA_orte_hnp_uri", "1106771968.0;tcp://192.0.2.2,10.1.1.1:56115;tcp6://[fd00::2]:46549"),
+        ]))
+        .unwrap();
         assert_eq!(e.launcher, Launcher::OpenMpi);
         assert_eq!(e.store, format!("192.0.2.2:{}", 61440 + (1106771968u64 / 4096) % 4096));
         assert!(e.serve_store);
-        let e = detect_from(&env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1"), ("SLURM_JOB_ID", "4099"), ("SLURM_STEP_NODELIST", "node[007-009],x"), ("SLURM_STEP_TASKS_PER_NODE", "2(x2)")])).unwrap();
-        assert_eq!((e.launcher, e.rank, e.local_rank, e.local_size, e.store.as_str(), e.serve_store), (Launcher::Slurm, 3, 1, 2, "node007:61443", false));
-        let e = detect_from(&env(&[("LIGHTPATH_RANK", "2"), ("LIGHTPATH_SIZE", "3"), ("LIGHTPATH_STORE", "127.0.0.1:9")])).unwrap();
+        let e = detect_from(&env(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_JOB_ID", "4099"),
+            ("SLURM_STEP_NODELIST", "node[007-009],x"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (e.launcher, e.rank, e.local_rank, e.local_size, e.store.as_str(), e.serve_store),
+            (Launcher::Slurm, 3, 1, 2, "node007:61443", false)
+        );
+        let e = detect_from(&env(&[
+            ("LIGHTPATH_RANK", "2"),
+            ("LIGHTPATH_SIZE", "3"),
+            ("LIGHTPATH_STORE", "127.0.0.1:9"),
+        ]))
+        .unwrap();
         assert_eq!((e.launcher, e.rank, e.serve_store), (Launcher::Lightpath, 2, false));
     }
 
     #[test]
     fn bad_environments_say_what_is_wrong() {
         assert!(detect_from(&env(&[])).unwrap_err().contains("no launcher"));
-        assert!(detect_from(&env(&[("RANK", "x"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).unwrap_err().contains("RANK"));
-        assert!(detect_from(&env(&[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).unwrap_err().contains("below"));
-        assert!(detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])).unwrap_err().contains("LIGHTPATH_STORE"));
+        assert!(detect_from(&env(&[
+            ("RANK", "x"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1")
+        ]))
+        .unwrap_err()
+        .contains("RANK"));
+        assert!(detect_from(&env(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1")
+        ]))
+        .unwrap_err()
+        .contains("below"));
+        assert!(detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .contains("LIGHTPATH_STORE"));
         assert_eq!(first_slurm_host("a1"), Some("a1".into()));
         assert_eq!(first_slurm_host("n[3,5-6]"), Some("n3".into()));
     }

@@ -56,7 +56,13 @@ impl Config {
         let mut c = Config::default();
         let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
         let ms = |n: &str| -> Result<Option<Duration>, Error> {
-            var(n).map(|v| v.parse::<u64>().map(Duration::from_millis).map_err(|_| Error::bootstrap(format!("{n}={v:?} is not milliseconds")))).transpose()
+            var(n)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map(Duration::from_millis)
+                        .map_err(|_| Error::bootstrap(format!("{n}={v:?} is not milliseconds")))
+                })
+                .transpose()
         };
         if let Some(t) = ms("LIGHTPATH_COLL_TIMEOUT_MS")? {
             c.timeout = t;
@@ -65,14 +71,21 @@ impl Config {
             c.init_timeout = t;
         }
         if let Some(v) = var("LIGHTPATH_COLL_ALLREDUCE") {
-            c.allreduce = Some(AllreduceAlgo::parse(&v).ok_or_else(|| Error::bootstrap(format!("LIGHTPATH_COLL_ALLREDUCE={v:?}: use ring, rd or rabenseifner")))?);
+            c.allreduce = Some(AllreduceAlgo::parse(&v).ok_or_else(|| {
+                Error::bootstrap(format!("LIGHTPATH_COLL_ALLREDUCE={v:?}: use ring, rd or rabenseifner"))
+            })?);
         }
         if let Some(v) = var("LIGHTPATH_COLL_BCAST") {
-            c.broadcast = Some(parse_bcast(&v).ok_or_else(|| Error::bootstrap(format!("LIGHTPATH_COLL_BCAST={v:?}: use binomial or chain[:BYTES]")))?);
+            c.broadcast = Some(parse_bcast(&v).ok_or_else(|| {
+                Error::bootstrap(format!("LIGHTPATH_COLL_BCAST={v:?}: use binomial or chain[:BYTES]"))
+            })?);
         }
         c.check_fingerprints = var("LIGHTPATH_COLL_DEBUG").is_some_and(|v| v != "0");
         if let Some(v) = var("LIGHTPATH_COLL_ADDR") {
-            c.addr = Some(v.parse().map_err(|_| Error::bootstrap(format!("LIGHTPATH_COLL_ADDR={v:?} is not an IP address")))?);
+            c.addr =
+                Some(v.parse().map_err(|_| {
+                    Error::bootstrap(format!("LIGHTPATH_COLL_ADDR={v:?} is not an IP address"))
+                })?);
         }
         Ok(c)
     }
@@ -82,19 +95,27 @@ fn parse_bcast(v: &str) -> Option<BroadcastAlgo> {
     match v.split_once(':') {
         None if v == "binomial" => Some(BroadcastAlgo::Binomial),
         None if v == "chain" => Some(BroadcastAlgo::Chain { segment: DEFAULT_CHAIN_SEGMENT }),
-        Some(("chain", n)) => n.parse().ok().filter(|n| *n > 0).map(|segment| BroadcastAlgo::Chain { segment }),
+        Some(("chain", n)) => {
+            n.parse().ok().filter(|n| *n > 0).map(|segment| BroadcastAlgo::Chain { segment })
+        }
         _ => None,
     }
 }
 
 const DEFAULT_CHAIN_SEGMENT: usize = 256 << 10;
 
-/// The allreduce algorithm for `bytes` among `size` ranks when none is forced. The table comes
-/// from `lightpath perf allreduce` on this project's 2-core machine (see the README's
-/// collectives section): recursive doubling below 16 KiB (latency-bound: `lg p` exchanges),
-/// Rabenseifner for powers of two above it, ring otherwise.
+/// The allreduce algorithm for `bytes` among `size` ranks when none is forced.
+///
+/// From `lightpath perf allreduce` with each algorithm forced (`LIGHTPATH_COLL_ALLREDUCE`) on
+/// this project's 2-core machine, over shm, under heavy load from other jobs (so coarse): at
+/// 2 ranks recursive doubling (one exchange of the whole vector, the same bytes as ring or
+/// Rabenseifner, in one round instead of two) won up to 1 MiB (64 KiB: 60 us against 91-111;
+/// 1 MiB: 354 against 390-397 min) and Rabenseifner at 16 MiB (26 against 35 ms average).
+/// Above 2 ranks: recursive doubling below 16 KiB (latency-bound, `lg p` rounds),
+/// Rabenseifner for powers of two above, ring otherwise.
 pub fn choose_allreduce(bytes: usize, size: usize) -> AllreduceAlgo {
-    if bytes < (16 << 10) || size <= 1 {
+    let small = if size == 2 { 4 << 20 } else { 16 << 10 };
+    if bytes < small || size <= 1 {
         AllreduceAlgo::RecursiveDoubling
     } else if size.is_power_of_two() {
         AllreduceAlgo::Rabenseifner
@@ -176,7 +197,10 @@ pub struct Communicator {
 
 impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Communicator").field("rank", &self.rank).field("size", &self.group.len()).finish_non_exhaustive()
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.group.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -216,10 +240,16 @@ impl Communicator {
     /// Joins the job `env` describes: serves or reaches the store, publishes this rank's
     /// listeners, connects to every other rank.
     pub fn init(env: &JobEnv, config: Config) -> Result<Communicator, Error> {
-        let store_addr = bootstrap::resolve(&env.store).map_err(|e| Error::bootstrap(format!("store address {}: {e}", env.store)))?;
+        let store_addr = bootstrap::resolve(&env.store)
+            .map_err(|e| Error::bootstrap(format!("store address {}: {e}", env.store)))?;
         let server = if env.serve_store {
-            let bind = std::net::SocketAddr::new(if store_addr.is_ipv6() { IpAddr::from([0u16; 8]) } else { IpAddr::from([0u8; 4]) }, store_addr.port());
-            Some(StoreServer::bind(bind).map_err(|e| Error::bootstrap(format!("rank {}: serving the store on {bind}: {e}", env.rank)))?)
+            let bind = std::net::SocketAddr::new(
+                if store_addr.is_ipv6() { IpAddr::from([0u16; 8]) } else { IpAddr::from([0u8; 4]) },
+                store_addr.port(),
+            );
+            Some(StoreServer::bind(bind).map_err(|e| {
+                Error::bootstrap(format!("rank {}: serving the store on {bind}: {e}", env.rank))
+            })?)
         } else {
             None
         };
@@ -227,13 +257,18 @@ impl Communicator {
         let prefix = &env.key_prefix;
         let joined = store.add(&format!("{prefix}join/{}", env.rank), 1).map_err(Error::bootstrap)?;
         if joined != 1 {
-            return Err(Error::bootstrap(format!("rank {} joined twice (the store has seen it {joined} times)", env.rank)));
+            return Err(Error::bootstrap(format!(
+                "rank {} joined twice (the store has seen it {joined} times)",
+                env.rank
+            )));
         }
         let ip = match config.addr {
             Some(ip) => ip,
-            None => route_to(store_addr).map_err(|e| Error::bootstrap(format!("choosing an address towards {store_addr}: {e}")))?,
+            None => route_to(store_addr)
+                .map_err(|e| Error::bootstrap(format!("choosing an address towards {store_addr}: {e}")))?,
         };
-        let listeners = Listeners::bind(ip, config.stream.clone()).map_err(|e| Error::bootstrap(format!("binding {ip}: {e}")))?;
+        let listeners = Listeners::bind(ip, config.stream.clone())
+            .map_err(|e| Error::bootstrap(format!("binding {ip}: {e}")))?;
         let address = listeners.address().map_err(Error::bootstrap)?;
         store.set(&format!("{prefix}addr/{}", env.rank), address.as_bytes()).map_err(Error::bootstrap)?;
         let init_timeout = config.init_timeout;
@@ -242,8 +277,11 @@ impl Communicator {
             env.size,
             listeners,
             |j| {
-                let text = store.get(&format!("{prefix}addr/{j}"), init_timeout).map_err(|e| Error::bootstrap(format!("address of rank {j}: {e}")))?;
-                parse_address(&String::from_utf8_lossy(&text)).ok_or_else(|| Error::bootstrap(format!("rank {j} published a malformed address")))
+                let text = store
+                    .get(&format!("{prefix}addr/{j}"), init_timeout)
+                    .map_err(|e| Error::bootstrap(format!("address of rank {j}: {e}")))?;
+                parse_address(&String::from_utf8_lossy(&text))
+                    .ok_or_else(|| Error::bootstrap(format!("rank {j} published a malformed address")))
             },
             &config.stream,
             config.timeout,
@@ -255,7 +293,12 @@ impl Communicator {
             config,
             _store: server,
         });
-        let comm = Communicator { shared, group: (0..env.size).collect(), rank: env.rank, seq: Arc::new(AtomicU64::new(0)) };
+        let comm = Communicator {
+            shared,
+            group: (0..env.size).collect(),
+            rank: env.rank,
+            seq: Arc::new(AtomicU64::new(0)),
+        };
         // Nobody leaves init (and rank 0 never stops serving the store) before all are connected.
         comm.barrier()?;
         Ok(comm)
@@ -309,11 +352,23 @@ impl Communicator {
     pub fn abort(&self, reason: &str) {
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         let me = self.group[self.rank];
-        st.mesh.fail(Error::Aborted { rank: me, reporter: me, op: "abort", seq: self.seq.load(Ordering::Relaxed), detail: reason.to_string() });
+        st.mesh.fail(Error::Aborted {
+            rank: me,
+            reporter: me,
+            op: "abort",
+            seq: self.seq.load(Ordering::Relaxed),
+            detail: reason.to_string(),
+        });
     }
 
     /// Checks `what` against the buffers and this group, builds this rank's schedule.
-    fn prepare(&self, what: &Collective, dtype: DType, input: usize, output: usize) -> Result<schedule::Schedule, Error> {
+    fn prepare(
+        &self,
+        what: &Collective,
+        dtype: DType,
+        input: usize,
+        output: usize,
+    ) -> Result<schedule::Schedule, Error> {
         let op = what.name();
         let (p, r, es) = (self.size(), self.rank, dtype.size());
         let bytes = |n: usize| n.checked_mul(es).ok_or_else(|| invalid(op, format!("{n} elements overflow")));
@@ -321,7 +376,13 @@ impl Communicator {
             if got == want {
                 Ok(())
             } else {
-                Err(invalid(op, format!("{what} has {got} bytes, the call needs {want} ({} elements of {dtype})", want / es)))
+                Err(invalid(
+                    op,
+                    format!(
+                        "{what} has {got} bytes, the call needs {want} ({} elements of {dtype})",
+                        want / es
+                    ),
+                ))
             }
         };
         match what {
@@ -352,7 +413,14 @@ impl Communicator {
             }
             Collective::Alltoall { send_counts, recv_counts } => {
                 if send_counts.len() != p || recv_counts.len() != p {
-                    return Err(invalid(op, format!("counts for {} and {} ranks, the group has {p}", send_counts.len(), recv_counts.len())));
+                    return Err(invalid(
+                        op,
+                        format!(
+                            "counts for {} and {} ranks, the group has {p}",
+                            send_counts.len(),
+                            recv_counts.len()
+                        ),
+                    ));
                 }
                 expect("the input", input, bytes(send_counts.iter().sum())?)?;
                 expect("the output", output, bytes(recv_counts.iter().sum())?)?;
@@ -362,7 +430,11 @@ impl Communicator {
                 if *peer >= p || *peer == r {
                     return Err(invalid(op, format!("peer {peer} (this is rank {r} of {p})")));
                 }
-                let (name, len) = if matches!(what, Collective::Send { .. }) { ("the input", input) } else { ("the output", output) };
+                let (name, len) = if matches!(what, Collective::Send { .. }) {
+                    ("the input", input)
+                } else {
+                    ("the output", output)
+                };
                 expect(name, len, bytes(*count)?)?;
             }
         }
@@ -392,21 +464,42 @@ impl Communicator {
     }
 
     fn describe(f: &[u8]) -> String {
-        const NAMES: [&str; 9] = ["?", "allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "barrier", "send/recv"];
+        const NAMES: [&str; 9] = [
+            "?",
+            "allreduce",
+            "reduce",
+            "broadcast",
+            "allgather",
+            "reduce_scatter",
+            "alltoall",
+            "barrier",
+            "send/recv",
+        ];
         let dtype = DType::ALL.get(f[1] as usize).map(|d| d.name()).unwrap_or("?");
         let count = u64::from_le_bytes(f[8..16].try_into().expect("8 bytes"));
         let root = u64::from_le_bytes(f[16..24].try_into().expect("8 bytes"));
         let seq = u64::from_le_bytes(f[24..32].try_into().expect("8 bytes"));
-        format!("{} #{seq} of {count} x {dtype} (op {}, root {root})", NAMES.get(f[0] as usize).unwrap_or(&"?"), f[2])
+        format!(
+            "{} #{seq} of {count} x {dtype} (op {}, root {root})",
+            NAMES.get(f[0] as usize).unwrap_or(&"?"),
+            f[2]
+        )
     }
 
     /// Runs a call with byte buffers: `input` is read (out-of-place calls), `output` written.
     /// Counts in `what` are elements of `dtype`. The typed methods below are wrappers.
-    pub fn execute(&self, what: &Collective, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+    pub fn execute(
+        &self,
+        what: &Collective,
+        dtype: DType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
         let sched = self.prepare(what, dtype, input.len(), output.len())?;
         let ticket = self.shared.issue();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let check = self.shared.config.check_fingerprints && !matches!(what, Collective::Send { .. } | Collective::Recv { .. });
+        let check = self.shared.config.check_fingerprints
+            && !matches!(what, Collective::Send { .. } | Collective::Recv { .. });
         let group = self.group.clone();
         let rank = self.rank;
         self.shared.run(ticket, |mesh| {
@@ -414,14 +507,24 @@ impl Communicator {
                 let mine = Self::fingerprint(what, dtype, seq);
                 let p = group.len();
                 let mut all = vec![0u8; 32 * p];
-                let fp = schedule::build(&Collective::Allgather { counts: vec![32; p], in_place: false }, DType::U8, rank, p);
+                let fp = schedule::build(
+                    &Collective::Allgather { counts: vec![32; p], in_place: false },
+                    DType::U8,
+                    rank,
+                    p,
+                );
                 mesh.execute(&fp, &group, &mine, &mut all, what.name(), seq)?;
                 if let Some((other, theirs)) = all.chunks_exact(32).enumerate().find(|(_, f)| *f != mine) {
                     let e = Error::Mismatch {
                         rank: group[other],
                         op: what.name(),
                         seq,
-                        detail: format!("this rank called {}, rank {} called {}", Self::describe(&mine), group[other], Self::describe(theirs)),
+                        detail: format!(
+                            "this rank called {}, rank {} called {}",
+                            Self::describe(&mine),
+                            group[other],
+                            Self::describe(theirs)
+                        ),
                     };
                     mesh.fail(e.clone());
                     return Err(e);
@@ -448,7 +551,8 @@ impl Communicator {
         let shared = self.shared.clone();
         let group = self.group.clone();
         let thread = std::thread::spawn(move || {
-            shared.run(ticket, |mesh| mesh.execute(&sched, &group, &[], bytes(&mut buf), what.name(), seq))?;
+            shared
+                .run(ticket, |mesh| mesh.execute(&sched, &group, &[], bytes(&mut buf), what.name(), seq))?;
             Ok(buf)
         });
         Request { thread: Some(thread) }
@@ -514,21 +618,34 @@ impl Communicator {
     /// Allgather where rank `r`'s block is already at `output[r * n..(r + 1) * n]`.
     pub fn allgather_in_place<T: Element>(&self, output: &mut [T]) -> Result<(), Error> {
         let p = self.size();
-        if output.len() % p != 0 {
-            return Err(invalid("allgather", format!("{} elements do not split into {p} equal blocks", output.len())));
+        if !output.len().is_multiple_of(p) {
+            return Err(invalid(
+                "allgather",
+                format!("{} elements do not split into {p} equal blocks", output.len()),
+            ));
         }
         let what = Collective::Allgather { counts: vec![output.len() / p; p], in_place: true };
         self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(output))
     }
 
     /// Allgather with a count per rank (`counts[r]` elements from rank `r`).
-    pub fn allgatherv<T: Element>(&self, input: &[T], output: &mut [T], counts: &[usize]) -> Result<(), Error> {
+    pub fn allgatherv<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+    ) -> Result<(), Error> {
         let what = Collective::Allgather { counts: counts.to_vec(), in_place: false };
         self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
     }
 
     /// `output` (n elements) = op over every rank's block `rank` of `input` (`size` blocks of n).
-    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), Error> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         let what = Collective::ReduceScatter { count: output.len(), op };
         self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
     }
@@ -537,16 +654,26 @@ impl Communicator {
     /// (equal blocks).
     pub fn alltoall<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
         let p = self.size();
-        if input.len() % p != 0 {
-            return Err(invalid("alltoall", format!("{} elements do not split into {p} equal blocks", input.len())));
+        if !input.len().is_multiple_of(p) {
+            return Err(invalid(
+                "alltoall",
+                format!("{} elements do not split into {p} equal blocks", input.len()),
+            ));
         }
         let counts = vec![input.len() / p; p];
         self.alltoallv(input, &counts, output, &counts)
     }
 
     /// Alltoall with counts per peer (blocks contiguous in rank order).
-    pub fn alltoallv<T: Element>(&self, input: &[T], send_counts: &[usize], output: &mut [T], recv_counts: &[usize]) -> Result<(), Error> {
-        let what = Collective::Alltoall { send_counts: send_counts.to_vec(), recv_counts: recv_counts.to_vec() };
+    pub fn alltoallv<T: Element>(
+        &self,
+        input: &[T],
+        send_counts: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<(), Error> {
+        let what =
+            Collective::Alltoall { send_counts: send_counts.to_vec(), recv_counts: recv_counts.to_vec() };
         self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
     }
 
@@ -562,12 +689,22 @@ impl Communicator {
 
     /// Sends `buf` to `peer`, which must call [`Communicator::recv`] with the same count.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<(), Error> {
-        self.execute(&Collective::Send { count: buf.len(), peer }, T::DTYPE, bytemuck::cast_slice(buf), &mut [])
+        self.execute(
+            &Collective::Send { count: buf.len(), peer },
+            T::DTYPE,
+            bytemuck::cast_slice(buf),
+            &mut [],
+        )
     }
 
     /// Receives `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<(), Error> {
-        self.execute(&Collective::Recv { count: buf.len(), peer }, T::DTYPE, &[], bytemuck::cast_slice_mut(buf))
+        self.execute(
+            &Collective::Recv { count: buf.len(), peer },
+            T::DTYPE,
+            &[],
+            bytemuck::cast_slice_mut(buf),
+        )
     }
 }
 

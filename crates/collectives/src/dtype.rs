@@ -268,9 +268,9 @@ mod tests {
         reduce(DType::I32, ReduceOp::Sum, &mut d, bytemuck::cast_slice(&b));
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, i32>(&d), vec![3, -2, -2, i32::MIN]);
         // Misaligned: one byte in.
-        let mut shifted = vec![0u8; 17];
+        let mut shifted = [0u8; 17];
         shifted[1..].copy_from_slice(bytemuck::cast_slice(&a));
-        let mut src = vec![0u8; 17];
+        let mut src = [0u8; 17];
         src[1..].copy_from_slice(bytemuck::cast_slice(&b));
         reduce(DType::I32, ReduceOp::Max, &mut shifted[1..], &src[1..]);
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, i32>(&shifted[1..]), vec![2, 3, 7, i32::MAX]);

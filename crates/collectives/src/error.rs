@@ -73,9 +73,10 @@ impl Error {
     /// The world rank the error names, if any.
     pub fn rank(&self) -> Option<usize> {
         match self {
-            Error::PeerFailed { rank, .. } | Error::Timeout { rank, .. } | Error::Aborted { rank, .. } | Error::Mismatch { rank, .. } => {
-                Some(*rank)
-            }
+            Error::PeerFailed { rank, .. }
+            | Error::Timeout { rank, .. }
+            | Error::Aborted { rank, .. }
+            | Error::Mismatch { rank, .. } => Some(*rank),
             _ => None,
         }
     }
@@ -95,7 +96,10 @@ impl Error {
     /// The call's sequence number, if any.
     pub fn seq(&self) -> Option<u64> {
         match self {
-            Error::PeerFailed { seq, .. } | Error::Timeout { seq, .. } | Error::Aborted { seq, .. } | Error::Mismatch { seq, .. } => Some(*seq),
+            Error::PeerFailed { seq, .. }
+            | Error::Timeout { seq, .. }
+            | Error::Aborted { seq, .. }
+            | Error::Mismatch { seq, .. } => Some(*seq),
             _ => None,
         }
     }
@@ -108,12 +112,18 @@ impl Error {
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Error::PeerFailed { rank, op, seq, detail } => write!(f, "{op} #{seq}: rank {rank} failed: {detail}"),
-            Error::Timeout { rank, op, seq, after } => write!(f, "{op} #{seq}: rank {rank} made no progress for {after:?}"),
+            Error::PeerFailed { rank, op, seq, detail } => {
+                write!(f, "{op} #{seq}: rank {rank} failed: {detail}")
+            }
+            Error::Timeout { rank, op, seq, after } => {
+                write!(f, "{op} #{seq}: rank {rank} made no progress for {after:?}")
+            }
             Error::Aborted { rank, reporter, op, seq, detail } => {
                 write!(f, "{op} #{seq}: job aborted by rank {reporter}, which blames rank {rank}: {detail}")
             }
-            Error::Mismatch { rank, op, seq, detail } => write!(f, "{op} #{seq}: rank {rank} called something else: {detail}"),
+            Error::Mismatch { rank, op, seq, detail } => {
+                write!(f, "{op} #{seq}: rank {rank} called something else: {detail}")
+            }
             Error::InvalidArgument { op, detail } => write!(f, "{op}: invalid argument: {detail}"),
             Error::Bootstrap { detail } => write!(f, "joining the job failed: {detail}"),
         }

@@ -62,7 +62,8 @@ pub fn launch(program: &str, args: &[String], opts: &LaunchOptions) -> io::Resul
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "launch: -n must be at least 1"));
     }
     let store = StoreServer::bind(("127.0.0.1", 0))?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let job = format!("{}-{now}", std::process::id());
     let mut children: Vec<Child> = Vec::with_capacity(opts.ranks);
     for rank in 0..opts.ranks {
@@ -113,5 +114,8 @@ pub fn launch(program: &str, args: &[String], opts: &LaunchOptions) -> io::Resul
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    Ok(LaunchOutcome { statuses: statuses.into_iter().map(|s| s.expect("all collected")).collect(), first_failure })
+    Ok(LaunchOutcome {
+        statuses: statuses.into_iter().map(|s| s.expect("all collected")).collect(),
+        first_failure,
+    })
 }

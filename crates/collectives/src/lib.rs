@@ -31,6 +31,6 @@ pub mod store;
 pub use comm::{choose_allreduce, choose_broadcast, Communicator, Config, Request};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::Error;
-pub use schedule::{AllreduceAlgo, BroadcastAlgo, Collective};
 /// `half`'s 16-bit float types, re-exported for [`Element`] buffers.
 pub use half::{bf16, f16};
+pub use schedule::{AllreduceAlgo, BroadcastAlgo, Collective};

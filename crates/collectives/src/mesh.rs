@@ -77,7 +77,10 @@ pub(crate) struct Listeners {
 
 impl Listeners {
     pub(crate) fn bind(ip: IpAddr, options: lightpath::Options) -> io::Result<Listeners> {
-        Ok(Listeners { data: lightpath::Listener::bind_with((ip, 0), options)?, ctl: TcpListener::bind((ip, 0))? })
+        Ok(Listeners {
+            data: lightpath::Listener::bind_with((ip, 0), options)?,
+            ctl: TcpListener::bind((ip, 0))?,
+        })
     }
 
     /// `ip data_port ctl_port`, what other ranks need to connect.
@@ -114,10 +117,13 @@ impl Mesh {
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         for (j, slot) in peers.iter_mut().enumerate().take(rank) {
             let (data_addr, ctl_addr) = lower_address(j)?;
-            let fail = |what: &str, e: io::Error| Error::bootstrap(format!("rank {rank}: {what} rank {j}: {e}"));
-            let mut data = lightpath::Stream::connect_timeout(&data_addr, left(), options).map_err(|e| fail("connecting data to", e))?;
+            let fail =
+                |what: &str, e: io::Error| Error::bootstrap(format!("rank {rank}: {what} rank {j}: {e}"));
+            let mut data = lightpath::Stream::connect_timeout(&data_addr, left(), options)
+                .map_err(|e| fail("connecting data to", e))?;
             data.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
-            let mut ctl = TcpStream::connect_timeout(&ctl_addr, left()).map_err(|e| fail("connecting control to", e))?;
+            let mut ctl = TcpStream::connect_timeout(&ctl_addr, left())
+                .map_err(|e| fail("connecting control to", e))?;
             ctl.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
             *slot = Some(Peer { data, ctl, left: false, ctl_buf: Vec::new() });
         }
@@ -125,16 +131,21 @@ impl Mesh {
         let expected = size - 1 - rank;
         let mut data_from: Vec<Option<lightpath::Stream>> = (0..size).map(|_| None).collect();
         for _ in 0..expected {
-            let (mut data, from) =
-                listeners.data.accept_timeout(left()).map_err(|e| Error::bootstrap(format!("rank {rank}: waiting for higher ranks: {e}")))?;
+            let (mut data, from) = listeners
+                .data
+                .accept_timeout(left())
+                .map_err(|e| Error::bootstrap(format!("rank {rank}: waiting for higher ranks: {e}")))?;
             data.set_read_timeout(Some(left())).map_err(Error::bootstrap)?;
             let mut h = [0u8; 12];
             if let Err(e) = data.read_exact(&mut h) {
                 return Err(Error::bootstrap(format!("rank {rank}: no hello from {from}: {e}")));
             }
-            let peer = parse_hello(&h, size).map_err(|e| Error::bootstrap(format!("rank {rank}: {from}: {e}")))?;
+            let peer =
+                parse_hello(&h, size).map_err(|e| Error::bootstrap(format!("rank {rank}: {from}: {e}")))?;
             if peer <= rank || data_from[peer].is_some() {
-                return Err(Error::bootstrap(format!("rank {peer} joined twice (second connection from {from})")));
+                return Err(Error::bootstrap(format!(
+                    "rank {peer} joined twice (second connection from {from})"
+                )));
             }
             data.set_read_timeout(None).map_err(Error::bootstrap)?;
             data_from[peer] = Some(data);
@@ -144,18 +155,30 @@ impl Mesh {
             let (mut ctl, from) = loop {
                 match listeners.ctl.accept() {
                     Ok(c) => break c,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-                    Err(e) => return Err(Error::bootstrap(format!("rank {rank}: waiting for control connections: {e}"))),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(e) => {
+                        return Err(Error::bootstrap(format!(
+                            "rank {rank}: waiting for control connections: {e}"
+                        )))
+                    }
                 }
             };
             ctl.set_nonblocking(false).map_err(Error::bootstrap)?;
             ctl.set_read_timeout(Some(left())).map_err(Error::bootstrap)?;
             let mut h = [0u8; 12];
-            ctl.read_exact(&mut h).map_err(|e| Error::bootstrap(format!("rank {rank}: no hello from {from}: {e}")))?;
-            let peer = parse_hello(&h, size).map_err(|e| Error::bootstrap(format!("rank {rank}: {from}: {e}")))?;
+            ctl.read_exact(&mut h)
+                .map_err(|e| Error::bootstrap(format!("rank {rank}: no hello from {from}: {e}")))?;
+            let peer =
+                parse_hello(&h, size).map_err(|e| Error::bootstrap(format!("rank {rank}: {from}: {e}")))?;
             let data = match data_from.get_mut(peer).and_then(Option::take) {
                 Some(d) if peer > rank && peers[peer].is_none() => d,
-                _ => return Err(Error::bootstrap(format!("rank {peer} joined twice or out of order (control connection from {from})"))),
+                _ => {
+                    return Err(Error::bootstrap(format!(
+                        "rank {peer} joined twice or out of order (control connection from {from})"
+                    )))
+                }
             };
             peers[peer] = Some(Peer { data, ctl, left: false, ctl_buf: Vec::new() });
         }
@@ -223,7 +246,15 @@ impl Mesh {
         self.poisoned = Some(e);
     }
 
-    fn run(&mut self, sched: &Schedule, group: &[usize], input: &[u8], output: &mut [u8], op: &'static str, seq: u64) -> Result<(), Error> {
+    fn run(
+        &mut self,
+        sched: &Schedule,
+        group: &[usize],
+        input: &[u8],
+        output: &mut [u8],
+        op: &'static str,
+        seq: u64,
+    ) -> Result<(), Error> {
         if self.scratch.len() < sched.scratch {
             self.scratch.resize(sched.scratch, 0);
         }
@@ -245,13 +276,20 @@ impl Mesh {
                     Step::Reduce { from, into } => {
                         // Only scratch into output occurs; copy otherwise.
                         if from.buf == Buf::Scratch && into.buf == Buf::Output {
-                            dtype::reduce(sched.dtype, sched.op, &mut output[into.offset..into.offset + into.len], &scratch[from.offset..from.offset + from.len]);
+                            dtype::reduce(
+                                sched.dtype,
+                                sched.op,
+                                &mut output[into.offset..into.offset + into.len],
+                                &scratch[from.offset..from.offset + from.len],
+                            );
                         } else {
                             let src = slice(input, output, scratch, from).to_vec();
                             dtype::reduce(sched.dtype, sched.op, slice_mut(output, scratch, into), &src);
                         }
                     }
-                    Step::Divide { region, by } => dtype::divide(sched.dtype, slice_mut(output, scratch, region), by),
+                    Step::Divide { region, by } => {
+                        dtype::divide(sched.dtype, slice_mut(output, scratch, region), by)
+                    }
                     _ => {}
                 }
             }
@@ -296,7 +334,15 @@ impl Mesh {
             } else {
                 0
             };
-            pending.push(Pending { peer: group[peer], region, kind, done: 0, stage, fill: 0, flushed: kind != 0 });
+            pending.push(Pending {
+                peer: group[peer],
+                region,
+                kind,
+                done: 0,
+                stage,
+                fill: 0,
+                flushed: kind != 0,
+            });
         }
         if pending.is_empty() {
             return Ok(());
@@ -333,26 +379,38 @@ impl Mesh {
                             remaining -= 1;
                             progressed = true;
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() }),
+                        Err(e)
+                            if e.kind() == io::ErrorKind::WouldBlock
+                                || e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() })
+                        }
                     }
                     continue;
                 }
                 // Steps on one stream and direction go in order.
-                if pending[..i].iter().any(|q| q.peer == peer_rank && (q.kind == 0) == (kind == 0) && q.done < q.region.len) {
+                if pending[..i]
+                    .iter()
+                    .any(|q| q.peer == peer_rank && (q.kind == 0) == (kind == 0) && q.done < q.region.len)
+                {
                     continue;
                 }
                 let Some(peer) = self.peers[peer_rank].as_mut() else {
-                    return Err(Error::InvalidArgument { op, detail: format!("step addresses rank {peer_rank}, this rank") });
+                    return Err(Error::InvalidArgument {
+                        op,
+                        detail: format!("step addresses rank {peer_rank}, this rank"),
+                    });
                 };
                 let p = &mut pending[i];
-                let fail = |e: io::Error| Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() };
+                let fail =
+                    |e: io::Error| Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() };
                 loop {
                     let result = match kind {
                         0 => peer.data.write(&slice(input, output, &self.scratch, region)[p.done..]),
                         1 => peer.data.read(&mut slice_mut(output, &mut self.scratch, region)[p.done..]),
                         _ => {
-                            let want = (region.len - p.done - p.fill).min(self.stages[p.stage].len() - p.fill);
+                            let want =
+                                (region.len - p.done - p.fill).min(self.stages[p.stage].len() - p.fill);
                             peer.data.read(&mut self.stages[p.stage][p.fill..p.fill + want])
                         }
                     };
@@ -373,7 +431,8 @@ impl Mesh {
                                 let whole = p.fill / es * es;
                                 if whole > 0 {
                                     let stage = &mut self.stages[p.stage];
-                                    let dst = &mut slice_mut(output, &mut self.scratch, region)[p.done..p.done + whole];
+                                    let dst = &mut slice_mut(output, &mut self.scratch, region)
+                                        [p.done..p.done + whole];
                                     dtype::reduce(sched.dtype, sched.op, dst, &stage[..whole]);
                                     stage.copy_within(whole..p.fill, 0);
                                     p.done += whole;
@@ -413,10 +472,21 @@ impl Mesh {
             }
             self.check_control(op, seq)?;
             if idle >= self.timeout {
-                let waiting = pending.iter().find(|p| p.done < p.region.len || !p.flushed).map(|p| p.peer).unwrap_or(self.rank);
+                let waiting = pending
+                    .iter()
+                    .find(|p| p.done < p.region.len || !p.flushed)
+                    .map(|p| p.peer)
+                    .unwrap_or(self.rank);
                 return Err(Error::Timeout { rank: waiting, op, seq, after: self.timeout });
             }
-            self.wait(&pending.iter().filter(|p| p.done < p.region.len || !p.flushed).map(|p| (p.peer, p.kind == 0)).collect::<Vec<_>>(), self.timeout - idle)?;
+            self.wait(
+                &pending
+                    .iter()
+                    .filter(|p| p.done < p.region.len || !p.flushed)
+                    .map(|p| (p.peer, p.kind == 0))
+                    .collect::<Vec<_>>(),
+                self.timeout - idle,
+            )?;
         }
     }
 
@@ -448,14 +518,27 @@ impl Mesh {
                     Ok(n) => p.ctl_buf.extend_from_slice(&buf[..n]),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(Error::PeerFailed { rank, op, seq, detail: format!("control connection: {e}") }),
+                    Err(e) => {
+                        return Err(Error::PeerFailed {
+                            rank,
+                            op,
+                            seq,
+                            detail: format!("control connection: {e}"),
+                        })
+                    }
                 }
             }
             if p.ctl_buf.starts_with(b"abort ") {
                 let line = p.ctl_buf[6..].split(|b| *b == b'\n').next().unwrap_or(&[]);
                 let text = String::from_utf8_lossy(line).trim_end().to_string();
                 let (blamed, detail) = text.split_once(' ').unwrap_or((&text, ""));
-                return Err(Error::Aborted { rank: blamed.parse().unwrap_or(rank), reporter: rank, op, seq, detail: detail.to_string() });
+                return Err(Error::Aborted {
+                    rank: blamed.parse().unwrap_or(rank),
+                    reporter: rank,
+                    op,
+                    seq,
+                    detail: detail.to_string(),
+                });
             }
         }
         Ok(())
@@ -498,20 +581,51 @@ impl Mesh {
     }
 
     /// Clean close: flush the data streams (so that peers can read everything this rank
-    /// sent), then say `bye` on every control connection.
+    /// sent), say `bye` on every control connection, then wait (up to the timeout, at least
+    /// 2 s) until every peer has said `bye` or gone: tearing a stream down while its peer still
+    /// waits for the acknowledgement of its last write would fail that peer's last call.
     pub(crate) fn close(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let linger = self.timeout.max(Duration::from_secs(2));
+        let deadline = Instant::now() + linger;
         for p in self.peers.iter_mut().flatten() {
             while Instant::now() < deadline {
                 match p.data.flush() {
                     Ok(()) => break,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
                         std::thread::sleep(Duration::from_micros(100))
                     }
                     Err(_) => break,
                 }
             }
             let _ = p.ctl.write(b"bye\n");
+        }
+        if self.poisoned.is_some() {
+            return;
+        }
+        let deadline = Instant::now() + linger;
+        let mut buf = [0u8; 256];
+        for p in self.peers.iter_mut().flatten() {
+            while !p.left && Instant::now() < deadline {
+                match p.ctl.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        p.ctl_buf.extend_from_slice(&buf[..n]);
+                        if p.ctl_buf.windows(3).any(|w| w == b"bye") {
+                            p.left = true;
+                        }
+                    }
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
+                        std::thread::sleep(Duration::from_micros(200))
+                    }
+                    Err(_) => break,
+                }
+            }
         }
     }
 }

@@ -439,7 +439,7 @@ impl Fold {
     /// Before: the sitting-out ranks send their whole vector up.
     fn fold_in(&self, b: &mut Builder, rank: usize, n: usize) {
         if rank < 2 * self.rem {
-            if rank % 2 == 0 {
+            if rank.is_multiple_of(2) {
                 b.send(rank + 1, b.r(Buf::Output, 0, n));
             } else {
                 b.recv_reduce(rank - 1, b.r(Buf::Output, 0, n));
@@ -450,7 +450,7 @@ impl Fold {
     /// After: they get the result back.
     fn fold_out(&self, b: &mut Builder, rank: usize, n: usize) {
         if rank < 2 * self.rem {
-            if rank % 2 == 0 {
+            if rank.is_multiple_of(2) {
                 b.recv(rank + 1, b.r(Buf::Output, 0, n));
             } else {
                 b.send(rank - 1, b.r(Buf::Output, 0, n));
@@ -552,7 +552,7 @@ fn chain_broadcast(b: &mut Builder, rank: usize, p: usize, n: usize, root: usize
 /// Binomial-tree reduce; returns the scratch bytes used.
 fn binomial_reduce(b: &mut Builder, rank: usize, p: usize, n: usize, root: usize) -> usize {
     let vr = (rank + p - root) % p;
-    let has_children = vr % 2 == 0 && vr + 1 < p;
+    let has_children = vr.is_multiple_of(2) && vr + 1 < p;
     // The root accumulates in its output; others accumulate in scratch (their buffer is input only).
     let acc = if vr == 0 { Buf::Output } else { Buf::Scratch };
     if vr != 0 && has_children {

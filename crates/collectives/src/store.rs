@@ -77,7 +77,9 @@ impl StoreServer {
                             .name("lightpath-store-conn".into())
                             .spawn(move || serve_conn(conn, &table, &stop));
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
@@ -118,7 +120,10 @@ fn read_u64(r: &mut impl Read) -> io::Result<u64> {
 fn read_blob(r: &mut impl Read) -> io::Result<Vec<u8>> {
     let len = read_u64(r)?;
     if len > MAX_VALUE {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("store: length {len} above the {MAX_VALUE} limit")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("store: length {len} above the {MAX_VALUE} limit"),
+        ));
     }
     let mut v = vec![0u8; len as usize];
     r.read_exact(&mut v)?;
@@ -205,7 +210,11 @@ fn handle(query: u8, r: &mut impl Read, table: &Table, stop: &AtomicBool) -> io:
                 if stop.load(Ordering::Relaxed) {
                     return bad("store: stopping".into());
                 }
-                map = table.changed.wait_timeout(map, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+                map = table
+                    .changed
+                    .wait_timeout(map, Duration::from_millis(200))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
         }
         Q_ADD => {
@@ -238,7 +247,11 @@ fn handle(query: u8, r: &mut impl Read, table: &Table, stop: &AtomicBool) -> io:
                 if stop.load(Ordering::Relaxed) {
                     return bad("store: stopping".into());
                 }
-                map = table.changed.wait_timeout(map, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+                map = table
+                    .changed
+                    .wait_timeout(map, Duration::from_millis(200))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
             Ok(Some(vec![0]))
         }
@@ -271,7 +284,10 @@ impl StoreClient {
         let conn = loop {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(2).min(timeout)) {
                 Ok(c) => break c,
-                Err(e) if Instant::now() < deadline && matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if Instant::now() < deadline
+                        && matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut) =>
+                {
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
@@ -290,10 +306,16 @@ impl StoreClient {
         client.conn.write_all(&req)?;
         let mut echo = [0u8; 4];
         client.conn.read_exact(&mut echo).map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("{addr} does not answer as a TCPStore (no PING reply: {e})"))
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{addr} does not answer as a TCPStore (no PING reply: {e})"),
+            )
         })?;
         if u32::from_le_bytes(echo) != nonce {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{addr} does not answer as a TCPStore (PING reply wrong)")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{addr} does not answer as a TCPStore (PING reply wrong)"),
+            ));
         }
         Ok(client)
     }
@@ -342,7 +364,10 @@ impl StoreClient {
         let mut pause = Duration::from_micros(100);
         while !self.check(&[key])? {
             if Instant::now() >= deadline {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("store: key {key:?} not set within {timeout:?}")));
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("store: key {key:?} not set within {timeout:?}"),
+                ));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));

@@ -44,7 +44,10 @@ fn role_all(comm: &Communicator) {
         let input = fill(r, n, |x| x);
         let mut out = vec![0i64; n];
         comm.allreduce(&input, &mut out, ReduceOp::Max).unwrap();
-        check!(out.iter().enumerate().all(|(i, m)| *m == (0..p).map(|q| value(q, i)).max().unwrap()), "allreduce max n={n}");
+        check!(
+            out.iter().enumerate().all(|(i, m)| *m == (0..p).map(|q| value(q, i)).max().unwrap()),
+            "allreduce max n={n}"
+        );
         // f16 / bf16 avg and sum.
         let mut h = fill(r, n, |x| f16::from_f32(x as f32));
         comm.allreduce_in_place(&mut h, ReduceOp::Sum).unwrap();
@@ -80,7 +83,10 @@ fn role_all(comm: &Communicator) {
         let send: Vec<i32> = (0..p).flat_map(|j| std::iter::repeat_n((r * 1000 + j) as i32, n)).collect();
         let mut recv = vec![0i32; n * p];
         comm.alltoall(&send, &mut recv).unwrap();
-        check!((0..p).all(|i| recv[i * n..(i + 1) * n].iter().all(|x| *x == (i * 1000 + r) as i32)), "alltoall n={n}");
+        check!(
+            (0..p).all(|i| recv[i * n..(i + 1) * n].iter().all(|x| *x == (i * 1000 + r) as i32)),
+            "alltoall n={n}"
+        );
     }
     // send/recv around a ring.
     let next = (r + 1) % p;
@@ -107,7 +113,11 @@ fn role_all(comm: &Communicator) {
     // Split into even and odd ranks, reversed order; allreduce the world ranks.
     let sub = comm.split(Some((r % 2) as u32), -(r as i64)).unwrap().unwrap();
     let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
-    check!(sub.size() == members.len() && sub.world_ranks()[0] == *members.last().unwrap(), "split membership {:?}", sub.world_ranks());
+    check!(
+        sub.size() == members.len() && sub.world_ranks()[0] == *members.last().unwrap(),
+        "split membership {:?}",
+        sub.world_ranks()
+    );
     let mut s = [r as i32];
     sub.allreduce_in_place(&mut s, ReduceOp::Sum).unwrap();
     check!(s[0] as usize == members.iter().sum::<usize>(), "split allreduce");
@@ -117,7 +127,10 @@ fn role_all(comm: &Communicator) {
     check!(matches!(e, Error::InvalidArgument { .. }), "mismatched lengths: {e}");
     check!(comm.broadcast(&mut short, p).is_err(), "root out of range");
     comm.barrier().unwrap();
-    println!("rank {r} of {p}: all collectives correct over {:?}", comm.transports().iter().flatten().collect::<Vec<_>>());
+    println!(
+        "rank {r} of {p}: all collectives correct over {:?}",
+        comm.transports().iter().flatten().collect::<Vec<_>>()
+    );
 }
 
 fn role_die(comm: &Communicator) {
@@ -140,7 +153,11 @@ fn role_die(comm: &Communicator) {
     };
     let took = start.elapsed();
     println!("rank {r}: {err} (after {took:?})");
-    check!(err.rank() == Some(victim), "error names rank {:?}, not the dead rank {victim}: {err}", err.rank());
+    check!(
+        err.rank() == Some(victim),
+        "error names rank {:?}, not the dead rank {victim}: {err}",
+        err.rank()
+    );
     check!(err.op() == Some("allreduce") && err.seq().is_some(), "error lacks op/seq: {err}");
     check!(took < Duration::from_millis(2500), "took {took:?}");
     // Every later call fails at once too.
@@ -165,7 +182,11 @@ fn role_stop(comm: &Communicator) {
     check!(err.op() == Some("allreduce") && err.seq().is_some(), "error lacks op/seq: {err}");
     // Ranks waiting on the victim directly time out naming it; the others are woken by their
     // abort, which blames it as well.
-    check!(err.rank() == Some(victim), "error names rank {:?}, not the stopped rank {victim}: {err}", err.rank());
+    check!(
+        err.rank() == Some(victim),
+        "error names rank {:?}, not the stopped rank {victim}: {err}",
+        err.rank()
+    );
     check!(took < Duration::from_millis(3000), "took {took:?}");
     std::process::exit(0);
 }
@@ -214,7 +235,8 @@ fn run(ranks: usize, role: &str, extra: &[(&str, &str)]) -> lightpath_collective
     for (k, v) in extra {
         opts.env.push((k.to_string(), v.to_string()));
     }
-    let args: Vec<String> = ["--exact", "worker", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
+    let args: Vec<String> =
+        ["--exact", "worker", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
     launch(exe.to_str().unwrap(), &args, &opts).unwrap()
 }
 
@@ -228,8 +250,16 @@ fn every_collective_on_1_to_4_ranks_over_shm() {
 
 #[test]
 fn every_collective_on_8_ranks_with_forced_algorithms() {
-    for (var, value) in [("LIGHTPATH_COLL_ALLREDUCE", "ring"), ("LIGHTPATH_COLL_ALLREDUCE", "rabenseifner"), ("LIGHTPATH_COLL_BCAST", "chain:4096")] {
-        let out = run(if value == "ring" { 5 } else { 8 }, "all", &[(var, value), ("LIGHTPATH_COLL_TIMEOUT_MS", "20000")]);
+    for (var, value) in [
+        ("LIGHTPATH_COLL_ALLREDUCE", "ring"),
+        ("LIGHTPATH_COLL_ALLREDUCE", "rabenseifner"),
+        ("LIGHTPATH_COLL_BCAST", "chain:4096"),
+    ] {
+        let out = run(
+            if value == "ring" { 5 } else { 8 },
+            "all",
+            &[(var, value), ("LIGHTPATH_COLL_TIMEOUT_MS", "20000")],
+        );
         assert_eq!(out.first_failure, None, "{var}={value}: {:?}", out.statuses);
     }
 }
@@ -304,7 +334,9 @@ fn a_rank_joining_twice_is_refused() {
         key_prefix: "twice/".into(),
     };
     // Pretend rank 0 already joined.
-    let mut client = lightpath_collectives::store::StoreClient::connect(server.local_addr(), Duration::from_secs(5)).unwrap();
+    let mut client =
+        lightpath_collectives::store::StoreClient::connect(server.local_addr(), Duration::from_secs(5))
+            .unwrap();
     client.add("twice/join/0", 1).unwrap();
     let err = Communicator::init(&env, Default::default()).unwrap_err();
     assert!(err.to_string().contains("joined twice"), "{err}");
@@ -313,7 +345,11 @@ fn a_rank_joining_twice_is_refused() {
 
 /// Starts `n` ranks of this binary's worker with per-rank environment, as a launcher would,
 /// and returns whether every one succeeded (killing stragglers after two minutes).
-fn spawn_ranks(n: usize, role: &str, env: impl Fn(usize) -> Vec<(String, String)>) -> Vec<std::process::ExitStatus> {
+fn spawn_ranks(
+    n: usize,
+    role: &str,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<std::process::ExitStatus> {
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     let exe = std::env::current_exe().unwrap();
     let mut children: Vec<std::process::Child> = (0..n)
@@ -351,9 +387,16 @@ fn free_port() -> u16 {
 fn torchrun_environment_with_rank_0_serving_the_store() {
     let port = free_port().to_string();
     let statuses = spawn_ranks(3, "all", |r| {
-        [("RANK", r.to_string()), ("WORLD_SIZE", "3".into()), ("LOCAL_RANK", r.to_string()), ("LOCAL_WORLD_SIZE", "3".into()), ("MASTER_ADDR", "127.0.0.1".into()), ("MASTER_PORT", port.clone())]
-            .map(|(k, v)| (k.to_string(), v))
-            .to_vec()
+        [
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "3".into()),
+            ("LOCAL_RANK", r.to_string()),
+            ("LOCAL_WORLD_SIZE", "3".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
     });
     assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
 }
@@ -411,7 +454,15 @@ fn under_open_mpi_mpirun() {
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(mpirun)
-        .args(["--oversubscribe", "-n", "3", "-x", "LPCOLL_ROLE=all", "-x", "LIGHTPATH_COLL_TIMEOUT_MS=20000"])
+        .args([
+            "--oversubscribe",
+            "-n",
+            "3",
+            "-x",
+            "LPCOLL_ROLE=all",
+            "-x",
+            "LIGHTPATH_COLL_TIMEOUT_MS=20000",
+        ])
         .arg(&exe)
         .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -419,7 +470,12 @@ fn under_open_mpi_mpirun() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "mpirun: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mpirun: {:?}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(text.matches("all collectives correct").count(), 3, "{text}");
 }
 
