@@ -484,3 +484,88 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file()))
         .ok_or(())
 }
+
+/// Runs `ip ARGS`, panicking with its stderr on failure.
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip").args(args).output().unwrap();
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Two "hosts" as network namespaces joined by a veth pair, two ranks in each: shm inside a
+/// namespace, soft (RoCE v2 over UDP) between them, in one job (torchrun's environment, rank 0
+/// serving the store).
+#[test]
+fn hosts_as_network_namespaces_soft_between_shm_inside() {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false);
+    if !is_root || which("ip").is_err() {
+        eprintln!("SKIPPED: needs root and iproute2's ip to create network namespaces");
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = std::process::id() % 100_000;
+    let (a, b) = (format!("lpc{tag}a"), format!("lpc{tag}b"));
+    let (va, vb) = (format!("lpv{tag}a"), format!("lpv{tag}b"));
+    struct Cleanup(Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for ns in &self.0 {
+                let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
+    }
+    ip(&["netns", "add", &a]);
+    let _cleanup_a = Cleanup(vec![a.clone()]);
+    ip(&["netns", "add", &b]);
+    let _cleanup_b = Cleanup(vec![b.clone()]);
+    ip(&["link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b]);
+    for (ns, dev, addr) in [(&a, &va, "10.231.0.1/24"), (&b, &vb, "10.231.0.2/24")] {
+        ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+        ip(&["-n", ns, "link", "set", dev, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let port = "29517";
+    let mut children: Vec<std::process::Child> = (0..4)
+        .map(|r| {
+            let ns = if r < 2 { &a } else { &b };
+            std::process::Command::new("ip")
+                .args(["netns", "exec", ns])
+                .arg(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env("LPCOLL_ROLE", "all")
+                .env("LIGHTPATH_COLL_TIMEOUT_MS", "30000")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "4")
+                .env("LOCAL_RANK", (r % 2).to_string())
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "10.231.0.1")
+                .env("MASTER_PORT", port)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut outputs = Vec::new();
+    for c in &mut children {
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                let mut text = String::new();
+                use std::io::Read;
+                c.stdout.take().unwrap().read_to_string(&mut text).unwrap();
+                outputs.push((status, text));
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for (r, (status, text)) in outputs.iter().enumerate() {
+        assert!(status.success(), "rank {r}: {status:?}\n{text}");
+        assert!(text.contains("rdma/shm") && text.contains("rdma/soft"), "rank {r} should reach its namespace peer over shm and the others over soft: {text}");
+    }
+}
