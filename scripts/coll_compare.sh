@@ -35,9 +35,11 @@ for round in $(seq "$ROUNDS"); do
     size=$MINB
     [ "$test" = barrier ] && size=0
     while :; do
-      "$LP" launch -n "$RANKS" -- "$LP" perf "$test" -s "$size" --json >> "$OUT"
+      "$LP" launch -n "$RANKS" -- "$LP" perf "$test" -s "$size" --json >> "$OUT" \
+        || echo "# lightpath $test $size B failed (exit $?)"
       # shellcheck disable=SC2086
-      mpirun --oversubscribe -n "$RANKS" $MPI_ARGS target/coll_compare/mpi_coll "$test" "$size" 0 "$size" >> "$OUT"
+      mpirun --oversubscribe -n "$RANKS" $MPI_ARGS target/coll_compare/mpi_coll "$test" "$size" 0 "$size" >> "$OUT" 2>/tmp/coll_compare_mpi.err \
+        || echo "# openmpi $test $size B failed (exit $?): $(grep -m1 -v '^-*$' /tmp/coll_compare_mpi.err)"
       [ "$test" = barrier ] && break
       size=$((size * 2))
       [ "$size" -gt "$MAXB" ] && break

@@ -566,6 +566,9 @@ fn hosts_as_network_namespaces_soft_between_shm_inside() {
     }
     for (r, (status, text)) in outputs.iter().enumerate() {
         assert!(status.success(), "rank {r}: {status:?}\n{text}");
-        assert!(text.contains("rdma/shm") && text.contains("rdma/soft"), "rank {r} should reach its namespace peer over shm and the others over soft: {text}");
+        assert!(
+            text.contains("rdma/shm") && text.contains("rdma/soft"),
+            "rank {r} should reach its namespace peer over shm and the others over soft: {text}"
+        );
     }
 }
