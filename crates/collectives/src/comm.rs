@@ -526,7 +526,9 @@ impl Communicator {
                             Self::describe(theirs)
                         ),
                     };
-                    mesh.fail(e.clone());
+                    // Every rank sees the same fingerprints and reports the mismatch itself;
+                    // no abort is sent (it would reach the others as `Aborted` first).
+                    mesh.poisoned = Some(e.clone());
                     return Err(e);
                 }
             }

@@ -33,6 +33,11 @@ struct Peer {
     ctl: TcpStream,
     /// The peer said `bye` (a clean close): its control connection ending is no failure.
     left: bool,
+    /// A `bye` line arrived (the end of the connection that follows is no failure).
+    said_bye: bool,
+    /// The peer's answer to our last `ping`: `Some(Some(r))` waits for rank r, `Some(None)`
+    /// for nobody.
+    pong: Option<Option<usize>>,
     ctl_buf: Vec<u8>,
 }
 
@@ -46,6 +51,15 @@ pub(crate) struct Mesh {
     pub(crate) poisoned: Option<Error>,
     stages: Vec<Vec<u8>>,
     scratch: Vec<u8>,
+    /// Streams written to whose last flush did not complete (see `run_round`).
+    dirty: Vec<bool>,
+    /// The rank the current call waits for, while it waits (answered to `ping`s).
+    waiting_on: Option<usize>,
+    /// A send step waits until its stream's flush completes (the default) rather than
+    /// driving it once and leaving it on the dirty list (`LIGHTPATH_COLL_SEND_DONE=pump`,
+    /// experimental: faster rounds when acknowledgements are slow, but a stream left dirty at
+    /// the end of a call is only driven again by this rank's next call).
+    wait_for_flush: bool,
 }
 
 fn hello(rank: usize, size: usize) -> [u8; 12] {
@@ -125,7 +139,7 @@ impl Mesh {
             let mut ctl = TcpStream::connect_timeout(&ctl_addr, left())
                 .map_err(|e| fail("connecting control to", e))?;
             ctl.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
-            *slot = Some(Peer { data, ctl, left: false, ctl_buf: Vec::new() });
+            *slot = Some(Peer { data, ctl, left: false, said_bye: false, pong: None, ctl_buf: Vec::new() });
         }
         // Accept the higher ranks, data and control, in any order.
         let expected = size - 1 - rank;
@@ -180,7 +194,8 @@ impl Mesh {
                     )))
                 }
             };
-            peers[peer] = Some(Peer { data, ctl, left: false, ctl_buf: Vec::new() });
+            peers[peer] =
+                Some(Peer { data, ctl, left: false, said_bye: false, pong: None, ctl_buf: Vec::new() });
         }
         for p in peers.iter_mut().flatten() {
             p.ctl.set_nonblocking(true).map_err(Error::bootstrap)?;
@@ -188,7 +203,18 @@ impl Mesh {
             p.data.set_nonblocking(true).map_err(Error::bootstrap)?;
             p.data.set_nodelay(true).map_err(Error::bootstrap)?;
         }
-        Ok(Mesh { rank, size, peers, timeout, poisoned: None, stages: Vec::new(), scratch: Vec::new() })
+        Ok(Mesh {
+            rank,
+            size,
+            peers,
+            timeout,
+            poisoned: None,
+            stages: Vec::new(),
+            scratch: Vec::new(),
+            dirty: vec![false; size],
+            waiting_on: None,
+            wait_for_flush: std::env::var("LIGHTPATH_COLL_SEND_DONE").map_or(true, |v| v != "pump"),
+        })
     }
 
     /// How each peer is reached (`None` for this rank).
@@ -294,7 +320,7 @@ impl Mesh {
                 }
             }
         }
-        Ok(())
+        self.pump_dirty(op, seq)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -344,6 +370,8 @@ impl Mesh {
                 flushed: kind != 0,
             });
         }
+        self.waiting_on = None;
+        self.pump_dirty(op, seq)?;
         if pending.is_empty() {
             return Ok(());
         }
@@ -369,23 +397,38 @@ impl Mesh {
                     if pending[i].flushed {
                         continue;
                     }
-                    // Every byte was accepted; the stream may still hold some of them (posted
-                    // only when the stream is driven again). Drive it until they are out, so a
-                    // peer never waits on bytes this rank stopped pushing.
-                    let Some(peer) = self.peers[peer_rank].as_mut() else { continue };
-                    match peer.data.flush() {
-                        Ok(()) => {
-                            pending[i].flushed = true;
-                            remaining -= 1;
-                            progressed = true;
+                    // Every byte was accepted, but the stream posts what its send queue has
+                    // no room for only when it is driven again (reaping completions), and a
+                    // stream this rank only writes to is never read. One `flush` drives it
+                    // without waiting; if acknowledgements are still missing the stream stays
+                    // on the dirty list, driven at every round start, in every idle wait and
+                    // at the end of the call, until a flush completes.
+                    if self.wait_for_flush {
+                        let Some(peer) = self.peers[peer_rank].as_mut() else { continue };
+                        match peer.data.flush() {
+                            Ok(()) => {}
+                            Err(e)
+                                if e.kind() == io::ErrorKind::WouldBlock
+                                    || e.kind() == io::ErrorKind::Interrupted =>
+                            {
+                                continue
+                            }
+                            Err(e) => {
+                                return Err(Error::PeerFailed {
+                                    rank: peer_rank,
+                                    op,
+                                    seq,
+                                    detail: e.to_string(),
+                                })
+                            }
                         }
-                        Err(e)
-                            if e.kind() == io::ErrorKind::WouldBlock
-                                || e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            return Err(Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() })
-                        }
+                    } else {
+                        self.dirty[peer_rank] = true;
+                        self.pump_dirty(op, seq)?;
                     }
+                    pending[i].flushed = true;
+                    remaining -= 1;
+                    progressed = true;
                     continue;
                 }
                 // Steps on one stream and direction go in order.
@@ -470,14 +513,20 @@ impl Mesh {
                 std::thread::yield_now();
                 continue;
             }
+            let waiting = pending
+                .iter()
+                .find(|p| p.done < p.region.len || !p.flushed)
+                .map(|p| p.peer)
+                .unwrap_or(self.rank);
+            self.waiting_on = Some(waiting);
+            self.pump_dirty(op, seq)?;
             self.check_control(op, seq)?;
-            if idle >= self.timeout {
-                let waiting = pending
-                    .iter()
-                    .find(|p| p.done < p.region.len || !p.flushed)
-                    .map(|p| p.peer)
-                    .unwrap_or(self.rank);
-                return Err(Error::Timeout { rank: waiting, op, seq, after: self.timeout });
+            // Finding whom to blame takes up to ~200 ms; start it early enough to report
+            // within the timeout.
+            let blame_after = self.timeout.saturating_sub((self.timeout / 4).min(Duration::from_millis(300)));
+            if idle >= blame_after {
+                let rank = self.blame(waiting, op, seq)?;
+                return Err(Error::Timeout { rank, op, seq, after: self.timeout });
             }
             self.wait(
                 &pending
@@ -490,30 +539,44 @@ impl Mesh {
         }
     }
 
-    /// Reads what the control connections say: `bye`, `abort`, or their end.
+    /// Drives every dirty stream once (a nonblocking `flush`): posts what it holds, reaps
+    /// completions; clean once a flush completes.
+    fn pump_dirty(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+        for (rank, dirty) in self.dirty.iter_mut().enumerate() {
+            if !*dirty {
+                continue;
+            }
+            let Some(p) = self.peers[rank].as_mut() else {
+                *dirty = false;
+                continue;
+            };
+            match p.data.flush() {
+                Ok(()) => *dirty = false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+                }
+                Err(e) => return Err(Error::PeerFailed { rank, op, seq, detail: e.to_string() }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what the control connections say, line by line: `bye`, `abort BLAMED TEXT`,
+    /// `ping` (answered at once with `pong R`, R the rank this one waits for or `-`), `pong R`;
+    /// and their end (a death unless `bye` came first).
     fn check_control(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+        let waiting_on = self.waiting_on;
         for (rank, slot) in self.peers.iter_mut().enumerate() {
             let Some(p) = slot else { continue };
             if p.left {
                 continue;
             }
             let mut buf = [0u8; 512];
+            let mut ended = false;
             loop {
                 match p.ctl.read(&mut buf) {
                     Ok(0) => {
-                        if p.ctl_buf.starts_with(b"bye") {
-                            p.left = true;
-                            break;
-                        }
-                        if p.ctl_buf.starts_with(b"abort ") {
-                            break;
-                        }
-                        return Err(Error::PeerFailed {
-                            rank,
-                            op,
-                            seq,
-                            detail: "its process exited (control connection closed without goodbye)".into(),
-                        });
+                        ended = true;
+                        break;
                     }
                     Ok(n) => p.ctl_buf.extend_from_slice(&buf[..n]),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -528,20 +591,80 @@ impl Mesh {
                     }
                 }
             }
-            if p.ctl_buf.starts_with(b"abort ") {
-                let line = p.ctl_buf[6..].split(|b| *b == b'\n').next().unwrap_or(&[]);
-                let text = String::from_utf8_lossy(line).trim_end().to_string();
-                let (blamed, detail) = text.split_once(' ').unwrap_or((&text, ""));
-                return Err(Error::Aborted {
-                    rank: blamed.parse().unwrap_or(rank),
-                    reporter: rank,
+            while let Some(end) = p.ctl_buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = p.ctl_buf.drain(..=end).collect();
+                let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
+                if text == "bye" {
+                    p.said_bye = true;
+                } else if text == "ping" {
+                    let answer = match waiting_on {
+                        Some(r) => format!("pong {r}\n"),
+                        None => "pong -\n".to_string(),
+                    };
+                    let _ = p.ctl.write(answer.as_bytes());
+                } else if let Some(rest) = text.strip_prefix("pong ") {
+                    p.pong = Some(rest.parse().ok());
+                } else if let Some(rest) = text.strip_prefix("abort ") {
+                    let (blamed, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+                    return Err(Error::Aborted {
+                        rank: blamed.parse().unwrap_or(rank),
+                        reporter: rank,
+                        op,
+                        seq,
+                        detail: detail.to_string(),
+                    });
+                }
+            }
+            if ended {
+                if p.said_bye {
+                    p.left = true;
+                    continue;
+                }
+                return Err(Error::PeerFailed {
+                    rank,
                     op,
                     seq,
-                    detail: detail.to_string(),
+                    detail: "its process exited (control connection closed without goodbye)".into(),
                 });
             }
         }
         Ok(())
+    }
+
+    /// Whom to blame for a stall first seen as "no progress from `peer`": asks `peer` (on
+    /// the control connection) whom it waits for, and follows the chain; the first rank that
+    /// does not answer within 200 ms, or answers that it waits for nobody or for a rank
+    /// already on the chain, is the one at fault. A rank inside a call answers from its idle
+    /// loop; a stopped one, or one busy elsewhere, does not.
+    fn blame(&mut self, peer: usize, op: &'static str, seq: u64) -> Result<usize, Error> {
+        let mut chain = vec![self.rank];
+        let mut suspect = peer;
+        while !chain.contains(&suspect) && chain.len() <= self.size {
+            let Some(p) = self.peers[suspect].as_mut() else { break };
+            p.pong = None;
+            if p.ctl.write(b"ping\n").is_err() {
+                break;
+            }
+            let deadline = Instant::now() + Duration::from_millis(200);
+            let answer = loop {
+                self.check_control(op, seq)?;
+                if let Some(answer) = self.peers[suspect].as_mut().and_then(|p| p.pong.take()) {
+                    break Some(answer);
+                }
+                if Instant::now() >= deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            match answer {
+                Some(Some(next)) if next < self.size && !chain.contains(&next) => {
+                    chain.push(suspect);
+                    suspect = next;
+                }
+                _ => break,
+            }
+        }
+        Ok(suspect)
     }
 
     /// Sleeps until a stream of `waiting` (peer, is_send) or any control connection has news,
@@ -608,7 +731,7 @@ impl Mesh {
         let deadline = Instant::now() + linger;
         let mut buf = [0u8; 256];
         for p in self.peers.iter_mut().flatten() {
-            while !p.left && Instant::now() < deadline {
+            while !p.left && !p.said_bye && Instant::now() < deadline {
                 match p.ctl.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
