@@ -147,6 +147,10 @@ struct Shared {
     turn: Condvar,
     config: Config,
     _store: Option<StoreServer>,
+    /// Clones of the control connections, for [`Communicator::abort`].
+    abort_lines: Mutex<Vec<std::net::TcpStream>>,
+    /// Set by [`Communicator::abort`]; the mesh's calls fail once they see it.
+    aborted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {
@@ -287,7 +291,11 @@ impl Communicator {
             config.timeout,
             init_timeout,
         )?;
+        let aborted = mesh.abort_flag();
+        let abort_lines = Mutex::new(mesh.control_clones());
         let shared = Arc::new(Shared {
+            abort_lines,
+            aborted,
             state: Mutex::new(State { mesh, next_ticket: 0, serving: 0 }),
             turn: Condvar::new(),
             config,
@@ -350,15 +358,14 @@ impl Communicator {
     /// Aborts the job: every rank's current or next call fails with [`Error::Aborted`]
     /// naming this rank; this communicator fails every later call.
     pub fn abort(&self, reason: &str) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Not through the mesh's lock, which a blocked call holds: the control connections'
+        // clones, and a flag the blocked call notices in its idle loop.
         let me = self.group[self.rank];
-        st.mesh.fail(Error::Aborted {
-            rank: me,
-            reporter: me,
-            op: "abort",
-            seq: self.seq.load(Ordering::Relaxed),
-            detail: reason.to_string(),
-        });
+        self.shared.aborted.store(true, Ordering::Relaxed);
+        let line = format!("abort {me} {}\n", reason.replace('\n', " "));
+        for ctl in self.shared.abort_lines.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            let _ = std::io::Write::write(ctl, line.as_bytes());
+        }
     }
 
     /// Checks `what` against the buffers and this group, builds this rank's schedule.

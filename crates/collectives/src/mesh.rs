@@ -55,6 +55,8 @@ pub(crate) struct Mesh {
     dirty: Vec<bool>,
     /// The rank the current call waits for, while it waits (answered to `ping`s).
     waiting_on: Option<usize>,
+    /// Set by `Communicator::abort` from any thread.
+    aborted: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// A send step waits until its stream's flush completes (the default) rather than
     /// driving it once and leaving it on the dirty list (`LIGHTPATH_COLL_SEND_DONE=pump`,
     /// experimental: faster rounds when acknowledgements are slow, but a stream left dirty at
@@ -213,8 +215,19 @@ impl Mesh {
             scratch: Vec::new(),
             dirty: vec![false; size],
             waiting_on: None,
+            aborted: Default::default(),
             wait_for_flush: std::env::var("LIGHTPATH_COLL_SEND_DONE").map_or(true, |v| v != "pump"),
         })
+    }
+
+    /// The flag `Communicator::abort` sets.
+    pub(crate) fn abort_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.aborted.clone()
+    }
+
+    /// Clones of the control connections (for aborting without the mesh).
+    pub(crate) fn control_clones(&self) -> Vec<TcpStream> {
+        self.peers.iter().flatten().filter_map(|p| p.ctl.try_clone().ok()).collect()
     }
 
     /// How each peer is reached (`None` for this rank).
@@ -235,6 +248,7 @@ impl Mesh {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
         }
+        self.check_aborted(op, seq)?;
         let mut result = self.run(sched, group, input, output, op, seq);
         if let Err(Error::PeerFailed { .. }) = &result {
             // A peer whose data stream broke may have aborted first (and then exited because
@@ -520,6 +534,7 @@ impl Mesh {
                 .unwrap_or(self.rank);
             self.waiting_on = Some(waiting);
             self.pump_dirty(op, seq)?;
+            self.check_aborted(op, seq)?;
             self.check_control(op, seq)?;
             // Finding whom to blame takes up to ~200 ms; start it early enough to report
             // within the timeout.
@@ -537,6 +552,23 @@ impl Mesh {
                 self.timeout - idle,
             )?;
         }
+    }
+
+    /// Fails (and remembers it) once this process called `Communicator::abort`.
+    fn check_aborted(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+        if !self.aborted.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let e = Error::Aborted {
+            rank: self.rank,
+            reporter: self.rank,
+            op,
+            seq,
+            detail: "this rank called abort".into(),
+        };
+        // The peers were told by `abort` itself.
+        self.poisoned = Some(e.clone());
+        Err(e)
     }
 
     /// Drives every dirty stream once (a nonblocking `flush`): posts what it holds, reaps

@@ -202,6 +202,32 @@ fn role_mismatch(comm: &Communicator) {
     std::process::exit(0);
 }
 
+fn role_abort(comm: &Communicator) {
+    // Rank 0 blocks in a receive nobody answers; another of its threads aborts 300 ms later.
+    // Rank 0's call and every other rank's call fail at once, naming rank 0.
+    let r = comm.rank();
+    comm.barrier().unwrap();
+    let start = Instant::now();
+    let err = if r == 0 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                comm.abort("test abort");
+            });
+            let mut buf = [0f32; 4];
+            comm.recv(&mut buf, 1).unwrap_err()
+        })
+    } else {
+        let mut v = [1f32; 4];
+        comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap_err()
+    };
+    let took = start.elapsed();
+    println!("rank {r}: {err} (after {took:?})");
+    check!(matches!(err, Error::Aborted { rank: 0, .. }), "expected an abort naming rank 0: {err}");
+    check!(took < Duration::from_millis(1500), "took {took:?}");
+    std::process::exit(0);
+}
+
 /// The rank side: runs only when started by one of the tests below.
 #[test]
 fn worker() {
@@ -218,6 +244,7 @@ fn worker() {
         "die" => role_die(&comm),
         "stop" => role_stop(&comm),
         "mismatch" => role_mismatch(&comm),
+        "abort" => role_abort(&comm),
         other => panic!("unknown role {other}"),
     }
     drop(comm);
@@ -279,6 +306,14 @@ fn a_dead_rank_fails_every_other_ranks_call_within_the_timeout_naming_it() {
 #[test]
 fn a_stopped_rank_times_out_every_other_rank_naming_it() {
     let out = run(4, "stop", &[]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn abort_wakes_this_ranks_blocked_call_and_every_peer() {
+    let out = run(3, "abort", &[]);
     for (r, s) in out.statuses.iter().enumerate() {
         assert!(s.success(), "rank {r} {s:?}");
     }
