@@ -607,3 +607,29 @@ fn hosts_as_network_namespaces_soft_between_shm_inside() {
         );
     }
 }
+
+#[test]
+fn under_slurm_srun() {
+    let ready = which("srun").is_ok()
+        && std::process::Command::new("sinfo")
+            .args(["-h", "-o", "%T"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("idle"));
+    if !ready {
+        eprintln!("SKIPPED: no Slurm node answers (scripts/ci-deps/slurm.sh sets up a single-node slurm-wlm)");
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("srun")
+        .args(["-n", "3", "--overcommit", "--time=5"])
+        .arg(&exe)
+        .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+        .env("LPCOLL_ROLE", "all")
+        .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "srun: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.matches("all collectives correct").count(), 3, "{text}");
+}
