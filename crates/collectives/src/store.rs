@@ -13,6 +13,10 @@
 //! decimal text, as c10d does); CHECK and WAIT take a `u64` key count then keys and reply with
 //! one byte (CHECK: 0 ready, 1 not ready; WAIT: 0 once all keys exist).
 //!
+//! The client also speaks the numbering of PyTorch before 2.0 (no VALIDATE, every other query
+//! one lower), found when the server drops a connection that starts with VALIDATE: Debian's
+//! torch 1.13 serves that (torchrun's agent store there).
+//!
 //! The server never panics on input: an unknown query, a bad magic number or a length above
 //! [`MAX_VALUE`] closes that connection only.
 
@@ -273,12 +277,66 @@ fn handle(query: u8, r: &mut impl Read, table: &Table, stop: &AtomicBool) -> io:
 pub struct StoreClient {
     conn: TcpStream,
     addr: SocketAddr,
+    /// The server numbers queries as PyTorch before 2.0 did (no VALIDATE: SET = 0, GET = 2,
+    /// ADD = 3, CHECK = 4; found by `connect`), e.g. Debian's torch 1.13.
+    legacy: bool,
 }
 
 impl StoreClient {
     /// Connects to `addr`, retrying refused connections until `timeout` (the server may not
     /// be up yet), then checks that a TCPStore answers (VALIDATE, then a PING that must echo).
     pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<StoreClient> {
+        let mut client = StoreClient { conn: Self::dial(addr, timeout)?, addr, legacy: false };
+        let nonce = std::process::id() ^ 0x5A5A_0000;
+        let mut req = vec![Q_VALIDATE];
+        req.extend_from_slice(&MAGIC.to_le_bytes());
+        req.push(Q_PING);
+        req.extend_from_slice(&nonce.to_le_bytes());
+        client.conn.write_all(&req)?;
+        let mut echo = [0u8; 4];
+        match client.conn.read_exact(&mut echo) {
+            Ok(()) if u32::from_le_bytes(echo) == nonce => return Ok(client),
+            Ok(()) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{addr} does not answer as a TCPStore (PING reply wrong)"),
+                ))
+            }
+            // A pre-2.0 c10d store drops a connection that starts with VALIDATE: try its
+            // numbering, with a CHECK of no keys, which must answer "ready" (0).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::UnexpectedEof
+                        | io::ErrorKind::ConnectionAborted
+                ) => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{addr} does not answer as a TCPStore (no PING reply: {e})"),
+                ))
+            }
+        }
+        client.conn = Self::dial(addr, timeout)?;
+        client.legacy = true;
+        let mut req = vec![Q_CHECK - 1];
+        req.extend_from_slice(&0u64.to_le_bytes());
+        client.conn.write_all(&req)?;
+        match read_u8(&mut client.conn) {
+            Ok(0) => Ok(client),
+            Ok(other) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{addr} does not answer as a TCPStore (CHECK replied {other})"),
+            )),
+            Err(e) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{addr} does not answer as a TCPStore (no PING or CHECK reply: {e})"),
+            )),
+        }
+    }
+
+    fn dial(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(5);
         let conn = loop {
@@ -297,27 +355,16 @@ impl StoreClient {
         conn.set_nodelay(true)?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))?;
         conn.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut client = StoreClient { conn, addr };
-        let nonce = std::process::id() ^ 0x5A5A_0000;
-        let mut req = vec![Q_VALIDATE];
-        req.extend_from_slice(&MAGIC.to_le_bytes());
-        req.push(Q_PING);
-        req.extend_from_slice(&nonce.to_le_bytes());
-        client.conn.write_all(&req)?;
-        let mut echo = [0u8; 4];
-        client.conn.read_exact(&mut echo).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{addr} does not answer as a TCPStore (no PING reply: {e})"),
-            )
-        })?;
-        if u32::from_le_bytes(echo) != nonce {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{addr} does not answer as a TCPStore (PING reply wrong)"),
-            ));
+        Ok(conn)
+    }
+
+    /// The query byte for `q` in this server's numbering.
+    fn q(&self, q: u8) -> u8 {
+        if self.legacy {
+            q - 1
+        } else {
+            q
         }
-        Ok(client)
     }
 
     /// The server's address.
@@ -327,7 +374,7 @@ impl StoreClient {
 
     /// Sets `key` to `value`.
     pub fn set(&mut self, key: &str, value: &[u8]) -> io::Result<()> {
-        let mut req = vec![Q_SET];
+        let mut req = vec![self.q(Q_SET)];
         put_blob(&mut req, key.as_bytes());
         put_blob(&mut req, value);
         self.conn.write_all(&req)
@@ -335,7 +382,7 @@ impl StoreClient {
 
     /// Adds `delta` to the number stored at `key` (0 if absent) and returns the new value.
     pub fn add(&mut self, key: &str, delta: i64) -> io::Result<i64> {
-        let mut req = vec![Q_ADD];
+        let mut req = vec![self.q(Q_ADD)];
         put_blob(&mut req, key.as_bytes());
         req.extend_from_slice(&delta.to_le_bytes());
         self.conn.write_all(&req)?;
@@ -344,7 +391,7 @@ impl StoreClient {
 
     /// Whether every key exists.
     pub fn check(&mut self, keys: &[&str]) -> io::Result<bool> {
-        let mut req = vec![Q_CHECK];
+        let mut req = vec![self.q(Q_CHECK)];
         req.extend_from_slice(&(keys.len() as u64).to_le_bytes());
         for k in keys {
             put_blob(&mut req, k.as_bytes());
@@ -372,7 +419,7 @@ impl StoreClient {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
         }
-        let mut req = vec![Q_GET];
+        let mut req = vec![self.q(Q_GET)];
         put_blob(&mut req, key.as_bytes());
         self.conn.write_all(&req)?;
         read_blob(&mut self.conn)

@@ -616,7 +616,9 @@ fn under_slurm_srun() {
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("idle"));
     if !ready {
-        eprintln!("SKIPPED: no Slurm node answers (scripts/ci-deps/slurm.sh sets up a single-node slurm-wlm)");
+        eprintln!(
+            "SKIPPED: no Slurm node answers (scripts/ci-deps/slurm.sh sets up a single-node slurm-wlm)"
+        );
         return;
     }
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
@@ -632,4 +634,53 @@ fn under_slurm_srun() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "srun: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     assert_eq!(text.matches("all collectives correct").count(), 3, "{text}");
+}
+
+/// Real torchrun (Debian's python3-torch, `python3 -m torch.distributed.run`, with
+/// `--redirects 1 --tee 1`, which torch 1.13 needs on Python 3.11): `--standalone` (rank 0
+/// serves the store on MASTER_PORT) and a static rendezvous (the agent serves its TCPStore
+/// there and the ranks join it as clients, in torch 1.13's query numbering).
+#[test]
+fn under_real_torchrun() {
+    let python = "/usr/bin/python3";
+    let has_torch = std::process::Command::new(python)
+        .args(["-c", "import torch.distributed.run"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        eprintln!("SKIPPED: no torch.distributed.run for /usr/bin/python3 (scripts/ci-deps/torch.sh installs Debian's python3-torch)");
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    for mode in [vec!["--standalone".to_string()], vec!["--master_port".to_string(), free_port().to_string()]]
+    {
+        let out = std::process::Command::new(python)
+            .args([
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--redirects",
+                "1",
+                "--tee",
+                "1",
+                "--no_python",
+            ])
+            .args(&mode)
+            .arg(&exe)
+            .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+            .env("LPCOLL_ROLE", "all")
+            .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "torchrun {mode:?}: {:?}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(text.matches("all collectives correct").count(), 2, "torchrun {mode:?}: {text}");
+    }
 }
