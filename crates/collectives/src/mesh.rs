@@ -757,9 +757,9 @@ impl Mesh {
             }
             let _ = p.ctl.write(b"bye\n");
         }
-        if self.poisoned.is_some() {
-            return;
-        }
+        // After a failure, peers that are gone end the wait at once (their control connection
+        // closes); a stopped one costs at most half a second.
+        let linger = if self.poisoned.is_some() { linger.min(Duration::from_millis(500)) } else { linger };
         let deadline = Instant::now() + linger;
         let mut buf = [0u8; 256];
         for p in self.peers.iter_mut().flatten() {

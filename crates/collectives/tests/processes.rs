@@ -191,7 +191,7 @@ fn role_stop(comm: &Communicator) {
     std::process::exit(0);
 }
 
-fn role_mismatch(comm: &Communicator) {
+fn role_mismatch(comm: Communicator) {
     let r = comm.rank();
     let n = if r == 1 { 11 } else { 10 };
     let mut v = vec![1f32; n];
@@ -199,6 +199,8 @@ fn role_mismatch(comm: &Communicator) {
     println!("rank {r}: {err}");
     check!(matches!(err, Error::Mismatch { .. }), "expected a mismatch: {err}");
     check!(err.to_string().contains("allreduce #") && err.to_string().contains("11"), "message: {err}");
+    // A clean close: the others may still be finishing the fingerprint exchange.
+    drop(comm);
     std::process::exit(0);
 }
 
@@ -243,7 +245,7 @@ fn worker() {
         "all" => role_all(&comm),
         "die" => role_die(&comm),
         "stop" => role_stop(&comm),
-        "mismatch" => role_mismatch(&comm),
+        "mismatch" => return role_mismatch(comm),
         "abort" => role_abort(&comm),
         other => panic!("unknown role {other}"),
     }
