@@ -140,9 +140,20 @@ fn check_cpu(result: &serde_json::Value, per: &str) {
     assert!(result[per].as_f64().unwrap() > 0.0, "{result}");
 }
 
+/// What a run's JSON must say carried it: RDMA over the provider asked for, plain kernel TCP
+/// for `tcp` (the baseline: no Lightpath in the data path), Lightpath's TCP fallback for
+/// `fallback`.
+fn check_transport(provider: &str, transport: &str) {
+    match provider {
+        "tcp" => assert_eq!(transport, "kernel tcp"),
+        "fallback" => assert!(transport.starts_with("tcp (fallback"), "{transport}"),
+        _ => assert!(transport.starts_with(&format!("rdma/{provider}")), "{transport}"),
+    }
+}
+
 #[test]
-fn perf_stream_tests_over_soft_shm_and_tcp() {
-    for provider in ["soft", "shm", "tcp"] {
+fn perf_stream_tests_over_soft_shm_tcp_and_the_fallback() {
+    for provider in ["soft", "shm", "tcp", "fallback"] {
         let lat = perf("stream_lat", provider, &["-s", "4096", "-n", "50"]);
         assert_eq!(lat.len(), 1);
         assert_eq!(lat[0]["test"], "stream_lat");
@@ -151,9 +162,7 @@ fn perf_stream_tests_over_soft_shm_and_tcp() {
         assert_eq!(lat[0]["polling"], false);
         assert!(lat[0]["lat_us"]["median"].as_f64().unwrap() > 0.0);
         check_cpu(&lat[0], "cpu_us_per_op");
-        let transport = lat[0]["transport"].as_str().unwrap();
-        assert_eq!(transport.starts_with("rdma/"), provider != "tcp", "{transport}");
-        assert!(transport.starts_with(&format!("rdma/{provider}")) || provider == "tcp", "{transport}");
+        check_transport(provider, lat[0]["transport"].as_str().unwrap());
 
         let bw = perf("stream_bw", provider, &["-s", "65536", "-n", "64", "--polling"]);
         assert!(bw[0]["bw_mb_s"].as_f64().unwrap() > 0.0);
@@ -163,6 +172,7 @@ fn perf_stream_tests_over_soft_shm_and_tcp() {
 
         let rr = perf("stream_rr", provider, &["--conns", "8", "-n", "20", "-s", "64"]);
         assert_eq!(rr[0]["conns"], 8);
+        check_transport(provider, rr[0]["transport"].as_str().unwrap());
         assert!(rr[0]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
         check_cpu(&rr[0], "cpu_us_per_op");
     }
@@ -172,7 +182,7 @@ fn perf_stream_tests_over_soft_shm_and_tcp() {
 /// shape served it, and a client expecting the other shape is told.
 #[test]
 fn perf_stream_rr_event_loop_server() {
-    for provider in ["soft", "shm", "tcp"] {
+    for provider in ["soft", "shm", "tcp", "fallback"] {
         let rr = perf_with_server(
             "stream_rr",
             provider,
@@ -184,7 +194,7 @@ fn perf_stream_rr_event_loop_server() {
         assert_eq!(rr[0]["server"], "loop", "{provider}");
         assert_eq!(rr[0]["conns"], 8);
         check_cpu(&rr[0], "cpu_us_per_op");
-        assert_eq!(rr[0]["transport"].as_str().unwrap().starts_with("rdma/"), provider != "tcp");
+        check_transport(provider, rr[0]["transport"].as_str().unwrap());
     }
     let lat = perf_with_server("stream_lat", "soft", &["--server", "loop"], &["-n", "50"], |_| {});
     assert_eq!(lat[0]["server"], "loop");
@@ -207,15 +217,18 @@ fn plain_client(port: u16) -> TcpStream {
 /// every stream test's server, in both shapes, drops them and serves the real client.
 #[test]
 fn perf_stream_servers_survive_foreign_clients() {
-    let cases: [(&str, &str, &[&str]); 4] = [
-        ("stream_lat", "threads", &["-n", "50"]),
-        ("stream_bw", "threads", &["-n", "50"]),
-        ("stream_rr", "threads", &["--conns", "4", "-n", "20"]),
-        ("stream_rr", "loop", &["--conns", "4", "-n", "20"]),
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
+        ("stream_lat", "soft", "threads", &["-n", "50"]),
+        ("stream_bw", "soft", "threads", &["-n", "50"]),
+        ("stream_rr", "soft", "threads", &["--conns", "4", "-n", "20"]),
+        ("stream_rr", "soft", "loop", &["--conns", "4", "-n", "20"]),
+        // The kernel-TCP baseline's servers too (a length prefix of "GET " is refused).
+        ("stream_lat", "tcp", "threads", &["-n", "50"]),
+        ("stream_rr", "tcp", "loop", &["--conns", "4", "-n", "20"]),
     ];
-    for (test, shape, extra) in cases {
+    for (test, provider, shape, extra) in cases {
         let mut silent = None;
-        let results = perf_with_server(test, "soft", &["--server", shape], extra, |port| {
+        let results = perf_with_server(test, provider, &["--server", shape], extra, |port| {
             let mut garbage = plain_client(port);
             garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
             drop(plain_client(port));

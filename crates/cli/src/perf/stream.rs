@@ -1,6 +1,8 @@
 //! `lightpath perf stream_lat|stream_bw|stream_rr [SERVER]`: the stream layer's own numbers,
 //! measured through `lightpath::Stream` exactly as applications use it, over the soft or shm
-//! provider or (`--provider tcp`) over the same API on kernel TCP — the baseline.
+//! provider, or over plain kernel TCP sockets (`--provider tcp`: `std`'s and tokio's
+//! `TcpStream`, the baseline every ratio is taken against), or over Lightpath's own TCP
+//! fallback (`--provider fallback`); see [`conn`].
 //!
 //! | test | pattern | reported |
 //! |---|---|---|
@@ -23,7 +25,6 @@
 //! enum stays untouched.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -35,9 +36,12 @@ use lightpath_soft::ProgressMode;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use self::conn::{is_kernel_tcp, AsyncConn, Conn, KernelTcp};
 use super::cpu::{self, CpuUse};
 use super::stats::{BandwidthSummary, LatencySummary};
 
+#[path = "stream_conn.rs"]
+mod conn;
 #[path = "stream_server.rs"]
 pub mod server;
 #[path = "stream_zero_copy.rs"]
@@ -99,8 +103,9 @@ pub struct StreamArgs {
     /// Server to connect to. Without it, this process is the server.
     pub server: Option<String>,
     /// Data transport: soft (RDMA over the soft provider), shm (shared memory, both processes
-    /// on this host) or tcp (the same API over kernel TCP); a comma-separated list offers
-    /// several, best first.
+    /// on this host), ibverbs, or a comma-separated list of them (best first); tcp (plain
+    /// kernel TCP sockets, no Lightpath: the baseline); fallback (Lightpath streams forced onto
+    /// their TCP fallback). Server and client must name the same.
     #[arg(long, default_value = "soft")]
     pub provider: String,
     /// Message size in bytes (default 8 for latency and rr, 65536 for bandwidth).
@@ -219,7 +224,11 @@ pub struct StreamResult {
 }
 
 fn options(args: &StreamArgs) -> Result<Options> {
-    let providers = lightpath::options::parse_providers(&args.provider).map_err(anyhow::Error::msg)?;
+    let providers = if args.provider == conn::FALLBACK {
+        Vec::new()
+    } else {
+        lightpath::options::parse_providers(&args.provider).map_err(anyhow::Error::msg)?
+    };
     let mut options = Options { providers, ..Options::default() };
     if args.polling {
         // Busy-poll as the verbs tests do: the calling thread drives the device and does not
@@ -266,6 +275,10 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
     ensure!(args.iters != Some(0), "at least one iteration is needed");
     ensure!(args.conns > 0, "at least one connection is needed");
     ensure!(!(args.zero_copy && args.test == StreamTest::Rr), "--zero-copy is for stream_lat and stream_bw");
+    ensure!(
+        !(args.zero_copy && is_kernel_tcp(&args.provider)),
+        "--zero-copy needs Lightpath streams (registered buffers), not plain TCP"
+    );
     if args.server.is_none() && args.shape == Some(ServerShape::Loop) {
         ensure!(!args.zero_copy, "--zero-copy is served by --server threads only");
         // In polling mode nothing processes the soft device's arrivals while the loop sleeps.
@@ -339,10 +352,15 @@ fn stamp(buf: &mut [u8], index: u64) {
     buf[..n].copy_from_slice(&bytes[..n]);
 }
 
-fn connect(server: &str, args: &StreamArgs, options: &Options) -> Result<Stream> {
+/// Runs `connect` until it succeeds, retrying for 5 s while the server is not listening yet.
+fn with_retries<T>(
+    server: &str,
+    args: &StreamArgs,
+    mut connect: impl FnMut() -> std::io::Result<T>,
+) -> Result<T> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match Stream::connect_with((server, args.port), options) {
+        match connect() {
             Ok(stream) => return Ok(stream),
             Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
@@ -352,20 +370,34 @@ fn connect(server: &str, args: &StreamArgs, options: &Options) -> Result<Stream>
     }
 }
 
+fn connect(server: &str, args: &StreamArgs, options: &Options) -> Result<Stream> {
+    with_retries(server, args, || Stream::connect_with((server, args.port), options))
+}
+
+/// A plain kernel TCP connection (`--provider tcp`).
+fn connect_kernel(server: &str, args: &StreamArgs) -> Result<KernelTcp> {
+    let tcp = with_retries(server, args, || std::net::TcpStream::connect((server, args.port)))?;
+    Ok(KernelTcp::new(tcp)?)
+}
+
 fn check_transport(stream: &Stream, args: &StreamArgs) -> Result<String> {
     let transport = stream.transport();
-    if args.provider != "tcp" && !transport.is_rdma() {
+    if args.provider != conn::FALLBACK && !transport.is_rdma() {
         bail!("asked for {} but the connection fell back to {transport}", args.provider);
     }
     Ok(transport.to_string())
 }
 
 /// Sends `plan` and reads the server's answer; returns the server's shape.
-fn send_plan(stream: &mut Stream, plan: &Plan, args: &StreamArgs) -> Result<ServerShape> {
+fn send_plan(stream: &mut impl Conn, plan: &Plan, args: &StreamArgs) -> Result<ServerShape> {
     stream.send_msg(&serde_json::to_vec(plan)?)?;
-    let reply = stream.recv_msg()?.context("the server closed instead of answering the plan")?;
+    let reply = stream.recv_msg()?.context(NO_ANSWER)?;
     check_info(&reply, args)
 }
+
+/// The client's error when the server closes instead of answering the plan.
+const NO_ANSWER: &str =
+    "the server closed instead of answering the plan (was it started with the same --provider and test?)";
 
 fn check_info(reply: &[u8], args: &StreamArgs) -> Result<ServerShape> {
     let info: ServerInfo =
@@ -385,7 +417,7 @@ fn check_info(reply: &[u8], args: &StreamArgs) -> Result<ServerShape> {
 }
 
 /// One CPU reading of each side: this process's, then the server's (asked over `stream`).
-fn probe(stream: &mut Stream) -> Result<(Duration, Duration)> {
+fn probe(stream: &mut impl Conn) -> Result<(Duration, Duration)> {
     let mine = cpu::process_cpu();
     stream.send_msg(PROBE)?;
     let reply = stream.recv_msg()?.context("the server closed instead of answering a CPU probe")?;
@@ -413,20 +445,37 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
     if args.test == StreamTest::Rr {
         return rr_client(args, server, options, &plan);
     }
+    if is_kernel_tcp(&args.provider) {
+        let mut conn = connect_kernel(server, args)?;
+        let shape = send_plan(&mut conn, &plan, args)?;
+        let transport = conn.transport_name();
+        return measure(args, &mut conn, &transport, shape, &sizes);
+    }
     let mut stream = connect(server, args, options)?;
     let transport = check_transport(&stream, args)?;
     let shape = send_plan(&mut stream, &plan, args)?;
     if args.zero_copy {
         return zero_copy::client(args, &mut stream, &transport, &sizes);
     }
+    measure(args, &mut stream, &transport, shape, &sizes)
+}
+
+/// The latency and bandwidth tests' measured part, over an answered plan.
+fn measure(
+    args: &StreamArgs,
+    stream: &mut impl Conn,
+    transport: &str,
+    shape: ServerShape,
+    sizes: &[(usize, u64)],
+) -> Result<Vec<StreamResult>> {
     let mut results = Vec::new();
-    for &(size, iters) in &sizes {
+    for &(size, iters) in sizes {
         let mut buf = vec![0u8; size];
         let mut back = vec![0u8; size];
         let result = |lat_us, bw_mb_s, msg_rate_mpps, cpu| StreamResult {
             test: args.test.name(),
             provider: args.provider.clone(),
-            transport: transport.clone(),
+            transport: transport.to_string(),
             size,
             iters,
             conns: 1,
@@ -441,21 +490,21 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
         match args.test {
             StreamTest::Lat | StreamTest::Rr => {
                 for i in 0..warmup(iters) {
-                    round_trip(&mut stream, &mut buf, &mut back, i)?;
+                    round_trip(stream, &mut buf, &mut back, i)?;
                 }
-                let before = probe(&mut stream)?;
+                let before = probe(stream)?;
                 let mut samples = Vec::with_capacity(iters as usize);
                 for i in 0..iters {
-                    let elapsed = round_trip(&mut stream, &mut buf, &mut back, warmup(iters) + i)?;
+                    let elapsed = round_trip(stream, &mut buf, &mut back, warmup(iters) + i)?;
                     samples.push(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
                 }
-                let (client_cpu, server_cpu) = used(before, probe(&mut stream)?);
+                let (client_cpu, server_cpu) = used(before, probe(stream)?);
                 let cpu = CpuUse::per_op(client_cpu, server_cpu, iters);
                 results.push(result(LatencySummary::from_nanos(&mut samples, 2), None, None, Some(cpu)));
             }
             StreamTest::Bw => {
                 stamp(&mut buf, 0);
-                let before = probe(&mut stream)?;
+                let before = probe(stream)?;
                 let started = Instant::now();
                 for i in 0..iters {
                     if i + 1 == iters {
@@ -466,7 +515,7 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
                 let mut crc = [0u8; 4];
                 stream.read_exact(&mut crc)?;
                 let elapsed = started.elapsed();
-                let (client_cpu, server_cpu) = used(before, probe(&mut stream)?);
+                let (client_cpu, server_cpu) = used(before, probe(stream)?);
                 ensure!(u32::from_be_bytes(crc) == crc32fast::hash(&buf), "the server's checksum differs");
                 let bw = BandwidthSummary::new(size as u64 * iters, iters, elapsed);
                 let cpu = CpuUse::per_gb(client_cpu, server_cpu, size as u64 * iters);
@@ -478,7 +527,7 @@ fn client(args: &StreamArgs, server: &str, options: &Options) -> Result<Vec<Stre
 }
 
 /// One ping-pong of `buf` (stamped with `i`), checked; returns the round-trip time.
-fn round_trip(stream: &mut Stream, buf: &mut [u8], back: &mut [u8], i: u64) -> Result<Duration> {
+fn round_trip(stream: &mut impl Conn, buf: &mut [u8], back: &mut [u8], i: u64) -> Result<Duration> {
     stamp(buf, i);
     let started = Instant::now();
     stream.write_all(buf)?;
@@ -490,14 +539,14 @@ fn round_trip(stream: &mut Stream, buf: &mut [u8], back: &mut [u8], i: u64) -> R
 
 /// `count` round trips on one connection (requests stamped `first..first + count`, XORed with
 /// the connection number); returns the stream and, if `record`, the round-trip times in ns.
-async fn round_trips(
-    mut stream: lightpath::tokio::Stream,
+async fn round_trips<S: AsyncConn>(
+    mut stream: S,
     c: usize,
     size: usize,
     first: u64,
     count: u64,
     record: bool,
-) -> Result<(lightpath::tokio::Stream, Vec<u64>)> {
+) -> Result<(S, Vec<u64>)> {
     let mut buf = vec![0u8; size];
     let mut back = vec![0u8; size];
     let mut samples = Vec::with_capacity(if record { count as usize } else { 0 });
@@ -515,8 +564,8 @@ async fn round_trips(
 }
 
 /// Runs `count` round trips on every connection at once; the streams come back in order.
-async fn all_round_trips(
-    streams: &mut Vec<lightpath::tokio::Stream>,
+async fn all_round_trips<S: AsyncConn>(
+    streams: &mut Vec<S>,
     size: usize,
     first: u64,
     count: u64,
@@ -545,7 +594,7 @@ async fn all_round_trips(
 }
 
 /// [`probe`] over a tokio stream.
-async fn probe_async(stream: &mut lightpath::tokio::Stream) -> Result<(Duration, Duration)> {
+async fn probe_async(stream: &mut impl AsyncConn) -> Result<(Duration, Duration)> {
     let mine = cpu::process_cpu();
     stream.send_msg(PROBE).await?;
     let reply = stream.recv_msg().await?.context("the server closed instead of answering a CPU probe")?;
@@ -556,19 +605,40 @@ async fn probe_async(stream: &mut lightpath::tokio::Stream) -> Result<(Duration,
 fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) -> Result<Vec<StreamResult>> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
+        if is_kernel_tcp(&args.provider) {
+            let mut streams = Vec::with_capacity(plan.conns);
+            for _ in 0..plan.conns {
+                let KernelTcp(tcp) = connect_kernel(server, args)?;
+                tcp.set_nonblocking(true)?;
+                streams.push(tokio::net::TcpStream::from_std(tcp)?);
+            }
+            let transport = streams[0].transport_name();
+            return rr_measure(args, plan, streams, &transport).await;
+        }
         let mut streams = Vec::with_capacity(plan.conns);
         for _ in 0..plan.conns {
             let stream = lightpath::tokio::Stream::from_std(connect(server, args, options)?)?;
             streams.push(stream);
         }
         let transport = check_transport(streams[0].get_ref(), args)?;
+        rr_measure(args, plan, streams, &transport).await
+    })
+}
+
+/// The request/response test over connected streams: sends each its plan, then measures.
+async fn rr_measure<S: AsyncConn>(
+    args: &StreamArgs,
+    plan: &Plan,
+    mut streams: Vec<S>,
+    transport: &str,
+) -> Result<Vec<StreamResult>> {
+    {
         let mut shape = ServerShape::Threads;
         for (c, stream) in streams.iter_mut().enumerate() {
             // The first connection carries the CPU probes.
             let plan = Plan { cpu_probe: c == 0, ..plan.clone() };
             stream.send_msg(&serde_json::to_vec(&plan)?).await?;
-            let reply =
-                stream.recv_msg().await?.context("the server closed instead of answering the plan")?;
+            let reply = stream.recv_msg().await?.context(NO_ANSWER)?;
             shape = check_info(&reply, args)?;
         }
         let mut results = Vec::new();
@@ -583,7 +653,7 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
             results.push(StreamResult {
                 test: args.test.name(),
                 provider: args.provider.clone(),
-                transport: transport.clone(),
+                transport: transport.to_string(),
                 size,
                 iters,
                 conns: plan.conns,
@@ -602,5 +672,5 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
             stream.close().await?;
         }
         Ok(results)
-    })
+    }
 }

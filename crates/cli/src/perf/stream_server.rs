@@ -5,23 +5,26 @@
 //!   `lightpath::tokio` streams (accepting, whose negotiation blocks, runs on tokio's blocking
 //!   pool; everything else on the one thread).
 //!
+//! Over `--provider tcp` the same shapes serve plain kernel TCP sockets (`std::net` threads or
+//! tokio's `TcpListener`): the baseline, with nothing of Lightpath in the data path.
+//!
 //! Both serve one client run: the first plan says how many connections the run has, and the
 //! server exits once that many have been served. A connection that is not a Lightpath perf
 //! client — a port scanner, a plain TCP client sending garbage or nothing, a client asking for
 //! another test — is logged and dropped, and the server goes on: each connection reads its
 //! plan on its own thread or task, within [`PLAN_PATIENCE`].
 
-use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use lightpath::{Listener, Options, Stream, Transport};
+use lightpath::{Listener, Options, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{cpu, warmup, zero_copy, Plan, ServerInfo, ServerShape, StreamArgs, StreamTest, MAGIC, PROBE};
+use super::conn::{is_kernel_tcp, AsyncConn, Conn, KernelTcp};
+use super::{cpu, warmup, Plan, ServerInfo, ServerShape, StreamArgs, StreamTest, MAGIC, PROBE};
 
 /// How long a new connection may take to send its plan.
 pub const PLAN_PATIENCE: Duration = Duration::from_secs(10);
@@ -103,9 +106,10 @@ fn info(shape: ServerShape, error: Option<String>) -> Result<Vec<u8>> {
     Ok(serde_json::to_vec(&ServerInfo { server: shape, error })?)
 }
 
+/// A Lightpath server drops plain TCP clients (a kernel-TCP perf client, a port scanner).
 fn not_lightpath(transport: Transport) -> Result<()> {
     if transport == Transport::PlainTcp {
-        bail!("a plain TCP client, not a Lightpath peer");
+        bail!("a plain TCP client, not a Lightpath peer (a perf client with --provider tcp needs a server with it too)");
     }
     Ok(())
 }
@@ -114,19 +118,52 @@ fn not_lightpath(transport: Transport) -> Result<()> {
 
 fn serve_threads(args: &StreamArgs, options: &Options) -> Result<ExitCode> {
     let addr = listen_addr(args);
-    let listener = Listener::bind_with(addr, options.clone())
-        .or_else(|_| Listener::bind_with(("0.0.0.0", args.port), options.clone()))
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    eprintln!(
-        "lightpath perf: waiting for a client on port {} ({}, a thread per connection)",
-        args.port,
-        args.test.name()
-    );
     let (events, arrivals) = mpsc::channel::<Event>();
     let test = args.test;
-    // The acceptor is blocked in accept when the run ends; the process exits with it.
+    if is_kernel_tcp(&args.provider) {
+        let listener = std::net::TcpListener::bind(addr)
+            .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", args.port)))
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        spawn_acceptor(test, events, move || {
+            let (tcp, peer) = listener.accept()?;
+            Ok((KernelTcp::new(tcp)?, peer))
+        })?;
+    } else {
+        let listener = Listener::bind_with(addr, options.clone())
+            .or_else(|_| Listener::bind_with(("0.0.0.0", args.port), options.clone()))
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        spawn_acceptor(test, events, move || loop {
+            let (stream, peer) = listener.accept()?;
+            match not_lightpath(stream.transport()) {
+                Ok(()) => return Ok((stream, peer)),
+                Err(err) => eprintln!("lightpath perf: dropped a connection from {peer}: {err:#}"),
+            }
+        })?;
+    }
+    eprintln!(
+        "lightpath perf: waiting for a client on port {} ({} over {}, a thread per connection)",
+        args.port,
+        args.test.name(),
+        args.provider
+    );
+    let mut run = Run::new();
+    loop {
+        let event = arrivals.recv().map_err(|_| anyhow!("the acceptor thread stopped"))?;
+        if run.take(event) {
+            return run.result();
+        }
+    }
+}
+
+/// Starts the thread that accepts connections and gives each a thread of its own. It is
+/// blocked in `accept` when the run ends; the process exits with it.
+fn spawn_acceptor<C: Conn + 'static>(
+    test: StreamTest,
+    events: mpsc::Sender<Event>,
+    mut accept: impl FnMut() -> std::io::Result<(C, SocketAddr)> + Send + 'static,
+) -> Result<()> {
     std::thread::Builder::new().name("perf-accept".into()).spawn(move || loop {
-        match listener.accept() {
+        match accept() {
             Ok((stream, peer)) => {
                 let events = events.clone();
                 let _ = std::thread::Builder::new()
@@ -139,17 +176,11 @@ fn serve_threads(args: &StreamArgs, options: &Options) -> Result<ExitCode> {
             }
         }
     })?;
-    let mut run = Run::new();
-    loop {
-        let event = arrivals.recv().map_err(|_| anyhow!("the acceptor thread stopped"))?;
-        if run.take(event) {
-            return run.result();
-        }
-    }
+    Ok(())
 }
 
 /// One connection of the threaded server, from its plan to its close.
-fn serve_one(mut stream: Stream, peer: SocketAddr, test: StreamTest, events: &mpsc::Sender<Event>) {
+fn serve_one<C: Conn>(mut stream: C, peer: SocketAddr, test: StreamTest, events: &mpsc::Sender<Event>) {
     let plan = match handshake(&mut stream, test) {
         Ok(plan) => plan,
         Err(err) => {
@@ -157,7 +188,7 @@ fn serve_one(mut stream: Stream, peer: SocketAddr, test: StreamTest, events: &mp
             return;
         }
     };
-    let transport = stream.transport().to_string();
+    let transport = stream.transport_name();
     if events.send(Event::Started { conns: plan.conns, peer, transport }).is_err() {
         return;
     }
@@ -165,8 +196,7 @@ fn serve_one(mut stream: Stream, peer: SocketAddr, test: StreamTest, events: &mp
 }
 
 /// Reads and checks a connection's plan (within [`PLAN_PATIENCE`]) and answers it.
-fn handshake(stream: &mut Stream, test: StreamTest) -> Result<Plan> {
-    not_lightpath(stream.transport())?;
+fn handshake(stream: &mut impl Conn, test: StreamTest) -> Result<Plan> {
     stream.set_read_timeout(Some(PLAN_PATIENCE))?;
     let hello = stream.recv_msg();
     stream.set_read_timeout(None)?;
@@ -203,7 +233,7 @@ fn check_plan(plan: &Plan, test: StreamTest, shape: ServerShape) -> std::result:
 }
 
 /// Answers one CPU probe.
-fn answer_probe(stream: &mut Stream) -> Result<()> {
+fn answer_probe(stream: &mut impl Conn) -> Result<()> {
     let probe = stream.recv_msg()?.context("the client closed instead of sending a CPU probe")?;
     ensure!(probe == PROBE, "expected a CPU probe from the client");
     stream.send_msg(&cpu::encode(cpu::process_cpu()))?;
@@ -211,9 +241,9 @@ fn answer_probe(stream: &mut Stream) -> Result<()> {
 }
 
 /// Serves one connection's plan.
-fn serve_conn(mut stream: Stream, plan: &Plan) -> Result<()> {
+fn serve_conn(mut stream: impl Conn, plan: &Plan) -> Result<()> {
     if plan.zero_copy {
-        return zero_copy::serve(stream, plan);
+        return stream.serve_zero_copy(plan);
     }
     for &(size, iters) in &plan.sizes {
         let mut buf = vec![0u8; size];
@@ -259,31 +289,57 @@ fn serve_loop(args: &StreamArgs, options: &Options) -> Result<ExitCode> {
     let test = args.test;
     let result = runtime.block_on(async {
         let addr = listen_addr(args);
-        let listener = match lightpath::tokio::Listener::bind_with(addr, options.clone()).await {
-            Ok(listener) => listener,
-            Err(_) => lightpath::tokio::Listener::bind_with(("0.0.0.0", args.port), options.clone())
-                .await
-                .with_context(|| format!("cannot listen on {addr}"))?,
-        };
-        eprintln!(
-            "lightpath perf: waiting for a client on port {} ({}, one event loop)",
-            args.port,
-            test.name()
-        );
         let (events, mut arrivals) = tokio::sync::mpsc::unbounded_channel::<Event>();
-        tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, peer)) => {
-                        tokio::spawn(serve_one_async(stream, peer, test, events.clone()));
-                    }
-                    Err(err) => {
-                        eprintln!("lightpath perf: accept failed: {err}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+        if is_kernel_tcp(&args.provider) {
+            let listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => listener,
+                Err(_) => tokio::net::TcpListener::bind(("0.0.0.0", args.port))
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?,
+            };
+            tokio::spawn(async move {
+                loop {
+                    match listener
+                        .accept()
+                        .await
+                        .and_then(|(tcp, peer)| tcp.set_nodelay(true).map(|()| (tcp, peer)))
+                    {
+                        Ok((stream, peer)) => {
+                            tokio::spawn(serve_one_async(stream, peer, test, events.clone()));
+                        }
+                        Err(err) => accept_failed(err).await,
                     }
                 }
-            }
-        });
+            });
+        } else {
+            let listener = match lightpath::tokio::Listener::bind_with(addr, options.clone()).await {
+                Ok(listener) => listener,
+                Err(_) => lightpath::tokio::Listener::bind_with(("0.0.0.0", args.port), options.clone())
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?,
+            };
+            tokio::spawn(async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((stream, peer)) => match not_lightpath(stream.transport()) {
+                            Ok(()) => {
+                                tokio::spawn(serve_one_async(stream, peer, test, events.clone()));
+                            }
+                            Err(err) => {
+                                eprintln!("lightpath perf: dropped a connection from {peer}: {err:#}")
+                            }
+                        },
+                        Err(err) => accept_failed(err).await,
+                    }
+                }
+            });
+        }
+        eprintln!(
+            "lightpath perf: waiting for a client on port {} ({} over {}, one event loop)",
+            args.port,
+            test.name(),
+            args.provider
+        );
         let mut run = Run::new();
         loop {
             let event = arrivals.recv().await.ok_or_else(|| anyhow!("the acceptor task stopped"))?;
@@ -297,10 +353,13 @@ fn serve_loop(args: &StreamArgs, options: &Options) -> Result<ExitCode> {
     result
 }
 
-type AsyncStream = lightpath::tokio::Stream;
+async fn accept_failed(err: std::io::Error) {
+    eprintln!("lightpath perf: accept failed: {err}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
 
-async fn serve_one_async(
-    mut stream: AsyncStream,
+async fn serve_one_async<S: AsyncConn>(
+    mut stream: S,
     peer: SocketAddr,
     test: StreamTest,
     events: tokio::sync::mpsc::UnboundedSender<Event>,
@@ -312,15 +371,14 @@ async fn serve_one_async(
             return;
         }
     };
-    let transport = stream.transport().to_string();
+    let transport = stream.transport_name();
     if events.send(Event::Started { conns: plan.conns, peer, transport }).is_err() {
         return;
     }
     let _ = events.send(Event::Finished(serve_conn_async(stream, &plan).await));
 }
 
-async fn handshake_async(stream: &mut AsyncStream, test: StreamTest) -> Result<Plan> {
-    not_lightpath(stream.transport())?;
+async fn handshake_async(stream: &mut impl AsyncConn, test: StreamTest) -> Result<Plan> {
     let hello = match tokio::time::timeout(PLAN_PATIENCE, stream.recv_msg()).await {
         Ok(Ok(Some(hello))) => hello,
         Ok(Ok(None)) => bail!("the client closed before its plan"),
@@ -340,7 +398,7 @@ async fn handshake_async(stream: &mut AsyncStream, test: StreamTest) -> Result<P
     Ok(plan)
 }
 
-async fn answer_probe_async(stream: &mut AsyncStream) -> Result<()> {
+async fn answer_probe_async(stream: &mut impl AsyncConn) -> Result<()> {
     let probe = stream.recv_msg().await?.context("the client closed instead of sending a CPU probe")?;
     ensure!(probe == PROBE, "expected a CPU probe from the client");
     stream.send_msg(&cpu::encode(cpu::process_cpu())).await?;
@@ -348,7 +406,7 @@ async fn answer_probe_async(stream: &mut AsyncStream) -> Result<()> {
 }
 
 /// [`serve_conn`] as a task of the event loop.
-async fn serve_conn_async(mut stream: AsyncStream, plan: &Plan) -> Result<()> {
+async fn serve_conn_async(mut stream: impl AsyncConn, plan: &Plan) -> Result<()> {
     for &(size, iters) in &plan.sizes {
         let mut buf = vec![0u8; size];
         match plan.test {
