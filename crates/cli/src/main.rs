@@ -24,7 +24,9 @@ mod demo;
 mod demo_streams;
 mod devices;
 mod interop_peer;
+mod launch;
 mod perf;
+mod perf_coll;
 mod pingpong;
 mod plot;
 mod run;
@@ -56,8 +58,12 @@ enum Command {
     #[command(after_help = "Stream-layer tests (lightpath::Stream, as applications use it) take the same \
 form with options of their own:\n  lightpath perf stream_lat|stream_bw|stream_rr [SERVER] --provider soft|shm|tcp \
 [-s SIZE] [-n ITERS] [--conns N] [--polling] [--server threads|loop] [--json]\nSee `lightpath perf stream_lat --help`. \
-Results carry both processes' CPU time; `lightpath plot` draws --json lines.")]
+Results carry both processes' CPU time; `lightpath plot` draws --json lines.\n\nCollectives, run as every rank of a job \
+(e.g. `lightpath launch -n 2 -- lightpath perf allreduce -a`):\n  lightpath perf allreduce|reduce|bcast|allgather|reduce_scatter|alltoall|barrier \
+[-s SIZE | -a] [-n ITERS] [--dtype T] [--json]")]
     Perf(perf::Args),
+    /// Run N copies of a command on this host as the ranks of one collectives job: `launch -n N -- CMD`.
+    Launch(launch::Args),
     /// Run the RC transport over a simulated lossy network, many seeds, and check invariants.
     Sim(sim::Args),
     /// Run an unmodified program with the preload library: its TCP connections to peers that also run under it move to Lightpath (shm on one host).
@@ -89,8 +95,13 @@ fn main() -> ExitCode {
     }
     // `perf stream_…` has options of its own (see `perf::stream`).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let result =
-        if perf::stream::wants(&args) { perf::stream::run_from(args) } else { dispatch(Cli::parse()) };
+    let result = if perf::stream::wants(&args) {
+        perf::stream::run_from(args)
+    } else if perf_coll::wants(&args) {
+        perf_coll::run_from(args)
+    } else {
+        dispatch(Cli::parse())
+    };
     match result {
         Ok(code) => code,
         Err(err) => {
@@ -106,6 +117,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args),
         Command::Devices(args) => devices::run(args),
         Command::Decode(args) => decode::run(args),
+        Command::Launch(args) => launch::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Perf(args) => perf::run(args),

@@ -1,0 +1,62 @@
+//! `lightpath launch` and `lightpath perf <collective>` end to end: two ranks over shm, the
+//! OSU-style table and JSON, and a failing rank's exit status passed on.
+
+use std::process::Command;
+
+fn lightpath() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lightpath"))
+}
+
+#[test]
+fn launch_runs_perf_allreduce_as_two_ranks() {
+    let bin = env!("CARGO_BIN_EXE_lightpath");
+    let out = lightpath()
+        .args(["launch", "-n", "2", "--", bin, "perf", "allreduce", "-s", "64K", "-n", "20"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("# lightpath perf allreduce: 2 ranks, f32, via rdma/shm"), "{text}");
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("65536"))
+        .expect("a row for 64 KiB")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row.len(), 6, "{text}");
+    let avg: f64 = row[1].parse().unwrap();
+    assert!(avg > 0.0, "{text}");
+    for test in ["bcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier"] {
+        let out = lightpath()
+            .args(["launch", "-n", "2", "--", bin, "perf", test, "-s", "4K", "-n", "10", "--json"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{test}: {:?}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text.lines().next().unwrap_or_default();
+        assert!(
+            line.contains(&format!("\"test\":\"{test}\"")) && line.contains("\"verified\":true"),
+            "{test}: {text}"
+        );
+    }
+}
+
+#[test]
+fn launch_passes_on_a_failing_ranks_status() {
+    let out =
+        lightpath().args(["launch", "-n", "2", "--grace", "1", "--", "sh", "-c", "exit 7"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rank"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = lightpath().args(["launch", "-n", "1", "--", "/nonexistent/program"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/program"));
+}

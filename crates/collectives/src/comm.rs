@@ -1,0 +1,727 @@
+//! The [`Communicator`]: a group of ranks and the collective calls among them.
+
+use crate::bootstrap::{self, JobEnv};
+use crate::dtype::{DType, Element, ReduceOp};
+use crate::error::Error;
+use crate::mesh::{parse_address, Listeners, Mesh};
+use crate::schedule::{self, AllreduceAlgo, BroadcastAlgo, Collective};
+use crate::store::{StoreClient, StoreServer};
+use std::net::{IpAddr, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How a communicator behaves. [`Config::from_env`] reads the environment variables.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// A call fails when a peer it waits for makes no progress this long
+    /// (`LIGHTPATH_COLL_TIMEOUT_MS`, default 2000).
+    pub timeout: Duration,
+    /// Joining the job (store, connections) fails after this long
+    /// (`LIGHTPATH_COLL_INIT_TIMEOUT_MS`, default 60000).
+    pub init_timeout: Duration,
+    /// Forces an allreduce algorithm (`LIGHTPATH_COLL_ALLREDUCE=ring|rd|rabenseifner`).
+    pub allreduce: Option<AllreduceAlgo>,
+    /// Forces a broadcast algorithm (`LIGHTPATH_COLL_BCAST=binomial|chain[:SEGMENT_BYTES]`).
+    pub broadcast: Option<BroadcastAlgo>,
+    /// Checks before every collective that all ranks call the same thing with the same
+    /// counts, type and root (`LIGHTPATH_COLL_DEBUG=1`); costs one small allgather per call.
+    pub check_fingerprints: bool,
+    /// Stream options (providers, ring size); `LIGHTPATH_PROVIDERS` applies as for streams.
+    pub stream: lightpath::Options,
+    /// The address this rank's listeners bind and advertise (`LIGHTPATH_COLL_ADDR`); by
+    /// default the local address of the route towards the store.
+    pub addr: Option<IpAddr>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(2),
+            init_timeout: Duration::from_secs(60),
+            allreduce: None,
+            broadcast: None,
+            check_fingerprints: false,
+            stream: lightpath::Options::default(),
+            addr: None,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, overridden by the `LIGHTPATH_COLL_*` variables; a malformed value is an error.
+    pub fn from_env() -> Result<Config, Error> {
+        let mut c = Config::default();
+        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+        let ms = |n: &str| -> Result<Option<Duration>, Error> {
+            var(n)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map(Duration::from_millis)
+                        .map_err(|_| Error::bootstrap(format!("{n}={v:?} is not milliseconds")))
+                })
+                .transpose()
+        };
+        if let Some(t) = ms("LIGHTPATH_COLL_TIMEOUT_MS")? {
+            c.timeout = t;
+        }
+        if let Some(t) = ms("LIGHTPATH_COLL_INIT_TIMEOUT_MS")? {
+            c.init_timeout = t;
+        }
+        if let Some(v) = var("LIGHTPATH_COLL_ALLREDUCE") {
+            c.allreduce = Some(AllreduceAlgo::parse(&v).ok_or_else(|| {
+                Error::bootstrap(format!("LIGHTPATH_COLL_ALLREDUCE={v:?}: use ring, rd or rabenseifner"))
+            })?);
+        }
+        if let Some(v) = var("LIGHTPATH_COLL_BCAST") {
+            c.broadcast = Some(parse_bcast(&v).ok_or_else(|| {
+                Error::bootstrap(format!("LIGHTPATH_COLL_BCAST={v:?}: use binomial or chain[:BYTES]"))
+            })?);
+        }
+        c.check_fingerprints = var("LIGHTPATH_COLL_DEBUG").is_some_and(|v| v != "0");
+        if let Some(v) = var("LIGHTPATH_COLL_ADDR") {
+            c.addr =
+                Some(v.parse().map_err(|_| {
+                    Error::bootstrap(format!("LIGHTPATH_COLL_ADDR={v:?} is not an IP address"))
+                })?);
+        }
+        Ok(c)
+    }
+}
+
+fn parse_bcast(v: &str) -> Option<BroadcastAlgo> {
+    match v.split_once(':') {
+        None if v == "binomial" => Some(BroadcastAlgo::Binomial),
+        None if v == "chain" => Some(BroadcastAlgo::Chain { segment: DEFAULT_CHAIN_SEGMENT }),
+        Some(("chain", n)) => {
+            n.parse().ok().filter(|n| *n > 0).map(|segment| BroadcastAlgo::Chain { segment })
+        }
+        _ => None,
+    }
+}
+
+const DEFAULT_CHAIN_SEGMENT: usize = 256 << 10;
+
+/// The allreduce algorithm for `bytes` among `size` ranks when none is forced.
+///
+/// From `lightpath perf allreduce` with each algorithm forced (`LIGHTPATH_COLL_ALLREDUCE`) on
+/// this project's 2-core machine, over shm, under heavy load from other jobs (so coarse): at
+/// 2 ranks recursive doubling (one exchange of the whole vector, the same bytes as ring or
+/// Rabenseifner, in one round instead of two) won up to 1 MiB (64 KiB: 60 us against 91-111;
+/// 1 MiB: 354 against 390-397 min) and Rabenseifner at 16 MiB (26 against 35 ms average).
+/// Above 2 ranks: recursive doubling below 16 KiB (latency-bound, `lg p` rounds),
+/// Rabenseifner for powers of two above, ring otherwise.
+pub fn choose_allreduce(bytes: usize, size: usize) -> AllreduceAlgo {
+    let small = if size == 2 { 4 << 20 } else { 16 << 10 };
+    if bytes < small || size <= 1 {
+        AllreduceAlgo::RecursiveDoubling
+    } else if size.is_power_of_two() {
+        AllreduceAlgo::Rabenseifner
+    } else {
+        AllreduceAlgo::Ring
+    }
+}
+
+/// The broadcast algorithm for `bytes` among `size` ranks when none is forced: binomial
+/// below 256 KiB or up to 3 ranks, else a pipelined chain of 256 KiB segments.
+pub fn choose_broadcast(bytes: usize, size: usize) -> BroadcastAlgo {
+    if bytes < (256 << 10) || size <= 3 {
+        BroadcastAlgo::Binomial
+    } else {
+        BroadcastAlgo::Chain { segment: DEFAULT_CHAIN_SEGMENT }
+    }
+}
+
+struct State {
+    mesh: Mesh,
+    next_ticket: u64,
+    serving: u64,
+}
+
+/// What communicators of one job (the world and its splits) share: the mesh, and the order
+/// in which their calls run (the order they were issued in, nonblocking ones included).
+struct Shared {
+    state: Mutex<State>,
+    turn: Condvar,
+    config: Config,
+    _store: Option<StoreServer>,
+    /// Clones of the control connections, for [`Communicator::abort`].
+    abort_lines: Mutex<Vec<std::net::TcpStream>>,
+    /// Set by [`Communicator::abort`]; the mesh's calls fail once they see it.
+    aborted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Shared {
+    fn issue(&self) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.next_ticket += 1;
+        st.next_ticket - 1
+    }
+
+    fn run<R>(&self, ticket: u64, f: impl FnOnce(&mut Mesh) -> R) -> R {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.serving != ticket {
+            st = self.turn.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        let r = f(&mut st.mesh);
+        st.serving += 1;
+        drop(st);
+        self.turn.notify_all();
+        r
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        st.mesh.close();
+    }
+}
+
+/// A group of ranks. The world communicator comes from [`Communicator::from_env`] (or
+/// [`Communicator::init`]); [`Communicator::split`] makes sub-groups that share its
+/// connections.
+///
+/// Every rank of the group must make the same calls in the same order (as in MPI); calls on
+/// one process run one at a time in the order they were issued. Buffers are slices of an
+/// [`Element`] type (or bytes with a [`DType`], [`Communicator::execute`]). Errors name the
+/// rank at fault, the operation and its sequence number; after one, every call fails.
+///
+/// Drop the communicator before the process exits: dropping flushes what this rank sent
+/// and tells the peers it left cleanly (a process that exits without it looks dead).
+pub struct Communicator {
+    shared: Arc<Shared>,
+    /// World rank of each member, in group order.
+    group: Arc<[usize]>,
+    rank: usize,
+    seq: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.group.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A nonblocking call's handle; [`Request::wait`] returns the buffer it was given.
+#[derive(Debug)]
+pub struct Request<T> {
+    thread: Option<JoinHandle<Result<T, Error>>>,
+}
+
+impl<T> Request<T> {
+    /// Waits for the call and returns its buffer (or the call's error).
+    pub fn wait(mut self) -> Result<T, Error> {
+        match self.thread.take().expect("a request is waited once").join() {
+            Ok(r) => r,
+            Err(_) => Err(Error::InvalidArgument { op: "wait", detail: "the call's thread panicked".into() }),
+        }
+    }
+
+    /// Whether the call has finished (then [`Request::wait`] returns at once).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+fn invalid(op: &'static str, detail: String) -> Error {
+    Error::InvalidArgument { op, detail }
+}
+
+impl Communicator {
+    /// Joins the job the environment describes (see [`crate::bootstrap`]), with
+    /// [`Config::from_env`].
+    pub fn from_env() -> Result<Communicator, Error> {
+        let env = bootstrap::detect().map_err(Error::bootstrap)?;
+        Communicator::init(&env, Config::from_env()?)
+    }
+
+    /// Joins the job `env` describes: serves or reaches the store, publishes this rank's
+    /// listeners, connects to every other rank.
+    pub fn init(env: &JobEnv, config: Config) -> Result<Communicator, Error> {
+        let store_addr = bootstrap::resolve(&env.store)
+            .map_err(|e| Error::bootstrap(format!("store address {}: {e}", env.store)))?;
+        let server = if env.serve_store {
+            let bind = std::net::SocketAddr::new(
+                if store_addr.is_ipv6() { IpAddr::from([0u16; 8]) } else { IpAddr::from([0u8; 4]) },
+                store_addr.port(),
+            );
+            Some(StoreServer::bind(bind).map_err(|e| {
+                Error::bootstrap(format!("rank {}: serving the store on {bind}: {e}", env.rank))
+            })?)
+        } else {
+            None
+        };
+        let mut store = StoreClient::connect(store_addr, config.init_timeout).map_err(Error::bootstrap)?;
+        let prefix = &env.key_prefix;
+        let joined = store.add(&format!("{prefix}join/{}", env.rank), 1).map_err(Error::bootstrap)?;
+        if joined != 1 {
+            return Err(Error::bootstrap(format!(
+                "rank {} joined twice (the store has seen it {joined} times)",
+                env.rank
+            )));
+        }
+        let ip = match config.addr {
+            Some(ip) => ip,
+            None => route_to(store_addr)
+                .map_err(|e| Error::bootstrap(format!("choosing an address towards {store_addr}: {e}")))?,
+        };
+        let listeners = Listeners::bind(ip, config.stream.clone())
+            .map_err(|e| Error::bootstrap(format!("binding {ip}: {e}")))?;
+        let address = listeners.address().map_err(Error::bootstrap)?;
+        store.set(&format!("{prefix}addr/{}", env.rank), address.as_bytes()).map_err(Error::bootstrap)?;
+        let init_timeout = config.init_timeout;
+        let mesh = Mesh::connect(
+            env.rank,
+            env.size,
+            listeners,
+            |j| {
+                let text = store
+                    .get(&format!("{prefix}addr/{j}"), init_timeout)
+                    .map_err(|e| Error::bootstrap(format!("address of rank {j}: {e}")))?;
+                parse_address(&String::from_utf8_lossy(&text))
+                    .ok_or_else(|| Error::bootstrap(format!("rank {j} published a malformed address")))
+            },
+            &config.stream,
+            config.timeout,
+            init_timeout,
+        )?;
+        let aborted = mesh.abort_flag();
+        let abort_lines = Mutex::new(mesh.control_clones());
+        let shared = Arc::new(Shared {
+            abort_lines,
+            aborted,
+            state: Mutex::new(State { mesh, next_ticket: 0, serving: 0 }),
+            turn: Condvar::new(),
+            config,
+            _store: server,
+        });
+        let comm = Communicator {
+            shared,
+            group: (0..env.size).collect(),
+            rank: env.rank,
+            seq: Arc::new(AtomicU64::new(0)),
+        };
+        // Nobody leaves init (and rank 0 never stops serving the store) before all are connected.
+        comm.barrier()?;
+        Ok(comm)
+    }
+
+    /// This process's rank in the group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.group.len()
+    }
+
+    /// World rank of each member of the group.
+    pub fn world_ranks(&self) -> &[usize] {
+        &self.group
+    }
+
+    /// How this rank reaches each world rank (`None` for itself), e.g. `rdma/shm`.
+    pub fn transports(&self) -> Vec<Option<String>> {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.mesh.transports()
+    }
+
+    /// Splits the group: ranks passing the same `color` form a new communicator, ordered by
+    /// `key` then by rank; `None` opts out (returns `Ok(None)`). Collective over this group.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, Error> {
+        let mut mine = [0u8; 16];
+        mine[0] = color.is_some() as u8;
+        mine[4..8].copy_from_slice(&color.unwrap_or(0).to_le_bytes());
+        mine[8..].copy_from_slice(&key.to_le_bytes());
+        let mut all = vec![0u8; 16 * self.size()];
+        self.allgather(&mine[..], &mut all)?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = all
+            .chunks_exact(16)
+            .enumerate()
+            .filter(|(_, c)| c[0] == 1 && u32::from_le_bytes(c[4..8].try_into().expect("4 bytes")) == color)
+            .map(|(r, c)| (i64::from_le_bytes(c[8..].try_into().expect("8 bytes")), r))
+            .collect();
+        members.sort();
+        let rank = members.iter().position(|&(_, r)| r == self.rank).expect("this rank is a member");
+        let group: Arc<[usize]> = members.iter().map(|&(_, r)| self.group[r]).collect();
+        Ok(Some(Communicator { shared: self.shared.clone(), group, rank, seq: Arc::new(AtomicU64::new(0)) }))
+    }
+
+    /// Aborts the job: every rank's current or next call fails with [`Error::Aborted`]
+    /// naming this rank; this communicator fails every later call.
+    pub fn abort(&self, reason: &str) {
+        // Not through the mesh's lock, which a blocked call holds: the control connections'
+        // clones, and a flag the blocked call notices in its idle loop.
+        let me = self.group[self.rank];
+        self.shared.aborted.store(true, Ordering::Relaxed);
+        let line = format!("abort {me} {}\n", reason.replace('\n', " "));
+        for ctl in self.shared.abort_lines.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            let _ = std::io::Write::write(ctl, line.as_bytes());
+        }
+    }
+
+    /// Checks `what` against the buffers and this group, builds this rank's schedule.
+    fn prepare(
+        &self,
+        what: &Collective,
+        dtype: DType,
+        input: usize,
+        output: usize,
+    ) -> Result<schedule::Schedule, Error> {
+        let op = what.name();
+        let (p, r, es) = (self.size(), self.rank, dtype.size());
+        let bytes = |n: usize| n.checked_mul(es).ok_or_else(|| invalid(op, format!("{n} elements overflow")));
+        let expect = |what: &str, got: usize, want: usize| {
+            if got == want {
+                Ok(())
+            } else {
+                Err(invalid(
+                    op,
+                    format!(
+                        "{what} has {got} bytes, the call needs {want} ({} elements of {dtype})",
+                        want / es
+                    ),
+                ))
+            }
+        };
+        match what {
+            Collective::Allreduce { count, in_place, .. } => {
+                expect("the output", output, bytes(*count)?)?;
+                if !in_place {
+                    expect("the input", input, bytes(*count)?)?;
+                }
+            }
+            Collective::Reduce { count, root, .. } | Collective::Broadcast { count, root, .. } => {
+                if *root >= p {
+                    return Err(invalid(op, format!("root {root} is not below the group size {p}")));
+                }
+                expect("the buffer", output, bytes(*count)?)?;
+            }
+            Collective::Allgather { counts, in_place } => {
+                if counts.len() != p {
+                    return Err(invalid(op, format!("{} counts for {p} ranks", counts.len())));
+                }
+                expect("the output", output, bytes(counts.iter().sum())?)?;
+                if !in_place {
+                    expect("the input", input, bytes(counts[r])?)?;
+                }
+            }
+            Collective::ReduceScatter { count, .. } => {
+                expect("the input", input, bytes(count * p)?)?;
+                expect("the output", output, bytes(*count)?)?;
+            }
+            Collective::Alltoall { send_counts, recv_counts } => {
+                if send_counts.len() != p || recv_counts.len() != p {
+                    return Err(invalid(
+                        op,
+                        format!(
+                            "counts for {} and {} ranks, the group has {p}",
+                            send_counts.len(),
+                            recv_counts.len()
+                        ),
+                    ));
+                }
+                expect("the input", input, bytes(send_counts.iter().sum())?)?;
+                expect("the output", output, bytes(recv_counts.iter().sum())?)?;
+            }
+            Collective::Barrier => {}
+            Collective::Send { count, peer } | Collective::Recv { count, peer } => {
+                if *peer >= p || *peer == r {
+                    return Err(invalid(op, format!("peer {peer} (this is rank {r} of {p})")));
+                }
+                let (name, len) = if matches!(what, Collective::Send { .. }) {
+                    ("the input", input)
+                } else {
+                    ("the output", output)
+                };
+                expect(name, len, bytes(*count)?)?;
+            }
+        }
+        Ok(schedule::build(what, dtype, r, p))
+    }
+
+    /// A 32-byte description of a call, compared across ranks in debug mode.
+    fn fingerprint(what: &Collective, dtype: DType, seq: u64) -> [u8; 32] {
+        let mut f = [0u8; 32];
+        let (code, count, root, op) = match what {
+            Collective::Allreduce { count, op, .. } => (1u8, *count as u64, 0u64, *op as u8),
+            Collective::Reduce { count, op, root } => (2, *count as u64, *root as u64, *op as u8),
+            Collective::Broadcast { count, root, .. } => (3, *count as u64, *root as u64, 0),
+            Collective::Allgather { counts, .. } => (4, counts.iter().sum::<usize>() as u64, 0, 0),
+            Collective::ReduceScatter { count, op } => (5, *count as u64, 0, *op as u8),
+            Collective::Alltoall { send_counts, .. } => (6, send_counts.len() as u64, 0, 0),
+            Collective::Barrier => (7, 0, 0, 0),
+            Collective::Send { .. } | Collective::Recv { .. } => (8, 0, 0, 0),
+        };
+        f[0] = code;
+        f[1] = DType::ALL.iter().position(|d| *d == dtype).unwrap_or(255) as u8;
+        f[2] = op;
+        f[8..16].copy_from_slice(&count.to_le_bytes());
+        f[16..24].copy_from_slice(&root.to_le_bytes());
+        f[24..32].copy_from_slice(&seq.to_le_bytes());
+        f
+    }
+
+    fn describe(f: &[u8]) -> String {
+        const NAMES: [&str; 9] = [
+            "?",
+            "allreduce",
+            "reduce",
+            "broadcast",
+            "allgather",
+            "reduce_scatter",
+            "alltoall",
+            "barrier",
+            "send/recv",
+        ];
+        let dtype = DType::ALL.get(f[1] as usize).map(|d| d.name()).unwrap_or("?");
+        let count = u64::from_le_bytes(f[8..16].try_into().expect("8 bytes"));
+        let root = u64::from_le_bytes(f[16..24].try_into().expect("8 bytes"));
+        let seq = u64::from_le_bytes(f[24..32].try_into().expect("8 bytes"));
+        format!(
+            "{} #{seq} of {count} x {dtype} (op {}, root {root})",
+            NAMES.get(f[0] as usize).unwrap_or(&"?"),
+            f[2]
+        )
+    }
+
+    /// Runs a call with byte buffers: `input` is read (out-of-place calls), `output` written.
+    /// Counts in `what` are elements of `dtype`. The typed methods below are wrappers.
+    pub fn execute(
+        &self,
+        what: &Collective,
+        dtype: DType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
+        let sched = self.prepare(what, dtype, input.len(), output.len())?;
+        let ticket = self.shared.issue();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let check = self.shared.config.check_fingerprints
+            && !matches!(what, Collective::Send { .. } | Collective::Recv { .. });
+        let group = self.group.clone();
+        let rank = self.rank;
+        self.shared.run(ticket, |mesh| {
+            if check {
+                let mine = Self::fingerprint(what, dtype, seq);
+                let p = group.len();
+                let mut all = vec![0u8; 32 * p];
+                let fp = schedule::build(
+                    &Collective::Allgather { counts: vec![32; p], in_place: false },
+                    DType::U8,
+                    rank,
+                    p,
+                );
+                mesh.execute(&fp, &group, &mine, &mut all, what.name(), seq)?;
+                if let Some((other, theirs)) = all.chunks_exact(32).enumerate().find(|(_, f)| *f != mine) {
+                    let e = Error::Mismatch {
+                        rank: group[other],
+                        op: what.name(),
+                        seq,
+                        detail: format!(
+                            "this rank called {}, rank {} called {}",
+                            Self::describe(&mine),
+                            group[other],
+                            Self::describe(theirs)
+                        ),
+                    };
+                    // Every rank sees the same fingerprints and reports the mismatch itself;
+                    // no abort is sent (it would reach the others as `Aborted` first).
+                    mesh.poisoned = Some(e.clone());
+                    return Err(e);
+                }
+            }
+            mesh.execute(&sched, &group, input, output, what.name(), seq)
+        })
+    }
+
+    fn spawn<T: Send + 'static>(
+        &self,
+        what: Collective,
+        dtype: DType,
+        mut buf: T,
+        bytes: impl Fn(&mut T) -> &mut [u8] + Send + 'static,
+    ) -> Request<T> {
+        let len = bytes(&mut buf).len();
+        let sched = match self.prepare(&what, dtype, 0, len) {
+            Ok(s) => s,
+            Err(e) => return Request { thread: Some(std::thread::spawn(move || Err(e))) },
+        };
+        let ticket = self.shared.issue();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        let group = self.group.clone();
+        let thread = std::thread::spawn(move || {
+            shared
+                .run(ticket, |mesh| mesh.execute(&sched, &group, &[], bytes(&mut buf), what.name(), seq))?;
+            Ok(buf)
+        });
+        Request { thread: Some(thread) }
+    }
+
+    /// The allreduce algorithm this communicator uses for `bytes` (forced or from the table).
+    pub fn allreduce_algorithm(&self, bytes: usize) -> AllreduceAlgo {
+        self.shared.config.allreduce.unwrap_or_else(|| choose_allreduce(bytes, self.size()))
+    }
+
+    /// The broadcast algorithm this communicator uses for `bytes` (forced or from the table).
+    pub fn broadcast_algorithm(&self, bytes: usize) -> BroadcastAlgo {
+        self.shared.config.broadcast.unwrap_or_else(|| choose_broadcast(bytes, self.size()))
+    }
+
+    /// `buf` = op over every rank's `buf`.
+    pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        let algo = self.allreduce_algorithm(std::mem::size_of_val(buf));
+        let what = Collective::Allreduce { count: buf.len(), op, algo, in_place: true };
+        self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(buf))
+    }
+
+    /// `output` = op over every rank's `input`.
+    pub fn allreduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        let algo = self.allreduce_algorithm(std::mem::size_of_val(input));
+        let what = Collective::Allreduce { count: output.len(), op, algo, in_place: false };
+        self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// Nonblocking in-place allreduce; the buffer comes back from [`Request::wait`].
+    pub fn iallreduce<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Request<Vec<T>> {
+        let algo = self.allreduce_algorithm(std::mem::size_of_val(&buf[..]));
+        let what = Collective::Allreduce { count: buf.len(), op, algo, in_place: true };
+        self.spawn(what, T::DTYPE, buf, |b| bytemuck::cast_slice_mut(&mut b[..]))
+    }
+
+    /// The root's `buf` = op over every rank's `buf`; other ranks' buffers are unchanged.
+    pub fn reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<(), Error> {
+        let what = Collective::Reduce { count: buf.len(), op, root };
+        self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Every rank's `buf` = the root's.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), Error> {
+        let algo = self.broadcast_algorithm(std::mem::size_of_val(buf));
+        let what = Collective::Broadcast { count: buf.len(), root, algo };
+        self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Nonblocking broadcast.
+    pub fn ibroadcast<T: Element>(&self, buf: Vec<T>, root: usize) -> Request<Vec<T>> {
+        let algo = self.broadcast_algorithm(std::mem::size_of_val(&buf[..]));
+        let what = Collective::Broadcast { count: buf.len(), root, algo };
+        self.spawn(what, T::DTYPE, buf, |b| bytemuck::cast_slice_mut(&mut b[..]))
+    }
+
+    /// `output` = every rank's `input`, in rank order (all inputs the same length).
+    pub fn allgather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let what = Collective::Allgather { counts: vec![input.len(); self.size()], in_place: false };
+        self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// Allgather where rank `r`'s block is already at `output[r * n..(r + 1) * n]`.
+    pub fn allgather_in_place<T: Element>(&self, output: &mut [T]) -> Result<(), Error> {
+        let p = self.size();
+        if !output.len().is_multiple_of(p) {
+            return Err(invalid(
+                "allgather",
+                format!("{} elements do not split into {p} equal blocks", output.len()),
+            ));
+        }
+        let what = Collective::Allgather { counts: vec![output.len() / p; p], in_place: true };
+        self.execute(&what, T::DTYPE, &[], bytemuck::cast_slice_mut(output))
+    }
+
+    /// Allgather with a count per rank (`counts[r]` elements from rank `r`).
+    pub fn allgatherv<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+    ) -> Result<(), Error> {
+        let what = Collective::Allgather { counts: counts.to_vec(), in_place: false };
+        self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// `output` (n elements) = op over every rank's block `rank` of `input` (`size` blocks of n).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        let what = Collective::ReduceScatter { count: output.len(), op };
+        self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// Block `j` of `input` goes to rank `j`; block `i` of `output` comes from rank `i`
+    /// (equal blocks).
+    pub fn alltoall<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        let p = self.size();
+        if !input.len().is_multiple_of(p) {
+            return Err(invalid(
+                "alltoall",
+                format!("{} elements do not split into {p} equal blocks", input.len()),
+            ));
+        }
+        let counts = vec![input.len() / p; p];
+        self.alltoallv(input, &counts, output, &counts)
+    }
+
+    /// Alltoall with counts per peer (blocks contiguous in rank order).
+    pub fn alltoallv<T: Element>(
+        &self,
+        input: &[T],
+        send_counts: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<(), Error> {
+        let what =
+            Collective::Alltoall { send_counts: send_counts.to_vec(), recv_counts: recv_counts.to_vec() };
+        self.execute(&what, T::DTYPE, bytemuck::cast_slice(input), bytemuck::cast_slice_mut(output))
+    }
+
+    /// Returns once every rank of the group has entered.
+    pub fn barrier(&self) -> Result<(), Error> {
+        self.execute(&Collective::Barrier, DType::U8, &[], &mut [])
+    }
+
+    /// Nonblocking barrier.
+    pub fn ibarrier(&self) -> Request<()> {
+        self.spawn(Collective::Barrier, DType::U8, (), |_| &mut [])
+    }
+
+    /// Sends `buf` to `peer`, which must call [`Communicator::recv`] with the same count.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<(), Error> {
+        self.execute(
+            &Collective::Send { count: buf.len(), peer },
+            T::DTYPE,
+            bytemuck::cast_slice(buf),
+            &mut [],
+        )
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<(), Error> {
+        self.execute(
+            &Collective::Recv { count: buf.len(), peer },
+            T::DTYPE,
+            &[],
+            bytemuck::cast_slice_mut(buf),
+        )
+    }
+}
+
+/// The local address of the route towards `to` (no packet is sent: a UDP "connect" only
+/// picks the route).
+fn route_to(to: std::net::SocketAddr) -> std::io::Result<IpAddr> {
+    let any = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let s = UdpSocket::bind(any)?;
+    s.connect(to)?;
+    Ok(s.local_addr()?.ip())
+}

@@ -1,0 +1,810 @@
+//! The transport: a full mesh of Lightpath streams between the ranks (shm on one host, soft
+//! or ibverbs between hosts, TCP when nothing else works; the negotiation picks per pair),
+//! plus one plain TCP control connection per pair, and the driver that runs a
+//! [`Schedule`](crate::schedule::Schedule) over them.
+//!
+//! Why a control connection: the data streams carry raw bytes whose boundaries only the
+//! schedules know, so nothing else can be sent on them. The control connection carries one
+//! line, `bye` on a clean close or `abort ...` when a rank gives up, and its end without
+//! `bye` means the process died: the kernel closes its sockets, so every other rank learns it
+//! within a wake-up, whether or not it was talking to that rank.
+//!
+//! The driver is single-threaded and nonblocking: it moves every step of a round as far as
+//! the streams allow, spins briefly when nothing moves, then yields, then sleeps in `poll` on
+//! the streams' readiness descriptors and the control sockets. A call fails, rather than
+//! hangs, when a peer dies (control connection closed without `bye`, data stream reset or
+//! closed early), when another rank aborts, or when a peer it waits for makes no progress for
+//! the configured timeout.
+
+use crate::dtype;
+use crate::error::Error;
+use crate::schedule::{Buf, Region, Schedule, Step};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+const HELLO_MAGIC: u32 = 0x4C50_434F; // "LPCO"
+const STAGE: usize = 256 << 10;
+const SPIN: Duration = Duration::from_micros(20);
+const YIELD: Duration = Duration::from_micros(300);
+
+struct Peer {
+    data: lightpath::Stream,
+    ctl: TcpStream,
+    /// The peer said `bye` (a clean close): its control connection ending is no failure.
+    left: bool,
+    /// A `bye` line arrived (the end of the connection that follows is no failure).
+    said_bye: bool,
+    /// The peer's answer to our last `ping`: `Some(Some(r))` waits for rank r, `Some(None)`
+    /// for nobody.
+    pong: Option<Option<usize>>,
+    ctl_buf: Vec<u8>,
+}
+
+/// The connections of one process to every other rank of the job.
+pub(crate) struct Mesh {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    peers: Vec<Option<Peer>>,
+    pub(crate) timeout: Duration,
+    /// The first failure; every later call returns it.
+    pub(crate) poisoned: Option<Error>,
+    stages: Vec<Vec<u8>>,
+    scratch: Vec<u8>,
+    /// Streams written to whose last flush did not complete (see `run_round`).
+    dirty: Vec<bool>,
+    /// The rank the current call waits for, while it waits (answered to `ping`s).
+    waiting_on: Option<usize>,
+    /// Set by `Communicator::abort` from any thread.
+    aborted: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A send step waits until its stream's flush completes (the default) rather than
+    /// driving it once and leaving it on the dirty list (`LIGHTPATH_COLL_SEND_DONE=pump`,
+    /// experimental: faster rounds when acknowledgements are slow, but a stream left dirty at
+    /// the end of a call is only driven again by this rank's next call).
+    wait_for_flush: bool,
+}
+
+fn hello(rank: usize, size: usize) -> [u8; 12] {
+    let mut h = [0u8; 12];
+    h[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&(rank as u32).to_le_bytes());
+    h[8..].copy_from_slice(&(size as u32).to_le_bytes());
+    h
+}
+
+fn parse_hello(h: &[u8; 12], size: usize) -> Result<usize, String> {
+    let magic = u32::from_le_bytes(h[..4].try_into().expect("4 bytes"));
+    let rank = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")) as usize;
+    let their_size = u32::from_le_bytes(h[8..].try_into().expect("4 bytes")) as usize;
+    if magic != HELLO_MAGIC {
+        return Err(format!("a connection that is not a Lightpath rank (hello {:02x?})", &h[..4]));
+    }
+    if their_size != size || rank >= size {
+        return Err(format!("a rank of another job (rank {rank} of {their_size}, this job has {size})"));
+    }
+    Ok(rank)
+}
+
+/// Listeners a rank opens before publishing its address.
+pub(crate) struct Listeners {
+    data: lightpath::Listener,
+    ctl: TcpListener,
+}
+
+impl Listeners {
+    pub(crate) fn bind(ip: IpAddr, options: lightpath::Options) -> io::Result<Listeners> {
+        Ok(Listeners {
+            data: lightpath::Listener::bind_with((ip, 0), options)?,
+            ctl: TcpListener::bind((ip, 0))?,
+        })
+    }
+
+    /// `ip data_port ctl_port`, what other ranks need to connect.
+    pub(crate) fn address(&self) -> io::Result<String> {
+        let d = self.data.local_addr()?;
+        let c = self.ctl.local_addr()?;
+        Ok(format!("{} {} {}", d.ip(), d.port(), c.port()))
+    }
+}
+
+/// Parses [`Listeners::address`].
+pub(crate) fn parse_address(text: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let mut it = text.split_whitespace();
+    let ip: IpAddr = it.next()?.parse().ok()?;
+    let d: u16 = it.next()?.parse().ok()?;
+    let c: u16 = it.next()?.parse().ok()?;
+    Some((SocketAddr::new(ip, d), SocketAddr::new(ip, c)))
+}
+
+impl Mesh {
+    /// Connects to every lower rank (whose addresses `addresses` gives) and accepts every
+    /// higher one; each connection starts with a hello naming the rank and the job size.
+    pub(crate) fn connect(
+        rank: usize,
+        size: usize,
+        listeners: Listeners,
+        mut lower_address: impl FnMut(usize) -> Result<(SocketAddr, SocketAddr), Error>,
+        options: &lightpath::Options,
+        timeout: Duration,
+        init_timeout: Duration,
+    ) -> Result<Mesh, Error> {
+        let mut peers: Vec<Option<Peer>> = (0..size).map(|_| None).collect();
+        let deadline = Instant::now() + init_timeout;
+        let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        for (j, slot) in peers.iter_mut().enumerate().take(rank) {
+            let (data_addr, ctl_addr) = lower_address(j)?;
+            let fail =
+                |what: &str, e: io::Error| Error::bootstrap(format!("rank {rank}: {what} rank {j}: {e}"));
+            let mut data = lightpath::Stream::connect_timeout(&data_addr, left(), options)
+                .map_err(|e| fail("connecting data to", e))?;
+            data.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
+            let mut ctl = TcpStream::connect_timeout(&ctl_addr, left())
+                .map_err(|e| fail("connecting control to", e))?;
+            ctl.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
+            *slot = Some(Peer { data, ctl, left: false, said_bye: false, pong: None, ctl_buf: Vec::new() });
+        }
+        // Accept the higher ranks, data and control, in any order.
+        let expected = size - 1 - rank;
+        let mut data_from: Vec<Option<lightpath::Stream>> = (0..size).map(|_| None).collect();
+        for _ in 0..expected {
+            let (mut data, from) = listeners
+                .data
+                .accept_timeout(left())
+                .map_err(|e| Error::bootstrap(format!("rank {rank}: waiting for higher ranks: {e}")))?;
+            data.set_read_timeout(Some(left())).map_err(Error::bootstrap)?;
+            let mut h = [0u8; 12];
+            if let Err(e) = data.read_exact(&mut h) {
+                return Err(Error::bootstrap(format!("rank {rank}: no hello from {from}: {e}")));
+            }
+            let peer =
+                parse_hello(&h, size).map_err(|e| Error::bootstrap(format!("rank {rank}: {from}: {e}")))?;
+            if peer <= rank || data_from[peer].is_some() {
+                return Err(Error::bootstrap(format!(
+                    "rank {peer} joined twice (second connection from {from})"
+                )));
+            }
+            data.set_read_timeout(None).map_err(Error::bootstrap)?;
+            data_from[peer] = Some(data);
+        }
+        listeners.ctl.set_nonblocking(true).map_err(Error::bootstrap)?;
+        for _ in 0..expected {
+            let (mut ctl, from) = loop {
+                match listeners.ctl.accept() {
+                    Ok(c) => break c,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(e) => {
+                        return Err(Error::bootstrap(format!(
+                            "rank {rank}: waiting for control connections: {e}"
+                        )))
+                    }
+                }
+            };
+            ctl.set_nonblocking(false).map_err(Error::bootstrap)?;
+            ctl.set_read_timeout(Some(left())).map_err(Error::bootstrap)?;
+            let mut h = [0u8; 12];
+            ctl.read_exact(&mut h)
+                .map_err(|e| Error::bootstrap(format!("rank {rank}: no hello from {from}: {e}")))?;
+            let peer =
+                parse_hello(&h, size).map_err(|e| Error::bootstrap(format!("rank {rank}: {from}: {e}")))?;
+            let data = match data_from.get_mut(peer).and_then(Option::take) {
+                Some(d) if peer > rank && peers[peer].is_none() => d,
+                _ => {
+                    return Err(Error::bootstrap(format!(
+                        "rank {peer} joined twice or out of order (control connection from {from})"
+                    )))
+                }
+            };
+            peers[peer] =
+                Some(Peer { data, ctl, left: false, said_bye: false, pong: None, ctl_buf: Vec::new() });
+        }
+        for p in peers.iter_mut().flatten() {
+            p.ctl.set_nonblocking(true).map_err(Error::bootstrap)?;
+            p.ctl.set_nodelay(true).map_err(Error::bootstrap)?;
+            p.data.set_nonblocking(true).map_err(Error::bootstrap)?;
+            p.data.set_nodelay(true).map_err(Error::bootstrap)?;
+        }
+        Ok(Mesh {
+            rank,
+            size,
+            peers,
+            timeout,
+            poisoned: None,
+            stages: Vec::new(),
+            scratch: Vec::new(),
+            dirty: vec![false; size],
+            waiting_on: None,
+            aborted: Default::default(),
+            wait_for_flush: std::env::var("LIGHTPATH_COLL_SEND_DONE").map_or(true, |v| v != "pump"),
+        })
+    }
+
+    /// The flag `Communicator::abort` sets.
+    pub(crate) fn abort_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.aborted.clone()
+    }
+
+    /// Clones of the control connections (for aborting without the mesh).
+    pub(crate) fn control_clones(&self) -> Vec<TcpStream> {
+        self.peers.iter().flatten().filter_map(|p| p.ctl.try_clone().ok()).collect()
+    }
+
+    /// How each peer is reached (`None` for this rank).
+    pub(crate) fn transports(&self) -> Vec<Option<String>> {
+        self.peers.iter().map(|p| p.as_ref().map(|p| p.data.transport().to_string())).collect()
+    }
+
+    /// Runs `sched`; `group[i]` is the world rank of the schedule's rank `i`.
+    pub(crate) fn execute(
+        &mut self,
+        sched: &Schedule,
+        group: &[usize],
+        input: &[u8],
+        output: &mut [u8],
+        op: &'static str,
+        seq: u64,
+    ) -> Result<(), Error> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        self.check_aborted(op, seq)?;
+        let mut result = self.run(sched, group, input, output, op, seq);
+        if let Err(Error::PeerFailed { .. }) = &result {
+            // A peer whose data stream broke may have aborted first (and then exited because
+            // of another rank's failure): its abort names the rank really at fault. Give the
+            // control connections a moment to deliver it.
+            for _ in 0..10 {
+                if let Err(e @ Error::Aborted { .. }) = self.check_control(op, seq) {
+                    result = Err(e);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        if let Err(e) = &result {
+            self.fail(e.clone());
+        }
+        result
+    }
+
+    /// Tells every peer this rank gives up, and remembers the error.
+    pub(crate) fn fail(&mut self, e: Error) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        let blamed = e.rank().unwrap_or(self.rank);
+        // An abort passed on keeps the first reporter's words instead of nesting them.
+        let detail = match &e {
+            Error::Aborted { detail, .. } => detail.clone(),
+            other => other.to_string(),
+        };
+        let line = format!("abort {blamed} {}\n", detail.replace('\n', " "));
+        for p in self.peers.iter_mut().flatten() {
+            let _ = p.ctl.write(line.as_bytes());
+        }
+        self.poisoned = Some(e);
+    }
+
+    fn run(
+        &mut self,
+        sched: &Schedule,
+        group: &[usize],
+        input: &[u8],
+        output: &mut [u8],
+        op: &'static str,
+        seq: u64,
+    ) -> Result<(), Error> {
+        if self.scratch.len() < sched.scratch {
+            self.scratch.resize(sched.scratch, 0);
+        }
+        let es = sched.dtype.size();
+        for round in &sched.rounds {
+            self.run_round(&round.steps, sched, group, input, output, op, seq, es)?;
+            let scratch = &mut self.scratch;
+            for step in &round.steps {
+                match *step {
+                    Step::Copy { from, into } => {
+                        if from.buf == into.buf {
+                            let buf: &mut [u8] = if into.buf == Buf::Output { output } else { scratch };
+                            buf.copy_within(from.offset..from.offset + from.len, into.offset);
+                        } else {
+                            let src = slice(input, output, scratch, from).to_vec();
+                            slice_mut(output, scratch, into).copy_from_slice(&src);
+                        }
+                    }
+                    Step::Reduce { from, into } => {
+                        // Only scratch into output occurs; copy otherwise.
+                        if from.buf == Buf::Scratch && into.buf == Buf::Output {
+                            dtype::reduce(
+                                sched.dtype,
+                                sched.op,
+                                &mut output[into.offset..into.offset + into.len],
+                                &scratch[from.offset..from.offset + from.len],
+                            );
+                        } else {
+                            let src = slice(input, output, scratch, from).to_vec();
+                            dtype::reduce(sched.dtype, sched.op, slice_mut(output, scratch, into), &src);
+                        }
+                    }
+                    Step::Divide { region, by } => {
+                        dtype::divide(sched.dtype, slice_mut(output, scratch, region), by)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.pump_dirty(op, seq)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_round(
+        &mut self,
+        steps: &[Step],
+        sched: &Schedule,
+        group: &[usize],
+        input: &[u8],
+        output: &mut [u8],
+        op: &'static str,
+        seq: u64,
+        es: usize,
+    ) -> Result<(), Error> {
+        struct Pending {
+            peer: usize,
+            region: Region,
+            kind: u8, // 0 send, 1 recv, 2 recv-reduce
+            done: usize,
+            stage: usize,
+            fill: usize,
+            /// Sends: the stream has pushed everything out (`flush` returned `Ok`).
+            flushed: bool,
+        }
+        let mut pending: Vec<Pending> = Vec::new();
+        let mut stage_count = 0;
+        for step in steps {
+            let (peer, region, kind) = match *step {
+                Step::Send { peer, from } => (peer, from, 0),
+                Step::Recv { peer, into } => (peer, into, 1),
+                Step::RecvReduce { peer, into } => (peer, into, 2),
+                _ => continue,
+            };
+            let stage = if kind == 2 {
+                stage_count += 1;
+                stage_count - 1
+            } else {
+                0
+            };
+            pending.push(Pending {
+                peer: group[peer],
+                region,
+                kind,
+                done: 0,
+                stage,
+                fill: 0,
+                flushed: kind != 0,
+            });
+        }
+        self.waiting_on = None;
+        self.pump_dirty(op, seq)?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        while self.stages.len() < stage_count {
+            self.stages.push(Vec::new());
+        }
+        for p in &pending {
+            if p.kind == 2 {
+                let want = p.region.len.min(STAGE);
+                let st = &mut self.stages[p.stage];
+                if st.len() < want {
+                    st.resize(want, 0);
+                }
+            }
+        }
+        let mut last_progress = Instant::now();
+        let mut remaining = pending.len();
+        loop {
+            let mut progressed = false;
+            for i in 0..pending.len() {
+                let (peer_rank, kind, region) = (pending[i].peer, pending[i].kind, pending[i].region);
+                if pending[i].done == region.len {
+                    if pending[i].flushed {
+                        continue;
+                    }
+                    // Every byte was accepted, but the stream posts what its send queue has
+                    // no room for only when it is driven again (reaping completions), and a
+                    // stream this rank only writes to is never read. One `flush` drives it
+                    // without waiting; if acknowledgements are still missing the stream stays
+                    // on the dirty list, driven at every round start, in every idle wait and
+                    // at the end of the call, until a flush completes.
+                    if self.wait_for_flush {
+                        let Some(peer) = self.peers[peer_rank].as_mut() else { continue };
+                        match peer.data.flush() {
+                            Ok(()) => {}
+                            Err(e)
+                                if e.kind() == io::ErrorKind::WouldBlock
+                                    || e.kind() == io::ErrorKind::Interrupted =>
+                            {
+                                continue
+                            }
+                            Err(e) => {
+                                return Err(Error::PeerFailed {
+                                    rank: peer_rank,
+                                    op,
+                                    seq,
+                                    detail: e.to_string(),
+                                })
+                            }
+                        }
+                    } else {
+                        self.dirty[peer_rank] = true;
+                        self.pump_dirty(op, seq)?;
+                    }
+                    pending[i].flushed = true;
+                    remaining -= 1;
+                    progressed = true;
+                    continue;
+                }
+                // Steps on one stream and direction go in order.
+                if pending[..i]
+                    .iter()
+                    .any(|q| q.peer == peer_rank && (q.kind == 0) == (kind == 0) && q.done < q.region.len)
+                {
+                    continue;
+                }
+                let Some(peer) = self.peers[peer_rank].as_mut() else {
+                    return Err(Error::InvalidArgument {
+                        op,
+                        detail: format!("step addresses rank {peer_rank}, this rank"),
+                    });
+                };
+                let p = &mut pending[i];
+                let fail =
+                    |e: io::Error| Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() };
+                loop {
+                    let result = match kind {
+                        0 => peer.data.write(&slice(input, output, &self.scratch, region)[p.done..]),
+                        1 => peer.data.read(&mut slice_mut(output, &mut self.scratch, region)[p.done..]),
+                        _ => {
+                            let want =
+                                (region.len - p.done - p.fill).min(self.stages[p.stage].len() - p.fill);
+                            peer.data.read(&mut self.stages[p.stage][p.fill..p.fill + want])
+                        }
+                    };
+                    match result {
+                        Ok(0) if kind != 0 => {
+                            return Err(Error::PeerFailed {
+                                rank: peer_rank,
+                                op,
+                                seq,
+                                detail: "connection closed before the call's data arrived".into(),
+                            })
+                        }
+                        Ok(0) => break,
+                        Ok(n) => {
+                            progressed = true;
+                            if kind == 2 {
+                                p.fill += n;
+                                let whole = p.fill / es * es;
+                                if whole > 0 {
+                                    let stage = &mut self.stages[p.stage];
+                                    let dst = &mut slice_mut(output, &mut self.scratch, region)
+                                        [p.done..p.done + whole];
+                                    dtype::reduce(sched.dtype, sched.op, dst, &stage[..whole]);
+                                    stage.copy_within(whole..p.fill, 0);
+                                    p.done += whole;
+                                    p.fill -= whole;
+                                }
+                            } else {
+                                p.done += n;
+                            }
+                            if p.done == region.len {
+                                if kind != 0 {
+                                    remaining -= 1;
+                                }
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(fail(e)),
+                    }
+                }
+            }
+            if remaining == 0 {
+                return Ok(());
+            }
+            if progressed {
+                last_progress = Instant::now();
+                continue;
+            }
+            let idle = last_progress.elapsed();
+            if idle < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle < YIELD {
+                std::thread::yield_now();
+                continue;
+            }
+            let waiting = pending
+                .iter()
+                .find(|p| p.done < p.region.len || !p.flushed)
+                .map(|p| p.peer)
+                .unwrap_or(self.rank);
+            self.waiting_on = Some(waiting);
+            self.pump_dirty(op, seq)?;
+            self.check_aborted(op, seq)?;
+            self.check_control(op, seq)?;
+            // Finding whom to blame takes up to ~200 ms; start it early enough to report
+            // within the timeout.
+            let blame_after = self.timeout.saturating_sub((self.timeout / 4).min(Duration::from_millis(300)));
+            if idle >= blame_after {
+                let rank = self.blame(waiting, op, seq)?;
+                return Err(Error::Timeout { rank, op, seq, after: self.timeout });
+            }
+            self.wait(
+                &pending
+                    .iter()
+                    .filter(|p| p.done < p.region.len || !p.flushed)
+                    .map(|p| (p.peer, p.kind == 0))
+                    .collect::<Vec<_>>(),
+                self.timeout - idle,
+            )?;
+        }
+    }
+
+    /// Fails (and remembers it) once this process called `Communicator::abort`.
+    fn check_aborted(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+        if !self.aborted.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let e = Error::Aborted {
+            rank: self.rank,
+            reporter: self.rank,
+            op,
+            seq,
+            detail: "this rank called abort".into(),
+        };
+        // The peers were told by `abort` itself.
+        self.poisoned = Some(e.clone());
+        Err(e)
+    }
+
+    /// Drives every dirty stream once (a nonblocking `flush`): posts what it holds, reaps
+    /// completions; clean once a flush completes.
+    fn pump_dirty(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+        for (rank, dirty) in self.dirty.iter_mut().enumerate() {
+            if !*dirty {
+                continue;
+            }
+            let Some(p) = self.peers[rank].as_mut() else {
+                *dirty = false;
+                continue;
+            };
+            match p.data.flush() {
+                Ok(()) => *dirty = false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+                }
+                Err(e) => return Err(Error::PeerFailed { rank, op, seq, detail: e.to_string() }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what the control connections say, line by line: `bye`, `abort BLAMED TEXT`,
+    /// `ping` (answered at once with `pong R`, R the rank this one waits for or `-`), `pong R`;
+    /// and their end (a death unless `bye` came first).
+    fn check_control(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+        let waiting_on = self.waiting_on;
+        for (rank, slot) in self.peers.iter_mut().enumerate() {
+            let Some(p) = slot else { continue };
+            if p.left {
+                continue;
+            }
+            let mut buf = [0u8; 512];
+            let mut ended = false;
+            loop {
+                match p.ctl.read(&mut buf) {
+                    Ok(0) => {
+                        ended = true;
+                        break;
+                    }
+                    Ok(n) => p.ctl_buf.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        return Err(Error::PeerFailed {
+                            rank,
+                            op,
+                            seq,
+                            detail: format!("control connection: {e}"),
+                        })
+                    }
+                }
+            }
+            while let Some(end) = p.ctl_buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = p.ctl_buf.drain(..=end).collect();
+                let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
+                if text == "bye" {
+                    p.said_bye = true;
+                } else if text == "ping" {
+                    let answer = match waiting_on {
+                        Some(r) => format!("pong {r}\n"),
+                        None => "pong -\n".to_string(),
+                    };
+                    let _ = p.ctl.write(answer.as_bytes());
+                } else if let Some(rest) = text.strip_prefix("pong ") {
+                    p.pong = Some(rest.parse().ok());
+                } else if let Some(rest) = text.strip_prefix("abort ") {
+                    let (blamed, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+                    return Err(Error::Aborted {
+                        rank: blamed.parse().unwrap_or(rank),
+                        reporter: rank,
+                        op,
+                        seq,
+                        detail: detail.to_string(),
+                    });
+                }
+            }
+            if ended {
+                if p.said_bye {
+                    p.left = true;
+                    continue;
+                }
+                return Err(Error::PeerFailed {
+                    rank,
+                    op,
+                    seq,
+                    detail: "its process exited (control connection closed without goodbye)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whom to blame for a stall first seen as "no progress from `peer`": asks `peer` (on
+    /// the control connection) whom it waits for, and follows the chain; the first rank that
+    /// does not answer within 200 ms, or answers that it waits for nobody or for a rank
+    /// already on the chain, is the one at fault. A rank inside a call answers from its idle
+    /// loop; a stopped one, or one busy elsewhere, does not.
+    fn blame(&mut self, peer: usize, op: &'static str, seq: u64) -> Result<usize, Error> {
+        let mut chain = vec![self.rank];
+        let mut suspect = peer;
+        while !chain.contains(&suspect) && chain.len() <= self.size {
+            let Some(p) = self.peers[suspect].as_mut() else { break };
+            p.pong = None;
+            if p.ctl.write(b"ping\n").is_err() {
+                break;
+            }
+            let deadline = Instant::now() + Duration::from_millis(200);
+            let answer = loop {
+                self.check_control(op, seq)?;
+                if let Some(answer) = self.peers[suspect].as_mut().and_then(|p| p.pong.take()) {
+                    break Some(answer);
+                }
+                if Instant::now() >= deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            match answer {
+                Some(Some(next)) if next < self.size && !chain.contains(&next) => {
+                    chain.push(suspect);
+                    suspect = next;
+                }
+                _ => break,
+            }
+        }
+        Ok(suspect)
+    }
+
+    /// Sleeps until a stream of `waiting` (peer, is_send) or any control connection has news,
+    /// or `limit` (at most 10 ms) passes.
+    fn wait(&mut self, waiting: &[(usize, bool)], limit: Duration) -> Result<(), Error> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        // The readiness protocol: poll_ready first; wait only if it reports nothing wanted.
+        for &(peer, is_send) in waiting {
+            if let Some(p) = self.peers[peer].as_mut() {
+                match p.data.poll_ready() {
+                    Ok(r) if (is_send && r.writable) || (!is_send && r.readable) => return Ok(()),
+                    Ok(_) => {}
+                    Err(_) => return Ok(()), // the next read or write reports it
+                }
+            }
+        }
+        let mut fds: Vec<PollFd<'_>> = Vec::new();
+        for (rank, slot) in self.peers.iter().enumerate() {
+            let Some(p) = slot else { continue };
+            if let Some(&(_, is_send)) = waiting.iter().find(|(r, _)| *r == rank) {
+                if let Ok(fd) = p.data.readiness_fd() {
+                    let mut flags = PollFlags::IN;
+                    if is_send && !p.data.transport().is_rdma() {
+                        flags |= PollFlags::OUT;
+                    }
+                    fds.push(PollFd::from_borrowed_fd(fd, flags));
+                }
+            }
+            if !p.left {
+                fds.push(PollFd::new(&p.ctl, PollFlags::IN));
+            }
+        }
+        let limit = limit.min(Duration::from_millis(10));
+        let ts = Timespec { tv_sec: 0, tv_nsec: limit.as_nanos() as _ };
+        let _ = poll(&mut fds, Some(&ts));
+        Ok(())
+    }
+
+    /// Clean close: flush the data streams (so that peers can read everything this rank
+    /// sent), say `bye` on every control connection, then wait (up to the timeout, at least
+    /// 2 s) until every peer has said `bye` or gone: tearing a stream down while its peer still
+    /// waits for the acknowledgement of its last write would fail that peer's last call.
+    pub(crate) fn close(&mut self) {
+        let linger = self.timeout.max(Duration::from_secs(2));
+        let deadline = Instant::now() + linger;
+        for p in self.peers.iter_mut().flatten() {
+            while Instant::now() < deadline {
+                match p.data.flush() {
+                    Ok(()) => break,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
+                        std::thread::sleep(Duration::from_micros(100))
+                    }
+                    Err(_) => break,
+                }
+            }
+            let _ = p.ctl.write(b"bye\n");
+        }
+        // After a failure, peers that are gone end the wait at once (their control connection
+        // closes); a stopped one costs at most half a second.
+        let linger = if self.poisoned.is_some() { linger.min(Duration::from_millis(500)) } else { linger };
+        let deadline = Instant::now() + linger;
+        let mut buf = [0u8; 256];
+        for p in self.peers.iter_mut().flatten() {
+            while !p.left && !p.said_bye && Instant::now() < deadline {
+                match p.ctl.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        p.ctl_buf.extend_from_slice(&buf[..n]);
+                        if p.ctl_buf.windows(3).any(|w| w == b"bye") {
+                            p.left = true;
+                        }
+                    }
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
+                        std::thread::sleep(Duration::from_micros(200))
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+fn slice<'a>(input: &'a [u8], output: &'a [u8], scratch: &'a [u8], r: Region) -> &'a [u8] {
+    let buf = match r.buf {
+        Buf::Input => input,
+        Buf::Output => output,
+        Buf::Scratch => scratch,
+    };
+    &buf[r.offset..r.offset + r.len]
+}
+
+fn slice_mut<'a>(output: &'a mut [u8], scratch: &'a mut [u8], r: Region) -> &'a mut [u8] {
+    let buf = match r.buf {
+        Buf::Input => unreachable!("schedules never write their input"),
+        Buf::Output => output,
+        Buf::Scratch => scratch,
+    };
+    &mut buf[r.offset..r.offset + r.len]
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
+    }
+}

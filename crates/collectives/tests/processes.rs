@@ -1,0 +1,688 @@
+//! Real processes: `lightpath launch` (the library's launcher) starts this test binary as N
+//! ranks, which join over the environment, run every collective on shm and check the
+//! results; a rank that dies makes the others fail within the timeout, naming it; a
+//! mismatched call is reported in debug mode; a foreign server on the store port and a rank
+//! joining twice are refused.
+//!
+//! The ranks are this same binary, started with `--exact worker` and `LPCOLL_ROLE` set; in a
+//! normal run the `worker` test returns at once.
+
+use lightpath_collectives::launch::{launch, LaunchOptions};
+use lightpath_collectives::{bf16, f16, Communicator, DType, Error, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn value(rank: usize, i: usize) -> i64 {
+    ((rank * 7 + i * 13) % 5) as i64 - 2
+}
+
+fn fill<T: Copy>(rank: usize, n: usize, conv: impl Fn(i64) -> T) -> Vec<T> {
+    (0..n).map(|i| conv(value(rank, i))).collect()
+}
+
+fn expect_sum(p: usize, n: usize) -> Vec<i64> {
+    (0..n).map(|i| (0..p).map(|r| value(r, i)).sum()).collect()
+}
+
+macro_rules! check {
+    ($cond:expr, $($msg:tt)*) => {
+        if !$cond {
+            eprintln!("rank check failed: {}", format!($($msg)*));
+            std::process::exit(1);
+        }
+    };
+}
+
+fn role_all(comm: &Communicator) {
+    let (r, p) = (comm.rank(), comm.size());
+    for n in [0usize, 1, 7, 1000, 70_000, 600_000] {
+        let want = expect_sum(p, n);
+        // f32 in place, every algorithm via the default table and sizes.
+        let mut v = fill(r, n, |x| x as f32);
+        comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        check!(v.iter().zip(&want).all(|(a, b)| *a == *b as f32), "allreduce f32 n={n}");
+        // i64 out of place, max.
+        let input = fill(r, n, |x| x);
+        let mut out = vec![0i64; n];
+        comm.allreduce(&input, &mut out, ReduceOp::Max).unwrap();
+        check!(
+            out.iter().enumerate().all(|(i, m)| *m == (0..p).map(|q| value(q, i)).max().unwrap()),
+            "allreduce max n={n}"
+        );
+        // f16 / bf16 avg and sum.
+        let mut h = fill(r, n, |x| f16::from_f32(x as f32));
+        comm.allreduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+        check!(h.iter().zip(&want).all(|(a, b)| a.to_f32() == *b as f32), "allreduce f16 n={n}");
+        let mut b = fill(r, n, |x| bf16::from_f32(x as f32 * p as f32));
+        comm.allreduce_in_place(&mut b, ReduceOp::Avg).unwrap();
+        check!(b.iter().zip(&want).all(|(a, w)| a.to_f32() == *w as f32), "allreduce bf16 avg n={n}");
+        // reduce to the last rank.
+        let mut red = fill(r, n, |x| x as i32);
+        comm.reduce(&mut red, ReduceOp::Sum, p - 1).unwrap();
+        if r == p - 1 {
+            check!(red.iter().zip(&want).all(|(a, b)| *a as i64 == *b), "reduce n={n}");
+        } else {
+            check!(red == fill(r, n, |x| x as i32), "reduce changed a non-root buffer");
+        }
+        // broadcast from rank 1 % p.
+        let root = 1 % p;
+        let mut bc = if r == root { fill(root, n, |x| x as f64) } else { vec![0.0; n] };
+        comm.broadcast(&mut bc, root).unwrap();
+        check!(bc == fill(root, n, |x| x as f64), "broadcast n={n}");
+        // allgather.
+        let mine = fill(r, n, |x| x as u8);
+        let mut all = vec![0u8; n * p];
+        comm.allgather(&mine, &mut all).unwrap();
+        check!((0..p).all(|q| all[q * n..(q + 1) * n] == fill(q, n, |x| x as u8)[..]), "allgather n={n}");
+        // reduce_scatter.
+        let input = fill(r, n * p, |x| x as i32);
+        let mut out = vec![0i32; n];
+        comm.reduce_scatter(&input, &mut out, ReduceOp::Sum).unwrap();
+        let full = expect_sum(p, n * p);
+        check!(out.iter().zip(&full[r * n..]).all(|(a, b)| *a as i64 == *b), "reduce_scatter n={n}");
+        // alltoall: block j of rank i holds i * 1000 + j.
+        let send: Vec<i32> = (0..p).flat_map(|j| std::iter::repeat_n((r * 1000 + j) as i32, n)).collect();
+        let mut recv = vec![0i32; n * p];
+        comm.alltoall(&send, &mut recv).unwrap();
+        check!(
+            (0..p).all(|i| recv[i * n..(i + 1) * n].iter().all(|x| *x == (i * 1000 + r) as i32)),
+            "alltoall n={n}"
+        );
+    }
+    // send/recv around a ring.
+    let next = (r + 1) % p;
+    let prev = (r + p - 1) % p;
+    if p > 1 {
+        let msg = vec![r as i64; 5000];
+        let mut got = vec![0i64; 5000];
+        if r % 2 == 0 {
+            comm.send(&msg, next).unwrap();
+            comm.recv(&mut got, prev).unwrap();
+        } else {
+            comm.recv(&mut got, prev).unwrap();
+            comm.send(&msg, next).unwrap();
+        }
+        check!(got.iter().all(|x| *x == prev as i64), "send/recv");
+    }
+    // Nonblocking: two allreduces and a barrier in flight, then wait in order.
+    let a = comm.iallreduce(vec![1i64; 1000], ReduceOp::Sum);
+    let b = comm.iallreduce(vec![r as f64; 10], ReduceOp::Max);
+    let c = comm.ibarrier();
+    check!(a.wait().unwrap().iter().all(|x| *x == p as i64), "iallreduce");
+    check!(b.wait().unwrap().iter().all(|x| *x == (p - 1) as f64), "iallreduce max");
+    c.wait().unwrap();
+    // Split into even and odd ranks, reversed order; allreduce the world ranks.
+    let sub = comm.split(Some((r % 2) as u32), -(r as i64)).unwrap().unwrap();
+    let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
+    check!(
+        sub.size() == members.len() && sub.world_ranks()[0] == *members.last().unwrap(),
+        "split membership {:?}",
+        sub.world_ranks()
+    );
+    let mut s = [r as i32];
+    sub.allreduce_in_place(&mut s, ReduceOp::Sum).unwrap();
+    check!(s[0] as usize == members.iter().sum::<usize>(), "split allreduce");
+    // Bad input: an error, nothing sent, the communicator still works.
+    let mut short = vec![0f32; 3];
+    let e = comm.allreduce(&[1f32; 4], &mut short, ReduceOp::Sum).unwrap_err();
+    check!(matches!(e, Error::InvalidArgument { .. }), "mismatched lengths: {e}");
+    check!(comm.broadcast(&mut short, p).is_err(), "root out of range");
+    comm.barrier().unwrap();
+    println!(
+        "rank {r} of {p}: all collectives correct over {:?}",
+        comm.transports().iter().flatten().collect::<Vec<_>>()
+    );
+}
+
+fn role_die(comm: &Communicator) {
+    let (r, p) = (comm.rank(), comm.size());
+    comm.barrier().unwrap();
+    let victim = p - 1;
+    if r == victim {
+        // Dies without closing, as a crash or kill -9 would, while the others are in their
+        // allreduce loop.
+        std::thread::sleep(Duration::from_millis(200));
+        std::process::abort();
+    }
+    let start = Instant::now();
+    let mut v = vec![1f32; 4096];
+    let err = loop {
+        match comm.allreduce_in_place(&mut v, ReduceOp::Sum) {
+            Ok(()) => check!(start.elapsed() < Duration::from_secs(5), "allreduce kept succeeding"),
+            Err(e) => break e,
+        }
+    };
+    let took = start.elapsed();
+    println!("rank {r}: {err} (after {took:?})");
+    check!(
+        err.rank() == Some(victim),
+        "error names rank {:?}, not the dead rank {victim}: {err}",
+        err.rank()
+    );
+    check!(err.op() == Some("allreduce") && err.seq().is_some(), "error lacks op/seq: {err}");
+    check!(took < Duration::from_millis(2500), "took {took:?}");
+    // Every later call fails at once too.
+    check!(comm.barrier().is_err(), "barrier after a failure succeeded");
+    std::process::exit(0);
+}
+
+fn role_stop(comm: &Communicator) {
+    // A rank that stays alive but stops calling: the others time out naming it.
+    let (r, p) = (comm.rank(), comm.size());
+    comm.barrier().unwrap();
+    let victim = p - 1;
+    if r == victim {
+        std::thread::sleep(Duration::from_secs(6));
+        std::process::exit(0);
+    }
+    let start = Instant::now();
+    let mut v = vec![1f32; 64];
+    let err = comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+    let took = start.elapsed();
+    println!("rank {r}: {err} (after {took:?})");
+    check!(err.op() == Some("allreduce") && err.seq().is_some(), "error lacks op/seq: {err}");
+    // Ranks waiting on the victim directly time out naming it; the others are woken by their
+    // abort, which blames it as well.
+    check!(
+        err.rank() == Some(victim),
+        "error names rank {:?}, not the stopped rank {victim}: {err}",
+        err.rank()
+    );
+    check!(took < Duration::from_millis(3000), "took {took:?}");
+    std::process::exit(0);
+}
+
+fn role_mismatch(comm: Communicator) {
+    let r = comm.rank();
+    let n = if r == 1 { 11 } else { 10 };
+    let mut v = vec![1f32; n];
+    let err = comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+    println!("rank {r}: {err}");
+    check!(matches!(err, Error::Mismatch { .. }), "expected a mismatch: {err}");
+    check!(err.to_string().contains("allreduce #") && err.to_string().contains("11"), "message: {err}");
+    // A clean close: the others may still be finishing the fingerprint exchange.
+    drop(comm);
+    std::process::exit(0);
+}
+
+fn role_abort(comm: &Communicator) {
+    // Rank 0 blocks in a receive nobody answers; another of its threads aborts 300 ms later.
+    // Rank 0's call and every other rank's call fail at once, naming rank 0.
+    let r = comm.rank();
+    comm.barrier().unwrap();
+    let start = Instant::now();
+    let err = if r == 0 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                comm.abort("test abort");
+            });
+            let mut buf = [0f32; 4];
+            comm.recv(&mut buf, 1).unwrap_err()
+        })
+    } else {
+        let mut v = [1f32; 4];
+        comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap_err()
+    };
+    let took = start.elapsed();
+    println!("rank {r}: {err} (after {took:?})");
+    check!(matches!(err, Error::Aborted { rank: 0, .. }), "expected an abort naming rank 0: {err}");
+    check!(took < Duration::from_millis(1500), "took {took:?}");
+    std::process::exit(0);
+}
+
+/// The rank side: runs only when started by one of the tests below.
+#[test]
+fn worker() {
+    let Ok(role) = std::env::var("LPCOLL_ROLE") else { return };
+    let comm = match Communicator::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("joining failed: {e}");
+            std::process::exit(2);
+        }
+    };
+    match role.as_str() {
+        "all" => role_all(&comm),
+        "die" => role_die(&comm),
+        "stop" => role_stop(&comm),
+        "mismatch" => return role_mismatch(comm),
+        "abort" => role_abort(&comm),
+        other => panic!("unknown role {other}"),
+    }
+    drop(comm);
+}
+
+/// One job at a time: on two cores, several 8-rank jobs at once starve each other.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run(ranks: usize, role: &str, extra: &[(&str, &str)]) -> lightpath_collectives::launch::LaunchOutcome {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let mut opts = LaunchOptions::new(ranks);
+    opts.grace = Duration::from_secs(20);
+    opts.env.push(("LPCOLL_ROLE".into(), role.into()));
+    for (k, v) in extra {
+        opts.env.push((k.to_string(), v.to_string()));
+    }
+    let args: Vec<String> =
+        ["--exact", "worker", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
+    launch(exe.to_str().unwrap(), &args, &opts).unwrap()
+}
+
+#[test]
+fn every_collective_on_1_to_4_ranks_over_shm() {
+    for ranks in [1, 2, 3, 4] {
+        let out = run(ranks, "all", &[("LIGHTPATH_COLL_TIMEOUT_MS", "20000")]);
+        assert_eq!(out.first_failure, None, "{ranks} ranks: {:?}", out.statuses);
+    }
+}
+
+#[test]
+fn every_collective_on_8_ranks_with_forced_algorithms() {
+    for (var, value) in [
+        ("LIGHTPATH_COLL_ALLREDUCE", "ring"),
+        ("LIGHTPATH_COLL_ALLREDUCE", "rabenseifner"),
+        ("LIGHTPATH_COLL_BCAST", "chain:4096"),
+    ] {
+        let out = run(
+            if value == "ring" { 5 } else { 8 },
+            "all",
+            &[(var, value), ("LIGHTPATH_COLL_TIMEOUT_MS", "20000")],
+        );
+        assert_eq!(out.first_failure, None, "{var}={value}: {:?}", out.statuses);
+    }
+}
+
+#[test]
+fn a_dead_rank_fails_every_other_ranks_call_within_the_timeout_naming_it() {
+    for ranks in [2, 4] {
+        let out = run(ranks, "die", &[]);
+        // The victim aborted (signal); every other rank checked its error and exited 0.
+        assert!(!out.statuses[ranks - 1].success());
+        for (r, s) in out.statuses[..ranks - 1].iter().enumerate() {
+            assert!(s.success(), "{ranks} ranks: rank {r} {s:?}");
+        }
+    }
+}
+
+#[test]
+fn a_stopped_rank_times_out_every_other_rank_naming_it() {
+    let out = run(4, "stop", &[]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn abort_wakes_this_ranks_blocked_call_and_every_peer() {
+    let out = run(3, "abort", &[]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn mismatched_counts_are_reported_in_debug_mode() {
+    let out = run(3, "mismatch", &[("LIGHTPATH_COLL_DEBUG", "1")]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn a_foreign_server_on_the_store_port_is_refused() {
+    // Something that accepts and answers garbage.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            use std::io::Write;
+            let mut c = c;
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let env = lightpath_collectives::bootstrap::JobEnv {
+        launcher: lightpath_collectives::bootstrap::Launcher::Lightpath,
+        rank: 1,
+        size: 2,
+        local_rank: 1,
+        local_size: 2,
+        store: addr.to_string(),
+        serve_store: false,
+        key_prefix: "t/".into(),
+    };
+    let start = Instant::now();
+    let err = Communicator::init(&env, Default::default()).unwrap_err();
+    assert!(matches!(err, Error::Bootstrap { .. }) && err.to_string().contains("TCPStore"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_rank_joining_twice_is_refused() {
+    let server = lightpath_collectives::store::StoreServer::bind("127.0.0.1:0").unwrap();
+    let env = lightpath_collectives::bootstrap::JobEnv {
+        launcher: lightpath_collectives::bootstrap::Launcher::Lightpath,
+        rank: 0,
+        size: 2,
+        local_rank: 0,
+        local_size: 2,
+        store: server.local_addr().to_string(),
+        serve_store: false,
+        key_prefix: "twice/".into(),
+    };
+    // Pretend rank 0 already joined.
+    let mut client =
+        lightpath_collectives::store::StoreClient::connect(server.local_addr(), Duration::from_secs(5))
+            .unwrap();
+    client.add("twice/join/0", 1).unwrap();
+    let err = Communicator::init(&env, Default::default()).unwrap_err();
+    assert!(err.to_string().contains("joined twice"), "{err}");
+    let _ = DType::F32;
+}
+
+/// Starts `n` ranks of this binary's worker with per-rank environment, as a launcher would,
+/// and returns whether every one succeeded (killing stragglers after two minutes).
+fn spawn_ranks(
+    n: usize,
+    role: &str,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<std::process::ExitStatus> {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<std::process::Child> = (0..n)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env("LPCOLL_ROLE", role)
+                .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+                .envs(env(r))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut statuses = vec![None; n];
+    while statuses.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if statuses[r].is_none() {
+                statuses[r] = c.try_wait().unwrap();
+                if statuses[r].is_none() && Instant::now() > deadline {
+                    let _ = c.kill();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    statuses.into_iter().map(Option::unwrap).collect()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn torchrun_environment_with_rank_0_serving_the_store() {
+    let port = free_port().to_string();
+    let statuses = spawn_ranks(3, "all", |r| {
+        [
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "3".into()),
+            ("LOCAL_RANK", r.to_string()),
+            ("LOCAL_WORLD_SIZE", "3".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
+    });
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn torchrun_environment_with_the_agents_store() {
+    // torchrun's agent serves a TCPStore on MASTER_PORT and tells workers so; this store
+    // speaks the same protocol and plays the agent's part.
+    let store = lightpath_collectives::store::StoreServer::bind("127.0.0.1:0").unwrap();
+    let port = store.local_addr().port().to_string();
+    let statuses = spawn_ranks(2, "all", |r| {
+        [
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_RANK", r.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+            ("TORCHELASTIC_RUN_ID", "test".into()),
+            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
+    });
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn slurm_environment() {
+    // The variables srun sets per task; rank 0 serves the store at 61440 + job id % 4096 on
+    // the first host of the step's node list.
+    let job = (free_port() as u64 % 4096).to_string();
+    let statuses = spawn_ranks(2, "all", |r| {
+        [
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_LOCALID", r.to_string()),
+            ("SLURM_JOB_ID", job.clone()),
+            ("SLURM_STEP_ID", "0".into()),
+            ("SLURM_STEP_NODELIST", "localhost".into()),
+            ("SLURM_STEP_TASKS_PER_NODE", "2".into()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
+    });
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn under_open_mpi_mpirun() {
+    let Ok(mpirun) = which("mpirun") else {
+        eprintln!("SKIPPED: mpirun not found (scripts/ci-deps/collectives.sh installs Debian's openmpi-bin)");
+        return;
+    };
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(mpirun)
+        .args([
+            "--oversubscribe",
+            "-n",
+            "3",
+            "-x",
+            "LPCOLL_ROLE=all",
+            "-x",
+            "LIGHTPATH_COLL_TIMEOUT_MS=20000",
+        ])
+        .arg(&exe)
+        .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mpirun: {:?}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.matches("all collectives correct").count(), 3, "{text}");
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file()))
+        .ok_or(())
+}
+
+/// Runs `ip ARGS`, panicking with its stderr on failure.
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip").args(args).output().unwrap();
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Two "hosts" as network namespaces joined by a veth pair, two ranks in each: shm inside a
+/// namespace, soft (RoCE v2 over UDP) between them, in one job (torchrun's environment, rank 0
+/// serving the store).
+#[test]
+fn hosts_as_network_namespaces_soft_between_shm_inside() {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false);
+    if !is_root || which("ip").is_err() {
+        eprintln!("SKIPPED: needs root and iproute2's ip to create network namespaces");
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = std::process::id() % 100_000;
+    let (a, b) = (format!("lpc{tag}a"), format!("lpc{tag}b"));
+    let (va, vb) = (format!("lpv{tag}a"), format!("lpv{tag}b"));
+    struct Cleanup(Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for ns in &self.0 {
+                let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
+    }
+    ip(&["netns", "add", &a]);
+    let _cleanup_a = Cleanup(vec![a.clone()]);
+    ip(&["netns", "add", &b]);
+    let _cleanup_b = Cleanup(vec![b.clone()]);
+    ip(&["link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b]);
+    for (ns, dev, addr) in [(&a, &va, "10.231.0.1/24"), (&b, &vb, "10.231.0.2/24")] {
+        ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+        ip(&["-n", ns, "link", "set", dev, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let port = "29517";
+    let mut children: Vec<std::process::Child> = (0..4)
+        .map(|r| {
+            let ns = if r < 2 { &a } else { &b };
+            std::process::Command::new("ip")
+                .args(["netns", "exec", ns])
+                .arg(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env("LPCOLL_ROLE", "all")
+                .env("LIGHTPATH_COLL_TIMEOUT_MS", "30000")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "4")
+                .env("LOCAL_RANK", (r % 2).to_string())
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "10.231.0.1")
+                .env("MASTER_PORT", port)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut outputs = Vec::new();
+    for c in &mut children {
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                let mut text = String::new();
+                use std::io::Read;
+                c.stdout.take().unwrap().read_to_string(&mut text).unwrap();
+                outputs.push((status, text));
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for (r, (status, text)) in outputs.iter().enumerate() {
+        assert!(status.success(), "rank {r}: {status:?}\n{text}");
+        assert!(
+            text.contains("rdma/shm") && text.contains("rdma/soft"),
+            "rank {r} should reach its namespace peer over shm and the others over soft: {text}"
+        );
+    }
+}
+
+#[test]
+fn under_slurm_srun() {
+    let ready = which("srun").is_ok()
+        && std::process::Command::new("sinfo")
+            .args(["-h", "-o", "%T"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("idle"));
+    if !ready {
+        eprintln!(
+            "SKIPPED: no Slurm node answers (scripts/ci-deps/slurm.sh sets up a single-node slurm-wlm)"
+        );
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("srun")
+        .args(["-n", "3", "--overcommit", "--time=5"])
+        .arg(&exe)
+        .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+        .env("LPCOLL_ROLE", "all")
+        .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "srun: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.matches("all collectives correct").count(), 3, "{text}");
+}
+
+/// Real torchrun (Debian's python3-torch, `python3 -m torch.distributed.run`, with
+/// `--redirects 1 --tee 1`, which torch 1.13 needs on Python 3.11): `--standalone` (rank 0
+/// serves the store on MASTER_PORT) and a static rendezvous (the agent serves its TCPStore
+/// there and the ranks join it as clients, in torch 1.13's query numbering).
+#[test]
+fn under_real_torchrun() {
+    let python = "/usr/bin/python3";
+    let has_torch = std::process::Command::new(python)
+        .args(["-c", "import torch.distributed.run"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        eprintln!("SKIPPED: no torch.distributed.run for /usr/bin/python3 (scripts/ci-deps/torch.sh installs Debian's python3-torch)");
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    for mode in [vec!["--standalone".to_string()], vec!["--master_port".to_string(), free_port().to_string()]]
+    {
+        let out = std::process::Command::new(python)
+            .args([
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--redirects",
+                "1",
+                "--tee",
+                "1",
+                "--no_python",
+            ])
+            .args(&mode)
+            .arg(&exe)
+            .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+            .env("LPCOLL_ROLE", "all")
+            .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "torchrun {mode:?}: {:?}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(text.matches("all collectives correct").count(), 2, "torchrun {mode:?}: {text}");
+    }
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Lightpath collectives against Open MPI's, side by side: for every size, `lightpath perf TEST`
+# under `lightpath launch` and the same loop with MPI (crates/collectives/bench/mpi_coll.c,
+# built with Debian's mpicc) under mpirun, one right after the other, then a table with the
+# ratio lightpath / Open MPI of the average call time (< 1: Lightpath is faster).
+#
+#   scripts/coll_compare.sh [TEST...]        default: allreduce bcast
+#   RANKS=2 MIN=8 MAX=64M MPI_ARGS="" ROUNDS=1 scripts/coll_compare.sh allreduce
+#   SIZES="8 65536 1048576" LP_ENV="LIGHTPATH_PROVIDERS=soft" \
+#     MPI_ARGS="--mca btl tcp,self --mca btl_tcp_if_include lo" scripts/coll_compare.sh allreduce
+#
+# Both run with default settings, as a user would (Open MPI picks vader on one host; pass
+# MPI_ARGS="--mca btl tcp,self --mca btl_tcp_if_include lo" for its TCP transport).
+# Needs openmpi-bin and libopenmpi-dev (scripts/ci-deps/collectives.sh installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TESTS=("${@:-allreduce bcast}")
+[ $# -eq 0 ] && TESTS=(allreduce bcast)
+RANKS=${RANKS:-2}
+MIN=${MIN:-8}
+MAX=${MAX:-64M}
+ROUNDS=${ROUNDS:-1}
+MPI_ARGS=${MPI_ARGS:-}
+LP_ENV=${LP_ENV:-}
+SIZES=${SIZES:-}
+to_bytes() { python3 -c "import sys; t=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(t[:-1])*m[t[-1]] if t[-1] in m else int(t))" "$1"; }
+MINB=$(to_bytes "$MIN"); MAXB=$(to_bytes "$MAX")
+command -v mpicc >/dev/null || { echo "coll_compare: mpicc missing (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; }
+cargo build --release -q -p lightpath-cli
+mkdir -p target/coll_compare
+mpicc -O2 -o target/coll_compare/mpi_coll crates/collectives/bench/mpi_coll.c
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+LP=target/release/lightpath
+OUT=target/coll_compare/results.jsonl
+: > "$OUT"
+echo "# $(date -u +%FT%TZ) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); ranks=$RANKS; lightpath env: ${LP_ENV:-default}; Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') args: ${MPI_ARGS:-default}"
+for round in $(seq "$ROUNDS"); do
+  for test in "${TESTS[@]}"; do
+    if [ -n "$SIZES" ]; then list=($SIZES); elif [ "$test" = barrier ]; then list=(0); else
+      list=(); s=$MINB; while [ "$s" -le "$MAXB" ]; do list+=("$s"); s=$((s * 2)); done; fi
+    for size in "${list[@]}"; do
+      # shellcheck disable=SC2086
+      env $LP_ENV "$LP" launch -n "$RANKS" -- "$LP" perf "$test" -s "$size" --json >> "$OUT" \
+        || echo "# lightpath $test $size B failed (exit $?)"
+      # shellcheck disable=SC2086
+      mpirun --oversubscribe -n "$RANKS" $MPI_ARGS target/coll_compare/mpi_coll "$test" "$size" 0 "$size" >> "$OUT" 2>/tmp/coll_compare_mpi.err \
+        || echo "# openmpi $test $size B failed (exit $?): $(grep -m1 -v '^-*$' /tmp/coll_compare_mpi.err)"
+    done
+  done
+done
+python3 - "$OUT" <<'PY'
+import json, sys, collections
+rows = collections.defaultdict(lambda: collections.defaultdict(list))
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    rows[(r["test"], r["size"])][r["impl"]].append(r)
+print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'min':>9}{'openmpi avg':>13}{'min':>9}{'ratio avg':>11}{'ratio min':>10}")
+for (test, size), impls in sorted(rows.items()):
+    lp, mp = impls.get("lightpath"), impls.get("openmpi")
+    if not lp or not mp:
+        continue
+    med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]
+    la, lm, oa, om = med(lp, "avg_us"), med(lp, "min_us"), med(mp, "avg_us"), med(mp, "min_us")
+    print(f"{test:<15}{size:>10}{la:>15.2f}{lm:>9.2f}{oa:>13.2f}{om:>9.2f}{la / oa:>11.2f}{lm / om:>10.2f}")
+PY
