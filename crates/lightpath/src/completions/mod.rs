@@ -172,7 +172,9 @@ impl<D: Device> ConnCompletions<D> {
             return Ok(0);
         }
         let Some(qpn) = self.qpn else { return Ok(0) };
-        self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
+        // Only with the queue pair's own doorbell: providers without one keep waking readers
+        // for every routed completion, as before.
+        self.inbox.set_arrivals_only(self.waiter && wake == WakeFor::Arrivals);
         if self.waits_alone() {
             if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake)? {
                 return Ok(n);
