@@ -149,6 +149,26 @@ fn soft_write_bw_all_sizes() {
     check_results(&results, "write_bw", "soft", &sizes);
 }
 
+/// Two soft sides use the largest path MTU both links carry (the Lightpath extension: 32 KiB
+/// on loopback) unless `-m` names an IB size, and any size between 256 and 32 KiB on request;
+/// every result says which it used, and the payload is verified either way.
+#[test]
+fn soft_sides_use_the_lightpath_mtu_unless_told_otherwise() {
+    for (extra, expected) in [(&[][..], 32768), (&["-m", "4096"][..], 4096), (&["-m", "9000"][..], 9000)] {
+        let mut args = vec!["-s", "200000", "-n", "20"];
+        args.extend_from_slice(extra);
+        let results = run_pair("write_bw", "soft", &args);
+        check_results(&results, "write_bw", "soft", &[200000]);
+        assert_eq!(results[0]["path_mtu"], expected, "{extra:?}");
+    }
+    let tcp = Command::new(BIN)
+        .args(["perf", "write_bw", "127.0.0.1", "--provider", "tcp", "-m", "9000"])
+        .output()
+        .unwrap();
+    assert!(!tcp.status.success());
+    assert!(String::from_utf8_lossy(&tcp.stderr).contains("not one of 256"), "{tcp:?}");
+}
+
 /// Connects a plain TCP client to `port`, retrying until the server listens.
 fn plain_client(ip: &str, port: u16) -> TcpStream {
     let deadline = Instant::now() + Duration::from_secs(5);

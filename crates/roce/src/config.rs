@@ -28,6 +28,12 @@ pub struct EngineConfig {
     pub max_cqs: u32,
     /// Largest completion queue.
     pub max_cqe: u32,
+    /// Towards a Lightpath soft peer, [`Engine::poll_transmit`](crate::Engine::poll_transmit)
+    /// may leave a request's payload in registered memory ([`Transmit::gathered`](crate::Transmit::gathered))
+    /// when it lies in one region whose memory says where its bytes stay
+    /// ([`RegionMemory::stable_addr`](crate::RegionMemory::stable_addr)): the driver sends it from
+    /// there, one copy fewer per byte. Off by default.
+    pub gather_payloads: bool,
 }
 
 impl EngineConfig {
@@ -51,6 +57,7 @@ impl Default for EngineConfig {
             max_mrs: 65536,
             max_cqs: 4096,
             max_cqe: 65536,
+            gather_payloads: false,
         }
     }
 }

@@ -21,8 +21,10 @@ use crate::qp::{Qp, QpTable};
 use crate::stats::{EngineStats, QpStats};
 use crate::time::Time;
 
-/// Largest datagram the engine emits: BTH + 28 bytes of extension headers + 4096 payload + 4 ICRC.
-pub const MAX_DATAGRAM: usize = 4096 + 12 + 28 + 4 + 4;
+/// Largest datagram the engine emits: BTH (12) + 28 bytes of extension headers + the largest
+/// payload ([`MAX_LIGHTPATH_PMTU`](lightpath_verbs::MAX_LIGHTPATH_PMTU) between Lightpath soft
+/// devices; 4096 towards anybody else) + 4 ICRC, and 4 spare.
+pub const MAX_DATAGRAM: usize = lightpath_verbs::MAX_LIGHTPATH_PMTU as usize + 12 + 28 + 4 + 4;
 
 /// A sans-I/O RoCE v2 RC transport engine. See the crate documentation for the contract.
 pub struct Engine {
@@ -92,7 +94,13 @@ impl Engine {
     fn ctx(&mut self) -> (&mut QpTable, Ctx<'_>) {
         (
             &mut self.qps,
-            Ctx { mrs: &mut self.mrs, cqs: &mut self.cqs, stats: &mut self.stats, events: &mut self.events },
+            Ctx {
+                gather: self.config.gather_payloads,
+                mrs: &mut self.mrs,
+                cqs: &mut self.cqs,
+                stats: &mut self.stats,
+                events: &mut self.events,
+            },
         )
     }
 
@@ -259,7 +267,12 @@ impl Engine {
             self.stats.drops_wrong_peer += 1;
             return;
         }
-        if self.config.verify_icrc {
+        // Between two Lightpath soft devices (the queue pair's address vector says
+        // `lightpath_peer`) the ICRC is neither computed nor checked: the datagrams travel in
+        // UDP with the kernel's checksum, which covers the same bytes end to end (computed,
+        // or offloaded to the NIC, on every UDP socket), so the ICRC's two CRC passes over
+        // every byte would buy nothing. Towards rxe and RNICs it is computed and checked.
+        if self.config.verify_icrc && !qp.params.lightpath_peer {
             // The datagram came to the port this engine receives on, whatever port the peer
             // sent it from (a soft peer sends from its own receive port, rxe from an entropy
             // port), so only the destination port is taken from the configuration.
@@ -297,6 +310,7 @@ impl Engine {
             let Some(qp) = qps.get_mut(qpn) else { continue };
             qp.in_ready_list = false;
             let produced = qp.produce(&mut ctx, now, buf);
+            let gathered = qp.gathered.take();
             let src_port = fixed_src_port.unwrap_or(qp.params.src_port);
             let dst_port = match qp.params.dst_port {
                 0 => default_dst_port,
@@ -304,20 +318,31 @@ impl Engine {
             };
             let (dst, local_ip, segmentable) =
                 (qp.params.peer_ip, qp.params.local_ip, qp.params.lightpath_peer);
-            if let Some(len) = produced {
+            // The datagram's bytes on the wire: a gathered payload (and its trailer) is not in
+            // `buf`, only the headers are.
+            let wire_len = produced.map_or(0, |len| len + gathered.map_or(0, |g| g.len + g.trailer));
+            if produced.is_some() {
                 qp.stats.tx_datagrams += 1;
-                qp.stats.tx_bytes += len as u64;
+                qp.stats.tx_bytes += wire_len as u64;
             }
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
             let endpoints = Endpoints { src: local_ip, dst, src_port, dst_port };
-            if seal(&endpoints, &mut buf[..len]).is_err() {
+            if gathered.is_some() {
+                // Headers only; the driver appends the payload and a zero trailer.
+            } else if segmentable {
+                // A Lightpath soft peer neither needs nor checks the ICRC (see
+                // `handle_datagram`): the field stays zero, and a CRC pass over every byte
+                // is saved on both sides.
+                let at = len - lightpath_wire::transport::ICRC_LEN;
+                buf[at..len].fill(0);
+            } else if seal(&endpoints, &mut buf[..len]).is_err() {
                 self.stats.tx_errors += 1;
                 continue;
             }
             self.stats.tx_datagrams += 1;
-            self.stats.tx_bytes += len as u64;
-            return Some(Transmit { dst, dst_port, src_port, len, segmentable });
+            self.stats.tx_bytes += wire_len as u64;
+            return Some(Transmit { dst, dst_port, src_port, len, segmentable, gathered });
         }
         None
     }

@@ -23,12 +23,33 @@ pub struct Transmit {
     pub dst_port: u16,
     /// UDP source port (flow entropy, as rxe chooses it, or the configured fixed port).
     pub src_port: u16,
-    /// Bytes written at the start of the buffer (BTH … ICRC).
+    /// Bytes written at the start of the buffer: the whole datagram (BTH … ICRC), or with
+    /// `gathered` only its headers.
     pub len: usize,
     /// The peer solves for the IPv4 identification when it checks the ICRC (the queue pair's
     /// address vector says so: `lightpath_peer`), so the driver may let the kernel segment
     /// this datagram out of a larger send.
     pub segmentable: bool,
+    /// The payload is not in the buffer: it is `gathered.len` bytes of registered memory at
+    /// `gathered.addr`, followed by `gathered.trailer` zero bytes (pad and ICRC, which a
+    /// Lightpath peer does not check). Only with
+    /// [`EngineConfig::gather_payloads`](crate::EngineConfig::gather_payloads).
+    pub gathered: Option<Gathered>,
+}
+
+/// Payload bytes a datagram takes straight from registered memory, so the driver can hand
+/// them to the kernel without copying them into its buffer first (`iovec`s: headers, payload,
+/// trailer). The address stays valid until the region is deregistered (`Engine::dereg_mr`), so
+/// a driver that holds the engine from `poll_transmit` to its system call may pass it to the
+/// kernel; the bytes themselves may change under a racing application, as with any RDMA send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gathered {
+    /// Address of the first payload byte.
+    pub addr: usize,
+    /// Payload bytes.
+    pub len: usize,
+    /// Zero bytes after the payload: pad to 4 bytes and the 4-byte ICRC field.
+    pub trailer: usize,
 }
 
 /// Notifications for the driver, so it can wake whoever waits.
@@ -47,6 +68,8 @@ pub enum EngineEvent {
 
 /// The engine-wide state a queue pair touches while it works.
 pub(crate) struct Ctx<'a> {
+    /// The driver takes payloads straight from registered memory (`gather_payloads`).
+    pub(crate) gather: bool,
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut EngineStats,

@@ -113,7 +113,7 @@ mod time;
 pub use config::EngineConfig;
 pub use cq::CqHandle;
 pub use engine::{Engine, MAX_DATAGRAM};
-pub use event::{EngineEvent, Transmit};
+pub use event::{EngineEvent, Gathered, Transmit};
 pub use memory::{MrKeys, RegionMemory, VecMemory};
 pub use stats::{EngineStats, QpStats};
 pub use time::Time;

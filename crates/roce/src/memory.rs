@@ -31,6 +31,13 @@ pub trait RegionMemory: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The address of the first byte, if the bytes never move while this memory is alive:
+    /// then a driver may let the kernel read ranges of it (checked by the engine) while the
+    /// engine holds the region ([`EngineConfig::gather_payloads`](crate::EngineConfig::gather_payloads)).
+    /// `None` (the default): every read goes through [`RegionMemory::read`].
+    fn stable_addr(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A simple owned region: a byte vector behind a mutex. Meant for tests and the simulator.

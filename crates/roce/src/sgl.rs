@@ -67,6 +67,22 @@ pub(crate) fn gather(
     })
 }
 
+/// Where bytes `[offset, offset + len)` of the list are, if they lie in one entry whose
+/// region's memory stays in place (`RegionMemory::stable_addr`): the address of the first.
+pub(crate) fn stable_span(mrs: &MrTable, sges: &[Sge], offset: u64, len: usize) -> Option<usize> {
+    let mut found = None;
+    for_each_piece(sges, offset, len, |sge, at, take, _| {
+        if take != len {
+            return Err(LocalProtectionError);
+        }
+        let (memory, region_offset) = mrs.local(sge.lkey, sge.addr + at, take as u64, false)?;
+        found = memory.stable_addr().and_then(|base| base.checked_add(region_offset));
+        Ok(())
+    })
+    .ok()?;
+    found
+}
+
 /// Copies `src` into bytes `[offset, offset + src.len())` of the list.
 pub(crate) fn scatter(
     mrs: &MrTable,

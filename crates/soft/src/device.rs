@@ -48,6 +48,13 @@ impl SoftDevice {
         &self.inner.config
     }
 
+    /// The largest path MTU this device uses towards another Lightpath soft device
+    /// ([`QpAttr::lightpath_pmtu`](lightpath_verbs::QpAttr::lightpath_pmtu)): what its link
+    /// carries after the RoCE v2 headers, at most 32 KiB (4096 when the link is unknown).
+    pub fn max_lightpath_pmtu(&self) -> u32 {
+        self.inner.max_lightpath_pmtu
+    }
+
     /// A snapshot of the engine's and the driver's counters, including every kind of drop.
     pub fn stats(&self) -> SoftStats {
         self.inner.stats()

@@ -89,6 +89,9 @@ impl QueuePair for SoftQp {
         if let Some(mtu) = attr.path_mtu {
             device.check_path_mtu(mtu)?;
         }
+        if let Some(bytes) = attr.lightpath_pmtu {
+            device.check_lightpath_pmtu(bytes)?;
+        }
         let mut core = device.lock();
         let now = device.now();
         let result = core.engine.modify_qp(now, self.qpn, attr);

@@ -6,6 +6,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 
+mod common;
+
 use lightpath_soft::{SoftConfig, SoftDevice};
 use lightpath_verbs::{
     AccessFlags, AddressVector, Device, Error, Mtu, ProtectionDomain, QpAttr, QpCaps, QueuePair,
@@ -109,4 +111,86 @@ fn the_link_mtu_limits_the_active_mtu_and_is_named_when_exceeded() {
     if let Some(active) = jumbo {
         assert_eq!(active, Mtu::Mtu4096, "a 9000-byte link carries 4096-byte payloads");
     }
+}
+
+/// Two loopback soft devices, each with a queue pair, connected as Lightpath peers at
+/// `lightpath_pmtu` (the other side at `peer_pmtu`).
+fn lightpath_pair(
+    lightpath_pmtu: u32,
+) -> (
+    lightpath_verbs::conformance::harness::Side<SoftDevice>,
+    lightpath_verbs::conformance::harness::Side<SoftDevice>,
+) {
+    use lightpath_verbs::conformance::harness::{PairOptions, Side};
+    let options = PairOptions::default();
+    let (a, b) = common::open_pair(lightpath_soft::ProgressMode::Thread);
+    let (a, b) = (Side::new(a, &options), Side::new(b, &options));
+    for (side, peer, send_psn, recv_psn) in
+        [(&a, &b, options.a_psn, options.b_psn), (&b, &a, options.b_psn, options.a_psn)]
+    {
+        side.qp.modify(&QpAttr::to_init(options.qp_access)).expect("INIT");
+        let peer_end = peer.qp.endpoint();
+        let av = AddressVector { lightpath_peer: true, ..AddressVector::new(peer_end.gid, 0) };
+        let rtr = QpAttr {
+            lightpath_pmtu: Some(lightpath_pmtu),
+            ..QpAttr::to_rtr(av, Mtu::Mtu1024, peer_end.qpn, recv_psn)
+        };
+        side.qp.modify(&rtr).expect("RTR at the Lightpath MTU");
+        side.qp.modify(&QpAttr::to_rts(send_psn)).expect("RTS");
+    }
+    (a, b)
+}
+
+#[test]
+fn lightpath_peers_on_loopback_move_a_megabyte_in_32_kib_datagrams() {
+    use lightpath_verbs::conformance::harness::{pattern, read_region, MR_ALL};
+    use lightpath_verbs::{MemoryRegion, SendOp, SendWr, WcOpcode, WcStatus, MAX_LIGHTPATH_PMTU};
+    let (a, b) = lightpath_pair(MAX_LIGHTPATH_PMTU);
+    assert_eq!(a.device.max_lightpath_pmtu(), MAX_LIGHTPATH_PMTU, "loopback carries 32 KiB payloads");
+    let len = 1 << 20;
+    let src = a.alloc(len, MR_ALL);
+    src.write(0, &pattern(len, 5)).expect("fill");
+    let dst = b.alloc(len, MR_ALL);
+    let before = a.device.stats().engine.tx_datagrams;
+    let sge = [src.sge(0, len as u32)];
+    let op = SendOp::Write { remote_addr: dst.addr(), rkey: dst.rkey() };
+    a.qp.post_send(&SendWr::new(7, op, &sge)).expect("post");
+    let wc = a.wait_one();
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::Success, WcOpcode::RdmaWrite));
+    assert_eq!(read_region(&dst, 0, len), pattern(len, 5));
+    let sent = a.device.stats().engine.tx_datagrams - before;
+    // 32 datagrams of 32 KiB, a few more only if some had to be sent again.
+    let retransmits = a.device.stats().engine.retransmits;
+    assert!(sent >= 32 && sent <= 32 + retransmits, "{sent} datagrams, {retransmits} retransmitted");
+}
+
+#[test]
+fn a_lightpath_mtu_the_link_cannot_carry_is_refused_naming_both() {
+    let outcome = in_namespace_with_link(1500, || {
+        let config = SoftConfig {
+            mtu: Mtu::Mtu4096,
+            ..SoftConfig::with_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 231, 0, 1)), 0))
+        };
+        let device = SoftDevice::open(config).expect("open on the veth address");
+        let pd = device.alloc_pd().expect("pd");
+        let cq = device.create_cq(16).expect("cq");
+        let qp = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
+        qp.modify(&QpAttr::to_init(AccessFlags::LOCAL_WRITE)).expect("INIT");
+        let av = AddressVector { lightpath_peer: true, ..AddressVector::new(device.gid(), 0) };
+        let rtr =
+            |bytes| QpAttr { lightpath_pmtu: Some(bytes), ..QpAttr::to_rtr(av, Mtu::Mtu1024, qp.qpn(), 0) };
+        let refused = qp.modify(&rtr(2048)).map_err(|err| {
+            (err.to_string(), matches!(err, Error::PathMtuTooLarge { requested: 2048, active: 1408, .. }))
+        });
+        let fits = qp.modify(&rtr(1408));
+        (device.max_lightpath_pmtu(), refused, fits.is_ok())
+    });
+    let Some((max, refused, fits)) = outcome else { return };
+    assert_eq!(max, 1408, "1500 - 72 bytes of headers, down to 64");
+    let (text, right_kind) = refused.expect_err("2048 does not fit a 1500-byte link");
+    assert!(right_kind, "{text}");
+    for needle in ["2048", "1408", "lpmtu0", "1500"] {
+        assert!(text.contains(needle), "{needle:?} missing from {text:?}");
+    }
+    assert!(fits, "RTR at 1408 after the refusal");
 }

@@ -97,8 +97,8 @@ fn hostile_datagrams_are_counted_and_dropped() {
     let mut truncated = sealed_send(&from_b, a_qpn, options.b_psn, b"hello");
     truncated.truncate(9);
     spoofer.send_to(&truncated, a_addr).expect("send");
-    // Longer than any RoCE packet can be.
-    spoofer.send_to(&vec![0x04; 9000], a_addr).expect("send");
+    // Longer than any RoCE packet can be (even at the Lightpath MTU extension's 32 KiB).
+    spoofer.send_to(&vec![0x04; lightpath_roce::MAX_DATAGRAM + 1000], a_addr).expect("send");
     // Well formed, correctly sealed, for a queue pair that does not exist.
     let unknown = sealed_send(&from_b, a_qpn ^ 0x5A5A, options.b_psn, b"hello");
     spoofer.send_to(&unknown, a_addr).expect("send");

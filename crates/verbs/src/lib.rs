@@ -26,7 +26,7 @@ pub use access::AccessFlags;
 pub use device::{DeviceAttr, PortAttr, PortState, QpEndpoint, RemoteRegion};
 pub use error::{Error, Result};
 pub use gid::Gid;
-pub use mtu::Mtu;
+pub use mtu::{lightpath_pmtu_for_link, Mtu, MAX_LIGHTPATH_PMTU};
 pub use provider::{
     BatchError, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain, Provider, QpOf,
     QueuePair,

@@ -72,6 +72,20 @@ impl Mtu {
     }
 }
 
+/// The largest path MTU two Lightpath soft devices use between them
+/// ([`QpAttr::lightpath_pmtu`](crate::QpAttr::lightpath_pmtu)): 32 KiB, the largest power of two
+/// whose packets fit one UDP datagram on loopback (64 KiB links). Larger packets would save
+/// little more and make each loss cost more.
+pub const MAX_LIGHTPATH_PMTU: u32 = 32 << 10;
+
+/// The path MTU two Lightpath soft devices can use on a link of `link_mtu` bytes: what is left
+/// after the RoCE v2 headers ([`Mtu::roce_overhead`]), rounded down to 64 bytes, at most
+/// [`MAX_LIGHTPATH_PMTU`]; `None` if even 256-byte payloads do not fit.
+pub fn lightpath_pmtu_for_link(link_mtu: u32, ipv6: bool) -> Option<u32> {
+    let room = link_mtu.checked_sub(Mtu::roce_overhead(ipv6))? / 64 * 64;
+    (room >= 256).then_some(room.min(MAX_LIGHTPATH_PMTU))
+}
+
 impl fmt::Display for Mtu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.bytes())
@@ -81,6 +95,17 @@ impl fmt::Display for Mtu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lightpath_pmtu_for_links() {
+        assert_eq!(lightpath_pmtu_for_link(1500, false), Some(1408), "1500 - 72 = 1428, down to 64 bytes");
+        assert_eq!(lightpath_pmtu_for_link(1500, true), Some(1408));
+        assert_eq!(lightpath_pmtu_for_link(9000, false), Some(8896));
+        assert_eq!(lightpath_pmtu_for_link(65536, false), Some(MAX_LIGHTPATH_PMTU), "loopback");
+        assert_eq!(lightpath_pmtu_for_link(256 + 72, false), Some(256));
+        assert_eq!(lightpath_pmtu_for_link(256 + 71, false), None);
+        assert_eq!(lightpath_pmtu_for_link(10, false), None);
+    }
 
     #[test]
     fn largest_for_link() {

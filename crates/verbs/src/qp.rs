@@ -95,16 +95,15 @@ pub struct AddressVector {
     /// choose the port); the shared-memory provider ignores it (GIDs are its addresses).
     pub udp_dport: u16,
     /// The peer is a Lightpath soft device (the stream negotiation knows: only soft devices
-    /// advertise their UDP port). Such a peer verifies the ICRC of an IPv4 datagram whatever
-    /// its IP identification (it solves for the ID), so the sender's kernel may renumber the
-    /// IDs of the datagrams it cuts from one large send: the soft provider then hands runs of
-    /// same-size datagrams to UDP segmentation offload (one system call and one trip through
-    /// the stack for up to 64 KiB). And it keeps up with a wider send window: 1,024 PSNs in
-    /// flight instead of rxe's 128, so a sender on a 1500-byte link is not held up every
-    /// 128 KiB by an acknowledgement's round trip. Never set it towards Linux rxe or an RNIC:
-    /// they check the ICRC against the real header and would drop every segment but the
-    /// first. False by default; IPv6 (no ID) and loopback peers are segmented regardless;
-    /// other providers ignore it.
+    /// advertise their UDP port). Between two such devices the ICRC is neither computed nor
+    /// checked (UDP's checksum covers the same bytes), so the sender's kernel may also
+    /// renumber the IP IDs of the datagrams it cuts from one large send: the soft provider
+    /// hands runs of same-size datagrams to UDP segmentation offload (one system call and one
+    /// trip through the stack for up to 64 KiB). Such a peer keeps up with a wider send
+    /// window (1,024 PSNs or 4 MiB in flight instead of rxe's 128 PSNs), and may take a larger
+    /// path MTU ([`QpAttr::lightpath_pmtu`]). Never set it towards Linux rxe or an RNIC: they
+    /// check the ICRC and would drop every datagram. False by default; IPv6 (no ID) and
+    /// loopback peers are segmented regardless; other providers ignore it.
     pub lightpath_peer: bool,
 }
 
@@ -144,6 +143,17 @@ pub struct QpAttr {
     pub av: Option<AddressVector>,
     /// Path MTU (INIT→RTR).
     pub path_mtu: Option<Mtu>,
+    /// A Lightpath extension: a path MTU in bytes beyond InfiniBand's five sizes, between two
+    /// Lightpath soft devices (INIT→RTR, with an address vector whose `lightpath_peer` is
+    /// set). Any size from 256 to [`MAX_LIGHTPATH_PMTU`](crate::MAX_LIGHTPATH_PMTU) that the
+    /// link carries ([`lightpath_pmtu_for_link`](crate::lightpath_pmtu_for_link)): 32 KiB on
+    /// loopback, 1408 bytes on a 1500-byte Ethernet link (where IB's largest fitting size is
+    /// 1024), 8896 on a 9000-byte one. Fewer, larger packets cost fewer system calls, headers
+    /// and acknowledgements per byte. Both ends must set the same value (the stream
+    /// negotiation takes the smaller of the two sides' offers); it replaces `path_mtu`, which
+    /// stays required. Providers other than soft ignore it; the soft provider refuses a size
+    /// its link cannot carry ([`Error::PathMtuTooLarge`](crate::Error::PathMtuTooLarge)).
+    pub lightpath_pmtu: Option<u32>,
     /// Peer queue pair number (INIT→RTR).
     pub dest_qp_num: Option<u32>,
     /// Expected PSN of the first incoming request = the peer's `sq_psn` (INIT→RTR).

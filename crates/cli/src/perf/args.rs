@@ -127,7 +127,9 @@ pub struct Args {
     /// UDP port of the soft provider's RoCE endpoint (both sides must agree).
     #[arg(long, default_value_t = 4791)]
     pub udp_port: u16,
-    /// Path MTU for RDMA providers (256, 512, 1024, 2048 or 4096).
+    /// Path MTU for RDMA providers (256, 512, 1024, 2048 or 4096; between soft sides any size
+    /// up to 32768 the link carries, the Lightpath extension). Default: the provider's, and
+    /// between soft sides the largest both links carry.
     #[arg(short = 'm', long)]
     pub mtu: Option<u32>,
     /// Run every size from 2 bytes to 8 MiB (powers of two).
@@ -164,8 +166,14 @@ impl Args {
             bail!("at least one iteration is needed");
         }
         if let Some(mtu) = self.mtu {
-            if lightpath_verbs::Mtu::from_bytes(mtu).is_none() {
-                bail!("MTU {mtu} is not one of 256, 512, 1024, 2048, 4096");
+            let ib = lightpath_verbs::Mtu::from_bytes(mtu).is_some();
+            let extension = self.provider == ProviderKind::Soft
+                && (256..=lightpath_verbs::MAX_LIGHTPATH_PMTU).contains(&mtu);
+            if !(ib || extension) {
+                bail!(
+                    "MTU {mtu} is not one of 256, 512, 1024, 2048, 4096 (between soft sides any size from 256 \
+                     to 32768 the link carries)"
+                );
             }
         }
         if self.perftest && self.provider != ProviderKind::Soft {

@@ -68,6 +68,16 @@ pub struct RdmaEndpoint {
     /// Lightpath versions.
     #[serde(default)]
     pub lightpath_soft: bool,
+    /// The largest path MTU a soft side takes from another soft side through the Lightpath
+    /// extension (`QpAttr::lightpath_pmtu`: any size 256..32 KiB its link carries); both
+    /// use the smaller offer when it beats `mtu`. Absent from ibverbs sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lightpath_pmtu: Option<u32>,
+}
+
+/// Whether `bytes` is a path MTU the Lightpath extension accepts.
+fn lightpath_pmtu_in_range(bytes: u32) -> bool {
+    (256..=lightpath_verbs::MAX_LIGHTPATH_PMTU).contains(&bytes)
 }
 
 /// Whether a client's hello carries an RDMA endpoint this side can connect to (for
@@ -80,6 +90,9 @@ pub fn usable_endpoint(hello: &super::control::Hello) -> std::result::Result<(),
         .ok_or("the client sent no usable RDMA endpoint")?;
     Gid::from_hex(&endpoint.gid).ok_or_else(|| format!("the client sent a bad GID {:?}", endpoint.gid))?;
     Mtu::from_bytes(endpoint.mtu).ok_or_else(|| format!("the client sent a bad MTU {}", endpoint.mtu))?;
+    if let Some(bytes) = endpoint.lightpath_pmtu.filter(|&b| !lightpath_pmtu_in_range(b)) {
+        return Err(format!("the client sent a bad Lightpath MTU {bytes}"));
+    }
     Ok(())
 }
 
@@ -113,6 +126,8 @@ pub struct Side<D: Device> {
     max_inline: u32,
     psn: u32,
     mtu: Mtu,
+    /// This side's Lightpath-extension offer (soft sides), then what the connection uses.
+    lightpath_pmtu: Option<u32>,
     /// The peer's region (address, rkey), known once connected.
     peer_region: (u64, u32),
     /// Receives currently posted.
@@ -154,11 +169,24 @@ impl<D: Device> Side<D> {
             max_inline,
             psn,
             mtu,
+            lightpath_pmtu: None,
             peer_region: (0, 0),
             recvs_posted: 0,
             sends_outstanding: 0,
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 64],
         })
+    }
+
+    /// Offers a path MTU through the Lightpath extension (a soft side; see
+    /// [`RdmaEndpoint::lightpath_pmtu`]).
+    pub fn with_lightpath_pmtu(mut self, bytes: Option<u32>) -> Self {
+        self.lightpath_pmtu = bytes;
+        self
+    }
+
+    /// The path MTU in bytes the connected queue pair uses.
+    pub fn path_mtu(&self) -> u32 {
+        self.lightpath_pmtu.unwrap_or(self.mtu.bytes())
     }
 
     /// What the peer needs.
@@ -173,6 +201,7 @@ impl<D: Device> Side<D> {
             len: self.mr.len() as u64,
             rkey: self.mr.rkey(),
             lightpath_soft: false,
+            lightpath_pmtu: self.lightpath_pmtu,
         }
     }
 
@@ -183,11 +212,22 @@ impl<D: Device> Side<D> {
             .ok_or_else(|| anyhow!("peer sent a bad MTU {}", peer.mtu))?
             .min(self.mtu);
         self.mtu = mtu;
+        if let Some(bytes) = peer.lightpath_pmtu.filter(|&b| !lightpath_pmtu_in_range(b)) {
+            bail!("peer sent a bad Lightpath MTU {bytes}");
+        }
+        // Both soft sides offered the extension: the smaller offer, if it beats the IB MTU
+        // (both sides compute the same).
+        self.lightpath_pmtu = match (self.lightpath_pmtu, peer.lightpath_pmtu) {
+            (Some(mine), Some(theirs)) if peer.lightpath_soft => Some(mine.min(theirs)),
+            _ => None,
+        }
+        .filter(|&bytes| bytes > mtu.bytes());
         let av = AddressVector {
             lightpath_peer: peer.lightpath_soft,
             ..AddressVector::new(gid, self.qp.endpoint().gid_index)
         };
         let mut rtr = QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn);
+        rtr.lightpath_pmtu = self.lightpath_pmtu;
         // Short RNR back-off: a bandwidth test's receiver re-posts within microseconds.
         rtr.min_rnr_timer = Some(1);
         self.qp.modify(&rtr).context("moving the queue pair to RTR")?;
@@ -350,6 +390,7 @@ pub fn client_run<D: Device>(
                 )
             }
         };
+        result.path_mtu = Some(side.path_mtu());
         let client_cpu = cpu::process_cpu().saturating_sub(cpu_start);
         progress.finish();
         control::send(control_stream, &Step::Finish)?;

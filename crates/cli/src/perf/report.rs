@@ -24,6 +24,9 @@ pub struct SizeResult {
     /// Both processes' CPU time over this size (absent when the server did not report it).
     #[serde(flatten)]
     pub cpu: Option<CpuUse>,
+    /// The path MTU in bytes the RDMA connection used (absent over TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_mtu: Option<u32>,
 }
 
 impl SizeResult {
@@ -45,6 +48,7 @@ impl SizeResult {
             msg_rate_mpps: None,
             verified: true,
             cpu: None,
+            path_mtu: None,
         }
     }
 
@@ -66,6 +70,7 @@ impl SizeResult {
             msg_rate_mpps: Some(bw.msg_rate_mpps),
             verified: true,
             cpu: None,
+            path_mtu: None,
         }
     }
 }

@@ -36,7 +36,9 @@ pub struct EndpointOptions {
     pub bind: Option<IpAddr>,
     /// UDP port of the RoCE endpoint.
     pub udp_port: u16,
-    /// Path MTU in bytes (default: 4096 on loopback, else 1024).
+    /// Path MTU in bytes: an IB size (256…4096) uses exactly that; another size up to 32 KiB
+    /// asks for the Lightpath extension with a soft peer. Default: 4096 on loopback, else 1024,
+    /// and towards a soft peer the largest the links of both sides carry (the extension).
     pub mtu: Option<u32>,
 }
 
@@ -47,11 +49,30 @@ impl EndpointOptions {
 }
 
 fn default_mtu(options: &EndpointOptions, ip: IpAddr) -> Mtu {
-    match options.mtu.and_then(Mtu::from_bytes) {
-        Some(mtu) => mtu,
+    match options.mtu {
+        Some(bytes) => Mtu::from_bytes(bytes).or(Mtu::largest_fitting(bytes)).unwrap_or(Mtu::Mtu256),
         None if ip.is_loopback() => Mtu::Mtu4096,
         None => Mtu::Mtu1024,
     }
+}
+
+/// What this side offers a soft peer through the Lightpath extension: an explicit non-IB
+/// `-m` as given (a size the link cannot carry is refused when the queue pair connects), no
+/// extension for an explicit IB size, and by default the largest the device's link carries.
+fn lightpath_offer(options: &EndpointOptions, device: &SoftDevice) -> Option<u32> {
+    match options.mtu {
+        Some(bytes) if Mtu::from_bytes(bytes).is_some() => None,
+        Some(bytes) => Some(bytes),
+        None => Some(device.max_lightpath_pmtu()),
+    }
+}
+
+/// A soft side: the device and its verbs objects, with this side's Lightpath offer.
+fn soft_side(options: &EndpointOptions, ip: IpAddr, max_size: usize, depth: u32) -> Result<Side<SoftDevice>> {
+    let mtu = default_mtu(options, ip);
+    let device = open_device(ip, options.udp_port, mtu)?;
+    let offer = lightpath_offer(options, &device);
+    Ok(Side::new(device, max_size, depth, mtu)?.with_lightpath_pmtu(offer))
 }
 
 /// Opens a soft device on `ip`, driven by the caller (the tests busy-poll, as perftest does).
@@ -94,9 +115,7 @@ pub fn serve_hello(
     };
     let ip = options.bind.unwrap_or(stream.local_addr()?.ip().to_canonical());
     let max_size = hello.plan.iter().map(|(size, _)| *size).max().unwrap_or(8);
-    let mtu = default_mtu(options, ip);
-    let opened = open_device(ip, options.udp_port, mtu)
-        .and_then(|device| Side::new(device, max_size, hello.tx_depth, mtu))
+    let opened = soft_side(options, ip, max_size, hello.tx_depth)
         .and_then(|mut side| side.connect(&peer).map(|()| side));
     let mut side = match opened {
         Ok(side) => side,
@@ -143,9 +162,7 @@ pub fn client_stream(
         }
     };
     let max_size = plan.iter().map(|(size, _)| *size).max().unwrap_or(8);
-    let mtu = default_mtu(options, ip);
-    let device = open_device(ip, options.udp_port, mtu)?;
-    let mut side = Side::new(device, max_size, tx_depth, mtu)?;
+    let mut side = soft_side(options, ip, max_size, tx_depth)?;
     let hello = Hello {
         magic: control::MAGIC.into(),
         version: control::VERSION,

@@ -89,7 +89,8 @@ pub(crate) fn setup(tcp: &std::net::TcpStream, options: &Options) -> io::Result<
     let (device, hubs) = device_for(key, options)?;
     let port = device.local_addr().port();
     let mtu = device.config().mtu.min(Mtu::Mtu4096);
-    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, options)?))
+    let lightpath_pmtu = Some(device.max_lightpath_pmtu());
+    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, options)?))
 }
 
 fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice> {

@@ -14,6 +14,8 @@ pub(crate) struct RdmaSetup<D: Device> {
     gid: Gid,
     udp_port: u16,
     mtu: Mtu,
+    /// The largest Lightpath-extension path MTU this side's device carries (soft devices).
+    lightpath_pmtu: Option<u32>,
     options: Options,
 }
 
@@ -25,6 +27,7 @@ impl<D: Device> RdmaSetup<D> {
         hubs: &HubPool<D>,
         udp_port: u16,
         mtu: Mtu,
+        lightpath_pmtu: Option<u32>,
         options: &Options,
     ) -> io::Result<Self> {
         let ring = options.ring_size.max(4096);
@@ -55,7 +58,7 @@ impl<D: Device> RdmaSetup<D> {
         let gid = qp.endpoint().gid;
         let psn = random_psn(qp.qpn());
         let options = Options { ring_size: ring, ..options.clone() };
-        Ok(Self { qp, recv_mr, cq, pd, device, psn, gid, udp_port, mtu, options })
+        Ok(Self { qp, recv_mr, cq, pd, device, psn, gid, udp_port, mtu, lightpath_pmtu, options })
     }
 
     /// What the peer needs to reach this side.
@@ -70,7 +73,12 @@ impl<D: Device> RdmaSetup<D> {
             udp_port: self.udp_port,
             qpn: self.qp.qpn(),
             psn: self.psn,
-            mtu: self.mtu.bytes() as u16,
+            // A soft device offers its larger Lightpath MTU (at most 32 KiB: fits the field).
+            mtu: self
+                .lightpath_pmtu
+                .unwrap_or(self.mtu.bytes())
+                .max(self.mtu.bytes())
+                .min(u32::from(u16::MAX)) as u16,
             ring_addr: self.recv_mr.addr() + SLOT_AREA as u64,
             ring_len: self.options.ring_size,
             ring_rkey: self.recv_mr.rkey(),
@@ -83,7 +91,15 @@ impl<D: Device> RdmaSetup<D> {
     /// Connects the queue pair to `peer`, allocates the staging mirror and posts the initial
     /// receives. The result may receive at once; it sends only after the caller says so.
     pub(crate) fn connect(self, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<RdmaConn<D>> {
-        let mtu = Mtu::from_bytes(u32::from(peer.mtu)).unwrap_or(Mtu::Mtu1024).min(self.mtu);
+        let offered = u32::from(peer.mtu);
+        let mtu = Mtu::largest_fitting(offered).unwrap_or(Mtu::Mtu256).min(self.mtu);
+        // Between two soft devices (the peer advertises its UDP port, and this side has a
+        // Lightpath MTU), the smaller of the two offers: both sides compute the same value.
+        let lightpath_pmtu = self
+            .lightpath_pmtu
+            .filter(|_| peer.udp_port != 0)
+            .map(|mine| mine.min(offered))
+            .filter(|&bytes| bytes > mtu.bytes());
         let mut av = AddressVector::new(Gid(peer.gid), self.qp.endpoint().gid_index);
         // Soft devices of several processes share an address on different UDP ports; a peer
         // without one (hardware) listens on the RoCE v2 port.
@@ -92,7 +108,8 @@ impl<D: Device> RdmaSetup<D> {
         // the IPv4 identification: our soft device may then let the kernel segment large sends
         // to it (rxe and RNICs, behind an ibverbs peer, would drop renumbered segments).
         av.lightpath_peer = peer.udp_port != 0;
-        self.qp.modify(&QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn)).map_err(from_verbs)?;
+        let rtr = QpAttr { lightpath_pmtu, ..QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn) };
+        self.qp.modify(&rtr).map_err(from_verbs)?;
         let mut rts = QpAttr::to_rts(self.psn);
         // 268 ms ACK timeout, 7 retries: about 2 s before a silent path is declared dead, so a
         // progress thread starved for a second on a busy machine does not kill the connection

@@ -114,6 +114,9 @@ pub(crate) struct Qp {
     pub(crate) timer_queued: Option<Time>,
     /// Engine bookkeeping: a `QpError` event for this QP waits in the event queue.
     pub(crate) error_event_pending: bool,
+    /// The packet `produce` just wrote left its payload in registered memory
+    /// (`EngineConfig::gather_payloads`); `poll_transmit` takes it.
+    pub(crate) gathered: Option<crate::event::Gathered>,
     /// This queue pair's counters.
     pub(crate) stats: QpStats,
 }
@@ -141,6 +144,7 @@ impl Qp {
             in_ready_list: false,
             timer_queued: None,
             error_event_pending: false,
+            gathered: None,
             stats: QpStats::default(),
         }
     }

@@ -21,8 +21,12 @@ use crate::time::Time;
 /// (rxe's `RXE_MAX_UNACKED_PSNS`).
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
 /// The same limit towards a Lightpath soft peer (address vector `lightpath_peer`), which
-/// takes bursts this long without dropping (its socket buffer holds several MB).
+/// takes bursts this long without dropping (its socket buffer holds several MB)...
 pub(crate) const LIGHTPATH_MAX_UNACKED_PSNS: i32 = 1024;
+/// ...as long as they stay within this many payload bytes (4 MiB: 1,024 packets of 4 KiB); with
+/// a larger path MTU (`QpAttr::lightpath_pmtu`) the window holds fewer, larger packets, never
+/// fewer than [`MAX_UNACKED_PSNS`].
+pub(crate) const LIGHTPATH_WINDOW_BYTES: u32 = 4 << 20;
 /// AckReq is set on the last packet of every message and, in long messages, on every this
 /// many packets, so a peer that only ACKs AckReq packets (rxe) keeps our window moving.
 pub(crate) const ACK_REQ_INTERVAL: u32 = 64;
@@ -216,8 +220,11 @@ impl Qp {
 
     /// The largest send window towards this peer, in PSNs.
     pub(crate) fn max_send_window(&self) -> u32 {
-        let max = if self.params.lightpath_peer { LIGHTPATH_MAX_UNACKED_PSNS } else { MAX_UNACKED_PSNS };
-        max as u32
+        if !self.params.lightpath_peer {
+            return MAX_UNACKED_PSNS as u32;
+        }
+        (LIGHTPATH_WINDOW_BYTES / self.params.pmtu.max(1))
+            .clamp(MAX_UNACKED_PSNS as u32, LIGHTPATH_MAX_UNACKED_PSNS as u32)
     }
 
     /// The current send limit in PSNs past `una`.
@@ -354,26 +361,36 @@ impl Qp {
                     }
                 }
                 let header_len = h.emit(payload_len, buf).ok()?;
-                let payload = &mut buf[header_len..header_len + payload_len];
-                let copied = if wqe.inline {
-                    let start = offset as usize;
-                    match wqe.inline_data.get(start..start + payload_len) {
-                        Some(bytes) => {
-                            payload.copy_from_slice(bytes);
-                            Ok(())
-                        }
-                        None => Err(crate::memory::LocalProtectionError),
-                    }
+                // Towards a Lightpath peer the driver may send the payload from where it lies.
+                let in_place = (ctx.gather && self.params.lightpath_peer && !wqe.inline && payload_len > 0)
+                    .then(|| sgl::stable_span(ctx.mrs, &wqe.sges, offset, payload_len))
+                    .flatten();
+                if let Some(addr) = in_place {
+                    let trailer = h.datagram_len(payload_len) - header_len - payload_len;
+                    self.gathered = Some(crate::event::Gathered { addr, len: payload_len, trailer });
+                    (header_len, ack_req, 1)
                 } else {
-                    sgl::gather(ctx.mrs, &wqe.sges, offset, payload)
-                };
-                if copied.is_err() {
-                    // The region was deregistered (or shrank) after the WQE started.
-                    self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
-                    self.enter_error(ctx, true);
-                    return None;
+                    let payload = &mut buf[header_len..header_len + payload_len];
+                    let copied = if wqe.inline {
+                        let start = offset as usize;
+                        match wqe.inline_data.get(start..start + payload_len) {
+                            Some(bytes) => {
+                                payload.copy_from_slice(bytes);
+                                Ok(())
+                            }
+                            None => Err(crate::memory::LocalProtectionError),
+                        }
+                    } else {
+                        sgl::gather(ctx.mrs, &wqe.sges, offset, payload)
+                    };
+                    if copied.is_err() {
+                        // The region was deregistered (or shrank) after the WQE started.
+                        self.sq.get_mut(index).error = Some(WcStatus::LocProtErr);
+                        self.enter_error(ctx, true);
+                        return None;
+                    }
+                    (h.datagram_len(payload_len), ack_req, 1)
                 }
-                (h.datagram_len(payload_len), ack_req, 1)
             }
         };
 

@@ -2,7 +2,7 @@
 //! rules live in `lightpath_verbs::QpAttr::validate_transition`), applies the attributes,
 //! and sets up or tears down the requester and responder.
 
-use lightpath_verbs::{Error, Gid, QpAttr, QpState, Result};
+use lightpath_verbs::{Error, Gid, QpAttr, QpState, Result, MAX_LIGHTPATH_PMTU};
 
 use super::requester::Requester;
 use super::responder::Responder;
@@ -20,8 +20,17 @@ impl Qp {
         check_engine_limits(attr, local_gid)?;
         // The path MTU fixes how PSNs map to message offsets; changing it under traffic would
         // corrupt messages in flight, so it is only taken on the way to RTR.
-        if attr.path_mtu.is_some() && !matches!(to, QpState::Reset | QpState::Init | QpState::Rtr) {
+        if (attr.path_mtu.is_some() || attr.lightpath_pmtu.is_some())
+            && !matches!(to, QpState::Reset | QpState::Init | QpState::Rtr)
+        {
             return Err(Error::InvalidAttribute("path_mtu can only be set up to the INIT->RTR transition"));
+        }
+        if attr.lightpath_pmtu.is_some()
+            && !attr.av.map_or(self.params.lightpath_peer, |av| av.lightpath_peer)
+        {
+            return Err(Error::InvalidAttribute(
+                "lightpath_pmtu is for a Lightpath soft peer (an address vector with lightpath_peer)",
+            ));
         }
         if to == QpState::Reset {
             self.reset();
@@ -40,6 +49,9 @@ impl Qp {
         }
         if let Some(mtu) = attr.path_mtu {
             p.pmtu = mtu.bytes();
+        }
+        if let Some(bytes) = attr.lightpath_pmtu {
+            p.pmtu = bytes;
         }
         if let Some(qpn) = attr.dest_qp_num {
             p.dest_qpn = qpn;
@@ -115,6 +127,9 @@ fn check_engine_limits(attr: &QpAttr, local_gid: Gid) -> Result<()> {
         if av.dgid.is_ipv4_mapped() != local_gid.is_ipv4_mapped() {
             return Err(Error::InvalidAttribute("dgid and the local GID are of different IP versions"));
         }
+    }
+    if attr.lightpath_pmtu.is_some_and(|bytes| !(256..=MAX_LIGHTPATH_PMTU).contains(&bytes)) {
+        return Err(Error::InvalidAttribute("lightpath_pmtu outside 256..=32768 bytes"));
     }
     if attr.dest_qp_num == Some(0) {
         return Err(Error::InvalidAttribute("dest_qp_num 0 is not a valid QPN"));

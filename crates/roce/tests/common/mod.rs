@@ -234,6 +234,8 @@ pub struct Opts {
     pub max_dest_rd_atomic: u8,
     pub caps: QpCaps,
     pub cq_size: u32,
+    /// Both ends are Lightpath soft devices using this path MTU (`QpAttr::lightpath_pmtu`).
+    pub lightpath_pmtu: Option<u32>,
 }
 
 impl Default for Opts {
@@ -260,6 +262,7 @@ impl Default for Opts {
                 max_inline_data: 256,
             },
             cq_size: 4096,
+            lightpath_pmtu: None,
         }
     }
 }
@@ -293,7 +296,10 @@ pub fn bring_up(net: &mut Net, end: End, peer: End, rq_psn: u32, sq_psn: u32, op
     let now = net.now;
     let peer_gid = Gid::from_ip(net.addr(peer.engine));
     let e = &mut net.engines[end.engine];
-    let mut rtr = QpAttr::to_rtr(AddressVector::new(peer_gid, 0), opts.mtu, peer.qpn, rq_psn);
+    let av =
+        AddressVector { lightpath_peer: opts.lightpath_pmtu.is_some(), ..AddressVector::new(peer_gid, 0) };
+    let mut rtr = QpAttr::to_rtr(av, opts.mtu, peer.qpn, rq_psn);
+    rtr.lightpath_pmtu = opts.lightpath_pmtu;
     rtr.max_dest_rd_atomic = Some(opts.max_dest_rd_atomic);
     rtr.min_rnr_timer = Some(opts.min_rnr_timer);
     e.modify_qp(now, end.qpn, &rtr).unwrap();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
 use lightpath_verbs::WorkCompletion;
-use lightpath_verbs::{Error, Gid, Mtu, Result};
+use lightpath_verbs::{lightpath_pmtu_for_link, Error, Gid, Mtu, Result};
 
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
@@ -163,6 +163,9 @@ pub(crate) struct Shared {
     pub(crate) link: Option<(String, u32)>,
     /// The largest path MTU that link carries (4096 if unknown).
     pub(crate) max_mtu: Mtu,
+    /// The largest Lightpath-extension path MTU that link carries
+    /// (`QpAttr::lightpath_pmtu`; 4096 if the link is unknown).
+    pub(crate) max_lightpath_pmtu: u32,
     pub(crate) gid: Gid,
     pub(crate) name: String,
     stop: AtomicBool,
@@ -199,6 +202,10 @@ impl Shared {
             })?,
         };
         config.mtu = config.mtu.min(max_mtu);
+        let max_lightpath_pmtu = match &link {
+            None => Mtu::Mtu4096.bytes(),
+            Some((_, mtu)) => lightpath_pmtu_for_link(*mtu, ipv6).unwrap_or(max_mtu.bytes()),
+        };
         let gid = Gid::from_ip(config.local.ip());
         let engine = Engine::new(EngineConfig {
             gid,
@@ -210,6 +217,8 @@ impl Shared {
             max_mrs: config.max_mrs,
             max_cqs: config.max_cqs,
             max_cqe: config.max_cqe,
+            // Payloads towards Lightpath peers go from region memory to the kernel directly.
+            gather_payloads: true,
         });
         let core = Core {
             engine,
@@ -230,6 +239,7 @@ impl Shared {
             name: config.device_name(),
             link,
             max_mtu,
+            max_lightpath_pmtu,
             gid,
             config,
             stop: AtomicBool::new(false),
@@ -258,6 +268,25 @@ impl Shared {
             _ => format!("{} was opened with MTU {}", self.name, active.bytes()),
         };
         Err(Error::PathMtuTooLarge { requested: requested.bytes(), active: active.bytes(), why })
+    }
+
+    /// Refuses a Lightpath-extension path MTU (`QpAttr::lightpath_pmtu`) above what the link
+    /// carries, naming the link.
+    pub(crate) fn check_lightpath_pmtu(&self, requested: u32) -> Result<()> {
+        let active = self.max_lightpath_pmtu;
+        if requested <= active {
+            return Ok(());
+        }
+        let why = match &self.link {
+            Some((interface, mtu)) => format!(
+                "{} is on {interface}, whose link MTU is {mtu} bytes; a {requested}-byte payload needs {} \
+                 with its RoCE v2 headers",
+                self.name,
+                requested + Mtu::roce_overhead(self.config.local.is_ipv6())
+            ),
+            None => format!("{}: the link MTU is unknown, so at most {active} bytes", self.name),
+        };
+        Err(Error::PathMtuTooLarge { requested, active, why })
     }
 
     /// The bound socket address.

@@ -4,11 +4,13 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 
-use lightpath_roce::{Engine, Time, MAX_DATAGRAM};
+use lightpath_roce::{Engine, Gathered, Time, MAX_DATAGRAM};
 use lightpath_wire::Opcode;
 
 use super::stats::DriverStats;
-use crate::sys::{self, OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, SEND_DATAGRAMS};
+use crate::sys::{
+    self, DatagramParts, OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, SEND_DATAGRAMS,
+};
 
 /// Receive buffers are a little larger than the largest RoCE datagram, so that an oversized
 /// datagram shows up as truncated instead of looking like a valid one.
@@ -140,7 +142,12 @@ fn deliver(
 #[derive(Clone, Copy, Debug)]
 struct Outgoing {
     dst: SocketAddr,
+    /// The whole datagram's length.
     len: usize,
+    /// Its bytes in the buffer: all of them, or the headers when `gathered`.
+    head_len: usize,
+    /// The payload stays in registered memory ([`lightpath_roce::Transmit::gathered`]).
+    gathered: Option<Gathered>,
     /// An ACK, NAK or READ/atomic response (the responder's stream), as opposed to a request.
     response: bool,
     /// The peer tolerates renumbered IPv4 identifications ([`lightpath_roce::Transmit::segmentable`]).
@@ -191,7 +198,16 @@ impl TxBuffers {
                 let response =
                     buf.first().and_then(|&op| Opcode(op).info()).is_some_and(|info| info.is_response());
                 let segmentable = transmit.segmentable;
-                self.outgoing.push(Outgoing { dst, len: transmit.len, response, segmentable });
+                let gathered = transmit.gathered;
+                let len = transmit.len + gathered.map_or(0, |g| g.len + g.trailer);
+                self.outgoing.push(Outgoing {
+                    dst,
+                    len,
+                    head_len: transmit.len,
+                    gathered,
+                    response,
+                    segmentable,
+                });
             }
             let filled = self.outgoing.len();
             if filled > 0 {
@@ -232,7 +248,18 @@ impl TxBuffers {
 
     fn send(&mut self, socket: &RoceSocket, stats: &mut DriverStats) {
         let (bufs, outgoing) = (&self.bufs, &self.outgoing);
-        let datagram = |i: usize| bufs.get(i)?.get(..outgoing.get(i)?.len);
+        let datagram = |i: usize| {
+            let out = outgoing.get(i)?;
+            let head = bufs.get(i)?.get(..out.head_len)?;
+            Some(match out.gathered {
+                // SAFETY: the engine checked the range against a registered region whose
+                // memory stays in place, and the region stays registered (so its memory
+                // allocated) until the engine's `dereg_mr`, which cannot run while this driver
+                // holds the engine (`transmit_all` borrows it mutably for the whole batch).
+                Some(g) => unsafe { DatagramParts::with_in_place(head, g.addr, g.len, g.trailer) },
+                None => DatagramParts::buffered(head),
+            })
+        };
         let mut start = 0;
         while start < self.messages.len() {
             stats.tx_batches += 1;
@@ -322,7 +349,14 @@ mod tests {
     fn planned(offload: bool, batch: &[(&str, usize, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
         let mut tx = TxBuffers::new(offload);
         for &(dst, len, response) in batch {
-            tx.outgoing.push(Outgoing { dst: dst.parse().expect("addr"), len, response, segmentable: false });
+            tx.outgoing.push(Outgoing {
+                dst: dst.parse().expect("addr"),
+                len,
+                head_len: len,
+                gathered: None,
+                response,
+                segmentable: false,
+            });
         }
         tx.plan();
         (tx.order, tx.messages)
@@ -394,7 +428,14 @@ mod tests {
         let mut tx = TxBuffers::new(true);
         let dst: SocketAddr = "10.0.0.2:4791".parse().expect("addr");
         for segmentable in [true, true, true, false, false] {
-            tx.outgoing.push(Outgoing { dst, len: 1052, response: false, segmentable });
+            tx.outgoing.push(Outgoing {
+                dst,
+                len: 1052,
+                head_len: 1052,
+                gathered: None,
+                response: false,
+                segmentable,
+            });
         }
         tx.plan();
         let shape: Vec<(usize, Option<u16>)> =
@@ -402,7 +443,14 @@ mod tests {
         assert_eq!(shape, [(3, Some(1052)), (1, None), (1, None)], "only the flagged run is segmented");
         let mut off = TxBuffers::new(false);
         for _ in 0..3 {
-            off.outgoing.push(Outgoing { dst, len: 1052, response: false, segmentable: true });
+            off.outgoing.push(Outgoing {
+                dst,
+                len: 1052,
+                head_len: 1052,
+                gathered: None,
+                response: false,
+                segmentable: true,
+            });
         }
         off.plan();
         assert!(off.messages.iter().all(|m| m.count == 1), "offload off: never segmented");

@@ -1,6 +1,6 @@
-//! Page-aligned, zero-filled heap buffers, optionally locked into RAM.
+//! Page-aligned, zero-filled buffers mapped from the kernel (RAM is used only by pages that
+//! were touched), optionally locked into RAM.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
 use crate::sys;
@@ -13,7 +13,8 @@ pub(crate) struct PageBuffer {
     ptr: NonNull<u8>,
     /// Bytes the user asked for (what the slice shows).
     len: usize,
-    layout: Layout,
+    /// Bytes mapped: `len` rounded up to whole pages, at least one.
+    size: usize,
     locked: bool,
 }
 
@@ -28,12 +29,12 @@ impl PageBuffer {
     /// real, aligned address) and, if `lock`, tries to `mlock` them.
     pub(crate) fn new(len: usize, lock: bool) -> Option<Self> {
         let size = len.max(1).checked_next_multiple_of(PAGE)?;
-        let layout = Layout::from_size_align(size, PAGE).ok()?;
-        // SAFETY: the layout has a non-zero size (at least one page).
-        let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw)?;
+        // Not the heap: an aligned zeroed heap allocation is written with zeros at once, so a
+        // region would use its whole size in RAM before carrying a byte (1,000 idle streams:
+        // half a gigabyte).
+        let ptr = sys::map_zeroed(size)?;
         let locked = lock && sys::mlock(ptr, size);
-        Some(Self { ptr, len, layout, locked })
+        Some(Self { ptr, len, size, locked })
     }
 
     /// Whether the pages are locked into RAM.
@@ -62,10 +63,11 @@ impl PageBuffer {
 impl Drop for PageBuffer {
     fn drop(&mut self) {
         if self.locked {
-            sys::munlock(self.ptr, self.layout.size());
+            sys::munlock(self.ptr, self.size);
         }
-        // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+        // SAFETY: `ptr` and `size` are exactly the mapping `map_zeroed` returned in `new`,
+        // unmapped once, here; no slice of it outlives `self`.
+        unsafe { sys::unmap(self.ptr, self.size) };
     }
 }
 
@@ -92,5 +94,28 @@ mod tests {
             }
         }
         assert!(PageBuffer::new(usize::MAX - 10, false).is_none());
+    }
+
+    /// Resident memory of this process, in bytes (`/proc/self/statm`).
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+        let pages: usize = statm.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("resident");
+        pages * PAGE
+    }
+
+    /// A buffer costs RAM only for the pages that were touched: a 256 MiB region that has
+    /// seen 1 MiB of writes adds far less than 256 MiB to the resident set (other tests
+    /// running meanwhile may add a few MiB, hence the margin).
+    #[test]
+    fn untouched_pages_use_no_memory() {
+        let before = resident();
+        let mut buf = PageBuffer::new(256 << 20, false).expect("alloc");
+        buf.as_mut_slice()[..1 << 20].fill(1);
+        let grown = resident().saturating_sub(before);
+        assert!(
+            grown < 64 << 20,
+            "a 256 MiB buffer with 1 MiB written grew the resident set by {grown} bytes"
+        );
+        assert_eq!(buf.as_slice()[(200 << 20) + 5], 0);
     }
 }

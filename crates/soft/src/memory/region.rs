@@ -123,6 +123,12 @@ impl RegionMemory for RegionBytes {
         old
     }
 
+    /// Both backings stay where they are for the region's whole life (pages are never
+    /// remapped, the vector never grows), so the kernel may read ranges of them in place.
+    fn stable_addr(&self) -> Option<usize> {
+        usize::try_from(self.addr).ok()
+    }
+
     fn fetch_add(&self, offset: usize, add: u64) -> u64 {
         let mut guard = self.write_guard();
         let bytes = guard.bytes_mut();

@@ -53,9 +53,17 @@ pub(crate) fn interface_addrs() -> io::Result<Vec<InterfaceAddr>> {
 }
 
 /// The MTU of the interface that holds address `ip` (as `ip link` shows it), with the
-/// interface's name; `None` if no interface that is up has that address.
+/// interface's name; `None` if no interface that is up has that address. A loopback address
+/// that no interface lists (127.0.0.2: Linux routes all of 127.0.0.0/8 to `lo`, which lists
+/// only 127.0.0.1/8) is on the interface holding a loopback address of its family.
 pub(crate) fn link_mtu_of(ip: IpAddr) -> io::Result<Option<(String, u32)>> {
-    let Some(entry) = interface_addrs()?.into_iter().find(|entry| entry.ip == ip) else {
+    let addrs = interface_addrs()?;
+    let holder = addrs.iter().find(|entry| entry.ip == ip).or_else(|| {
+        addrs
+            .iter()
+            .find(|entry| ip.is_loopback() && entry.ip.is_loopback() && entry.ip.is_ipv4() == ip.is_ipv4())
+    });
+    let Some(entry) = holder.cloned() else {
         return Ok(None);
     };
     let mtu = interface_mtu(&entry.interface)?;
@@ -96,6 +104,11 @@ mod tests {
         assert_eq!(name, "lo");
         assert!(mtu >= 1280, "lo MTU {mtu}");
         assert_eq!(link_mtu_of("192.0.2.77".parse().expect("ip")).expect("lookup"), None);
+        // Any 127/8 address is on lo, though lo lists only 127.0.0.1.
+        assert_eq!(
+            link_mtu_of("127.0.0.2".parse().expect("ip")).expect("ioctl").map(|(name, _)| name),
+            Some(name.clone())
+        );
         assert!(interface_mtu("no-such-if0").is_err());
         assert!(interface_mtu("a-name-far-too-long-for-linux").is_err());
     }

@@ -207,6 +207,37 @@ pub(crate) struct OutMessage {
     pub(crate) segment_size: Option<u16>,
 }
 
+/// Most iovecs one datagram takes: its buffered bytes, bytes left in place, zeros.
+const IOVECS_PER_DATAGRAM: usize = 3;
+/// The zero bytes a datagram may end with (pad and an ICRC field nobody checks).
+static ZEROS: [u8; 8] = [0; 8];
+
+/// One datagram of a send batch: bytes in a buffer, then maybe bytes the caller leaves where
+/// they are (registered memory: one copy fewer), then up to 8 zero bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DatagramParts<'a> {
+    head: &'a [u8],
+    in_place: Option<(usize, usize)>,
+    zeros: usize,
+}
+
+impl<'a> DatagramParts<'a> {
+    /// A datagram that is all in `bytes`.
+    pub(crate) fn buffered(bytes: &'a [u8]) -> Self {
+        Self { head: bytes, in_place: None, zeros: 0 }
+    }
+
+    /// `head`, then `len` bytes at address `addr`, then `zeros` (at most 8) zero bytes.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be readable memory that stays allocated until the
+    /// [`SendBatch::send`] given this datagram returns (the kernel reads it during the call;
+    /// concurrent writes to it only change what is sent).
+    pub(crate) unsafe fn with_in_place(head: &'a [u8], addr: usize, len: usize, zeros: usize) -> Self {
+        Self { head, in_place: Some((addr, len)), zeros: zeros.min(ZEROS.len()) }
+    }
+}
+
 /// `UDP_SEGMENT` control message: a `cmsghdr` followed by the 16-bit segment size, padded.
 const SEGMENT_CONTROL_LEN: usize = CMSG_HEADER + 8;
 
@@ -226,7 +257,7 @@ impl SendBatch {
     pub(crate) fn new() -> Self {
         Self {
             headers: (0..SEND_MESSAGES).map(|_| zeroed()).collect(),
-            iovecs: (0..SEND_DATAGRAMS).map(|_| zeroed()).collect(),
+            iovecs: (0..SEND_DATAGRAMS * IOVECS_PER_DATAGRAM).map(|_| zeroed()).collect(),
             names: (0..SEND_MESSAGES).map(|_| zeroed()).collect(),
             controls: vec![Control([0; CONTROL_LEN]); SEND_MESSAGES].into_boxed_slice(),
         }
@@ -240,11 +271,12 @@ impl SendBatch {
     pub(crate) fn send<'a>(
         &mut self,
         fd: BorrowedFd<'_>,
-        datagram: impl Fn(usize) -> Option<&'a [u8]>,
+        datagram: impl Fn(usize) -> Option<DatagramParts<'a>>,
         order: &[usize],
         messages: &[OutMessage],
     ) -> io::Result<usize> {
         let mut iov_used = 0;
+        let mut datagrams = 0;
         let mut count = 0;
         for (i, message) in messages.iter().take(SEND_MESSAGES).enumerate() {
             let Some(positions) =
@@ -252,30 +284,40 @@ impl SendBatch {
             else {
                 break;
             };
-            if message.count == 0 || iov_used + message.count > SEND_DATAGRAMS {
+            if message.count == 0 || datagrams + message.count > SEND_DATAGRAMS {
                 break;
             }
             let iov_start = iov_used;
             let mut complete = true;
             for &index in positions {
-                let Some(data) = datagram(index) else {
+                let Some(parts) = datagram(index) else {
                     complete = false;
                     break;
                 };
-                // The kernel only reads through this pointer for a send, despite `*mut`.
-                self.iovecs[iov_used] =
-                    libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-                iov_used += 1;
+                // The kernel only reads through these pointers for a send, despite `*mut`.
+                let mut push = |base: *const u8, len: usize| {
+                    if len > 0 {
+                        self.iovecs[iov_used] =
+                            libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len };
+                        iov_used += 1;
+                    }
+                };
+                push(parts.head.as_ptr(), parts.head.len());
+                if let Some((addr, len)) = parts.in_place {
+                    push(addr as *const u8, len);
+                }
+                push(ZEROS.as_ptr(), parts.zeros);
             }
             if !complete {
                 break;
             }
+            datagrams += message.count;
             let name_len = to_storage(&message.dst, &mut self.names[i]);
             let header = &mut self.headers[i].msg_hdr;
             header.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
             header.msg_namelen = name_len;
             header.msg_iov = &mut self.iovecs[iov_start];
-            header.msg_iovlen = message.count;
+            header.msg_iovlen = iov_used - iov_start;
             header.msg_flags = 0;
             match message.segment_size {
                 Some(size) if message.count > 1 => {
@@ -296,8 +338,10 @@ impl SendBatch {
         loop {
             // SAFETY: `headers[..count]` were all written above: each points to a name slot
             // and control buffer of `self` (or no control), and to a run of `self.iovecs`
-            // within bounds, each iovec pointing into a datagram borrowed from the caller for
-            // the whole call. `self` is exclusively borrowed, so nothing changes them meanwhile.
+            // within bounds (at most IOVECS_PER_DATAGRAM per datagram, SEND_DATAGRAMS
+            // datagrams), each iovec pointing into a datagram borrowed from the caller for the
+            // whole call, into `ZEROS`, or into memory `DatagramParts::with_in_place`'s caller
+            // keeps allocated until this call returns. `self` is exclusively borrowed, so nothing changes them meanwhile.
             let ret = unsafe {
                 libc::syscall(
                     libc::SYS_sendmmsg,
@@ -354,6 +398,35 @@ mod tests {
         got
     }
 
+    /// Datagrams whose middle stays in the caller's memory arrive whole (head, the bytes in
+    /// place, zeros), also cut from one segmented message.
+    #[test]
+    fn bytes_left_in_place_are_sent_between_head_and_zeros() {
+        let rx = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let tx = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let dst = rx.local_addr().expect("addr");
+        let heads: Vec<[u8; 4]> = (0..3u8).map(|i| [0xA0 + i; 4]).collect();
+        let memory: Vec<u8> = (0..24u8).collect();
+        let parts = |i: usize| {
+            let head = heads.get(i)?;
+            // SAFETY: `memory` outlives every send below and i * 8 + 8 <= 24.
+            Some(unsafe { DatagramParts::with_in_place(head, memory.as_ptr() as usize + i * 8, 8, 4) })
+        };
+        let messages = [OutMessage { dst, first: 0, count: 3, segment_size: Some(16) }];
+        let mut send = SendBatch::new();
+        assert_eq!(send.send(tx.as_fd(), parts, &[0, 1, 2], &messages).expect("send"), 1);
+        let mut batch = RecvBatch::new(64);
+        let got = receive(&mut batch, &rx, 3);
+        let bytes: Vec<u8> = got.iter().flat_map(|(_, data)| data.clone()).collect();
+        let mut expected = Vec::new();
+        for i in 0..3u8 {
+            expected.extend_from_slice(&[0xA0 + i; 4]);
+            expected.extend(i * 8..i * 8 + 8);
+            expected.extend_from_slice(&[0; 4]);
+        }
+        assert_eq!(bytes, expected);
+    }
+
     #[test]
     fn batch_round_trip_over_loopback() {
         let rx = UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -366,7 +439,16 @@ mod tests {
         let messages: Vec<OutMessage> =
             (0..5).map(|first| OutMessage { dst, first, count: 1, segment_size: None }).collect();
         let mut send = SendBatch::new();
-        assert_eq!(send.send(tx.as_fd(), |i| datagrams.get(i).copied(), &order, &messages).expect("send"), 5);
+        assert_eq!(
+            send.send(
+                tx.as_fd(),
+                |i| datagrams.get(i).copied().map(DatagramParts::buffered),
+                &order,
+                &messages
+            )
+            .expect("send"),
+            5
+        );
 
         let mut batch = RecvBatch::new(12);
         let got = receive(&mut batch, &rx, 5);
@@ -409,7 +491,13 @@ mod tests {
                 OutMessage { dst, first: 3, count: 1, segment_size: Some(7) },
             ];
             assert_eq!(
-                send.send(tx.as_fd(), |i| datagrams.get(i).copied(), &[0, 1, 2, 3], &messages).expect("send"),
+                send.send(
+                    tx.as_fd(),
+                    |i| datagrams.get(i).copied().map(DatagramParts::buffered),
+                    &[0, 1, 2, 3],
+                    &messages
+                )
+                .expect("send"),
                 2
             );
         }
@@ -431,17 +519,25 @@ mod tests {
         let mut send = SendBatch::new();
         let past_order = OutMessage { dst, first: 1, count: 1, segment_size: None };
         assert_eq!(
-            send.send(tx.as_fd(), |i| data.get(i).copied(), &[0], &[past_order]).expect("nothing sent"),
+            send.send(tx.as_fd(), |i| data.get(i).copied().map(DatagramParts::buffered), &[0], &[past_order])
+                .expect("nothing sent"),
             0
         );
         let no_datagram = OutMessage { dst, first: 0, count: 1, segment_size: None };
         assert_eq!(
-            send.send(tx.as_fd(), |i| data.get(i).copied(), &[3], &[no_datagram]).expect("nothing sent"),
+            send.send(
+                tx.as_fd(),
+                |i| data.get(i).copied().map(DatagramParts::buffered),
+                &[3],
+                &[no_datagram]
+            )
+            .expect("nothing sent"),
             0
         );
         let overflow = OutMessage { dst, first: usize::MAX, count: 2, segment_size: None };
         assert_eq!(
-            send.send(tx.as_fd(), |i| data.get(i).copied(), &[0], &[overflow]).expect("nothing sent"),
+            send.send(tx.as_fd(), |i| data.get(i).copied().map(DatagramParts::buffered), &[0], &[overflow])
+                .expect("nothing sent"),
             0
         );
     }

@@ -15,9 +15,10 @@ mod timer;
 
 pub(crate) use eventfd::EventFd;
 pub(crate) use ifaddrs::{interface_addrs, link_mtu_of};
-pub(crate) use mlock::{mlock, munlock};
+pub(crate) use mlock::{map_zeroed, mlock, munlock, unmap};
 pub(crate) use mmsg::{
-    OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, RECV_BATCH, SEND_DATAGRAMS,
+    DatagramParts, OutMessage, RecvBatch, SendBatch, MAX_SEGMENTED_BYTES, MAX_SEGMENTS, RECV_BATCH,
+    SEND_DATAGRAMS,
 };
 pub(crate) use poll::wait_readable;
 pub(crate) use sockopt::{set_buffer_sizes, set_pmtu_discovery_do, set_udp_gro};

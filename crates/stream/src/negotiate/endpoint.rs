@@ -57,7 +57,10 @@ pub struct RdmaEndpoint {
     pub qpn: u32,
     /// First packet sequence number it sends (24 bits).
     pub psn: u32,
-    /// Largest path MTU it accepts, in bytes (256…4096, a power of two).
+    /// Largest path MTU it accepts, in bytes: one of InfiniBand's sizes (256…4096, a power of
+    /// two), or — from a soft device, which advertises its UDP port — any size from 256 up
+    /// (the Lightpath extension `QpAttr::lightpath_pmtu`, used when both sides are soft
+    /// devices; an IB peer takes the largest IB size not above it).
     pub mtu: u16,
     /// Address of its receive ring.
     pub ring_addr: u64,
@@ -80,7 +83,7 @@ pub enum EndpointError {
     Length,
     /// QPN or PSN above 24 bits.
     Range,
-    /// MTU not a power of two in 256…4096.
+    /// MTU below 256, or (without a UDP port: not a soft device) not an IB size.
     Mtu,
     /// Ring shorter than 64 bytes or receive depth below 8.
     Sizes,
@@ -132,7 +135,8 @@ impl RdmaEndpoint {
         if endpoint.qpn >= 1 << 24 || endpoint.psn >= 1 << 24 {
             return Err(EndpointError::Range);
         }
-        if !matches!(endpoint.mtu, 256 | 512 | 1024 | 2048 | 4096) {
+        let ib_size = matches!(endpoint.mtu, 256 | 512 | 1024 | 2048 | 4096);
+        if endpoint.mtu < 256 || (endpoint.udp_port == 0 && !ib_size) {
             return Err(EndpointError::Mtu);
         }
         if endpoint.ring_len < 64 || endpoint.recv_depth < 8 {
@@ -184,8 +188,17 @@ mod tests {
             Err(EndpointError::Range)
         );
         assert_eq!(
-            RdmaEndpoint::parse(&encode(RdmaEndpoint { mtu: 1500, ..sample() })),
+            RdmaEndpoint::parse(&encode(RdmaEndpoint { mtu: 1500, udp_port: 0, ..sample() })),
             Err(EndpointError::Mtu)
+        );
+        assert_eq!(
+            RdmaEndpoint::parse(&encode(RdmaEndpoint { mtu: 255, ..sample() })),
+            Err(EndpointError::Mtu)
+        );
+        // A soft device (UDP port set) may offer any size from 256: the Lightpath extension.
+        assert_eq!(
+            RdmaEndpoint::parse(&encode(RdmaEndpoint { mtu: 1408, ..sample() })),
+            Ok(RdmaEndpoint { mtu: 1408, ..sample() })
         );
         assert_eq!(
             RdmaEndpoint::parse(&encode(RdmaEndpoint { ring_len: 8, ..sample() })),

@@ -192,6 +192,9 @@ impl Dump {
         }
         out.push_str(match self.icrc {
             IcrcStatus::Ok(_) => " icrc ok",
+            IcrcStatus::Bad { found: 0, .. } => {
+                " icrc 0 (not computed: between Lightpath soft devices, or BAD)"
+            }
             IcrcStatus::Bad { .. } => " icrc BAD",
             IcrcStatus::Unchecked => "",
         });

@@ -50,6 +50,20 @@ fn ack_dump_explains_the_syndrome() {
 }
 
 #[test]
+fn a_zero_icrc_is_named_as_what_lightpath_peers_send() {
+    let mut packet = ack_packet();
+    let at = packet.len() - 4;
+    packet[at..].fill(0);
+    let dump = ip_packet(&packet);
+    assert!(!dump.is_good());
+    assert!(
+        dump.summary().ends_with("icrc 0 (not computed: between Lightpath soft devices, or BAD)"),
+        "{}",
+        dump.summary()
+    );
+}
+
+#[test]
 fn bad_icrc_is_reported_with_both_values() {
     let mut packet = ack_packet();
     packet[40] ^= 0x01; // last MSN byte
