@@ -318,9 +318,12 @@ impl Engine {
             };
             let (dst, local_ip, segmentable) =
                 (qp.params.peer_ip, qp.params.local_ip, qp.params.lightpath_peer);
-            if let Some(len) = produced {
+            // The datagram's bytes on the wire: a gathered payload (and its trailer) is not in
+            // `buf`, only the headers are.
+            let wire_len = produced.map_or(0, |len| len + gathered.map_or(0, |g| g.len + g.trailer));
+            if produced.is_some() {
                 qp.stats.tx_datagrams += 1;
-                qp.stats.tx_bytes += (len + gathered.map_or(0, |g| g.len + g.trailer)) as u64;
+                qp.stats.tx_bytes += wire_len as u64;
             }
             self.after_qp_work(qpn);
             let Some(len) = produced else { continue };
@@ -338,7 +341,7 @@ impl Engine {
                 continue;
             }
             self.stats.tx_datagrams += 1;
-            self.stats.tx_bytes += (len + gathered.map_or(0, |g| g.len + g.trailer)) as u64;
+            self.stats.tx_bytes += wire_len as u64;
             return Some(Transmit { dst, dst_port, src_port, len, segmentable, gathered });
         }
         None
