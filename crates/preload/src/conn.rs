@@ -5,15 +5,16 @@
 //!
 //! The application's fd is and stays the kernel TCP socket. Until the two sides have paired
 //! (see `crate::rendezvous`) every byte goes over it, untouched: a plain peer sees plain TCP.
-//! Once a side holds a Lightpath stream to the peer (RDMA over shm on one host), it switches
-//! its *sending* direction at once: it writes, as the first 8 bytes on the stream, how many
-//! bytes it had sent over TCP (big-endian `u64`), and sends everything after that over the
-//! stream. The TCP connection never carries a byte the application did not write.
+//! Once a side holds a Lightpath stream to the peer (RDMA over shm on one host), it writes
+//! [`READY`] on the stream. A side that has read the peer's READY switches its *sending*
+//! direction: it writes on the stream how many bytes it had sent over TCP (big-endian `u64`)
+//! and sends everything after that over the stream. The TCP connection never carries a byte
+//! the application did not write, and no byte goes to a stream the peer does not read.
 //!
 //! The receiver reads TCP until it has received exactly that many bytes from it, then reads
-//! the stream. Until the 8-byte header has arrived, it reads TCP and watches the stream too.
-//! Each direction switches on its own; nothing waits for the other side, so a server that
-//! speaks first and a client that waits to read behave exactly as over TCP.
+//! the stream. Until the count has arrived, it reads TCP and watches the stream too. Each
+//! direction switches on its own; nothing waits for the other side, so a server that speaks
+//! first and a client that waits to read behave exactly as over TCP.
 //!
 //! End of stream: a TCP end before the switch point is a reset (the peer died mid-way); after
 //! it, only the stream's end counts. A TCP end while a pairing is still being negotiated waits
