@@ -10,8 +10,21 @@ fn lightpath() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_lightpath"))
 }
 
+/// The preload library beside the binary; built first (integration tests do not make cargo
+/// build the cdylib of another package).
 fn library_beside() -> Option<PathBuf> {
-    let lib = lightpath().parent()?.join("liblightpath_preload.so");
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let dir = lightpath().parent()?.to_path_buf();
+    BUILT.call_once(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "-q", "-p", "lightpath-preload"]);
+        if dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let _ = build.status();
+    });
+    let lib = dir.join("liblightpath_preload.so");
     if lib.is_file() {
         Some(lib)
     } else {

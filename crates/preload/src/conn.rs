@@ -5,15 +5,16 @@
 //!
 //! The application's fd is and stays the kernel TCP socket. Until the two sides have paired
 //! (see `crate::rendezvous`) every byte goes over it, untouched: a plain peer sees plain TCP.
-//! Once a side holds a Lightpath stream to the peer (RDMA over shm on one host), it switches
-//! its *sending* direction at once: it writes, as the first 8 bytes on the stream, how many
-//! bytes it had sent over TCP (big-endian `u64`), and sends everything after that over the
-//! stream. The TCP connection never carries a byte the application did not write.
+//! Once a side holds a Lightpath stream to the peer (RDMA over shm on one host), it writes
+//! [`READY`] on the stream. A side that has read the peer's READY switches its *sending*
+//! direction: it writes on the stream how many bytes it had sent over TCP (big-endian `u64`)
+//! and sends everything after that over the stream. The TCP connection never carries a byte
+//! the application did not write, and no byte goes to a stream the peer does not read.
 //!
 //! The receiver reads TCP until it has received exactly that many bytes from it, then reads
-//! the stream. Until the 8-byte header has arrived, it reads TCP and watches the stream too.
-//! Each direction switches on its own; nothing waits for the other side, so a server that
-//! speaks first and a client that waits to read behave exactly as over TCP.
+//! the stream. Until the count has arrived, it reads TCP and watches the stream too. Each
+//! direction switches on its own; nothing waits for the other side, so a server that speaks
+//! first and a client that waits to read behave exactly as over TCP.
 //!
 //! End of stream: a TCP end before the switch point is a reset (the peer died mid-way); after
 //! it, only the stream's end counts. A TCP end while a pairing is still being negotiated waits
@@ -28,6 +29,11 @@ use std::sync::{Mutex, MutexGuard};
 use libc::c_int;
 
 use crate::real;
+
+/// The first 8 bytes each side writes on its stream once it holds one: "I read this stream".
+/// A side switches its sending only after it has read the peer's, so a pairing that one side
+/// gave up (a negotiation that timed out there) never strands bytes on a stream nobody reads.
+const READY: [u8; 8] = *b"LPPRELD1";
 
 /// Where a connection is in its life.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,9 +79,11 @@ pub(crate) struct State {
     pub(crate) rdma_recv: u64,
     /// This side sends over the stream (after the header).
     pub(crate) send_switched: bool,
-    hdr_out: [u8; 8],
+    /// READY, then (once the peer's READY arrived) the switch offset.
+    hdr_out: [u8; 16],
+    hdr_out_len: usize,
     hdr_out_sent: usize,
-    hdr_in: [u8; 8],
+    hdr_in: [u8; 16],
     hdr_in_len: usize,
     /// The peer's switch point: bytes it sent over TCP before its stream.
     pub(crate) switch_at: Option<u64>,
@@ -131,9 +139,10 @@ impl Conn {
                 rdma_sent: 0,
                 rdma_recv: 0,
                 send_switched: false,
-                hdr_out: [0; 8],
+                hdr_out: [0; 16],
+                hdr_out_len: 0,
                 hdr_out_sent: 0,
-                hdr_in: [0; 8],
+                hdr_in: [0; 16],
                 hdr_in_len: 0,
                 switch_at: None,
                 stream_ended_early: false,
@@ -257,33 +266,59 @@ impl State {
         }
     }
 
-    /// Reads the peer's header off the stream, as far as it has arrived.
+    /// Reads the peer's READY and switch offset off the stream, as far as they have arrived;
+    /// on the peer's READY this side switches its sending.
     fn learn_switch(&mut self) {
-        if self.switch_at.is_some() || self.stream_ended_early {
-            return;
-        }
-        let Some(stream) = self.stream.as_mut() else { return };
-        while self.hdr_in_len < 8 {
-            match io::Read::read(stream, &mut self.hdr_in[self.hdr_in_len..]) {
-                Ok(0) => {
-                    self.stream_ended_early = true;
-                    return;
+        if self.switch_at.is_none() && !self.stream_ended_early {
+            if let Some(stream) = self.stream.as_mut() {
+                while self.hdr_in_len < 16 {
+                    match io::Read::read(stream, &mut self.hdr_in[self.hdr_in_len..]) {
+                        Ok(0) => {
+                            self.stream_ended_early = true;
+                            break;
+                        }
+                        Ok(n) => self.hdr_in_len += n,
+                        Err(err) if would_block(&err) => break,
+                        Err(_) => {
+                            self.stream_ended_early = true;
+                            break;
+                        }
+                    }
                 }
-                Ok(n) => self.hdr_in_len += n,
-                Err(err) if would_block(&err) => return,
-                Err(_) => {
+                if self.hdr_in_len >= 8 && self.hdr_in[..8] != READY {
+                    // Not a Lightpath preload peer's stream: never read it.
                     self.stream_ended_early = true;
-                    return;
+                }
+                if self.hdr_in_len == 16 && !self.stream_ended_early {
+                    let mut at = [0u8; 8];
+                    at.copy_from_slice(&self.hdr_in[8..]);
+                    self.switch_at = Some(u64::from_be_bytes(at));
+                    crate::report::debug(format_args!(
+                        "peer {:?} switched at tcp byte {} (received {} so far)",
+                        self.peer,
+                        u64::from_be_bytes(at),
+                        self.tcp_recv
+                    ));
                 }
             }
         }
-        self.switch_at = Some(u64::from_be_bytes(self.hdr_in));
-        crate::report::debug(format_args!(
-            "peer {:?} switched at tcp byte {} (received {} so far)",
-            self.peer,
-            u64::from_be_bytes(self.hdr_in),
-            self.tcp_recv
-        ));
+        let peer_ready = self.hdr_in_len >= 8 && !self.stream_ended_early;
+        if peer_ready && !self.send_switched && self.stream.is_some() {
+            // The peer reads its stream: everything from now on goes there.
+            self.hdr_out[8..].copy_from_slice(&self.tcp_sent.to_be_bytes());
+            self.hdr_out_len = 16;
+            self.send_switched = true;
+            let pushed = self.push_header();
+            crate::report::debug(format_args!(
+                "to {:?}: sending switched at tcp byte {} (header pushed: {pushed:?})",
+                self.peer, self.tcp_sent
+            ));
+            if self.shut_wr {
+                if let Some(stream) = self.stream.as_mut() {
+                    let _ = stream.shutdown(std::net::Shutdown::Write);
+                }
+            }
+        }
     }
 
     /// Bytes still to come over TCP (`u64::MAX`: until the peer's header says).
@@ -374,8 +409,8 @@ impl State {
     /// Pushes the switch header; true once it has gone.
     fn push_header(&mut self) -> Result<bool, c_int> {
         let Some(stream) = self.stream.as_mut() else { return Ok(false) };
-        while self.hdr_out_sent < 8 {
-            match io::Write::write(stream, &self.hdr_out[self.hdr_out_sent..]) {
+        while self.hdr_out_sent < self.hdr_out_len {
+            match io::Write::write(stream, &self.hdr_out[self.hdr_out_sent..self.hdr_out_len]) {
                 Ok(n) => self.hdr_out_sent += n,
                 Err(err) if would_block(&err) => return Ok(false),
                 Err(err) => return Err(errno_of(&err)),
@@ -386,6 +421,7 @@ impl State {
 
     /// One write attempt that never waits.
     pub(crate) fn try_send(&mut self, fd: c_int, data: &[u8], flags: c_int) -> Io {
+        self.learn_switch();
         if self.send_switched {
             match self.push_header() {
                 Ok(true) => {}
@@ -427,21 +463,14 @@ impl State {
             stream.close_in_background();
             return;
         }
-        self.hdr_out = self.tcp_sent.to_be_bytes();
+        self.hdr_out[..8].copy_from_slice(&READY);
+        self.hdr_out_len = 8;
         self.hdr_out_sent = 0;
-        self.send_switched = true;
         self.stream = Some(stream);
         self.phase = Phase::Rdma(transport.to_string());
-        let pushed = self.push_header();
-        crate::report::debug(format_args!(
-            "to {:?}: sending switched at tcp byte {} (header pushed: {pushed:?})",
-            self.peer, self.tcp_sent
-        ));
-        if self.shut_wr {
-            if let Some(stream) = self.stream.as_mut() {
-                let _ = stream.shutdown(std::net::Shutdown::Write);
-            }
-        }
+        let _ = self.push_header();
+        // The peer's READY may be there already.
+        self.learn_switch();
     }
 
     /// The application shut a direction down (`how` as shutdown(2) takes it).

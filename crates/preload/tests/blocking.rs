@@ -21,9 +21,10 @@ fn banner_exchange(name: &str, server_mode: Mode, client_mode: Mode) -> (String,
     let port = common::free_port();
     let script = peers();
     let script = script.to_str().unwrap();
-    // One connection for the readiness probe of `serve`, one for the client.
+    // The server serves connections one by one until the test ends (the readiness probe of
+    // `serve` is its first).
     let _server = serve(
-        command("python3", &[script, "banner-server", &port.to_string(), "2"], server_mode, &report_path),
+        command("python3", &[script, "banner-server", &port.to_string(), "100"], server_mode, &report_path),
         port,
         "banner server",
     );
@@ -100,7 +101,7 @@ fn echo(name: &str, len: usize, server_mode: Mode, client_mode: Mode) -> (String
     let script = peers();
     let script = script.to_str().unwrap();
     let _server = serve(
-        command("python3", &[script, "echo-server", &port.to_string(), "2"], server_mode, &report_path),
+        command("python3", &[script, "echo-server", &port.to_string(), "100"], server_mode, &report_path),
         port,
         "echo server",
     );

@@ -239,7 +239,9 @@ fn iperf3_forward_and_reverse_with_byte_counts() {
             run(command("iperf3", &args, client_mode, &report_path), Duration::from_secs(120), "iperf3 -c");
         let json = text(&output);
         assert!(output.status.success(), "{json}");
-        let sent = iperf_bytes(&json, "sum_sent").unwrap_or_else(|| panic!("no sum_sent: {json}"));
+        let error = json.lines().find(|l| l.contains("\"error\"")).unwrap_or("");
+        let sent = iperf_bytes(&json, "sum_sent")
+            .unwrap_or_else(|| panic!("no sum_sent (reverse {reverse}, client {client_mode:?}): {error}"));
         let received =
             iperf_bytes(&json, "sum_received").unwrap_or_else(|| panic!("no sum_received: {json}"));
         assert_eq!(sent, 400 << 20, "reverse {reverse}, {client_mode:?}");

@@ -8,10 +8,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The library under test: `target/<profile>/liblightpath_preload.so`, built with this test.
+/// The library under test: `target/<profile>/liblightpath_preload.so`. Integration tests do
+/// not make cargo build a cdylib, so the first call builds it (`cargo build -p
+/// lightpath-preload`, same profile), which also picks up source changes.
 pub fn library() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().expect("test binary path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    BUILT.call_once(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "-q", "-p", "lightpath-preload"]);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo build for the preload library");
+        assert!(status.success(), "cargo build -p lightpath-preload failed");
+    });
     let lib = profile_dir.join("liblightpath_preload.so");
     assert!(lib.is_file(), "{} missing: cargo builds it with the crate's tests", lib.display());
     lib
