@@ -556,25 +556,8 @@ fn stream_ops(
     };
     let sges = [sge];
     let wr = SendWr::new(SEND_WR, op, &sges);
-    let depth = u64::from(depth.min(side.qp.caps().max_send_wr));
-    let (mut posted, mut completed) = (0u64, 0u64);
-    let mut watchdog = Watchdog::new("waiting for completions (does the peer run the same -s / -a?)");
-    let mut spins = 0u32;
-    let start = Instant::now();
-    while completed < iters {
-        while posted < iters && posted - completed < depth {
-            side.post_send(&wr)?;
-            posted += 1;
-        }
-        let n = side.poll()?.len() as u64;
-        if n > 0 {
-            completed += n;
-            watchdog.progressed();
-        } else {
-            watchdog.check(&mut spins)?;
-        }
-    }
-    Ok(start.elapsed())
+    let waiting = "waiting for completions (does the peer run the same -s / -a?)";
+    super::post_keeping_in_flight(side, &wr, iters, depth, waiting, |_| {})
 }
 
 /// Drives the device until a control message arrives, giving up after [`QUIET_LIMIT`] with

@@ -671,21 +671,36 @@ fn bandwidth_client<D: Device>(
     };
     let sges = [sge];
     let wr = SendWr::new(SEND_WR, op, &sges);
+    let waiting = "waiting for bandwidth-test completions";
+    post_keeping_in_flight(side, &wr, iters, depth, waiting, |completed| progress.update(completed))
+}
+
+/// Posts `wr` `iters` times with at most `depth` in flight (capped by the send queue) and
+/// polls until every one completed; `on_progress` gets the running count. The watchdog's
+/// message (`waiting`) says what a stall most likely means. Returns the elapsed time.
+fn post_keeping_in_flight<D: Device>(
+    side: &mut Side<D>,
+    wr: &SendWr<'_>,
+    iters: u64,
+    depth: u32,
+    waiting: &'static str,
+    mut on_progress: impl FnMut(u64),
+) -> Result<Duration> {
     let depth = u64::from(depth.min(side.qp.caps().max_send_wr));
     let (mut posted, mut completed) = (0u64, 0u64);
-    let mut watchdog = Watchdog::new("waiting for bandwidth-test completions");
+    let mut watchdog = Watchdog::new(waiting);
     let mut spins = 0u32;
     let start = Instant::now();
     while completed < iters {
         while posted < iters && posted - completed < depth {
-            side.post_send(&wr)?;
+            side.post_send(wr)?;
             posted += 1;
         }
         let n = side.poll()?.len() as u64;
         if n > 0 {
             completed += n;
             watchdog.progressed();
-            progress.update(completed);
+            on_progress(completed);
         } else {
             watchdog.check(&mut spins)?;
         }
