@@ -2,9 +2,12 @@
 //! the soft provider and over kernel TCP, checking the JSON each size prints and that payloads
 //! were verified; plus refusals (mismatched tests, a foreign peer on the control port).
 
+mod common;
+
+use common::{free_tcp_port, wait_with_deadline};
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -22,24 +25,8 @@ fn unique_endpoint() -> (String, String, u16) {
     (format!("127.{third}.{fourth}.1"), format!("127.{third}.{fourth}.2"), udp_port)
 }
 
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn spawn_server(args: &[&str]) -> Child {
     Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start server")
-}
-
-fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().ok();
-    panic!("process did not finish within {deadline:?}");
 }
 
 /// Runs one test with `provider`, returning the client's JSON objects.

@@ -2,9 +2,12 @@
 //! exchange on loopback (the rxe interop suite runs it against the real perftest), and peers
 //! that are not perftest get a clear error instead of a hang.
 
+mod common;
+
+use common::{free_tcp_port, wait_with_deadline};
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,22 +21,6 @@ fn unique_endpoint() -> (String, String, u16) {
     let third = (pid % 200) as u8 + 20;
     let fourth = (n % 100) as u8 * 2 + 110;
     (format!("127.{third}.{fourth}.1"), format!("127.{third}.{fourth}.2"), 30000 + (pid % 20000) + n)
-}
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().ok();
-    panic!("process did not finish within {deadline:?}");
 }
 
 /// The "#bytes #iterations" pairs of a result table.

@@ -3,28 +3,15 @@
 //! size of `--all`; the server's refusal of a client that claims to run on another host; and
 //! the shm entry of `lightpath devices`.
 
+mod common;
+
+use common::{free_tcp_port, wait_with_deadline};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lightpath");
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().ok();
-    panic!("process did not finish within {deadline:?}");
-}
 
 fn spawn(args: &[&str]) -> Child {
     Command::new(BIN)

@@ -1,10 +1,13 @@
 //! Process harness shared by the CLI tests that run two `lightpath` processes on loopback:
 //! ports no other test in this process uses, children killed when a test ends early.
+// Each test binary uses its own subset.
+#![allow(dead_code)]
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Ports handed out in this process, so that two tests never get the same one.
 static TAKEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
@@ -64,6 +67,19 @@ pub fn spawn(subcommand: &str, args: &[String]) -> Running {
         .spawn()
         .unwrap();
     Running(Some(child))
+}
+
+/// Waits for `child` to exit, at most `deadline`; kills it and fails the test after that.
+pub fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().ok();
+    panic!("process did not finish within {deadline:?}");
 }
 
 /// Owned copies of string arguments.
