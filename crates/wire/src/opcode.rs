@@ -282,6 +282,30 @@ opcodes! {
     RC_SEND_LAST_WITH_INVALIDATE = 0x16 => info(IETH, UpToMtu, Send, Last);
     /// RC SEND in one packet, invalidating an R_Key at the responder.
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17 => info(IETH, ZeroToMtu, Send, Only);
+    /// UC SEND, first packet (UC: as RC, without acknowledgements; decoded, not served).
+    UC_SEND_FIRST = 0x20 => info(NONE, FullMtu, Send, First);
+    /// UC SEND, middle packet.
+    UC_SEND_MIDDLE = 0x21 => info(NONE, FullMtu, Send, Middle);
+    /// UC SEND, last packet.
+    UC_SEND_LAST = 0x22 => info(NONE, UpToMtu, Send, Last);
+    /// UC SEND, last packet, with immediate data.
+    UC_SEND_LAST_WITH_IMMEDIATE = 0x23 => info(IMM, UpToMtu, Send, Last);
+    /// UC SEND in one packet.
+    UC_SEND_ONLY = 0x24 => info(NONE, ZeroToMtu, Send, Only);
+    /// UC SEND in one packet, with immediate data.
+    UC_SEND_ONLY_WITH_IMMEDIATE = 0x25 => info(IMM, ZeroToMtu, Send, Only);
+    /// UC RDMA WRITE, first packet (carries the RETH).
+    UC_RDMA_WRITE_FIRST = 0x26 => info(RETH, FullMtu, Write, First);
+    /// UC RDMA WRITE, middle packet.
+    UC_RDMA_WRITE_MIDDLE = 0x27 => info(NONE, FullMtu, Write, Middle);
+    /// UC RDMA WRITE, last packet.
+    UC_RDMA_WRITE_LAST = 0x28 => info(NONE, UpToMtu, Write, Last);
+    /// UC RDMA WRITE, last packet, with immediate data.
+    UC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x29 => info(IMM, UpToMtu, Write, Last);
+    /// UC RDMA WRITE in one packet.
+    UC_RDMA_WRITE_ONLY = 0x2A => info(RETH, ZeroToMtu, Write, Only);
+    /// UC RDMA WRITE in one packet, with immediate data.
+    UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2B => info(RETH_IMM, ZeroToMtu, Write, Only);
     /// UD SEND in one packet (UD messages never span packets).
     UD_SEND_ONLY = 0x64 => info(DETH, ZeroToMtu, UdSend, Only);
     /// UD SEND in one packet, with immediate data.
@@ -335,18 +359,6 @@ impl Opcode {
             return name;
         }
         match self.0 {
-            0x20 => "UC_SEND_FIRST",
-            0x21 => "UC_SEND_MIDDLE",
-            0x22 => "UC_SEND_LAST",
-            0x23 => "UC_SEND_LAST_WITH_IMMEDIATE",
-            0x24 => "UC_SEND_ONLY",
-            0x25 => "UC_SEND_ONLY_WITH_IMMEDIATE",
-            0x26 => "UC_RDMA_WRITE_FIRST",
-            0x27 => "UC_RDMA_WRITE_MIDDLE",
-            0x28 => "UC_RDMA_WRITE_LAST",
-            0x29 => "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
-            0x2A => "UC_RDMA_WRITE_ONLY",
-            0x2B => "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
             0x1C => "RC_FLUSH",
             0x1D => "RC_ATOMIC_WRITE",
             _ => "UNKNOWN",
@@ -389,7 +401,7 @@ mod tests {
 
     #[test]
     fn reserved_and_foreign_opcodes_have_no_info() {
-        for code in [0x15u8, 0x18, 0x1C, 0x1D, 0x1F, 0x24, 0x40, 0x66, 0x80, 0xFF] {
+        for code in [0x15u8, 0x18, 0x1C, 0x1D, 0x1F, 0x2C, 0x40, 0x66, 0x80, 0xFF] {
             assert_eq!(Opcode(code).info(), None, "opcode {code:#04x}");
         }
         assert_eq!(Opcode(0x15).name(), "UNKNOWN");
@@ -402,7 +414,7 @@ mod tests {
         assert_eq!(Opcode(0x11).name(), "RC_ACKNOWLEDGE");
         assert_eq!(Opcode(0x81).to_string(), "CNP");
         assert_eq!(format!("{:?}", Opcode(0x0c)), "Opcode(0x0c RC_RDMA_READ_REQUEST)");
-        assert_eq!(Opcode::ALL_KNOWN.len(), 26);
+        assert_eq!(Opcode::ALL_KNOWN.len(), 38);
     }
 
     #[test]

@@ -105,10 +105,10 @@ fn foreign_and_broken_packets() {
     other_port[22..24].copy_from_slice(&[0, 53]);
     assert!(!ip_packet(&other_port).roce);
     let mut unknown = ack_packet();
-    unknown[28] = 0x24; // UC_SEND_ONLY: named, but not parsed
+    unknown[28] = 0x1C; // RC_FLUSH: named, but not parsed
     let dump = ip_packet(&unknown);
     assert!(dump.roce && dump.error.is_some());
-    assert!(dump.summary().contains("UC_SEND_ONLY"));
+    assert!(dump.summary().contains("RC_FLUSH"));
     for len in 0..cnp_frame().len() {
         let dump = frame(&cnp_frame()[..len]);
         assert!(!dump.is_good());
