@@ -183,6 +183,24 @@ fn serve_conn(mut conn: TcpStream, table: &Table, stop: &AtomicBool) {
     }
 }
 
+/// Locks the table until `ready` holds, looking again at every change (and every 200 ms, for
+/// `stop`: an error once the server stops).
+fn wait_until<'a>(
+    table: &'a Table,
+    stop: &AtomicBool,
+    ready: impl Fn(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
+) -> io::Result<std::sync::MutexGuard<'a, HashMap<Vec<u8>, Vec<u8>>>> {
+    let mut map = table.map.lock().unwrap_or_else(|e| e.into_inner());
+    while !ready(&map) {
+        if stop.load(Ordering::Relaxed) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "store: stopping"));
+        }
+        map =
+            table.changed.wait_timeout(map, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+    }
+    Ok(map)
+}
+
 fn handle(query: u8, r: &mut impl Read, table: &Table, stop: &AtomicBool) -> io::Result<Option<Vec<u8>>> {
     let bad = |what: String| Err(io::Error::new(io::ErrorKind::InvalidData, what));
     match query {
@@ -204,22 +222,11 @@ fn handle(query: u8, r: &mut impl Read, table: &Table, stop: &AtomicBool) -> io:
         Q_GET => {
             let key = read_blob(r)?;
             // c10d clients WAIT before GET; a GET of a missing key waits too.
-            let mut map = table.map.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(v) = map.get(&key) {
-                    let mut out = Vec::with_capacity(v.len() + 8);
-                    put_blob(&mut out, v);
-                    return Ok(Some(out));
-                }
-                if stop.load(Ordering::Relaxed) {
-                    return bad("store: stopping".into());
-                }
-                map = table
-                    .changed
-                    .wait_timeout(map, Duration::from_millis(200))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
+            let map = wait_until(table, stop, |map| map.contains_key(&key))?;
+            let value = &map[&key];
+            let mut out = Vec::with_capacity(value.len() + 8);
+            put_blob(&mut out, value);
+            Ok(Some(out))
         }
         Q_ADD => {
             let key = read_blob(r)?;
@@ -246,17 +253,7 @@ fn handle(query: u8, r: &mut impl Read, table: &Table, stop: &AtomicBool) -> io:
         }
         Q_WAIT => {
             let keys = read_keys(r)?;
-            let mut map = table.map.lock().unwrap_or_else(|e| e.into_inner());
-            while !keys.iter().all(|k| map.contains_key(k)) {
-                if stop.load(Ordering::Relaxed) {
-                    return bad("store: stopping".into());
-                }
-                map = table
-                    .changed
-                    .wait_timeout(map, Duration::from_millis(200))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
+            drop(wait_until(table, stop, |map| keys.iter().all(|k| map.contains_key(k)))?);
             Ok(Some(vec![0]))
         }
         Q_GETNUMKEYS => {
