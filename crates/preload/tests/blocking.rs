@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{command, report, require, run, scratch, serve, shm_bytes, wait_for_lines, Mode};
+use common::{command, curl_download, report, require, run, scratch, serve, shm_bytes, wait_for_lines, Mode};
 
 fn peers() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py")
@@ -231,17 +231,7 @@ fn python_http_server_and_curl_both_preloaded_and_curl_alone() {
     {
         let got = dir.join(format!("got{i}"));
         let url = format!("http://127.0.0.1:{port}/file.bin");
-        let output = run(
-            // At 50 MB/s the download lasts long enough for the connection to switch.
-            command(
-                "curl",
-                &["-sS", "--limit-rate", "50M", "-o", got.to_str().unwrap(), &url],
-                mode,
-                &report_path,
-            ),
-            Duration::from_secs(30),
-            "curl",
-        );
+        let output = curl_download(&url, &got, mode, &report_path, Duration::from_secs(30));
         assert!(output.status.success(), "curl {i} ({mode:?}): {}", String::from_utf8_lossy(&output.stderr));
         assert_eq!(sha256_of(&got), expected, "download {i} ({mode:?})");
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{command, require, run, scratch, serve, shm_bytes, wait_for_lines, Mode};
+use common::{command, curl_download, require, run, scratch, serve, shm_bytes, wait_for_lines, Mode};
 
 fn sha256_of(path: &std::path::Path) -> String {
     let output = std::process::Command::new("sha256sum").arg(path).output().expect("sha256sum");
@@ -57,16 +57,7 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl() {
     let url = format!("http://127.0.0.1:{port}/file.bin");
     for (i, mode) in [Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate() {
         let got = dir.join(format!("got{i}"));
-        let output = run(
-            command(
-                "curl",
-                &["-sS", "--limit-rate", "50M", "-o", got.to_str().unwrap(), &url],
-                mode,
-                &report_path,
-            ),
-            Duration::from_secs(60),
-            "curl",
-        );
+        let output = curl_download(&url, &got, mode, &report_path, Duration::from_secs(60));
         assert!(output.status.success(), "curl {i}: {}", text(&output));
         assert_eq!(sha256_of(&got), expected, "download {i} ({mode:?})");
     }

@@ -115,6 +115,13 @@ pub fn serve(mut command: Command, port: u16, name: &str) -> Background {
     }
 }
 
+/// Downloads `url` into `to` with curl (in `mode`), at most 50 MB/s so that the transfer
+/// lasts long enough for a preloaded connection to switch; fails the test after `limit`.
+pub fn curl_download(url: &str, to: &Path, mode: Mode, report: &Path, limit: Duration) -> Output {
+    let args = ["-sS", "--limit-rate", "50M", "-o", to.to_str().unwrap(), url];
+    run(command("curl", &args, mode, report), limit, "curl")
+}
+
 /// Runs a command to its end (its output drained as it comes), killing it after `limit`
 /// (the test then fails).
 pub fn run(mut command: Command, limit: Duration, name: &str) -> Output {
