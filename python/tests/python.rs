@@ -1,0 +1,278 @@
+//! The Python package, driven through Debian's `/usr/bin/python3` with the extension cargo
+//! built for this test run (copied with the package's Python sources into a scratch
+//! directory on `PYTHONPATH`; nothing is installed): every numpy call, a dead rank's error,
+//! the torch backend's calls, and DDP runs over "lightpath" that must end with the same
+//! parameters as the same runs over "gloo" — under a torchrun-style environment, real
+//! torchrun and real mpirun. Every process runs under a deadline (its whole process group
+//! is killed after it) so that a hang fails the test instead of CI. A test whose program
+//! (numpy, torch, mpirun) is missing prints SKIPPED with the package that provides it
+//! (scripts/ci-deps/python.sh installs them in CI).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// One job at a time: the machine has few cores and the jobs pick ports.
+static ONE_JOB: Mutex<()> = Mutex::new(());
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py")
+}
+
+/// A directory holding `lightpath/` (the Python sources and the extension cargo built next
+/// to this test binary), for `PYTHONPATH`.
+fn package() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/python-HASH -> target/<profile>/lib_lightpath.so
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let lib = profile_dir.join("lib_lightpath.so");
+    assert!(lib.is_file(), "{} was not built (cargo builds the cdylib for this test)", lib.display());
+    let root = profile_dir.join(format!("python-test-{}", std::process::id()));
+    let pkg = root.join("lightpath");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("lightpath");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "py" || e == "pyi" || e == "typed") {
+            std::fs::copy(&path, pkg.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::copy(&lib, pkg.join("_lightpath.abi3.so")).unwrap();
+    root
+}
+
+/// Whether `/usr/bin/python3` imports `module`.
+fn python_has(module: &str) -> bool {
+    Command::new(PYTHON)
+        .args(["-c", &format!("import {module}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `cmd` in its own process group; after `deadline` the whole group is killed (the
+/// test then fails on the exit status).
+fn run(mut cmd: Command, deadline: Duration) -> Finished {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let reader_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let until = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > until {
+            eprintln!("deadline of {deadline:?} passed: killing process group {}", child.id());
+            let _ = Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Finished { code: status.code(), stdout: reader_out.join().unwrap(), stderr: reader_err.join().unwrap() }
+}
+
+/// Starts `n` ranks of `script` with torchrun's variables (rank 0 serves the store) and
+/// waits for all of them under one deadline.
+fn env_ranks(n: usize, script: &str, deadline: Duration) -> Vec<Finished> {
+    let pkg = package();
+    let port = free_port().to_string();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(PYTHON);
+            cmd.arg(scripts().join(script))
+                .env("PYTHONPATH", &pkg)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000");
+            std::thread::spawn(move || run(cmd, deadline))
+        })
+        .collect();
+    let done = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&pkg);
+    done
+}
+
+fn torchrun(args: &[&str], script: &str, script_args: &[&str], pkg: &Path, deadline: Duration) -> Finished {
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1"])
+        .args(args)
+        .arg(scripts().join(script))
+        .args(script_args)
+        .env("PYTHONPATH", pkg)
+        .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000");
+    run(cmd, deadline)
+}
+
+fn mpirun(n: usize, script: &str, script_args: &[&str], pkg: &Path, deadline: Duration) -> Finished {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "-n", &n.to_string(), "-x", "PYTHONPATH", "-x", "LIGHTPATH_COLL_TIMEOUT_MS"])
+        .args(["-x", &format!("MASTER_PORT={}", free_port())])
+        .arg(PYTHON)
+        .arg(scripts().join(script))
+        .args(script_args)
+        .env("PYTHONPATH", pkg)
+        .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    run(cmd, deadline)
+}
+
+fn check(what: &str, f: &Finished, marker: &str, count: usize) {
+    assert_eq!(
+        f.code,
+        Some(0),
+        "{what}: exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        f.code,
+        f.stdout,
+        f.stderr
+    );
+    assert_eq!(f.stdout.matches(marker).count(), count, "{what}: expected {count} x {marker:?}\n{}", f.stdout);
+}
+
+fn skip_without(modules: &[&str], mpi: bool) -> bool {
+    for m in modules {
+        if !python_has(m) {
+            eprintln!(
+                "SKIPPED: /usr/bin/python3 cannot import {m} (scripts/ci-deps/python.sh installs Debian's python3-numpy and python3-torch)"
+            );
+            return true;
+        }
+    }
+    if mpi && which("mpirun").is_none() {
+        eprintln!("SKIPPED: mpirun not found (scripts/ci-deps/collectives.sh installs Debian's openmpi-bin)");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn numpy_collectives_on_3_ranks_in_a_torchrun_environment() {
+    if skip_without(&["numpy"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let done = env_ranks(3, "numpy_collectives.py", Duration::from_secs(180));
+    for (r, f) in done.iter().enumerate() {
+        check(&format!("rank {r}"), f, &format!("numpy collectives correct on rank {r}"), 1);
+        assert!(f.stdout.contains("rdma/shm"), "rank {r} should reach its peers over shm: {}", f.stdout);
+    }
+}
+
+#[test]
+fn numpy_collectives_under_mpirun() {
+    if skip_without(&["numpy"], true) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let pkg = package();
+    let f = mpirun(3, "numpy_collectives.py", &[], &pkg, Duration::from_secs(180));
+    let _ = std::fs::remove_dir_all(&pkg);
+    check("mpirun", &f, "numpy collectives correct on rank", 3);
+}
+
+#[test]
+fn a_dead_rank_raises_peer_failed_naming_rank_op_and_seq() {
+    if skip_without(&["numpy"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let done = env_ranks(3, "peer_failure.py", Duration::from_secs(120));
+    for (r, f) in done.iter().enumerate().take(2) {
+        check(&format!("rank {r}"), f, "peer failure reported on rank", 1);
+        assert!(f.stdout.contains("rank=2 op=allreduce seq=4"), "{}", f.stdout);
+    }
+    assert_eq!(done[2].code, Some(3), "the dying rank exits 3: {}", done[2].stderr);
+}
+
+#[test]
+fn torch_backend_collectives_under_torchrun_and_mpirun() {
+    if skip_without(&["numpy", "torch.distributed.run"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let pkg = package();
+    let f = torchrun(&["--standalone"], "torch_collectives.py", &[], &pkg, Duration::from_secs(240));
+    check("torchrun", &f, "torch collectives correct on rank", 2);
+    if which("mpirun").is_some() {
+        let f = mpirun(3, "torch_collectives.py", &[], &pkg, Duration::from_secs(240));
+        check("mpirun", &f, "torch collectives correct on rank", 3);
+    } else {
+        eprintln!("SKIPPED (mpirun part): mpirun not found (scripts/ci-deps/collectives.sh installs openmpi-bin)");
+    }
+    let _ = std::fs::remove_dir_all(&pkg);
+}
+
+/// Trains the same DDP model over gloo and over lightpath with `launch` and compares the
+/// final parameters (tests/py/compare_runs.py: integers exactly, floats within 1e-4).
+fn ddp_matches_gloo(launch: impl Fn(&str, &str, &Path) -> Finished) {
+    let pkg = package();
+    let mut saved = Vec::new();
+    for backend in ["gloo", "lightpath"] {
+        let out = pkg.join(format!("ddp-{backend}.pt"));
+        let f = launch(backend, out.to_str().unwrap(), &pkg);
+        check(backend, &f, &format!("ddp {backend}: 300 steps"), 1);
+        saved.push(out);
+    }
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg(scripts().join("compare_runs.py")).args(&saved);
+    let f = run(cmd, Duration::from_secs(60));
+    eprintln!("{}", f.stdout);
+    check("compare", &f, "runs match", 1);
+    let _ = std::fs::remove_dir_all(&pkg);
+}
+
+#[test]
+fn ddp_over_lightpath_matches_gloo_under_torchrun() {
+    if skip_without(&["numpy", "torch.distributed.run"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    ddp_matches_gloo(|backend, out, pkg| {
+        torchrun(&["--standalone"], "ddp_train.py", &[backend, out, "300"], pkg, Duration::from_secs(300))
+    });
+}
+
+#[test]
+fn ddp_over_lightpath_matches_gloo_under_mpirun() {
+    if skip_without(&["numpy", "torch.distributed.run"], true) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    ddp_matches_gloo(|backend, out, pkg| mpirun(2, "ddp_train.py", &[backend, out, "300"], pkg, Duration::from_secs(300)));
+}
