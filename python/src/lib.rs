@@ -128,7 +128,7 @@ fn reduce_dtype(view: &View, dtype: Option<&str>) -> PyResult<DType> {
         })?,
         None => dtype_of_format(&view.format(), view.itemsize())?,
     };
-    if view.len() % d.size() != 0 {
+    if !view.len().is_multiple_of(d.size()) {
         return Err(PyValueError::new_err(format!(
             "the buffer's {} bytes are not a whole number of {d} elements",
             view.len()
@@ -270,10 +270,7 @@ impl Communicator {
     }
 
     /// Exports an input and a distinct output; `None` for the input means in place.
-    fn pair(
-        input: Option<&Bound<'_, PyAny>>,
-        output: &Bound<'_, PyAny>,
-    ) -> PyResult<(Option<View>, View)> {
+    fn pair(input: Option<&Bound<'_, PyAny>>, output: &Bound<'_, PyAny>) -> PyResult<(Option<View>, View)> {
         let out = View::export(output, "the output", true)?;
         let inp = match input {
             Some(i) => {
@@ -329,10 +326,9 @@ impl Communicator {
         }
         let seconds = |name: &str, v: Option<f64>| -> PyResult<Option<Duration>> {
             v.map(|s| {
-                Duration::try_from_secs_f64(s)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| PyValueError::new_err(format!("{name}={s}: give a positive number of seconds")))
+                Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+                    PyValueError::new_err(format!("{name}={s}: give a positive number of seconds"))
+                })
             })
             .transpose()
         };
@@ -355,7 +351,9 @@ impl Communicator {
             serve_store: false,
             key_prefix: prefix.to_string(),
         };
-        py.detach(|| RustCommunicator::init(&env, config)).map(Communicator::wrap).map_err(|e| to_pyerr(py, &e))
+        py.detach(|| RustCommunicator::init(&env, config))
+            .map(Communicator::wrap)
+            .map_err(|e| to_pyerr(py, &e))
     }
 
     /// This process's rank in the group.
@@ -442,12 +440,17 @@ impl Communicator {
 
     /// ``out`` = every rank's ``buf`` concatenated in rank order (``size`` times the bytes of
     /// ``buf``). With ``buf`` None it is in place: this rank's block is already in ``out``.
-    fn allgather(&self, py: Python<'_>, buf: Option<&Bound<'_, PyAny>>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn allgather(
+        &self,
+        py: Python<'_>,
+        buf: Option<&Bound<'_, PyAny>>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let (inp, mut out) = Self::pair(buf, out)?;
         let block = match &inp {
             Some(i) => i.len(),
             None => {
-                if out.len() % self.size != 0 {
+                if !out.len().is_multiple_of(self.size) {
                     return Err(PyValueError::new_err(format!(
                         "allgather in place: the output's {} bytes do not split into {} equal blocks",
                         out.len(),
@@ -503,14 +506,15 @@ impl Communicator {
         let (inp, mut out) = Self::pair(Some(buf), out)?;
         let inp = inp.expect("an input was given");
         let p = self.size;
-        if inp.len() % p != 0 || out.len() % p != 0 {
+        if !inp.len().is_multiple_of(p) || !out.len().is_multiple_of(p) {
             return Err(PyValueError::new_err(format!(
                 "alltoall: {} input and {} output bytes do not split into {p} equal blocks",
                 inp.len(),
                 out.len()
             )));
         }
-        let what = Collective::Alltoall { send_counts: vec![inp.len() / p; p], recv_counts: vec![out.len() / p; p] };
+        let what =
+            Collective::Alltoall { send_counts: vec![inp.len() / p; p], recv_counts: vec![out.len() / p; p] };
         self.run(py, &what, DType::U8, inp.bytes(), out.bytes_mut())
     }
 
@@ -604,7 +608,15 @@ impl StoreServer {
     #[pyo3(signature = (host = "0.0.0.0", port = 0))]
     fn new(py: Python<'_>, host: &str, port: u16) -> PyResult<StoreServer> {
         let server = RustStoreServer::bind((host, port)).map_err(|e| {
-            exception(py, "BootstrapError", &format!("serving a store on {host}:{port}: {e}"), None, None, None, None)
+            exception(
+                py,
+                "BootstrapError",
+                &format!("serving a store on {host}:{port}: {e}"),
+                None,
+                None,
+                None,
+                None,
+            )
         })?;
         Ok(StoreServer { port: server.local_addr().port(), server: Mutex::new(Some(server)) })
     }

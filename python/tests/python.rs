@@ -26,9 +26,11 @@ fn scripts() -> PathBuf {
 /// to this test binary), for `PYTHONPATH`.
 fn package() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/python-HASH -> target/<profile>/lib_lightpath.so
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile_dir.join("lib_lightpath.so");
+    // target/<profile>/deps/python-HASH; `cargo test` leaves the cdylib next to it
+    // (`cargo build` copies it up to target/<profile>/).
+    let deps = exe.parent().unwrap();
+    let profile_dir = deps.parent().unwrap();
+    let lib = deps.join("lib_lightpath.so");
     assert!(lib.is_file(), "{} was not built (cargo builds the cdylib for this test)", lib.display());
     let root = profile_dir.join(format!("python-test-{}", std::process::id()));
     let pkg = root.join("lightpath");
@@ -141,15 +143,23 @@ fn torchrun(args: &[&str], script: &str, script_args: &[&str], pkg: &Path, deadl
 
 fn mpirun(n: usize, script: &str, script_args: &[&str], pkg: &Path, deadline: Duration) -> Finished {
     let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-n", &n.to_string(), "-x", "PYTHONPATH", "-x", "LIGHTPATH_COLL_TIMEOUT_MS"])
-        .args(["-x", &format!("MASTER_PORT={}", free_port())])
-        .arg(PYTHON)
-        .arg(scripts().join(script))
-        .args(script_args)
-        .env("PYTHONPATH", pkg)
-        .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd.args([
+        "--oversubscribe",
+        "-n",
+        &n.to_string(),
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "LIGHTPATH_COLL_TIMEOUT_MS",
+    ])
+    .args(["-x", &format!("MASTER_PORT={}", free_port())])
+    .arg(PYTHON)
+    .arg(scripts().join(script))
+    .args(script_args)
+    .env("PYTHONPATH", pkg)
+    .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000")
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     run(cmd, deadline)
 }
 
@@ -162,7 +172,12 @@ fn check(what: &str, f: &Finished, marker: &str, count: usize) {
         f.stdout,
         f.stderr
     );
-    assert_eq!(f.stdout.matches(marker).count(), count, "{what}: expected {count} x {marker:?}\n{}", f.stdout);
+    assert_eq!(
+        f.stdout.matches(marker).count(),
+        count,
+        "{what}: expected {count} x {marker:?}\n{}",
+        f.stdout
+    );
 }
 
 fn skip_without(modules: &[&str], mpi: bool) -> bool {
@@ -215,7 +230,7 @@ fn a_dead_rank_raises_peer_failed_naming_rank_op_and_seq() {
     let done = env_ranks(3, "peer_failure.py", Duration::from_secs(120));
     for (r, f) in done.iter().enumerate().take(2) {
         check(&format!("rank {r}"), f, "peer failure reported on rank", 1);
-        assert!(f.stdout.contains("rank=2 op=allreduce seq=4"), "{}", f.stdout);
+        assert!(f.stdout.contains("rank=2 op=allreduce seq=5"), "{}", f.stdout);
     }
     assert_eq!(done[2].code, Some(3), "the dying rank exits 3: {}", done[2].stderr);
 }
@@ -233,7 +248,9 @@ fn torch_backend_collectives_under_torchrun_and_mpirun() {
         let f = mpirun(3, "torch_collectives.py", &[], &pkg, Duration::from_secs(240));
         check("mpirun", &f, "torch collectives correct on rank", 3);
     } else {
-        eprintln!("SKIPPED (mpirun part): mpirun not found (scripts/ci-deps/collectives.sh installs openmpi-bin)");
+        eprintln!(
+            "SKIPPED (mpirun part): mpirun not found (scripts/ci-deps/collectives.sh installs openmpi-bin)"
+        );
     }
     let _ = std::fs::remove_dir_all(&pkg);
 }
@@ -274,5 +291,58 @@ fn ddp_over_lightpath_matches_gloo_under_mpirun() {
         return;
     }
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
-    ddp_matches_gloo(|backend, out, pkg| mpirun(2, "ddp_train.py", &[backend, out, "300"], pkg, Duration::from_secs(300)));
+    ddp_matches_gloo(|backend, out, pkg| {
+        mpirun(2, "ddp_train.py", &[backend, out, "300"], pkg, Duration::from_secs(300))
+    });
+}
+
+/// `pip install ./python` (the README's command) into a virtual environment that sees
+/// Debian's packages, then the installed package runs the numpy example on 2 ranks. pip
+/// fetches maturin from PyPI; the build is the dev profile into this run's target directory
+/// (`MATURIN_PEP517_ARGS`), so it reuses what cargo already compiled.
+#[test]
+fn pip_install_builds_the_package_into_a_venv() {
+    if skip_without(&["numpy", "venv", "ensurepip"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let target_dir = profile_dir.parent().unwrap();
+    let venv = profile_dir.join(format!("python-venv-{}", std::process::id()));
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-m", "venv", "--system-site-packages"]).arg(&venv);
+    let f = run(cmd, Duration::from_secs(120));
+    assert_eq!(f.code, Some(0), "venv: {}", f.stderr);
+    let mut cmd = Command::new(venv.join("bin/pip"));
+    cmd.args(["install", "--no-deps", "--quiet"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .env("MATURIN_PEP517_ARGS", "--profile dev")
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env("CARGO_PROFILE_DEV_DEBUG", "0");
+    let f = run(cmd, Duration::from_secs(900));
+    assert_eq!(f.code, Some(0), "pip install ./python:\n{}\n{}", f.stdout, f.stderr);
+    let port = free_port().to_string();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/numpy_allreduce.py");
+    let handles: Vec<_> = (0..2)
+        .map(|r| {
+            let mut cmd = Command::new(venv.join("bin/python"));
+            cmd.arg(&example)
+                .current_dir(&venv) // not the source tree: the installed package must be imported
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port);
+            std::thread::spawn(move || run(cmd, Duration::from_secs(120)))
+        })
+        .collect();
+    for (r, h) in handles.into_iter().enumerate() {
+        let f = h.join().unwrap();
+        check(&format!("installed example, rank {r}"), &f, &format!("rank {r} of 2 over"), 1);
+    }
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.current_dir(&venv).args(["-c", "import lightpath; print(lightpath.__file__)"]);
+    let f = run(cmd, Duration::from_secs(60));
+    assert!(f.stdout.contains(venv.to_str().unwrap()), "imported from {}", f.stdout);
+    let _ = std::fs::remove_dir_all(&venv);
 }

@@ -1,6 +1,7 @@
 """A rank dies in the middle of a job; the survivors' next call raises PeerFailedError that
 names it, the operation and the call's sequence number. Prints "peer failure reported ...".
-Run with 3 ranks; rank 2 dies after 4 allreduces."""
+Run with 3 ranks; rank 2 dies after 4 allreduces (calls #1-#4: init's barrier is #0), so the
+failing call is allreduce #5."""
 
 import os
 
@@ -18,7 +19,7 @@ if r == 2:
 try:
     comm.allreduce(x)
 except lightpath.PeerFailedError as e:
-    assert e.rank == 2 and e.op == "allreduce" and e.seq == 4, (e.rank, e.op, e.seq, str(e))
+    assert e.rank == 2 and e.op == "allreduce" and e.seq == 5, (e.rank, e.op, e.seq, str(e))
     assert isinstance(e, lightpath.LightpathError)
     print(f"peer failure reported on rank {r}: rank={e.rank} op={e.op} seq={e.seq}: {e}", flush=True)
 else:
