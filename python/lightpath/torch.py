@@ -61,7 +61,15 @@ if hasattr(ReduceOp, "AVG"):
     _OPS.append((ReduceOp.AVG, "avg"))
 
 
+# The RedOpType inside a ReduceOp (`op.op`) -> name: one dict lookup per call instead of
+# comparisons through pybind (which stay as the fallback).
+_BY_TYPE = {getattr(known, "op", known): name for known, name in _OPS}
+
+
 def _op_name(op: Any) -> str:
+    name = _BY_TYPE.get(getattr(op, "op", op))
+    if name is not None:
+        return name
     for known, name in _OPS:
         if op == known:
             return name
@@ -72,6 +80,9 @@ def _op_name(op: Any) -> str:
     )
 
 
+_PLAIN = frozenset([torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8, torch.int16])
+
+
 class _Buffer:
     """A CPU tensor as a numpy array sharing its memory (a contiguous copy for
     non-contiguous tensors, written back by ``finish``) and the element type to reduce it as."""
@@ -79,16 +90,26 @@ class _Buffer:
     __slots__ = ("tensor", "work", "array", "dtype")
 
     def __init__(self, tensor: torch.Tensor, what: str) -> None:
+        self.tensor = tensor
+        self.dtype: Optional[str] = None
+        # Fast path (DDP's buckets): a plain contiguous CPU tensor is its own numpy array.
+        if (
+            tensor.dtype in _PLAIN
+            and not tensor.requires_grad
+            and tensor.device.type == "cpu"
+            and tensor.is_contiguous()
+        ):
+            self.work = tensor
+            self.array = tensor.numpy()
+            return
         if tensor.device.type != "cpu":
             raise InvalidArgumentError(
                 f"{what}: the lightpath backend takes CPU tensors, got one on {tensor.device}", None, what
             )
-        self.tensor = tensor
         work = tensor.detach()
         if not work.is_contiguous():
             work = work.contiguous()
         self.work = work
-        self.dtype: Optional[str] = None
         if work.is_complex():
             work = torch.view_as_real(work)
         if work.dtype == torch.bfloat16:
@@ -98,7 +119,7 @@ class _Buffer:
         self.array = work.numpy()
 
     def finish(self) -> None:
-        if self.work.data_ptr() != self.tensor.data_ptr():
+        if self.work is not self.tensor and self.work.data_ptr() != self.tensor.data_ptr():
             with torch.no_grad():
                 self.tensor.copy_(self.work)
 
