@@ -346,3 +346,85 @@ fn pip_install_builds_the_package_into_a_venv() {
     assert!(f.stdout.contains(venv.to_str().unwrap()), "imported from {}", f.stdout);
     let _ = std::fs::remove_dir_all(&venv);
 }
+
+/// Runs `ip ARGS`, panicking with its stderr on failure.
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Two "hosts" as network namespaces joined by a veth pair, one rank in each, each started
+/// by its own torchrun (`--nnodes 2 --node_rank N`, static rendezvous at the first
+/// namespace's address): DDP over lightpath (soft, RoCE v2 over UDP, between them) ends
+/// where DDP over gloo (TCP on the veth) does.
+#[test]
+fn ddp_over_lightpath_matches_gloo_across_network_namespaces() {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false);
+    if !is_root || which("ip").is_none() {
+        eprintln!("SKIPPED: needs root and iproute2's ip to create network namespaces");
+        return;
+    }
+    if skip_without(&["numpy", "torch.distributed.run"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = std::process::id() % 100_000;
+    let ns = [format!("lpy{tag}a"), format!("lpy{tag}b")];
+    let dev = [format!("lpyv{tag}a"), format!("lpyv{tag}b")];
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    ip(&["netns", "add", &ns[0]]);
+    let _cleanup_a = Cleanup(ns[0].clone());
+    ip(&["netns", "add", &ns[1]]);
+    let _cleanup_b = Cleanup(ns[1].clone());
+    ip(&["link", "add", &dev[0], "netns", &ns[0], "type", "veth", "peer", "name", &dev[1], "netns", &ns[1]]);
+    for (i, addr) in ["10.232.0.1/24", "10.232.0.2/24"].into_iter().enumerate() {
+        ip(&["-n", &ns[i], "addr", "add", addr, "dev", &dev[i]]);
+        ip(&["-n", &ns[i], "link", "set", &dev[i], "up"]);
+        ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
+    }
+    let port = free_port().to_string();
+    ddp_matches_gloo(|backend, out, pkg| {
+        let handles: Vec<_> = (0..2)
+            .map(|node| {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", &ns[node], PYTHON, "-m", "torch.distributed.run"])
+                    .args(["--nnodes", "2", "--node_rank", &node.to_string(), "--nproc_per_node", "1"])
+                    .args([
+                        "--master_addr",
+                        "10.232.0.1",
+                        "--master_port",
+                        &port,
+                        "--redirects",
+                        "1",
+                        "--tee",
+                        "1",
+                    ])
+                    .arg(scripts().join("ddp_train.py"))
+                    .args([backend, out, "300"])
+                    .env("PYTHONPATH", pkg)
+                    .env("GLOO_SOCKET_IFNAME", &dev[node])
+                    .env("LIGHTPATH_COLL_TIMEOUT_MS", "20000");
+                std::thread::spawn(move || run(cmd, Duration::from_secs(300)))
+            })
+            .collect();
+        let mut done: Vec<Finished> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let second = done.pop().unwrap();
+        assert_eq!(second.code, Some(0), "node 1 ({backend}):\n{}\n{}", second.stdout, second.stderr);
+        let first = done.pop().unwrap();
+        if backend == "lightpath" {
+            assert!(
+                first.stdout.contains("lightpath transports: [None, 'rdma/soft']"),
+                "the namespaces should talk over soft: {}",
+                first.stdout
+            );
+        }
+        first
+    });
+}

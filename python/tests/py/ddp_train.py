@@ -57,6 +57,9 @@ for k, v in model.named_parameters():
     dist.all_gather(gathered, v.detach().contiguous())
     assert all(torch.equal(g, gathered[0]) for g in gathered), f"{k} differs between ranks"
 if rank == 0:
+    if backend == "lightpath":
+        pg = dist.distributed_c10d._get_default_group()
+        print(f"lightpath transports: {pg.comm.transports()}", flush=True)
     torch.save(state, out_path)
     print(f"ddp {backend}: {steps} steps, final loss {loss.item():.5f}, saved {out_path}", flush=True)
 dist.barrier()
