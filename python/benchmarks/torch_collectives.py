@@ -54,7 +54,8 @@ def timed(f, iters):
 
 
 if rank == 0:
-    print(f"{size} ranks; time per call (best of 3 rounds); ratio = gloo / lightpath", flush=True)
+    transports = lp.comm.transports() if hasattr(lp, "comm") else "?"
+    print(f"{size} ranks, lightpath transports {transports}; time per call (best of 3 rounds); ratio = gloo / lightpath", flush=True)
     print(f"{'op':<11} {'bytes':>9} {'gloo us':>10} {'lightpath us':>13} {'ratio':>7}", flush=True)
 for op in ["all_reduce", "all_gather", "broadcast"]:
     for n in sizes:
