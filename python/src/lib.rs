@@ -271,21 +271,39 @@ impl Communicator {
 
     /// Exports an input and a distinct output; `None` for the input means in place.
     fn pair(input: Option<&Bound<'_, PyAny>>, output: &Bound<'_, PyAny>) -> PyResult<(Option<View>, View)> {
+        match input {
+            Some(i) => Self::both(i, output).map(|(i, o)| (Some(i), o)),
+            None => Ok((None, View::export(output, "the output", true)?)),
+        }
+    }
+
+    /// Exports an input and an output that must not overlap.
+    fn both(input: &Bound<'_, PyAny>, output: &Bound<'_, PyAny>) -> PyResult<(View, View)> {
         let out = View::export(output, "the output", true)?;
-        let inp = match input {
-            Some(i) => {
-                let v = View::export(i, "the input", false)?;
-                if overlaps(&v, &out) {
-                    return Err(PyValueError::new_err(
-                        "the input and the output overlap: pass the buffer alone for an in-place call",
-                    ));
-                }
-                Some(v)
-            }
-            None => None,
-        };
+        let inp = View::export(input, "the input", false)?;
+        if overlaps(&inp, &out) {
+            return Err(PyValueError::new_err(
+                "the input and the output overlap: pass the buffer alone for an in-place call",
+            ));
+        }
         Ok((inp, out))
     }
+}
+
+/// For out-of-place reductions: the input's elements must be the output's (else the bytes
+/// would be reinterpreted).
+fn same_elements(inp: &View, out: &View, dtype: Option<&str>) -> PyResult<()> {
+    if dtype.is_some() {
+        return Ok(());
+    }
+    let (i, o) =
+        (dtype_of_format(&inp.format(), inp.itemsize())?, dtype_of_format(&out.format(), out.itemsize())?);
+    if i != o {
+        return Err(PyTypeError::new_err(format!(
+            "the input's elements ({i}) differ from the output's ({o})"
+        )));
+    }
+    Ok(())
 }
 
 fn counts_in_bytes(counts: &[usize], itemsize: usize, what: &str) -> PyResult<Vec<usize>> {
@@ -403,6 +421,9 @@ impl Communicator {
             None => (None, View::export(buf, "the buffer", true)?),
         };
         let d = reduce_dtype(&out, dtype)?;
+        if let Some(i) = &inp {
+            same_elements(i, &out, dtype)?;
+        }
         let count = out.len() / d.size();
         let algo = comm.allreduce_algorithm(out.len());
         let what = Collective::Allreduce { count, op, algo, in_place: inp.is_none() };
@@ -474,11 +495,10 @@ impl Communicator {
         out: &Bound<'_, PyAny>,
         counts: Vec<usize>,
     ) -> PyResult<()> {
-        let (inp, mut out) = Self::pair(Some(buf), out)?;
+        let (inp, mut out) = Self::both(buf, out)?;
         let counts = counts_in_bytes(&counts, out.itemsize(), "allgatherv counts")?;
         let what = Collective::Allgather { counts, in_place: false };
-        let input = inp.as_ref().map(View::bytes).unwrap_or(&[]);
-        self.run(py, &what, DType::U8, input, out.bytes_mut())
+        self.run(py, &what, DType::U8, inp.bytes(), out.bytes_mut())
     }
 
     /// ``out`` = ``op`` over every rank's block ``rank`` of ``buf`` (``buf`` holds ``size``
@@ -493,18 +513,17 @@ impl Communicator {
         dtype: Option<&str>,
     ) -> PyResult<()> {
         let op = parse_op(op)?;
-        let (inp, mut out) = Self::pair(Some(buf), out)?;
+        let (inp, mut out) = Self::both(buf, out)?;
         let d = reduce_dtype(&out, dtype)?;
+        same_elements(&inp, &out, dtype)?;
         let what = Collective::ReduceScatter { count: out.len() / d.size(), op };
-        let input = inp.as_ref().map(View::bytes).unwrap_or(&[]);
-        self.run(py, &what, d, input, out.bytes_mut())
+        self.run(py, &what, d, inp.bytes(), out.bytes_mut())
     }
 
     /// Block ``j`` of ``buf`` goes to rank ``j``; block ``i`` of ``out`` comes from rank
     /// ``i`` (``size`` equal blocks each).
     fn alltoall(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (inp, mut out) = Self::pair(Some(buf), out)?;
-        let inp = inp.expect("an input was given");
+        let (inp, mut out) = Self::both(buf, out)?;
         let p = self.size;
         if !inp.len().is_multiple_of(p) || !out.len().is_multiple_of(p) {
             return Err(PyValueError::new_err(format!(
@@ -528,8 +547,7 @@ impl Communicator {
         out: &Bound<'_, PyAny>,
         recv_counts: Vec<usize>,
     ) -> PyResult<()> {
-        let (inp, mut out) = Self::pair(Some(buf), out)?;
-        let inp = inp.expect("an input was given");
+        let (inp, mut out) = Self::both(buf, out)?;
         let what = Collective::Alltoall {
             send_counts: counts_in_bytes(&send_counts, inp.itemsize(), "alltoallv send_counts")?,
             recv_counts: counts_in_bytes(&recv_counts, out.itemsize(), "alltoallv recv_counts")?,

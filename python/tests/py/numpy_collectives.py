@@ -125,6 +125,9 @@ raises(TypeError, comm.allreduce, np.zeros(4, dtype=np.int8))
 raises(TypeError, comm.allreduce, np.zeros(4, dtype=">f4"))
 raises(ValueError, comm.allreduce, np.zeros(4, dtype=np.float32), op="xor")
 raises(ValueError, comm.allreduce, np.zeros(4, dtype=np.float32), dtype="complex")
+raises(TypeError, comm.allreduce, np.zeros(4, dtype=np.int32), np.zeros(4, dtype=np.float32))
+raises(TypeError, comm.reduce_scatter, np.zeros(4 * p, dtype=np.float64), np.zeros(2, dtype=np.float32))
+comm.allreduce(np.zeros(4, dtype=np.longlong), np.zeros(4, dtype=np.int64))  # "q" and "l": both i64
 same = np.zeros(8, dtype=np.float32)
 raises(ValueError, comm.allreduce, same, same)  # overlapping in and out
 e = raises(errors.InvalidArgumentError, comm.allreduce, np.zeros(4, dtype=np.float32), np.zeros(5, dtype=np.float32))
