@@ -82,6 +82,3 @@ class StoreServer:
         """The port it listens on."""
     def close(self) -> None:
         """Stops serving."""
-
-def init() -> Communicator:
-    """Joins the job the launcher's environment describes."""

@@ -652,16 +652,9 @@ impl StoreServer {
     }
 }
 
-/// Joins the job the launcher's environment describes; see ``lightpath.init``.
-#[pyfunction]
-fn init(py: Python<'_>) -> PyResult<Communicator> {
-    Communicator::from_env(py)
-}
-
 #[pymodule]
 fn _lightpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Communicator>()?;
     m.add_class::<StoreServer>()?;
-    m.add_function(wrap_pyfunction!(init, m)?)?;
     Ok(())
 }
