@@ -2,8 +2,9 @@
 
 ``lightpath.init()`` joins the job that the launcher (torchrun, mpirun, srun or
 ``lightpath launch``) started and returns a :class:`Communicator`; its calls (allreduce,
-broadcast, allgather, reduce_scatter, alltoall, barrier, send/recv, ...) work on numpy arrays
-and any C-contiguous object with the buffer protocol, in place or out of place, with the GIL
+broadcast, allgather, reduce_scatter, alltoall, barrier, send/recv, ...) work on numpy arrays,
+torch CPU tensors (DLPack) and any C-contiguous object with the buffer protocol, in place or
+out of place, with the GIL
 released while they communicate. Failures raise :class:`LightpathError` subclasses that name
 the rank at fault, the operation and its sequence number.
 

@@ -2,8 +2,8 @@
 
 from typing import Any, List, Optional
 
-# Anything with the buffer protocol: numpy arrays, bytearray, memoryview, array.array, ...
-# Buffers must be C-contiguous; outputs must be writable.
+# Anything with the buffer protocol (numpy arrays, bytearray, memoryview, array.array, ...)
+# or DLPack on the CPU (torch tensors). Buffers must be C-contiguous; outputs writable.
 Buffer = Any
 
 class Communicator:

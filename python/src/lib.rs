@@ -1,11 +1,12 @@
 //! The native half of the `lightpath` Python package (`lightpath._lightpath`): a
 //! [`Communicator`](lightpath_collectives::Communicator) for Python, whose collectives work on
 //! any C-contiguous object with the buffer protocol (numpy arrays, `bytearray`, `memoryview`,
-//! `array.array`, torch tensors through `.numpy()`).
+//! `array.array`) or with DLPack on the CPU (torch tensors).
 //!
 //! Why a layer of its own: the collectives crate is safe Rust over slices; Python hands out
-//! raw memory through the buffer protocol, which needs FFI (`PyObject_GetBuffer`) and a
-//! translation of the buffer's struct-module format into the collectives' element types. This
+//! raw memory through the buffer protocol or DLPack capsules, which need FFI
+//! (`PyObject_GetBuffer`, `PyCapsule_*`, DLPack's structs) and a translation of the element
+//! format into the collectives' element types. This
 //! crate does only that, plus releasing the GIL while a call communicates and turning the
 //! collectives' errors into the Python exceptions of `lightpath/errors.py` (which carry the
 //! rank at fault, the operation and its sequence number). The Python API around it (`init`,
@@ -24,18 +25,90 @@ use std::ffi::CStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One exported buffer (`PyObject_GetBuffer`), released when dropped.
+/// DLPack's C structs (dlpack.h, ABI version 0.x as torch 1.13 and numpy 1.24 export it).
+mod dlpack {
+    use std::ffi::c_void;
+
+    /// `kDLCPU`.
+    pub const CPU: i32 = 1;
+
+    #[repr(C)]
+    pub struct Device {
+        pub device_type: i32,
+        pub device_id: i32,
+    }
+
+    #[repr(C)]
+    pub struct DataType {
+        pub code: u8,
+        pub bits: u8,
+        pub lanes: u16,
+    }
+
+    #[repr(C)]
+    pub struct Tensor {
+        pub data: *mut c_void,
+        pub device: Device,
+        pub ndim: i32,
+        pub dtype: DataType,
+        pub shape: *mut i64,
+        pub strides: *mut i64,
+        pub byte_offset: u64,
+    }
+
+    #[repr(C)]
+    pub struct ManagedTensor {
+        pub dl_tensor: Tensor,
+        pub manager_ctx: *mut c_void,
+        pub deleter: Option<unsafe extern "C" fn(*mut ManagedTensor)>,
+    }
+}
+
+/// Who keeps a [`View`]'s memory alive until the view is dropped.
+enum Owner {
+    /// A buffer-protocol export (`PyObject_GetBuffer`), released with `PyBuffer_Release`.
+    Buffer(Box<ffi::Py_buffer>),
+    /// A DLPack tensor taken from its capsule (renamed `used_dltensor`, so this view owns
+    /// it), released with its deleter.
+    DLPack(*mut dlpack::ManagedTensor),
+}
+
+/// The memory of one argument of a call: C-contiguous bytes, their element format and item
+/// size, and the export that keeps them alive (released on drop).
 ///
-/// Not `Send` (it holds the raw `Py_buffer`), so it never crosses into a GIL-released closure:
-/// only the byte slices borrowed from it do, and the export (hence the memory) outlives them.
+/// Not `Send` (it holds raw pointers), so it never crosses into a GIL-released closure:
+/// only the byte slices borrowed from it do, and the export outlives them.
 struct View {
-    raw: Box<ffi::Py_buffer>,
+    owner: Owner,
+    ptr: *mut u8,
+    len: usize,
+    itemsize: usize,
+    /// A struct-module format (`"f"`, `"<i8"`...), or `"bf16"` for DLPack's bfloat16.
+    format: String,
     writable: bool,
 }
 
 impl View {
-    /// Exports `obj`'s memory, which must be C-contiguous (and writable when asked).
+    /// Exports `obj`'s memory, which must be C-contiguous (and writable when asked): through
+    /// the buffer protocol, else (torch tensors, ...) through `__dlpack__` on the CPU.
     fn export(obj: &Bound<'_, PyAny>, what: &str, writable: bool) -> PyResult<View> {
+        match Self::export_buffer(obj, writable) {
+            Ok(v) => Ok(v),
+            Err(cause) if obj.hasattr("__dlpack__").unwrap_or(false) => {
+                Self::export_dlpack(obj, what).inspect_err(|e| e.set_cause(obj.py(), Some(cause)))
+            }
+            Err(cause) => {
+                let kind = if writable { "a writable, C-contiguous" } else { "a C-contiguous" };
+                let err = PyBufferError::new_err(format!(
+                    "{what} must be {kind} object with the buffer protocol or DLPack (numpy array, torch CPU tensor, bytearray, memoryview, ...)"
+                ));
+                err.set_cause(obj.py(), Some(cause));
+                Err(err)
+            }
+        }
+    }
+
+    fn export_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<View> {
         let mut raw = Box::new(ffi::Py_buffer::new());
         let mut flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT;
         if writable {
@@ -46,69 +119,194 @@ impl View {
         // keeps the memory alive until `PyBuffer_Release` (in `Drop`).
         let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *raw, flags) };
         if rc != 0 {
-            let cause = PyErr::fetch(obj.py());
-            let kind = if writable { "a writable, C-contiguous" } else { "a C-contiguous" };
-            let err = PyBufferError::new_err(format!(
-                "{what} must be {kind} object with the buffer protocol (numpy array, bytearray, memoryview, ...)"
-            ));
-            err.set_cause(obj.py(), Some(cause));
-            return Err(err);
+            return Err(PyErr::fetch(obj.py()));
         }
-        Ok(View { raw, writable })
+        let format = if raw.format.is_null() {
+            "B".to_string()
+        } else {
+            // SAFETY: a non-null `format` from a successful export with `PyBUF_FORMAT` is a
+            // NUL-terminated string that lives as long as the export.
+            unsafe { CStr::from_ptr(raw.format) }.to_string_lossy().into_owned()
+        };
+        let len = usize::try_from(raw.len).unwrap_or(0);
+        let itemsize = usize::try_from(raw.itemsize).unwrap_or(1).max(1);
+        let ptr = raw.buf as *mut u8;
+        Ok(View { owner: Owner::Buffer(raw), ptr, len, itemsize, format, writable })
+    }
+
+    fn export_dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<View> {
+        let capsule = obj.call_method0("__dlpack__").map_err(|cause| {
+            let err = PyBufferError::new_err(format!("{what}: __dlpack__ failed: {cause}"));
+            err.set_cause(obj.py(), Some(cause));
+            err
+        })?;
+        const NAME: &CStr = c"dltensor";
+        const USED: &CStr = c"used_dltensor";
+        // SAFETY: `capsule` is a live object; `PyCapsule_IsValid` accepts any object and
+        // checks that it is a capsule with this name.
+        if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), NAME.as_ptr()) } != 1 {
+            return Err(PyTypeError::new_err(format!(
+                "{what}: __dlpack__ did not return a \"dltensor\" capsule"
+            )));
+        }
+        // SAFETY: the capsule is valid with this name (checked above), so its pointer is the
+        // producer's `DLManagedTensor`. Renaming it to "used_dltensor" is the DLPack
+        // protocol's hand-over: the capsule's destructor will no longer free it, and this
+        // view calls its deleter on drop.
+        let managed = unsafe {
+            let m = ffi::PyCapsule_GetPointer(capsule.as_ptr(), NAME.as_ptr()) as *mut dlpack::ManagedTensor;
+            if m.is_null() || ffi::PyCapsule_SetName(capsule.as_ptr(), USED.as_ptr()) != 0 {
+                return Err(PyErr::fetch(obj.py()));
+            }
+            m
+        };
+        // From here on `view` owns the tensor (its drop calls the deleter), also on error.
+        let mut view = View {
+            owner: Owner::DLPack(managed),
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            itemsize: 1,
+            format: String::new(),
+            writable: true,
+        };
+        // SAFETY: `managed` is the producer's live `DLManagedTensor` (owned by `view` until
+        // its deleter runs); `shape` and `strides` (if not null) hold `ndim` entries each, as
+        // the DLPack ABI requires.
+        let (t, shape, strides) = unsafe {
+            let t = &(*managed).dl_tensor;
+            let ndim = usize::try_from(t.ndim).unwrap_or(0);
+            let shape = if ndim == 0 || t.shape.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(t.shape, ndim)
+            };
+            let strides = if ndim == 0 || t.strides.is_null() {
+                None
+            } else {
+                Some(std::slice::from_raw_parts(t.strides, ndim))
+            };
+            (t, shape, strides)
+        };
+        if t.device.device_type != dlpack::CPU {
+            return Err(PyTypeError::new_err(format!(
+                "{what}: a DLPack tensor on device type {} (lightpath takes CPU memory)",
+                t.device.device_type
+            )));
+        }
+        if t.dtype.lanes != 1 || t.dtype.bits == 0 || t.dtype.bits % 8 != 0 {
+            return Err(PyTypeError::new_err(format!(
+                "{what}: DLPack elements of {} bits x {} lanes are not supported",
+                t.dtype.bits, t.dtype.lanes
+            )));
+        }
+        let itemsize = usize::from(t.dtype.bits / 8);
+        let mut numel: usize = 1;
+        let mut expected: i64 = 1;
+        for (d, &n) in shape.iter().enumerate().rev() {
+            let n_usize =
+                usize::try_from(n).map_err(|_| PyValueError::new_err(format!("{what}: shape {shape:?}")))?;
+            numel = numel
+                .checked_mul(n_usize)
+                .ok_or_else(|| PyValueError::new_err(format!("{what}: shape {shape:?}")))?;
+            if let Some(st) = strides {
+                if n > 1 && st[d] != expected {
+                    return Err(PyBufferError::new_err(format!(
+                        "{what} must be C-contiguous (DLPack shape {shape:?}, strides {st:?}); call .contiguous()"
+                    )));
+                }
+            }
+            expected = expected.saturating_mul(n.max(1));
+        }
+        let len =
+            numel.checked_mul(itemsize).ok_or_else(|| PyValueError::new_err(format!("{what}: too large")))?;
+        let format = match (t.dtype.code, t.dtype.bits) {
+            (0, 8) => "b",
+            (0, 16) => "h",
+            (0, 32) => "i",
+            (0, 64) => "q",
+            (1, 8) => "B",
+            (1, 16) => "H",
+            (1, 32) => "I",
+            (1, 64) => "Q",
+            (2, 16) => "e",
+            (2, 32) => "f",
+            (2, 64) => "d",
+            (4, 16) => "bf16",
+            (6, 8) => "?",
+            _ => "x",
+        };
+        view.ptr = if len == 0 || t.data.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (t.data as *mut u8).wrapping_add(usize::try_from(t.byte_offset).unwrap_or(0))
+        };
+        view.len = len;
+        view.itemsize = itemsize;
+        view.format = format.to_string();
+        Ok(view)
     }
 
     fn len(&self) -> usize {
-        usize::try_from(self.raw.len).unwrap_or(0)
+        self.len
     }
 
     fn itemsize(&self) -> usize {
-        usize::try_from(self.raw.itemsize).unwrap_or(1).max(1)
+        self.itemsize
     }
 
-    /// The struct-module format of the elements (`"B"` when the exporter gives none).
     fn format(&self) -> String {
-        if self.raw.format.is_null() {
-            return "B".into();
-        }
-        // SAFETY: a non-null `format` from a successful export with `PyBUF_FORMAT` is a
-        // NUL-terminated string that lives as long as the export.
-        unsafe { CStr::from_ptr(self.raw.format) }.to_string_lossy().into_owned()
+        self.format.clone()
     }
 
     fn range(&self) -> std::ops::Range<usize> {
-        let start = self.raw.buf as usize;
-        start..start + self.len()
+        let start = self.ptr as usize;
+        start..start + self.len
     }
 
     fn bytes(&self) -> &[u8] {
-        if self.len() == 0 || self.raw.buf.is_null() {
+        if self.len == 0 || self.ptr.is_null() {
             return &[];
         }
-        // SAFETY: a C-contiguous export's `buf` points to `len` bytes that stay valid until
-        // the export is released, which `Drop` does only after this borrow of `self` ends.
-        // Another Python thread writing to the same memory meanwhile is the caller's race, as
-        // with every extension that releases the GIL over array memory.
-        unsafe { std::slice::from_raw_parts(self.raw.buf as *const u8, self.len()) }
+        // SAFETY: a C-contiguous export's memory (`ptr`, `len` bytes: a buffer export's
+        // `buf`/`len`, or a DLPack tensor's data + byte offset, numel x item size, checked
+        // contiguous) stays valid until the export is released, which `Drop` does only after
+        // this borrow of `self` ends. Another Python thread writing to the same memory
+        // meanwhile is the caller's race, as with every extension that releases the GIL
+        // over array memory.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         debug_assert!(self.writable);
-        if self.len() == 0 || self.raw.buf.is_null() {
+        if self.len == 0 || self.ptr.is_null() {
             return &mut [];
         }
-        // SAFETY: as in `bytes`; the export was requested with `PyBUF_WRITABLE`, and the
-        // callers check that no other view borrowed for the same call overlaps this memory,
-        // so the mutable slice is the only Rust reference to it.
-        unsafe { std::slice::from_raw_parts_mut(self.raw.buf as *mut u8, self.len()) }
+        // SAFETY: as in `bytes`; buffer exports were requested with `PyBUF_WRITABLE` (DLPack
+        // carries no read-only flag: its producers hand out writable memory), and the callers
+        // check that no other view borrowed for the same call overlaps this memory, so the
+        // mutable slice is the only Rust reference to it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl Drop for View {
     fn drop(&mut self) {
-        // SAFETY: `raw` was filled by a successful `PyObject_GetBuffer` and is released
-        // once. Views live only inside methods called with the GIL held and are dropped after
-        // any GIL-released section ends, so the GIL is held here.
-        unsafe { ffi::PyBuffer_Release(&mut *self.raw) }
+        match &mut self.owner {
+            // SAFETY: `raw` was filled by a successful `PyObject_GetBuffer` and is released
+            // once. Views live only inside methods called with the GIL held and are dropped
+            // after any GIL-released section ends, so the GIL is held here.
+            Owner::Buffer(raw) => unsafe { ffi::PyBuffer_Release(&mut **raw) },
+            Owner::DLPack(managed) => {
+                // SAFETY: this view took the tensor from its capsule (renamed, so nobody
+                // else frees it); DLPack's contract is that the consumer calls `deleter`
+                // once, with the tensor itself.
+                unsafe {
+                    if let Some(deleter) = (**managed).deleter {
+                        deleter(*managed);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -165,6 +363,7 @@ fn dtype_of_format(format: &str, itemsize: usize) -> PyResult<DType> {
         ("f", 4) => Some(DType::F32),
         ("d", 8) => Some(DType::F64),
         ("e", 2) => Some(DType::F16),
+        ("bf16", 2) => Some(DType::BF16), // DLPack's bfloat16 (no struct-module code exists)
         ("B", 1) => Some(DType::U8),
         ("b" | "h" | "i" | "l" | "q" | "n", 4) => Some(DType::I32),
         ("b" | "h" | "i" | "l" | "q" | "n", 8) => Some(DType::I64),
@@ -227,9 +426,10 @@ fn exception(
 /// A group of ranks and the collective calls among them.
 ///
 /// Every rank must make the same calls in the same order. Buffers are C-contiguous objects
-/// with the buffer protocol; outputs must be writable. Reductions take the element type
-/// from the buffer (float32/64/16, int32/64, uint8) or from ``dtype``; the other calls move
-/// bytes and take any element type. The GIL is released while a call communicates.
+/// with the buffer protocol or DLPack (CPU); outputs must be writable. Reductions take the
+/// element type from the buffer (float32/64/16, bfloat16, int32/64, uint8) or from
+/// ``dtype``; the other calls move bytes and take any element type. The GIL is released
+/// while a call communicates.
 #[pyclass(frozen, name = "Communicator", module = "lightpath._lightpath")]
 struct Communicator {
     inner: Mutex<Option<Arc<RustCommunicator>>>,

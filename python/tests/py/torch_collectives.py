@@ -125,6 +125,34 @@ if backend == "lightpath":
         assert "not supported" in str(e), e
     else:
         raise AssertionError("BXOR should raise")
+
+# The process group's Communicator takes torch tensors directly (DLPack).
+comm = dist.distributed_c10d._get_default_group().comm
+t = torch.full((5,), float(r + 1))
+comm.allreduce(t)
+assert torch.equal(t, torch.full((5,), float(sum(range(1, p + 1))))), t
+b = torch.ones(4, dtype=torch.bfloat16)
+comm.allreduce(b)
+assert torch.equal(b, torch.full((4,), float(p), dtype=torch.bfloat16)), b
+src, out = torch.arange(6, dtype=torch.int64).reshape(2, 3) + 10 * r, torch.empty(6 * p, dtype=torch.int64)
+comm.allgather(src, out)
+assert torch.equal(out, torch.cat([torch.arange(6) + 10 * q for q in range(p)]))
+i8 = torch.full((3,), r, dtype=torch.int8)
+comm.broadcast(i8, root=p - 1)
+assert torch.equal(i8, torch.full((3,), p - 1, dtype=torch.int8))
+for bad, exc in [
+    (torch.ones(4, 4)[:, 0], BufferError),  # not contiguous
+    (torch.zeros(3, dtype=torch.int8), TypeError),  # not reducible
+    (torch.zeros(3, requires_grad=True), BufferError),  # torch refuses to export it
+]:
+    try:
+        comm.allreduce(bad)
+    except exc:
+        pass
+    else:
+        raise AssertionError(f"allreduce of {bad} should raise {exc.__name__}")
+for _ in range(2000):  # every call takes the tensor from its capsule and frees it once
+    comm.allreduce(t[:1])
 dist.barrier()
 print(f"torch collectives correct on rank {r} ({backend})", flush=True)
 dist.destroy_process_group()
