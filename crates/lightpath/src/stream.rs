@@ -375,6 +375,32 @@ impl Stream {
         }
     }
 
+    /// What an armed RDMA stream can do now: readable, and writable (kept bytes pushed first).
+    fn look(conn: &mut Box<dyn RdmaStream>) -> (bool, bool) {
+        let readable = conn.readable_now();
+        // Bytes kept from an accepted message go out first, and until they have the stream
+        // is not writable (an empty write pushes them; see `set_nonblocking`). Room the peer
+        // returns while this looks (a credit word, which raises no event) is used before
+        // reporting, never slept through: asking the peer for a wake-up re-reads the credit
+        // word, and finding room then means looking again.
+        let mut writable = false;
+        for _ in 0..4 {
+            let kept_out = !would_block(&conn.write(&[], Deadline::Now));
+            if conn.writable_now() {
+                writable = kept_out;
+                if kept_out {
+                    break;
+                }
+                continue;
+            }
+            conn.note_write_blocked();
+            if !conn.writable_now() {
+                break;
+            }
+        }
+        (readable, writable)
+    }
+
     /// Consumes any wake-up, arms the readiness fd and reports what the stream can do now.
     /// When it reports "not writable" on an RDMA stream, it also makes sure the peer will wake
     /// this side once room returns (see [`Stream::readiness_fd`]).
@@ -387,36 +413,27 @@ impl Stream {
                 // for what the peer sends only, unless this side needs its own requests'
                 // completions to go on (a later call that waits for them widens the arming:
                 // see `RdmaConn::widen_arming`).
-                let wake = conn.reader_wake();
-                conn.arm(wake)?;
-                let readable = conn.readable_now();
-                // Bytes kept from an accepted message go out first, and until they have the
-                // stream is not writable (an empty write pushes them; see `set_nonblocking`).
-                // Room the peer returns while this looks (a credit word, which raises no
-                // event) is used before reporting, never slept through: asking the peer for a
-                // wake-up re-reads the credit word, and finding room then means looking again.
-                let mut writable = false;
-                for _ in 0..4 {
-                    let kept_out = !would_block(&conn.write(&[], Deadline::Now));
-                    if conn.writable_now() {
-                        writable = kept_out;
-                        if kept_out {
-                            break;
+                let mut wake = conn.reader_wake();
+                let mut widened = false;
+                let (readable, writable) = loop {
+                    conn.arm(wake)?;
+                    let (readable, writable) = Self::look(conn);
+                    if wake == lightpath_verbs::WakeFor::Arrivals
+                        && (!writable || conn.reader_wake() == lightpath_verbs::WakeFor::Anything)
+                    {
+                        // The look queued requests whose completions this side needs, or a
+                        // write would not fit: room may come back with this side's own
+                        // completions (the peer is asked for a wake-up only once nothing of
+                        // ours is in flight), so those wake it too. Arming takes what arrived
+                        // meanwhile, which raises no event: if it took something, look again.
+                        wake = lightpath_verbs::WakeFor::Anything;
+                        if !conn.arm(wake)? && !widened {
+                            widened = true;
+                            continue;
                         }
-                        continue;
                     }
-                    conn.note_write_blocked();
-                    if !conn.writable_now() {
-                        break;
-                    }
-                }
-                if wake == lightpath_verbs::WakeFor::Arrivals
-                    && conn.reader_wake() == lightpath_verbs::WakeFor::Anything
-                {
-                    // The look queued requests whose completions this side needs: those wake
-                    // it too.
-                    conn.arm(lightpath_verbs::WakeFor::Anything)?;
-                }
+                    break (readable, writable);
+                };
                 Ok(Readiness { readable, writable })
             }
             Backend::Tcp(conn) => {

@@ -110,6 +110,11 @@ impl Inbox {
         self.armed.store(true, Ordering::SeqCst);
     }
 
+    /// Withdraws `arm` (the queue pair's own doorbell serves the event loop instead).
+    pub(crate) fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+
     /// The eventfd, for epoll: readable once a completion arrives after `arm`.
     pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.event.as_fd()

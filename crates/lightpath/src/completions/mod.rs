@@ -246,7 +246,6 @@ impl<D: Device> ConnCompletions<D> {
             return Ok(0);
         }
         self.inbox.set_arrivals_only(false);
-        self.inbox.arm();
         if qp.arm_waiter(WakeFor::Anything)? {
             return self.hub.poll_for_locked(&self.inbox, qpn, out);
         }
@@ -287,9 +286,14 @@ impl<D: Device + 'static> ConnCompletions<D> {
         wake: WakeFor,
     ) -> io::Result<usize> {
         // An event loop cannot lead: its own doorbell is the direct path even alone on the hub.
+        // The provider then writes the fd for every completion made after the arming (by the
+        // peer's news or by another thread, see `QueuePair::arm_waiter`), and what was made
+        // before is taken below: the inbox is not armed as well, or a completion another
+        // thread routes here would write the fd a second time (two wake-ups of the event
+        // loop per message).
         if let (true, Some(qpn)) = (self.waiter, self.qpn) {
             self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
-            self.inbox.arm();
+            self.inbox.disarm();
             if qp.arm_waiter(wake).map_err(from_verbs)? {
                 return self.hub.poll_for_locked(&self.inbox, qpn, out).map_err(from_verbs);
             }
