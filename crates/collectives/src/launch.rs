@@ -7,6 +7,15 @@
 //! fails (non-zero exit or a signal) the others get `grace` to notice and exit on their own
 //! (they do, through the collectives' failure detection), then are killed; the launcher exits
 //! with the first failure's status.
+//!
+//! Like Open MPI's mpirun, it binds each rank to a CPU when there are at least as many CPUs
+//! (of those the launcher may use) as ranks: rank `i` runs on the `i`-th. Why: the ranks poll
+//! while they wait (see the mesh), and unbound, the scheduler sometimes puts two ranks that
+//! wait for each other on one CPU while the other runs something else; every exchange then
+//! costs context switches. Measured with 2 ranks on this project's loaded 2-CPU machine,
+//! 8-byte allreduce: median 1.5-2.3 us bound against 2.3-9.4 us unbound. With more ranks than
+//! CPUs nothing is bound (the scheduler has to move them). [`LaunchOptions::bind`] turns it
+//! off.
 
 use crate::store::StoreServer;
 use std::io;
@@ -23,12 +32,15 @@ pub struct LaunchOptions {
     pub grace: Duration,
     /// Extra environment for every rank.
     pub env: Vec<(String, String)>,
+    /// Bind rank `i` to the `i`-th usable CPU when there are at least as many as ranks
+    /// (default true; see the module docs).
+    pub bind: bool,
 }
 
 impl LaunchOptions {
     /// `ranks` ranks, 10 s grace.
     pub fn new(ranks: usize) -> Self {
-        LaunchOptions { ranks, grace: Duration::from_secs(10), env: Vec::new() }
+        LaunchOptions { ranks, grace: Duration::from_secs(10), env: Vec::new(), bind: true }
     }
 }
 
@@ -66,7 +78,21 @@ pub fn launch(program: &str, args: &[String], opts: &LaunchOptions) -> io::Resul
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let job = format!("{}-{now}", std::process::id());
     let mut children: Vec<Child> = Vec::with_capacity(opts.ranks);
+    // Children inherit the affinity of the thread that starts them: this thread takes each
+    // rank's CPU in turn, and its own set back afterwards.
+    let own_cpus = rustix::thread::sched_getaffinity(None).ok();
+    let cpus: Vec<usize> = own_cpus
+        .as_ref()
+        .map(|set| (0..rustix::thread::CpuSet::MAX_CPU).filter(|c| set.is_set(*c)).collect())
+        .unwrap_or_default();
+    let bind = opts.bind && opts.ranks <= cpus.len();
     for rank in 0..opts.ranks {
+        if bind {
+            let mut one = rustix::thread::CpuSet::new();
+            one.set(cpus[rank]);
+            // Best effort: a rank started unbound still runs correctly.
+            let _ = rustix::thread::sched_setaffinity(None, &one);
+        }
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env("LIGHTPATH_RANK", rank.to_string())
@@ -78,7 +104,11 @@ pub fn launch(program: &str, args: &[String], opts: &LaunchOptions) -> io::Resul
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
-        match cmd.spawn() {
+        let spawned = cmd.spawn();
+        if let (true, Some(set)) = (bind, &own_cpus) {
+            let _ = rustix::thread::sched_setaffinity(None, set);
+        }
+        match spawned {
             Ok(c) => children.push(c),
             Err(e) => {
                 for c in &mut children {
