@@ -87,9 +87,9 @@ pub fn launch(program: &str, args: &[String], opts: &LaunchOptions) -> io::Resul
         .unwrap_or_default();
     let bind = opts.bind && opts.ranks <= cpus.len();
     for rank in 0..opts.ranks {
-        if bind {
+        if let (true, Some(&cpu)) = (bind, cpus.get(rank)) {
             let mut one = rustix::thread::CpuSet::new();
-            one.set(cpus[rank]);
+            one.set(cpu);
             // Best effort: a rank started unbound still runs correctly.
             let _ = rustix::thread::sched_setaffinity(None, &one);
         }

@@ -9,12 +9,26 @@
 //! `bye` means the process died: the kernel closes its sockets, so every other rank learns it
 //! within a wake-up, whether or not it was talking to that rank.
 //!
-//! The driver is single-threaded and nonblocking: it moves every step of a round as far as
-//! the streams allow, spins briefly when nothing moves, then yields, then sleeps in `poll` on
-//! the streams' readiness descriptors and the control sockets. A call fails, rather than
-//! hangs, when a peer dies (control connection closed without `bye`, data stream reset or
-//! closed early), when another rank aborts, or when a peer it waits for makes no progress for
-//! the configured timeout.
+//! The driver is single-threaded and nonblocking. For each round of a schedule it moves every
+//! step as far as the streams allow, looking at each stream with [`lightpath::Stream::drive`]
+//! (reap completions, post queued records; no system call) and reading or writing only the
+//! streams that can move. A receive is done with its last byte. A send is done once the stream
+//! has accepted all its bytes *and handed them to the transport* (no bytes kept, no records
+//! waiting for send-queue room or receive credits): from then on they reach the peer without
+//! this rank calling again, and the stream copied them, so the caller may reuse the buffer.
+//! It does not wait for the peer's acknowledgement: that wait cost a round trip and often a
+//! wake-up per step (allreduce, 2 ranks over shm, fastest call: 8 B 1.6-2.1 us and 1 KiB
+//! 48 us before, 0.7-1.2 us for both now).
+//!
+//! When nothing moves, the rank keeps looking, yielding the core between looks
+//! (`sched_yield`; `LIGHTPATH_COLL_SPIN_US` busy-polls that long first), for 2 ms, then sleeps
+//! in `poll` on the streams' readiness descriptors and the control sockets. Looking without
+//! sleeping is what small calls need (a wake-up costs tens of microseconds, milliseconds on a
+//! loaded machine); yielding rather than spinning keeps a rank from holding the CPU that the
+//! peer it waits for needs when ranks share CPUs. A call fails, rather than hangs, when a peer
+//! dies (control connection closed without `bye`, data stream reset or closed early), when
+//! another rank aborts, or when a peer it waits for makes no progress for the configured
+//! timeout; the control connections are read every 64 looks and at every wake-up.
 
 use crate::dtype;
 use crate::error::Error;
@@ -525,7 +539,7 @@ impl Mesh {
             }
             if idle < YIELD {
                 // A failure shows on the control connections; look there now and then.
-                if idle_looks % 64 == 0 {
+                if idle_looks.is_multiple_of(64) {
                     self.check_aborted(op, seq)?;
                     self.check_control(op, seq)?;
                 }
