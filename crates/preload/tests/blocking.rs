@@ -21,8 +21,7 @@ fn banner_exchange(name: &str, server_mode: Mode, client_mode: Mode) -> (String,
     let port = common::free_port();
     let script = peers();
     let script = script.to_str().unwrap();
-    // The server serves connections one by one until the test ends (the readiness probe of
-    // `serve` is its first).
+    // The server serves connections one by one until the test ends.
     let _server = serve(
         command("python3", &[script, "banner-server", &port.to_string(), "100"], server_mode, &report_path),
         port,
@@ -40,8 +39,7 @@ fn banner_exchange(name: &str, server_mode: Mode, client_mode: Mode) -> (String,
     );
     assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
     let preloaded = [server_mode, client_mode].iter().filter(|m| **m == Mode::Preloaded).count();
-    // The probe connection of `serve` is reported by a preloaded server too.
-    let expected = preloaded + usize::from(server_mode == Mode::Preloaded);
+    let expected = preloaded;
     let lines = wait_for_lines(&report_path, expected, Duration::from_secs(10));
     (String::from_utf8_lossy(&output.stdout).trim().to_string(), lines)
 }
@@ -177,8 +175,7 @@ fn socat_relay_both_preloaded_moves_the_file_over_shm() {
         port,
         "socat server",
     );
-    // The readiness probe created the output (empty); the real transfer follows. The file is
-    // fed at a modest pace (64 KiB every 5 ms) so the connection lives long enough to switch.
+    // The file is fed at a modest pace (64 KiB every 5 ms) so the connection lives long enough to switch.
     std::thread::sleep(Duration::from_millis(200));
     let pipeline = format!(
         "python3 -c 'import sys,time\nd=open(sys.argv[1],\"rb\").read()\nfor i in range(0,len(d),65536):\n sys.stdout.buffer.write(d[i:i+65536]); sys.stdout.flush(); time.sleep(0.005)' {} | socat -u STDIN TCP:127.0.0.1:{port}",

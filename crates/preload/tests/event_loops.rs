@@ -219,7 +219,6 @@ fn iperf3_forward_and_reverse_with_byte_counts() {
         let report_path = dir.join("report");
         let port = common::free_port();
         let p = port.to_string();
-        // Not -1: `serve`'s readiness probe is the server's first client.
         let _server =
             serve(command("iperf3", &["-s", "-p", &p], Mode::Preloaded, &report_path), port, "iperf3 -s");
         let mut args = vec!["-c", "127.0.0.1", "-p", &p, "-n", "400M", "-J"];

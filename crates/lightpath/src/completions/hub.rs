@@ -166,17 +166,28 @@ impl<D: Device> Hub<D> {
         }
     }
 
-    /// Polls the queue for the connection of queue pair `qpn`, whose inbox the caller found
-    /// empty: its own completions go straight into `out` while there is room (no inbox on the
-    /// way, the common case of a connection polling for itself), everything else is routed.
-    /// Returns 0 at once if another thread is routing (it routes for all).
-    pub(crate) fn poll_for(&self, qpn: u32, out: &mut [WorkCompletion]) -> lightpath_verbs::Result<usize> {
+    /// Polls the queue for the connection of queue pair `qpn` (whose inbox is `inbox`): its
+    /// own completions go straight into `out` while there is room (no inbox on the way, the
+    /// common case of a connection polling for itself), everything else is routed. Returns 0
+    /// at once if another thread is routing (it routes for all).
+    ///
+    /// Order: a thread that routed before this one took the router lock may have put some of
+    /// this connection's completions into its inbox after the caller last found it empty.
+    /// Those are older than anything the queue gives now, so they are taken first, under the
+    /// lock; polling the queue past them would hand the connection a later completion before
+    /// an earlier one (a record's arrival before the one ahead of it in the stream).
+    pub(crate) fn poll_for(
+        &self,
+        inbox: &Inbox,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+    ) -> lightpath_verbs::Result<usize> {
         let guard = match self.router.try_lock() {
             Ok(guard) => guard,
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
         };
-        self.poll_routing(guard, qpn, out)
+        self.poll_routing(guard, inbox, qpn, out)
     }
 
     /// Like `poll_for`, but waits for the router lock if another thread routes: when it
@@ -184,18 +195,26 @@ impl<D: Device> Hub<D> {
     /// about to sleep on its inbox's eventfd relies on that, see `ConnCompletions::wait`).
     pub(crate) fn poll_for_locked(
         &self,
+        inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
-        self.poll_routing(lock(&self.router), qpn, out)
+        self.poll_routing(lock(&self.router), inbox, qpn, out)
     }
 
     fn poll_routing(
         &self,
         mut guard: MutexGuard<'_, Vec<WorkCompletion>>,
+        inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
+        // With the router lock held nobody else routes: what the inbox holds now is all that
+        // was routed here, and older than what the queue gives next (see `poll_for`).
+        let routed = inbox.pop(out);
+        if routed > 0 {
+            return Ok(routed);
+        }
         let buf: &mut Vec<WorkCompletion> = &mut guard;
         let mut taken = 0;
         loop {
@@ -208,7 +227,7 @@ impl<D: Device> Hub<D> {
     }
 
     /// Of the completions `wcs` just taken from the queue (router lock held, the caller's
-    /// inbox empty), moves queue pair `qpn`'s into `out` after the `taken` already there, in
+    /// inbox found empty under it), moves queue pair `qpn`'s into `out` after the `taken` already there, in
     /// order, while there is room (once one has gone to the inbox, all later ones must follow
     /// it there), and routes the rest. Returns the new count in `out`.
     fn keep_own(
@@ -267,7 +286,7 @@ impl<D: Device> Hub<D> {
             if n > 0 {
                 return Ok(n);
             }
-            let n = self.poll_for(qpn, out)?;
+            let n = self.poll_for(inbox, qpn, out)?;
             if n > 0 {
                 return Ok(n);
             }

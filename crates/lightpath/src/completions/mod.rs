@@ -150,7 +150,7 @@ impl<D: Device> ConnCompletions<D> {
             return Ok(n);
         }
         let Some(qpn) = self.qpn else { return Ok(0) };
-        let n = self.hub.poll_for(qpn, out)?;
+        let n = self.hub.poll_for(&self.inbox, qpn, out)?;
         if n > 0 {
             return Ok(n);
         }
@@ -202,7 +202,7 @@ impl<D: Device> ConnCompletions<D> {
             }
             if woken {
                 // Rung: the news is most likely there; take it without arming first.
-                let n = self.hub.poll_for(qpn, out)?;
+                let n = self.hub.poll_for(&self.inbox, qpn, out)?;
                 if n > 0 {
                     return Ok(Some(n));
                 }
@@ -218,7 +218,7 @@ impl<D: Device> ConnCompletions<D> {
             // is routing), and only then the sleep.
             woken = self.inbox.sleep_while(left, || {
                 found = match qp.arm_waiter(wake) {
-                    Ok(true) => self.hub.poll_for_locked(qpn, out).map(Some),
+                    Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
                     Err(err) => Err(err),
                 };
@@ -264,7 +264,7 @@ impl<D: Device + 'static> ConnCompletions<D> {
             self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
             self.inbox.arm();
             if qp.arm_waiter(wake).map_err(from_verbs)? {
-                return self.hub.poll_for_locked(qpn, out).map_err(from_verbs);
+                return self.hub.poll_for_locked(&self.inbox, qpn, out).map_err(from_verbs);
             }
         }
         self.inbox.set_arrivals_only(false);

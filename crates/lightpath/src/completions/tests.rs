@@ -288,3 +288,37 @@ fn a_leader_keeps_its_own_in_order_and_routes_the_rest() {
     let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
     assert_eq!(ends[0].0.completions.poll(&mut buf).unwrap(), 0, "a completion was delivered twice");
 }
+
+/// The race behind lost message parts: connection `b` found its inbox empty, then another
+/// thread routed `b`'s first receive into it, then `b`'s own poll of the queue (once it holds
+/// the router lock) finds its second. The router lock holder must take the routed one first,
+/// or `b` sees its records out of order (a stream record handled after the one behind it).
+#[test]
+fn a_poll_takes_what_was_routed_before_what_the_queue_holds() {
+    let device = device(ProgressMode::polling());
+    let hubs = HubPool::new(4096);
+    let (_pd, ends) = pairs(&device, &hubs, 2);
+    let (a, b) = &ends[0];
+    let (other, _) = &ends[1];
+    for i in 0..2 {
+        b.qp.post_recv(&RecvWr::new(i, &[])).unwrap();
+    }
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 8];
+    // The first send's receive is routed into b's inbox by another connection's poll.
+    send_empty(&a.qp, 10);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.completions.inbox.is_empty() {
+        assert!(Instant::now() < deadline, "the first receive never reached b's inbox");
+        assert_eq!(other.completions.poll(&mut buf).unwrap(), 0, "the other connection has nothing");
+    }
+    // The second one stays in the queue until b itself polls.
+    send_empty(&a.qp, 11);
+    let qpn = b.qp.qpn();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        assert!(Instant::now() < deadline, "b has {got:?} of its two receives");
+        let n = b.completions.hub.poll_for(&b.completions.inbox, qpn, &mut buf).unwrap();
+        got.extend(buf[..n].iter().filter(|wc| wc.opcode == WcOpcode::Recv).map(|wc| wc.wr_id));
+    }
+    assert_eq!(got, [0, 1], "b's receives out of order");
+}

@@ -47,6 +47,21 @@ pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(20);
 const PROBE_ID: u64 = u64::MAX;
 /// Largest record this side sends.
 const MAX_RECORD: u32 = 1 << 20;
+/// Records a peer's ring holds at the largest record size: the reader sees a record only once
+/// it is whole, so a record as large as the ring would make writer and reader take turns (the
+/// writer fills the ring, then waits while the reader empties it). With a record at most an
+/// eighth of the ring the reader copies one record out while the writer fills the next one
+/// (measured on shm, `stream_bw` 1 MiB writes: 5.6 GB/s with ring-sized records, 8.5 GB/s
+/// with 64 KiB ones in the default 512 KiB ring).
+const RECORDS_PER_RING: u32 = 8;
+/// Smallest cap [`max_record_for`] picks (below it a record's completion costs more than the
+/// overlap wins).
+const MIN_RECORD_CAP: u32 = 16 << 10;
+
+/// The largest record this side sends into a peer ring of `peer_ring` bytes.
+fn max_record_for(peer_ring: u32) -> u32 {
+    (peer_ring / RECORDS_PER_RING).clamp(MIN_RECORD_CAP, MAX_RECORD)
+}
 
 /// When a blocking call gives up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -132,7 +132,7 @@ impl<D: Device> RdmaSetup<D> {
             local_recv_depth: depth,
             peer_recv_depth: u32::from(peer.recv_depth),
             send_depth: self.options.send_depth,
-            max_record: MAX_RECORD,
+            max_record: max_record_for(peer.ring_len),
             cork_depth: if self.options.nodelay { 0 } else { 2 },
         };
         config.validate().map_err(invalid)?;

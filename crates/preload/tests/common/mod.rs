@@ -102,17 +102,32 @@ pub fn serve(mut command: Command, port: u16, name: &str) -> Background {
     let child = command.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
     let mut server = Background(child, name.to_string());
     let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            // That probe connection was a plain client: harmless, it is reported as such.
-            return server;
-        }
+    // Ready once the kernel lists a listening socket on the port. Not by connecting: a probe
+    // connection is a client that sends nothing, which some servers answer by resetting
+    // themselves (iperf3 closes and reopens its listener after such a client, and a real
+    // client queued on the old listener meanwhile is reset: "unable to send cookie").
+    while !listening(port) {
         if let Ok(Some(status)) = server.0.try_wait() {
             panic!("{name} exited before listening: {status}");
         }
         assert!(Instant::now() < deadline, "{name} did not listen on {port} within 15 s");
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
+    server
+}
+
+/// Whether some socket listens on TCP `port` (IPv4 or IPv6), from `/proc/net/tcp{,6}`
+/// (state 0A is LISTEN).
+fn listening(port: u16) -> bool {
+    let local = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|text| {
+            text.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A"
+            })
+        })
+    })
 }
 
 /// Downloads `url` into `to` with curl (in `mode`), at most 50 MB/s so that the transfer

@@ -42,10 +42,14 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps all of `memfd` (one we created), read-only or read-write, with its pages
-    /// pre-faulted.
+    /// Maps all of `memfd` (one we created), read-only or read-write. Pages are not
+    /// pre-faulted: a page of a memfd costs memory only once this process or the peer touches
+    /// it, so an idle connection's rings and queue segment cost the few pages their headers and
+    /// first records use, not their full size (with `MAP_POPULATE` every region and segment was
+    /// resident from the start: about 0.7 MB per shm connection). The first pass over a page
+    /// costs one fault, once per page for the mapping's life.
     pub(crate) fn new(memfd: &Memfd, writable: bool) -> io::Result<Self> {
-        Self::map(memfd, memfd.len(), writable, MapFlags::POPULATE)
+        Self::map(memfd, memfd.len(), writable, MapFlags::empty())
     }
 
     /// Maps the first `len` bytes of a peer's `memfd` without pre-faulting: a peer decides the
