@@ -16,8 +16,8 @@ pub struct Args {
     /// Seconds the other ranks may run after one failed, before they are killed.
     #[arg(long, default_value_t = 10)]
     grace: u64,
-    /// Do not bind each rank to a CPU (by default rank i runs on the i-th CPU when there are
-    /// at least as many CPUs as ranks, as mpirun does).
+    /// Do not bind each rank to a CPU (by default rank i runs on the (i mod n)-th of the n
+    /// CPUs this launcher may use).
     #[arg(long)]
     no_bind: bool,
     /// The command and its arguments (after `--`).
