@@ -284,7 +284,7 @@ impl Communicator {
         let address = listeners.address().map_err(Error::bootstrap)?;
         store.set(&format!("{prefix}addr/{}", env.rank), address.as_bytes()).map_err(Error::bootstrap)?;
         let init_timeout = config.init_timeout;
-        let mesh = Mesh::connect(
+        let mut mesh = Mesh::connect(
             env.rank,
             env.size,
             listeners,
@@ -299,6 +299,7 @@ impl Communicator {
             config.timeout,
             init_timeout,
         )?;
+        mesh.choose_spin(env.local_size);
         let aborted = mesh.abort_flag();
         let abort_lines = Mutex::new(mesh.control_clones());
         let shared = Arc::new(Shared {

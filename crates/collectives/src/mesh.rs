@@ -20,12 +20,13 @@
 //! wake-up per step (allreduce, 2 ranks over shm, fastest call: 8 B 1.6-2.1 us and 1 KiB
 //! 48 us before, 0.7-1.2 us for both now).
 //!
-//! When nothing moves, the rank keeps looking, yielding the core between looks
-//! (`sched_yield`; `LIGHTPATH_COLL_SPIN_US` busy-polls that long first), for 2 ms, then sleeps
-//! in `poll` on the streams' readiness descriptors and the control sockets. Looking without
-//! sleeping is what small calls need (a wake-up costs tens of microseconds, milliseconds on a
-//! loaded machine); yielding rather than spinning keeps a rank from holding the CPU that the
-//! peer it waits for needs when ranks share CPUs. A call fails, rather than hangs, when a peer
+//! When nothing moves, the rank keeps looking for 2 ms, then sleeps in `poll` on the streams'
+//! readiness descriptors and the control sockets. Looking without sleeping is what small calls
+//! need (a wake-up costs tens of microseconds, milliseconds on a loaded machine). A rank bound
+//! to its own CPU, with a CPU for every rank of the host, busy-polls for the first 50 us (as
+//! Open MPI does when not oversubscribed); otherwise, and after that, it yields the CPU between
+//! looks (`sched_yield`), so that a rank never holds a CPU that the peer it waits for needs.
+//! `LIGHTPATH_COLL_SPIN_US` sets the busy-poll time. A call fails, rather than hangs, when a peer
 //! dies (control connection closed without `bye`, data stream reset or closed early), when
 //! another rank aborts, or when a peer it waits for makes no progress for the configured
 //! timeout; the control connections are read every 64 looks and at every wake-up.
@@ -40,6 +41,9 @@ use std::time::{Duration, Instant};
 const HELLO_MAGIC: u32 = 0x4C50_434F; // "LPCO"
 const STAGE: usize = 256 << 10;
 /// How long a rank whose streams show nothing busy-polls them before yielding the core.
+/// How long a rank bound to its own CPU busy-polls before it starts yielding (see
+/// `Mesh::choose_spin`).
+const SPIN: Duration = Duration::from_micros(50);
 /// How long a rank whose streams show nothing keeps looking, yielding the core between looks,
 /// before it sleeps in `poll`.
 const YIELD: Duration = Duration::from_millis(2);
@@ -227,11 +231,21 @@ impl Mesh {
             scratch: Vec::new(),
             waiting_on: None,
             aborted: Default::default(),
-            spin: std::env::var("LIGHTPATH_COLL_SPIN_US")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(Duration::ZERO, Duration::from_micros),
+            spin: Duration::ZERO,
         })
+    }
+
+    /// Chooses how long an idle rank busy-polls before yielding (see `run_round`), for
+    /// `local_size` ranks on this host: `LIGHTPATH_COLL_SPIN_US` if set, else [`SPIN`] when
+    /// this thread is bound to one CPU and the host has a CPU for every local rank (no peer
+    /// can then be waiting for this rank's CPU), else 0. Open MPI decides the same way
+    /// (it yields when oversubscribed).
+    pub(crate) fn choose_spin(&mut self, local_size: usize) {
+        self.spin = match std::env::var("LIGHTPATH_COLL_SPIN_US").ok().and_then(|v| v.parse().ok()) {
+            Some(us) => Duration::from_micros(us),
+            None if bound_to_one_cpu() && local_size <= online_cpus() => SPIN,
+            None => Duration::ZERO,
+        };
     }
 
     /// The flag `Communicator::abort` sets.
@@ -524,13 +538,15 @@ impl Mesh {
                 continue;
             }
             // Nothing moved. Keep looking without sleeping (a peer a few microseconds behind
-            // then costs no wake-up, which is tens of microseconds and more under load), but
-            // yield the core between looks: ranks may share cores with each other or with
-            // other work, and a rank that spins while the peer it waits for sits on its core
-            // behind it costs that peer a scheduler slice. Measured on 2 loaded cores, pure
-            // spinning before yielding made small calls slower on average (20-50 us of spin:
-            // 2-10x the average of yielding at once) at the same minimum. After `YIELD`,
-            // sleep on the streams' readiness descriptors.
+            // then costs no wake-up, which is tens of microseconds and more under load). A rank
+            // bound to its own CPU busy-polls first (`choose_spin`): yielding there hands the
+            // CPU to whatever else runs on it, for a scheduler slice. Otherwise, or after the
+            // spin, it yields between looks: ranks may share CPUs, and one that spins while
+            // the peer it waits for sits on its CPU behind it costs that peer a slice.
+            // Measured on 2 loaded CPUs, 8 B allreduce of 2 ranks, average: bound, 1.2-4.6 us
+            // with 50 us of spin against 46-65 us yielding at once; unbound, 59-86 us with 50
+            // us of spin against 5-11 us yielding at once (medians ~1 us throughout). After
+            // `YIELD`, sleep on the streams' readiness descriptors.
             idle_looks += 1;
             let idle = last_progress.elapsed();
             if idle < self.spin {
@@ -772,6 +788,26 @@ impl Mesh {
             }
         }
     }
+}
+
+/// Whether this thread may run on exactly one CPU.
+fn bound_to_one_cpu() -> bool {
+    rustix::thread::sched_getaffinity(None).is_ok_and(|set| set.count() == 1)
+}
+
+/// How many CPUs the host has online (`/sys/devices/system/cpu/online`, e.g. `0-3,8`), or
+/// what this process may use if that cannot be read.
+fn online_cpus() -> usize {
+    let listed = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|text| {
+        text.trim()
+            .split(',')
+            .map(|range| match range.split_once('-') {
+                Some((a, b)) => Some(b.parse::<usize>().ok()?.checked_sub(a.parse().ok()?)? + 1),
+                None => range.parse::<usize>().ok().map(|_| 1),
+            })
+            .sum::<Option<usize>>()
+    });
+    listed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn slice<'a>(input: &'a [u8], output: &'a [u8], scratch: &'a [u8], r: Region) -> &'a [u8] {
