@@ -76,7 +76,7 @@ pub(crate) struct Mesh {
     /// Set by `Communicator::abort` from any thread.
     aborted: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// How long an idle rank busy-polls before it starts yielding the core between looks
-    /// (`LIGHTPATH_COLL_SPIN_US`, default 0; see `run_round`).
+    /// (`Mesh::choose_spin`; see `run_round`).
     spin: Duration,
 }
 
