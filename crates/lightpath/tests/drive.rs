@@ -30,7 +30,8 @@ fn drive_until(stream: &mut Stream, what: &str, done: impl Fn(&lightpath::Driven
 fn handed_over_bytes_arrive_without_further_calls(options: Options, rdma: bool) {
     let listener = listener(options.clone());
     let addr = listener.local_addr().unwrap();
-    let message = pattern(100_000, 7);
+    // Larger than the peer's ring: the writes wait for room and receive credits on the way.
+    let message = pattern(4 << 20, 7);
     let expected = message.clone();
     let (got_tx, got_rx) = mpsc::channel::<Vec<u8>>();
     let (answer_tx, answer_rx) = mpsc::channel::<()>();
