@@ -23,7 +23,8 @@
 //! When nothing moves, the rank keeps looking for 2 ms, then sleeps in `poll` on the streams'
 //! readiness descriptors and the control sockets. Looking without sleeping is what small calls
 //! need (a wake-up costs tens of microseconds, milliseconds on a loaded machine). A rank bound
-//! to its own CPU, with a CPU for every rank of the host, busy-polls for the first 50 us (as
+//! to its own CPU, with a CPU for every rank of the host and only shm peers, busy-polls for
+//! the first 50 us (as
 //! Open MPI does when not oversubscribed); otherwise, and after that, it yields the CPU between
 //! looks (`sched_yield`), so that a rank never holds a CPU that the peer it waits for needs.
 //! `LIGHTPATH_COLL_SPIN_US` sets the busy-poll time. A call fails, rather than hangs, when a peer
@@ -237,13 +238,21 @@ impl Mesh {
 
     /// Chooses how long an idle rank busy-polls before yielding (see `run_round`), for
     /// `local_size` ranks on this host: `LIGHTPATH_COLL_SPIN_US` if set, else [`SPIN`] when
-    /// this thread is bound to one CPU and the host has a CPU for every local rank (no peer
-    /// can then be waiting for this rank's CPU), else 0. Open MPI decides the same way
-    /// (it yields when oversubscribed).
+    /// this thread is bound to one CPU, the host has a CPU for every local rank and every peer
+    /// is reached over shm (no peer can then be waiting for this rank's CPU, and nothing this
+    /// rank waits for needs it: shm moves while the ranks poll), else 0. Open MPI decides the
+    /// same way (it yields when oversubscribed). Only shm was measured to gain from it; soft
+    /// needs its progress thread (which receives the peer's datagrams) to run, on the rank's
+    /// CPU when the rank is bound, so there the rank yields (over soft, 2 ranks, 8 B
+    /// allreduce: median ~74 us either way).
     pub(crate) fn choose_spin(&mut self, local_size: usize) {
+        let all_shm =
+            self.peers.iter().flatten().all(|p| {
+                matches!(p.data.transport(), lightpath::Transport::Rdma(lightpath::ProviderId::Shm))
+            });
         self.spin = match std::env::var("LIGHTPATH_COLL_SPIN_US").ok().and_then(|v| v.parse().ok()) {
             Some(us) => Duration::from_micros(us),
-            None if bound_to_one_cpu() && local_size <= online_cpus() => SPIN,
+            None if all_shm && bound_to_one_cpu() && local_size <= online_cpus() => SPIN,
             None => Duration::ZERO,
         };
     }
