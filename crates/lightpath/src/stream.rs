@@ -318,6 +318,7 @@ impl Stream {
 
 /// What one [`Stream::drive`] found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Driven {
     /// A read may find data, end of stream or an error. An RDMA stream says `false` only when
     /// a read would find nothing; a TCP stream always says `true` (its socket knows, and a
