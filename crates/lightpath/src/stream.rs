@@ -400,8 +400,12 @@ impl Stream {
             Backend::Rdma(conn) => {
                 conn.take_notify();
                 conn.poll_tcp();
-                // Armed before looking, so that what changes after the look raises an event.
-                conn.arm(lightpath_verbs::WakeFor::Anything)?;
+                // Armed before looking, so that what changes after the look raises an event;
+                // for what the peer sends only, unless this side needs its own requests'
+                // completions to go on (a later call that waits for them widens the arming:
+                // see `RdmaConn::widen_arming`).
+                let wake = conn.reader_wake();
+                conn.arm(wake)?;
                 let readable = conn.readable_now();
                 // Bytes kept from an accepted message go out first, and until they have the
                 // stream is not writable (an empty write pushes them; see `set_nonblocking`).
@@ -422,6 +426,13 @@ impl Stream {
                     if !conn.writable_now() {
                         break;
                     }
+                }
+                if wake == lightpath_verbs::WakeFor::Arrivals
+                    && conn.reader_wake() == lightpath_verbs::WakeFor::Anything
+                {
+                    // The look queued requests whose completions this side needs: those wake
+                    // it too.
+                    conn.arm(lightpath_verbs::WakeFor::Anything)?;
                 }
                 Ok(Readiness { readable, writable })
             }

@@ -23,7 +23,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use libc::c_int;
@@ -106,8 +106,16 @@ pub(crate) struct Conn {
     pub(crate) owner: u32,
     /// Application fds naming it.
     pub(crate) fds: AtomicUsize,
+    /// Whether the open file is nonblocking, as last asked of the kernel (`NONBLOCKING_*`):
+    /// every read and write needs it, and `fcntl(F_SETFL)` / `ioctl(FIONBIO)` through any of
+    /// its fds (all intercepted) forget it.
+    nonblocking: AtomicU8,
     state: Mutex<State>,
 }
+
+const NONBLOCKING_UNKNOWN: u8 = 0;
+const NONBLOCKING_NO: u8 = 1;
+const NONBLOCKING_YES: u8 = 2;
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,9 +125,28 @@ impl std::fmt::Debug for Conn {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// This process's id, cached (every call on a tracked connection asks whose it is: a system
+/// call each time cost four per redis request). A fork child forgets the parent's value in
+/// its `pthread_atfork` handler, registered with the first look.
 pub(crate) fn pid() -> u32 {
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget_in_child() {
+        PID.store(0, Ordering::Relaxed);
+    }
+    let cached = PID.load(Ordering::Relaxed);
+    if cached != 0 {
+        return cached;
+    }
+    REGISTER.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic (async-signal-safe, as a
+        // fork child's handler must be); no prepare or parent handler.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
     // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
+    let pid = unsafe { libc::getpid() as u32 };
+    PID.store(pid, Ordering::Relaxed);
+    pid
 }
 
 impl Conn {
@@ -128,6 +155,7 @@ impl Conn {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             owner: pid(),
             fds: AtomicUsize::new(1),
+            nonblocking: AtomicU8::new(NONBLOCKING_UNKNOWN),
             state: Mutex::new(State {
                 phase: Phase::Fresh,
                 stream: None,
@@ -161,6 +189,25 @@ impl Conn {
     /// Whether this process owns the connection (not a fork child holding a copy).
     pub(crate) fn owned(&self) -> bool {
         self.owner == pid()
+    }
+
+    /// Whether the application made the connection's open file nonblocking (asked of the
+    /// kernel once, then cached until the flags change).
+    pub(crate) fn nonblocking(&self, fd: c_int) -> bool {
+        match self.nonblocking.load(Ordering::Relaxed) {
+            NONBLOCKING_YES => true,
+            NONBLOCKING_NO => false,
+            _ => {
+                let yes = nonblocking(fd);
+                self.nonblocking.store(if yes { NONBLOCKING_YES } else { NONBLOCKING_NO }, Ordering::Relaxed);
+                yes
+            }
+        }
+    }
+
+    /// The file status flags may have changed: ask the kernel again next time.
+    pub(crate) fn forget_nonblocking(&self) {
+        self.nonblocking.store(NONBLOCKING_UNKNOWN, Ordering::Relaxed);
     }
 }
 
@@ -235,7 +282,7 @@ pub(crate) fn is_tcp(fd: c_int) -> bool {
 }
 
 /// Whether the application made `fd` nonblocking.
-pub(crate) fn nonblocking(fd: c_int) -> bool {
+fn nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL takes no argument.
     let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
     flags >= 0 && flags & libc::O_NONBLOCK != 0

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use libc::c_int;
 
-use crate::conn::{nonblocking, Conn, Io};
+use crate::conn::{Conn, Io};
 use crate::real;
 
 /// How long a blocked call on a switched connection retries (yielding the core between
@@ -66,7 +66,7 @@ pub(crate) fn recv(conn: &Arc<Conn>, fd: c_int, buf: &mut [u8], flags: c_int) ->
         return foreign(conn, fd);
     }
     let peek = flags & libc::MSG_PEEK != 0;
-    let dont_wait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
+    let dont_wait = flags & libc::MSG_DONTWAIT != 0 || conn.nonblocking(fd);
     let wait_all = flags & libc::MSG_WAITALL != 0 && !dont_wait && !peek;
     let mut done = 0usize;
     let mut spin_until = None;
@@ -99,7 +99,7 @@ pub(crate) fn send(conn: &Arc<Conn>, fd: c_int, data: &[u8], flags: c_int) -> Re
     if !conn.owned() {
         return foreign(conn, fd);
     }
-    let dont_wait = flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd);
+    let dont_wait = flags & libc::MSG_DONTWAIT != 0 || conn.nonblocking(fd);
     let mut done = 0usize;
     let mut spin_until = None;
     loop {

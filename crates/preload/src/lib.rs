@@ -345,7 +345,24 @@ fn fcntl_common(fd: c_int, cmd: c_int, arg: libc::c_long, large: bool) -> c_int 
         let _ = catch_unwind(|| on_dup(fd, rc));
         real::set_errno(saved);
     }
+    if cmd == libc::F_SETFL {
+        flags_changed(fd);
+    }
     rc
+}
+
+/// `fd`'s file status flags may have changed (`F_SETFL`, `FIONBIO`): a tracked connection
+/// forgets whether it is nonblocking.
+fn flags_changed(fd: c_int) {
+    if table::maybe_tracked(fd) {
+        let saved = real::errno();
+        let _ = catch_unwind(|| {
+            if let Some(conn) = tracked(fd) {
+                conn.forget_nonblocking();
+            }
+        });
+        real::set_errno(saved);
+    }
 }
 
 /// `fcntl(fd, cmd, ...)`: the third argument is read as a long, which on the supported
@@ -394,7 +411,11 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
         }
     }
     // SAFETY: the caller's contract.
-    unsafe { real::ioctl(fd, request, arg) }
+    let rc = unsafe { real::ioctl(fd, request, arg) };
+    if request == libc::FIONBIO as c_ulong {
+        flags_changed(fd);
+    }
+    rc
 }
 
 // ---------------------------------------------------------------------------------------

@@ -231,6 +231,33 @@ impl<D: Device> ConnCompletions<D> {
         }
     }
 
+    /// Widens an arming of the queue pair's doorbell for arrivals only (`request_notify` with
+    /// `WakeFor::Arrivals`) to every completion. Completions already there go into `out`
+    /// (their number is returned): the caller handles them and, since they raised no event,
+    /// makes the fd readable itself ([`ConnCompletions::wake_self`]) if they changed anything.
+    /// Without a doorbell of its own nothing was narrowed (0).
+    pub(crate) fn widen_to_anything(
+        &self,
+        qp: &QpOf<D>,
+        out: &mut [WorkCompletion],
+    ) -> lightpath_verbs::Result<usize> {
+        let Some(qpn) = self.qpn else { return Ok(0) };
+        if !self.waiter {
+            return Ok(0);
+        }
+        self.inbox.set_arrivals_only(false);
+        self.inbox.arm();
+        if qp.arm_waiter(WakeFor::Anything)? {
+            return self.hub.poll_for_locked(&self.inbox, qpn, out);
+        }
+        Ok(0)
+    }
+
+    /// Makes the notification fd readable (an event loop sleeping on it looks again).
+    pub(crate) fn wake_self(&self) {
+        self.inbox.wake();
+    }
+
     /// The fd an event loop waits on (readable after `request_notify` once a completion
     /// arrives).
     pub(crate) fn notify_fd(&self) -> Option<RawFd> {

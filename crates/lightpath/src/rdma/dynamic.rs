@@ -22,7 +22,6 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn tcp(&self) -> &TcpStream;
     fn arm(&mut self, wake: WakeFor) -> io::Result<bool>;
     /// What a reader that found nothing would wait for (see `RdmaConn::reader_wake`).
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn reader_wake(&self) -> WakeFor;
     fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
     fn take_notify(&mut self);

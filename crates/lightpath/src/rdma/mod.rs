@@ -45,6 +45,9 @@ const SLOT_AREA: usize = 64;
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(20);
 /// Work request id of the set-up probe (outside the core's sequence numbers).
 const PROBE_ID: u64 = u64::MAX;
+/// How long a nonblocking call that finds nothing may rely on the last look at the TCP
+/// connection (see `RdmaConn::wait_woken_by`).
+const TCP_RECHECK: Duration = Duration::from_millis(1);
 /// Largest record this side sends.
 const MAX_RECORD: u32 = 1 << 20;
 /// Records a peer's ring holds at the largest record size: the reader sees a record only once
@@ -101,6 +104,11 @@ pub(crate) struct RdmaConn<D: Device> {
     /// Records the peer sent in total, from its clean-close message.
     peer_bye: Option<u64>,
     tcp_eof: bool,
+    /// When `check_tcp` last looked (see `wait_woken_by`).
+    tcp_checked_at: Option<Instant>,
+    /// The last arming (`arm`) asked the queue pair's doorbell for what the peer sends only
+    /// (see `wait_woken_by`).
+    armed_for_arrivals: bool,
     read_shut: bool,
     spin: Duration,
     linger: Duration,
@@ -263,6 +271,7 @@ impl<D: Device> RdmaConn<D> {
 
     /// Reads what the TCP connection has: the peer's clean close, an error, or EOF.
     fn check_tcp(&mut self) {
+        self.tcp_checked_at = Some(Instant::now());
         // Never block here, whatever mode another handle of this socket left it in: each read
         // says so itself (one system call per look; an event loop looks after every wake-up).
         let mut buf = [0u8; 512];
@@ -367,7 +376,17 @@ impl<D: Device> RdmaConn<D> {
     /// `wait`, woken only for what `wake` says.
     fn wait_woken_by(&mut self, deadline: Deadline, wake: WakeFor) -> io::Result<()> {
         let Deadline::At(deadline) = deadline else {
-            self.check_tcp();
+            // A nonblocking call that found nothing: look at the TCP connection unless that was
+            // done a moment ago. An event loop looks on every wake-up (`poll_ready`, the tokio
+            // driver: `poll_tcp`) and then retries, so a look here too cost a second system
+            // call per message for nothing; a caller that only retries still sees the peer's
+            // goodbye or death within `TCP_RECHECK`.
+            if self.tcp_checked_at.is_none_or(|at| at.elapsed() >= TCP_RECHECK) {
+                self.check_tcp();
+            }
+            if wake == WakeFor::Anything && self.armed_for_arrivals {
+                self.widen_arming();
+            }
             return Err(io::ErrorKind::WouldBlock.into());
         };
         let spin_until = Instant::now() + self.spin;
@@ -433,6 +452,30 @@ impl<D: Device> RdmaConn<D> {
         self.front_ready() || self.at_eof() || self.failed.is_some() || self.peer_vanished()
     }
 
+    /// An event loop armed the readiness fd for what the peer sends (`Stream::poll_ready` does
+    /// unless this side needs its own completions, see `reader_wake`: arming for everything
+    /// woke a request/response peer twice per message, once when the other side took its
+    /// request and once with the answer), then a nonblocking call gave up waiting for
+    /// something this side's own requests bring (an acknowledgement a flush waits for, room
+    /// behind records in flight). The arming is widened to everything before the call returns
+    /// `WouldBlock`, so the loop's sleep ends when that comes; if it came already, the fd is
+    /// made readable at once so the loop looks again.
+    fn widen_arming(&mut self) {
+        self.armed_for_arrivals = false;
+        match self.cq.widen_to_anything(&self.qp, &mut self.wcs) {
+            Ok(n) => {
+                for i in 0..n {
+                    let wc = self.wcs[i];
+                    self.handle(wc);
+                }
+                if self.pump() || n > 0 {
+                    self.cq.wake_self();
+                }
+            }
+            Err(err) => self.fail(io::ErrorKind::Other, format!("arming the completion queue: {err}")),
+        }
+    }
+
     /// Whether a write would not block.
     pub(crate) fn writable_now(&mut self) -> bool {
         self.read_slot();
@@ -458,6 +501,7 @@ impl<D: Device + 'static> RdmaConn<D> {
     /// Arms the notification fd; returns `false` if something is ready already (the caller
     /// then does not wait).
     pub(crate) fn arm(&mut self, wake: WakeFor) -> io::Result<bool> {
+        self.armed_for_arrivals = wake == WakeFor::Arrivals;
         let n = self.cq.request_notify(&self.qp, &mut self.wcs, wake)?;
         for i in 0..n {
             let wc = self.wcs[i];

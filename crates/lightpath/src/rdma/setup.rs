@@ -153,6 +153,8 @@ impl<D: Device> RdmaSetup<D> {
             control: Vec::new(),
             peer_bye: None,
             tcp_eof: false,
+            tcp_checked_at: None,
+            armed_for_arrivals: false,
             read_shut: false,
             spin: self.options.spin,
             linger: self.options.linger,

@@ -3,7 +3,8 @@
   peers.py banner-server PORT N     accept N connections one by one; each: send a banner
                                     first, then answer each line with 'OK <line>' until QUIT
   peers.py banner-client PORT K MS  wait for the banner (send nothing before), then K lines
-                                    MS ms apart; print the transcript
+                                    MS ms apart, a nonblocking read with nothing pending and
+                                    one more line in blocking mode; print the transcript
   peers.py echo-server PORT N       accept N connections one by one; echo until end of stream
   peers.py echo-client PORT FILE    send FILE, shut the sending side down, read the echo to
                                     the end; print 'sha256 <hex> <bytes>'
@@ -53,6 +54,17 @@ def banner_client(port, k, ms):
         line, buf = read_line(c, buf)
         out.append(line)
         time.sleep(ms / 1000.0)
+    # Nonblocking and back (CPython switches with ioctl FIONBIO): a read with nothing
+    # pending fails at once, and after switching back a read waits for its answer.
+    c.setblocking(False)
+    try:
+        out.append(b"DATA " + c.recv(100))
+    except BlockingIOError:
+        out.append(b"WOULDBLOCK")
+    c.setblocking(True)
+    c.sendall(b"AFTER\r\n")
+    line, buf = read_line(c, buf)
+    out.append(line)
     c.sendall(b"QUIT\r\n")
     line, buf = read_line(c, buf)
     out.append(line)
