@@ -2,7 +2,9 @@
 # Lightpath collectives against Open MPI's, side by side: for every size, `lightpath perf TEST`
 # under `lightpath launch` and the same loop with MPI (crates/collectives/bench/mpi_coll.c,
 # built with Debian's mpicc) under mpirun, one right after the other, then a table with the
-# ratio lightpath / Open MPI of the average call time (< 1: Lightpath is faster).
+# ratios lightpath / Open MPI of the average, median (p50) and minimum call times (< 1:
+# Lightpath is faster). On a shared machine the median is the steadiest of the three: a few
+# calls that lose the CPU for milliseconds move the average.
 #
 #   scripts/coll_compare.sh [TEST...]        default: allreduce bcast
 #   RANKS=2 MIN=8 MAX=64M MPI_ARGS="" ROUNDS=1 scripts/coll_compare.sh allreduce
@@ -57,12 +59,14 @@ for line in open(sys.argv[1]):
         continue
     r = json.loads(line)
     rows[(r["test"], r["size"])][r["impl"]].append(r)
-print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'min':>9}{'openmpi avg':>13}{'min':>9}{'ratio avg':>11}{'ratio min':>10}")
+print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'p50':>9}{'min':>9}{'openmpi avg':>13}{'p50':>9}{'min':>9}{'ratio avg':>11}{'ratio p50':>10}{'ratio min':>10}")
 for (test, size), impls in sorted(rows.items()):
     lp, mp = impls.get("lightpath"), impls.get("openmpi")
     if not lp or not mp:
         continue
     med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]
     la, lm, oa, om = med(lp, "avg_us"), med(lp, "min_us"), med(mp, "avg_us"), med(mp, "min_us")
-    print(f"{test:<15}{size:>10}{la:>15.2f}{lm:>9.2f}{oa:>13.2f}{om:>9.2f}{la / oa:>11.2f}{lm / om:>10.2f}")
+    lp50, op50 = med(lp, "p50_us"), med(mp, "p50_us")
+    print(f"{test:<15}{size:>10}{la:>15.2f}{lp50:>9.2f}{lm:>9.2f}{oa:>13.2f}{op50:>9.2f}{om:>9.2f}"
+          f"{la / oa:>11.2f}{lp50 / op50:>10.2f}{lm / om:>10.2f}")
 PY

@@ -16,6 +16,10 @@ pub struct Args {
     /// Seconds the other ranks may run after one failed, before they are killed.
     #[arg(long, default_value_t = 10)]
     grace: u64,
+    /// Do not bind each rank to a CPU (by default rank i runs on the (i mod n)-th of the n
+    /// CPUs this launcher may use).
+    #[arg(long)]
+    no_bind: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -28,6 +32,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut opts = LaunchOptions::new(args.ranks);
     opts.grace = Duration::from_secs(args.grace);
+    opts.bind = !args.no_bind;
     let outcome = launch(&args.command[0], &args.command[1..], &opts)?;
     if let Some(rank) = outcome.first_failure {
         eprintln!("lightpath launch: rank {rank} failed ({:?})", outcome.statuses[rank]);

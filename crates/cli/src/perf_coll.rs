@@ -123,15 +123,20 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
             bench.call(&comm)?;
         }
         let (mut sum, mut min, mut max) = (0f64, f64::MAX, 0f64);
+        let mut times = Vec::with_capacity(iters as usize);
         comm.barrier()?;
         for _ in 0..iters {
             let t = Instant::now();
             bench.call(&comm)?;
             let us = t.elapsed().as_secs_f64() * 1e6;
             sum += us;
+            times.push(us);
             min = min.min(us);
             max = max.max(us);
         }
+        times.sort_by(f64::total_cmp);
+        let mut median = [times.get(times.len() / 2).copied().unwrap_or(0.0)];
+        comm.allreduce_in_place(&mut median, ReduceOp::Avg)?;
         let mut avg = [sum / iters as f64];
         let mut mins = [min];
         let mut maxs = [max];
@@ -156,7 +161,7 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
                 outln!(
                     "{}",
                     serde_json::json!({"test": args.test, "impl": "lightpath", "ranks": p, "dtype": dtype.name(), "size": total,
-                        "iters": iters, "avg_us": avg[0], "min_us": mins[0], "max_us": maxs[0], "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "verified": true})
+                        "iters": iters, "avg_us": avg[0], "p50_us": median[0], "min_us": mins[0], "max_us": maxs[0], "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "verified": true})
                 );
             } else {
                 outln!(

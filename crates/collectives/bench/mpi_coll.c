@@ -1,7 +1,7 @@
 /* The Open MPI side of scripts/coll_compare.sh: the same loop as `lightpath perf <collective>`
- * (warm-up, then N calls each timed alone; avg = mean over ranks of each rank's mean, min and
- * max over all calls and ranks; f32 sums, out of place where the call has both buffers),
- * printing the same JSON lines with "impl": "openmpi".
+ * (warm-up, then N calls each timed alone; avg = mean over ranks of each rank's mean, p50 = mean
+ * over ranks of each rank's median, min and max over all calls and ranks; f32 sums, out of place
+ * where the call has both buffers), printing the same JSON lines with "impl": "openmpi".
  *
  * Build: mpicc -O2 -o mpi_coll mpi_coll.c
  * Run:   mpirun -n 2 ./mpi_coll allreduce [max_bytes] [iters] */
@@ -9,6 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 static size_t iters_for(size_t bytes) {
     if (bytes <= (64u << 10)) return 1000;
@@ -35,6 +40,7 @@ int main(int argc, char **argv) {
         size_t iters = fixed_iters ? fixed_iters : iters_for(bytes);
         size_t warm = iters / 10 < 2 ? 2 : iters / 10;
         double sum = 0, lo = 1e30, hi = 0;
+        double *times = malloc(iters * sizeof(double));
         for (size_t i = 0; i < warm + iters; i++) {
             if (i == warm) MPI_Barrier(MPI_COMM_WORLD);
             double t = MPI_Wtime();
@@ -47,24 +53,30 @@ int main(int argc, char **argv) {
             else MPI_Barrier(MPI_COMM_WORLD);
             double us = (MPI_Wtime() - t) * 1e6;
             if (i >= warm) {
+                times[i - warm] = us;
                 sum += us;
                 if (us < lo) lo = us;
                 if (us > hi) hi = us;
             }
         }
+        qsort(times, iters, sizeof(double), cmp_double);
+        double median = times[iters / 2], gmedian;
+        free(times);
         double avg = sum / iters, gavg, glo, ghi;
+        MPI_Reduce(&median, &gmedian, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(&avg, &gavg, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(&lo, &glo, 1, MPI_DOUBLE, MPI_MIN, 0, MPI_COMM_WORLD);
         MPI_Reduce(&hi, &ghi, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         if (rank == 0) {
             gavg /= p;
+            gmedian /= p;
             size_t total = (size_t)count * 4;
             double algbw = gavg > 0 ? total / (gavg * 1e-6) / 1e9 : 0;
             double factor = !strcmp(test, "allreduce") ? 2.0 * (p - 1) / p
                           : (!strcmp(test, "allgather") || !strcmp(test, "reduce_scatter") || !strcmp(test, "alltoall")) ? (double)(p - 1) / p : 1.0;
             printf("{\"test\":\"%s\",\"impl\":\"openmpi\",\"ranks\":%d,\"dtype\":\"f32\",\"size\":%zu,\"iters\":%zu,"
-                   "\"avg_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-                   test, p, total, iters, gavg, glo, ghi, algbw, algbw * factor);
+                   "\"avg_us\":%.3f,\"p50_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
+                   test, p, total, iters, gavg, gmedian, glo, ghi, algbw, algbw * factor);
             fflush(stdout);
         }
         if (bytes == 0) break;

@@ -138,6 +138,9 @@ struct State {
     mesh: Mesh,
     next_ticket: u64,
     serving: u64,
+    /// Calls waiting for their turn: the finishing call wakes them only if there are any
+    /// (a condition variable's notify is a system call even when nobody waits).
+    waiting: usize,
 }
 
 /// What communicators of one job (the world and its splits) share: the mesh, and the order
@@ -163,12 +166,17 @@ impl Shared {
     fn run<R>(&self, ticket: u64, f: impl FnOnce(&mut Mesh) -> R) -> R {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         while st.serving != ticket {
+            st.waiting += 1;
             st = self.turn.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
         }
         let r = f(&mut st.mesh);
         st.serving += 1;
+        let wake = st.waiting > 0;
         drop(st);
-        self.turn.notify_all();
+        if wake {
+            self.turn.notify_all();
+        }
         r
     }
 }
@@ -276,7 +284,7 @@ impl Communicator {
         let address = listeners.address().map_err(Error::bootstrap)?;
         store.set(&format!("{prefix}addr/{}", env.rank), address.as_bytes()).map_err(Error::bootstrap)?;
         let init_timeout = config.init_timeout;
-        let mesh = Mesh::connect(
+        let mut mesh = Mesh::connect(
             env.rank,
             env.size,
             listeners,
@@ -291,12 +299,13 @@ impl Communicator {
             config.timeout,
             init_timeout,
         )?;
+        mesh.choose_spin(env.local_size);
         let aborted = mesh.abort_flag();
         let abort_lines = Mutex::new(mesh.control_clones());
         let shared = Arc::new(Shared {
             abort_lines,
             aborted,
-            state: Mutex::new(State { mesh, next_ticket: 0, serving: 0 }),
+            state: Mutex::new(State { mesh, next_ticket: 0, serving: 0, waiting: 0 }),
             turn: Condvar::new(),
             config,
             _store: server,

@@ -60,4 +60,4 @@ pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 pub use listener::Listener;
 pub use options::Options;
 pub use remote::{RegisteredBuf, RemoteBuf};
-pub use stream::{Readiness, Stream, Transport};
+pub use stream::{Driven, Readiness, Stream, Transport};

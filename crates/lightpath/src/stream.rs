@@ -316,6 +316,23 @@ impl Stream {
     }
 }
 
+/// What one [`Stream::drive`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Driven {
+    /// A read may find data, end of stream or an error. An RDMA stream says `false` only when
+    /// a read would find nothing; a TCP stream always says `true` (its socket knows, and a
+    /// nonblocking read asks it in one system call).
+    pub readable: bool,
+    /// A write would accept bytes (or fail) at once; `true` for a TCP stream, as `readable`.
+    /// Unlike [`Stream::poll_ready`], finding no room does not ask the peer for a wake-up.
+    pub writable: bool,
+    /// Everything written so far is in the transport's hands: no bytes kept from an accepted
+    /// write, no records waiting for send-queue room or receive credits. The bytes then reach
+    /// the peer without this side calling again (they may not be acknowledged yet).
+    pub handed_over: bool,
+}
+
 /// What a stream can do without blocking, from [`Stream::poll_ready`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Readiness {
@@ -443,6 +460,22 @@ impl Stream {
                     readable,
                     writable: kept_out && crate::readiness::socket_writable(conn.tcp()),
                 })
+            }
+            Backend::Closed => Err(closed()),
+        }
+    }
+
+    /// One nonblocking step for a driver that busy-polls several streams between
+    /// [`Stream::poll_ready`] waits (the collectives' mesh): pushes kept bytes, reaps
+    /// completions and posts queued records, without a system call on an RDMA stream's TCP
+    /// liveness connection (a nonblocking `read` that finds nothing makes one). A peer that
+    /// died is noticed by `poll_ready`, `read` and `flush`, not here. Errors are the
+    /// connection's failure, as `read` or `write` would report it.
+    pub fn drive(&mut self) -> io::Result<Driven> {
+        match &mut self.backend {
+            Backend::Rdma(conn) => conn.drive(),
+            Backend::Tcp(conn) => {
+                Ok(Driven { readable: true, writable: true, handed_over: conn.push_kept()? })
             }
             Backend::Closed => Err(closed()),
         }

@@ -47,6 +47,8 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd>;
     fn activate(&mut self) -> io::Result<()>;
+    /// One nonblocking drive without looking at the TCP connection (see `RdmaConn::drive`).
+    fn drive(&mut self) -> io::Result<crate::stream::Driven>;
     fn register(&self, len: usize) -> io::Result<RegisteredBuf>;
     #[allow(clippy::too_many_arguments)]
     fn write_remote(
@@ -193,6 +195,9 @@ where
     }
     fn activate(&mut self) -> io::Result<()> {
         RdmaConn::activate(self)
+    }
+    fn drive(&mut self) -> io::Result<crate::stream::Driven> {
+        RdmaConn::drive(self)
     }
     fn register(&self, len: usize) -> io::Result<RegisteredBuf> {
         let mr = RdmaConn::register(self, len)?;

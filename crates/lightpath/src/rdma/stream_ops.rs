@@ -307,6 +307,20 @@ impl<D: Device> RdmaConn<D> {
         }
     }
 
+    /// One nonblocking step for busy-polling drivers (`Stream::drive`): pushes kept bytes,
+    /// reaps completions, posts queued records; no system call on the TCP connection.
+    pub(crate) fn drive(&mut self) -> io::Result<crate::stream::Driven> {
+        self.check_usable()?;
+        let kept_clear = self.push_kept()?;
+        self.pump();
+        self.check_usable()?;
+        Ok(crate::stream::Driven {
+            readable: self.readable_now(),
+            writable: self.writable_now(),
+            handed_over: kept_clear && !self.core.has_pending(),
+        })
+    }
+
     /// Corking on or off (see `Stream::set_nodelay`).
     pub(crate) fn set_cork(&mut self, cork: bool) {
         self.core.set_cork_depth(if cork { 2 } else { 0 });
