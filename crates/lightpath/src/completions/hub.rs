@@ -210,13 +210,11 @@ impl<D: Device> Hub<D> {
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
         // With the router lock held nobody else routes: what the inbox holds now is all that
-        // was routed here, and older than what the queue gives next (see `poll_for`).
-        let routed = inbox.pop(out);
-        if routed > 0 {
-            return Ok(routed);
-        }
+        // was routed here, and older than what the queue gives next (see `poll_for`). The
+        // queue is still drained below (its own completions after these in `out`, or behind
+        // what is left in the inbox once `out` is full), as `poll_for_locked` promises.
         let buf: &mut Vec<WorkCompletion> = &mut guard;
-        let mut taken = 0;
+        let mut taken = inbox.pop(out);
         loop {
             let n = self.cq.poll(buf)?;
             taken = self.keep_own(qpn, out, taken, &mut buf[..n]);
@@ -226,10 +224,11 @@ impl<D: Device> Hub<D> {
         }
     }
 
-    /// Of the completions `wcs` just taken from the queue (router lock held, the caller's
-    /// inbox found empty under it), moves queue pair `qpn`'s into `out` after the `taken` already there, in
-    /// order, while there is room (once one has gone to the inbox, all later ones must follow
-    /// it there), and routes the rest. Returns the new count in `out`.
+    /// Of the completions `wcs` just taken from the queue (router lock held, and the caller's
+    /// inbox emptied into `out` first, or `out` full), moves queue pair `qpn`'s into `out`
+    /// after the `taken` already there, in order, while there is room (once one has gone to
+    /// the inbox, all later ones must follow it there), and routes the rest. Returns the new
+    /// count in `out`.
     fn keep_own(
         &self,
         qpn: u32,

@@ -231,6 +231,28 @@ impl<D: Device> ConnCompletions<D> {
         }
     }
 
+    /// Arms the queue pair's own doorbell for `wake` (an event loop's wait; see
+    /// `request_notify`) and takes the completions already there into `out`. `None` when the
+    /// queue pair has no doorbell (nothing armed).
+    fn arm_doorbell(
+        &self,
+        qp: &QpOf<D>,
+        out: &mut [WorkCompletion],
+        wake: WakeFor,
+    ) -> lightpath_verbs::Result<Option<usize>> {
+        let (true, Some(qpn)) = (self.waiter, self.qpn) else { return Ok(None) };
+        self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
+        // The provider writes the fd for every completion made after the arming (by the peer's
+        // news or by another thread, see `QueuePair::arm_waiter`), and what was made before is
+        // taken below: the inbox is not armed as well, or a completion another thread routes
+        // here would write the fd a second time (two wake-ups of the event loop per message).
+        self.inbox.disarm();
+        if !qp.arm_waiter(wake)? {
+            return Ok(None);
+        }
+        self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some)
+    }
+
     /// Widens an arming of the queue pair's doorbell for arrivals only (`request_notify` with
     /// `WakeFor::Arrivals`) to every completion. Completions already there go into `out`
     /// (their number is returned): the caller handles them and, since they raised no event,
@@ -241,15 +263,7 @@ impl<D: Device> ConnCompletions<D> {
         qp: &QpOf<D>,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
-        let Some(qpn) = self.qpn else { return Ok(0) };
-        if !self.waiter {
-            return Ok(0);
-        }
-        self.inbox.set_arrivals_only(false);
-        if qp.arm_waiter(WakeFor::Anything)? {
-            return self.hub.poll_for_locked(&self.inbox, qpn, out);
-        }
-        Ok(0)
+        Ok(self.arm_doorbell(qp, out, WakeFor::Anything)?.unwrap_or(0))
     }
 
     /// Makes the notification fd readable (an event loop sleeping on it looks again).
@@ -286,17 +300,8 @@ impl<D: Device + 'static> ConnCompletions<D> {
         wake: WakeFor,
     ) -> io::Result<usize> {
         // An event loop cannot lead: its own doorbell is the direct path even alone on the hub.
-        // The provider then writes the fd for every completion made after the arming (by the
-        // peer's news or by another thread, see `QueuePair::arm_waiter`), and what was made
-        // before is taken below: the inbox is not armed as well, or a completion another
-        // thread routes here would write the fd a second time (two wake-ups of the event
-        // loop per message).
-        if let (true, Some(qpn)) = (self.waiter, self.qpn) {
-            self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
-            self.inbox.disarm();
-            if qp.arm_waiter(wake).map_err(from_verbs)? {
-                return self.hub.poll_for_locked(&self.inbox, qpn, out).map_err(from_verbs);
-            }
+        if let Some(n) = self.arm_doorbell(qp, out, wake).map_err(from_verbs)? {
+            return Ok(n);
         }
         self.inbox.set_arrivals_only(false);
         self.inbox.arm();
