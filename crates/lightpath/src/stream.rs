@@ -430,27 +430,21 @@ impl Stream {
                 // for what the peer sends only, unless this side needs its own requests'
                 // completions to go on (a later call that waits for them widens the arming:
                 // see `RdmaConn::widen_arming`).
-                let mut wake = conn.reader_wake();
-                let mut widened = false;
-                let (readable, writable) = loop {
-                    conn.arm(wake)?;
-                    let (readable, writable) = Self::look(conn);
-                    if wake == lightpath_verbs::WakeFor::Arrivals
-                        && (!writable || conn.reader_wake() == lightpath_verbs::WakeFor::Anything)
-                    {
-                        // The look queued requests whose completions this side needs, or a
-                        // write would not fit: room may come back with this side's own
-                        // completions (the peer is asked for a wake-up only once nothing of
-                        // ours is in flight), so those wake it too. Arming takes what arrived
-                        // meanwhile, which raises no event: if it took something, look again.
-                        wake = lightpath_verbs::WakeFor::Anything;
-                        if !conn.arm(wake)? && !widened {
-                            widened = true;
-                            continue;
-                        }
+                let wake = conn.reader_wake();
+                conn.arm(wake)?;
+                let (mut readable, mut writable) = Self::look(conn);
+                if wake == lightpath_verbs::WakeFor::Arrivals
+                    && (!writable || conn.reader_wake() == lightpath_verbs::WakeFor::Anything)
+                {
+                    // The look queued requests whose completions this side needs, or a write
+                    // would not fit: room may come back with this side's own completions (the
+                    // peer is asked for a wake-up only once nothing of ours is in flight), so
+                    // those wake it too. Arming takes what arrived meanwhile, which raises no
+                    // event: if it took something, look again (still armed).
+                    if !conn.arm(lightpath_verbs::WakeFor::Anything)? {
+                        (readable, writable) = Self::look(conn);
                     }
-                    break (readable, writable);
-                };
+                }
                 Ok(Readiness { readable, writable })
             }
             Backend::Tcp(conn) => {
