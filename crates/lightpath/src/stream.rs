@@ -475,6 +475,31 @@ impl Stream {
         }
     }
 
+    /// Hands everything written to the transport without waiting for the peer: posts corked
+    /// records and pushes kept bytes; `WouldBlock` while some wait for room (send-queue slots,
+    /// receive credits or ring space). What the tokio driver's `poll_flush` does: as for a
+    /// kernel socket, flushed bytes are on their way but not yet acknowledged; `Stream::close`
+    /// and `shutdown` wait for the acknowledgement. Over TCP: the socket's flush.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn hand_over(&mut self) -> io::Result<()> {
+        match &mut self.backend {
+            Backend::Rdma(conn) => match conn.hand_over()? {
+                true => Ok(()),
+                false => Err(io::ErrorKind::WouldBlock.into()),
+            },
+            Backend::Tcp(conn) => conn.flush(),
+            Backend::Closed => Err(closed()),
+        }
+    }
+
+    /// A TCP stream whose next read is answered without its socket (bytes read during the
+    /// negotiation, reading shut down, the peer's close record taken in): an event loop must
+    /// not wait for the socket before that read.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn tcp_input_without_socket(&self) -> bool {
+        matches!(&self.backend, Backend::Tcp(conn) if conn.input_without_socket())
+    }
+
     /// Pushes bytes kept from an accepted message without waiting: `Ok(true)` once none are
     /// kept, `Ok(false)` while some are (see [`Stream::set_nonblocking`]).
     #[cfg(feature = "tokio")]
@@ -625,6 +650,20 @@ impl Write for Stream {
         match &mut self.backend {
             Backend::Rdma(conn) => conn.write(buf, deadline),
             Backend::Tcp(conn) => conn.write(buf),
+            Backend::Closed => Err(closed()),
+        }
+    }
+
+    /// Writes the slices in turn, as far as they fit, as one record (RDMA: one write with
+    /// immediate; TCP fallback: one record header and one `writev`).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        if bufs.iter().all(|buf| buf.is_empty()) {
+            return Ok(0);
+        }
+        let deadline = self.write_deadline();
+        match &mut self.backend {
+            Backend::Rdma(conn) => conn.write_vectored(bufs, deadline),
+            Backend::Tcp(conn) => conn.write_vectored(bufs),
             Backend::Closed => Err(closed()),
         }
     }

@@ -12,6 +12,20 @@ use crate::error::{invalid, reset};
 /// How long closing may block on a message the socket has not taken yet.
 const CLOSE_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Appends to `out` the first `limit` bytes of `bufs` (empty slices left out).
+fn push_limited<'a>(out: &mut Vec<IoSlice<'a>>, bufs: &'a [IoSlice<'_>], mut limit: usize) {
+    for buf in bufs {
+        if limit == 0 {
+            break;
+        }
+        let take = buf.len().min(limit);
+        if take > 0 {
+            out.push(IoSlice::new(&buf[..take]));
+            limit -= take;
+        }
+    }
+}
+
 /// A TCP transport.
 #[derive(Debug)]
 pub(crate) struct TcpConn {
@@ -93,6 +107,12 @@ impl TcpConn {
 
     pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp
+    }
+
+    /// Whether a read has an answer without the socket: a buffered prefix, reading shut down,
+    /// or the peer's close record already taken in.
+    pub(crate) fn input_without_socket(&self) -> bool {
+        !self.prefix.is_empty() || self.read_shut || self.reader.need() == FrameNeed::Closed
     }
 
     /// Whether a read would not block (buffered prefix, or the socket has bytes or EOF).
@@ -205,22 +225,32 @@ impl TcpConn {
     }
 
     pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if buf.is_empty() {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// Writes the slices in turn, as far as the socket takes them: framed, as one record (its
+    /// header and every slice in one `writev`).
+    pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let total: usize = bufs.iter().map(|buf| buf.len()).sum();
+        if total == 0 {
             return Ok(0);
         }
         if self.write_closed {
             return Err(Self::write_closed_error());
         }
         if !self.framed {
-            return self.tcp.write(buf);
+            return self.tcp.write_vectored(bufs);
         }
         self.flush_header()?;
         if self.payload_left == 0 {
-            let len = buf.len().min(MAX_FRAME_LEN as usize) as u32;
+            let len = total.min(MAX_FRAME_LEN as usize) as u32;
             let header = FrameHeader { kind: RecordKind::Data, len }.encode();
             // Header and payload in one system call when the socket takes them. The record
             // exists only once some of its header went out (an error here sent nothing).
-            let n = self.tcp.write_vectored(&[IoSlice::new(&header), IoSlice::new(&buf[..len as usize])])?;
+            let mut slices = Vec::with_capacity(bufs.len() + 1);
+            slices.push(IoSlice::new(&header));
+            push_limited(&mut slices, bufs, len as usize);
+            let n = self.tcp.write_vectored(&slices)?;
             if n > 0 {
                 self.payload_left = len;
             }
@@ -229,7 +259,7 @@ impl TcpConn {
                 return if n == 0 {
                     Err(io::ErrorKind::WriteZero.into())
                 } else {
-                    self.write_rest_or_block(buf)
+                    self.write_rest_or_block(bufs)
                 };
             }
             let payload = n - HEADER_LEN;
@@ -237,21 +267,24 @@ impl TcpConn {
             if payload > 0 {
                 return Ok(payload);
             }
-            return self.write_rest_or_block(buf);
+            return self.write_rest_or_block(bufs);
         }
-        let want = buf.len().min(self.payload_left as usize);
-        let n = self.tcp.write(&buf[..want])?;
+        self.write_payload(bufs)
+    }
+
+    /// Writes bytes of the data record under way (at most what it still expects).
+    fn write_payload(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut slices = Vec::with_capacity(bufs.len());
+        push_limited(&mut slices, bufs, self.payload_left as usize);
+        let n = self.tcp.write_vectored(&slices)?;
         self.payload_left -= n as u32;
         Ok(n)
     }
 
     /// After only (part of) a header went out: finish it and write some payload.
-    fn write_rest_or_block(&mut self, buf: &[u8]) -> io::Result<usize> {
+    fn write_rest_or_block(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.flush_header()?;
-        let want = buf.len().min(self.payload_left as usize);
-        let n = self.tcp.write(&buf[..want])?;
-        self.payload_left -= n as u32;
-        Ok(n)
+        self.write_payload(bufs)
     }
 
     /// Blocking: completes a data record still expecting payload by padding is impossible

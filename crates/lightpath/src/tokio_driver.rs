@@ -41,6 +41,10 @@
 //! (`is_write_vectored` is true), so hyper and others hand over a header and a body without
 //! first copying them into one buffer.
 //!
+//! Flushing: `poll_flush` hands everything written to the transport (corked records posted,
+//! kept bytes pushed) and does not wait for the peer's acknowledgement, as a kernel socket's
+//! flush does not; the blocking [`crate::Stream`]'s `flush` does wait for it.
+//!
 //! Closing: dropping a stream never blocks the runtime. The clean close (everything written
 //! is sent and acknowledged, then the goodbye) finishes on Lightpath's background thread, so
 //! the bytes still reach a live peer. A program that needs to know they did — or that exits
@@ -302,6 +306,10 @@ impl Stream {
         side: Side,
         mut op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
     ) -> io::Result<T> {
+        if !self.inner.transport().is_rdma() {
+            // Refused at once (`Unsupported`), whatever the socket's readiness.
+            return op(&mut self.inner);
+        }
         let mut guard = AbandonOnDrop { stream: self, call: Some(call) };
         let result = poll_fn(|cx| guard.stream.poll_io(cx, side, &mut op)).await;
         guard.call = None;
@@ -313,11 +321,29 @@ impl Stream {
         poll_fn(|cx| self.poll_io(cx, Side::Reader, |s| s.recv_msg())).await
     }
 
-    /// Completions and credit returns the RDMA connection has handled (0 over TCP).
-    fn events(&mut self) -> u64 {
+    /// Completions and credit returns the RDMA connection has handled, and how many of them
+    /// a reader waits for ((0, 0) over TCP; see `RdmaConn::arrivals`).
+    fn events(&mut self) -> (u64, u64) {
         match self.inner.backend_mut() {
-            Backend::Rdma(conn) => conn.events(),
-            _ => 0,
+            Backend::Rdma(conn) => (conn.events(), conn.arrivals()),
+            _ => (0, 0),
+        }
+    }
+
+    /// Whether what a call handled (`before` and after, as [`Stream::events`] counts) may be
+    /// what the task waiting on `side` waits for: a writer waits for anything (room, an
+    /// acknowledgement, the peer's goodbye); a reader for what the peer sends, or for anything
+    /// while it needs its own requests acknowledged to go on (see `RdmaConn::reader_wake`).
+    fn concerns(&mut self, side: Side, before: (u64, u64)) -> bool {
+        let after = self.events();
+        match side {
+            Side::Writer => after.0 != before.0,
+            Side::Reader => {
+                after.1 != before.1
+                    || (after.0 != before.0
+                        && matches!(self.inner.backend_mut(), Backend::Rdma(conn)
+                            if matches!(conn.reader_wake(), lightpath_verbs::WakeFor::Anything)))
+            }
         }
     }
 
@@ -327,8 +353,11 @@ impl Stream {
     /// No lost wake-ups: an RDMA connection's completions are handled by whichever call polls
     /// them, so a write (or a flush, or the look before waiting) can take in the bytes a
     /// reader waits for, or a reader the credit a writer waits for — and then no fd will ever
-    /// fire for them. So when a call handled anything, the task waiting on the other half is
-    /// woken to look again (a spurious look costs one nonblocking call).
+    /// fire for them. So when a call handled something the task waiting on the other half
+    /// waits for, that task is woken to look again (a spurious look costs one nonblocking
+    /// call). Only then: a writer's call nearly always handles the completions of its own
+    /// writes, and waking the reader for those — in hyper the same task — made tokio
+    /// reschedule the task and wake a second worker to steal it after every request.
     fn poll_io<T>(
         &mut self,
         cx: &mut Context<'_>,
@@ -337,8 +366,9 @@ impl Stream {
     ) -> Poll<io::Result<T>> {
         let before = self.events();
         let result = self.poll_io_inner(cx, side, op);
-        if self.events() != before {
-            if let Some(waker) = self.waiting[side.other() as usize].take() {
+        let other = side.other();
+        if self.waiting[other as usize].is_some() && self.concerns(other, before) {
+            if let Some(waker) = self.waiting[other as usize].take() {
                 waker.wake();
             }
         }
@@ -357,6 +387,28 @@ impl Stream {
         side: Side,
         mut op: impl FnMut(&mut crate::Stream) -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
+        if let Registration::Tcp(fd) = &self.registration {
+            // As tokio's own sockets do: the call is tried only while tokio believes the
+            // socket ready, and a `WouldBlock` clears that belief. Trying first and asking
+            // after made hyper's successive reads (head, body, keep-alive) one failing system
+            // call each.
+            // A read with an answer in hand (see `tcp_input_without_socket`) goes at once.
+            loop {
+                let mut guard = match side {
+                    Side::Reader if self.inner.tcp_input_without_socket() => None,
+                    Side::Reader => Some(ready!(fd.poll_read_ready(cx))?),
+                    Side::Writer => Some(ready!(fd.poll_write_ready(cx))?),
+                };
+                match op(&mut self.inner) {
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                        if let Some(guard) = guard.as_mut() {
+                            guard.clear_ready();
+                        }
+                    }
+                    other => return Poll::Ready(other),
+                }
+            }
+        }
         loop {
             let wait = match op(&mut self.inner) {
                 // Waiting for an acknowledgement or a fetch is waiting for a completion, as a
@@ -372,7 +424,8 @@ impl Stream {
         }
     }
 
-    /// Ready when the stream may have made progress (so the caller tries again).
+    /// Ready when an RDMA stream may have made progress (so the caller tries again); TCP
+    /// streams wait in `poll_io_inner`.
     fn poll_ready(&mut self, cx: &mut Context<'_>, side: Side, wait: Wait) -> Poll<io::Result<()>> {
         match (self.inner.backend_mut(), &self.registration) {
             (Backend::Rdma(conn), Registration::Rdma { readers, writers }) => {
@@ -406,15 +459,6 @@ impl Stream {
                 conn.poll_tcp();
                 Poll::Ready(Ok(()))
             }
-            (Backend::Tcp(_), Registration::Tcp(fd)) => {
-                let ready = match wait {
-                    Wait::Completion => fd.poll_read_ready(cx),
-                    Wait::Room => fd.poll_write_ready(cx),
-                };
-                let mut guard = ready!(ready)?;
-                guard.clear_ready();
-                Poll::Ready(Ok(()))
-            }
             _ => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         }
     }
@@ -442,39 +486,29 @@ impl AsyncWrite for Stream {
         self.get_mut().poll_io(cx, Side::Writer, |s| s.write(buf))
     }
 
-    /// Writes the slices in turn within one call, as far as they fit: a caller with a header
-    /// and a body in separate buffers (hyper, with `is_write_vectored`) hands both over
-    /// without first copying them into one buffer.
+    /// Writes the slices in turn within one call, as far as they fit, as one record: a caller
+    /// with a header and a body in separate buffers (hyper, with `is_write_vectored`) hands
+    /// both over without first copying them into one buffer, and the peer gets one record
+    /// (one completion, one wake-up) rather than two.
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut().poll_io(cx, Side::Writer, |s| {
-            let mut total = 0;
-            for buf in bufs.iter().filter(|buf| !buf.is_empty()) {
-                match s.write(buf) {
-                    Ok(n) => {
-                        total += n;
-                        if n < buf.len() {
-                            break;
-                        }
-                    }
-                    // What went already is the call's result; the error comes again next time.
-                    Err(_) if total > 0 => break,
-                    Err(err) => return Err(err),
-                }
-            }
-            Ok(total)
-        })
+        self.get_mut().poll_io(cx, Side::Writer, |s| s.write_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
         true
     }
 
+    /// Hands everything written to the transport (corked records posted, kept bytes pushed)
+    /// without waiting for the peer's acknowledgement — a kernel socket's flush promises no
+    /// more. hyper flushes after every message: waiting for the acknowledgement there cost a
+    /// round trip and two more wake-ups per request. [`Stream::close`] and `poll_shutdown`
+    /// still wait until the peer has acknowledged everything.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_io(cx, Side::Writer, |s| s.flush())
+        self.get_mut().poll_io(cx, Side::Writer, |s| s.hand_over())
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

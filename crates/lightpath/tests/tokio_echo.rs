@@ -1,7 +1,8 @@
 //! The tokio driver: echo through `tokio::io::split` + `copy`, and a proxy built on
 //! `copy_bidirectional` between a Lightpath stream and a plain tokio TCP stream, over the soft
 //! provider and over TCP; messages many times the receive ring between two tasks of one
-//! runtime, and a dropped `send_msg` future whose message still arrives whole (soft, shm, TCP).
+//! runtime, and a dropped `send_msg` future whose message still arrives whole (soft, shm, TCP);
+//! a vectored write is one record and `flush` does not wait for the acknowledgement.
 #![cfg(feature = "tokio")]
 
 mod common;
@@ -150,6 +151,10 @@ async fn large_messages_through_a_full_ring_over_tcp() {
 async fn dropped_send_msg_still_delivers_its_message(options: Options, big: usize) {
     use std::future::Future;
     let (mut receiver, mut sender) = connected(&options).await;
+    // One exchange first: a TCP stream, as tokio's own sockets, tries a write only once the
+    // runtime has seen the socket writable, which a fresh one has not.
+    sender.send_msg(b"hello").await.unwrap();
+    assert_eq!(receiver.recv_msg().await.unwrap().as_deref(), Some(&b"hello"[..]));
     let first = pattern(big, 1);
     {
         let send = std::pin::pin!(sender.send_msg(&first));
@@ -188,4 +193,49 @@ async fn dropped_send_msg_still_delivers_its_message_over_shm() {
 async fn dropped_send_msg_still_delivers_its_message_over_tcp() {
     // More than loopback TCP's socket buffers on both ends.
     dropped_send_msg_still_delivers_its_message(Options::tcp_only(), 32 << 20).await;
+}
+
+/// A vectored write (hyper's header and body) goes as one record: over soft, small slices
+/// that fit one datagram leave in exactly one, where a write per slice sent one each.
+#[tokio::test(flavor = "current_thread")]
+async fn a_vectored_write_is_one_record() {
+    use std::io::IoSlice;
+    use std::pin::Pin;
+    use tokio::io::AsyncWrite;
+    let (mut receiver, mut sender) = connected(&soft()).await;
+    assert!(sender.is_write_vectored());
+    let before = sender.get_ref().queue_pair_stats().expect("a soft stream has queue-pair counters");
+    let (head, body, tail) = (pattern(40, 1), pattern(100, 2), pattern(7, 3));
+    let slices = [IoSlice::new(&head), IoSlice::new(&[]), IoSlice::new(&body), IoSlice::new(&tail)];
+    let n = std::future::poll_fn(|cx| Pin::new(&mut sender).poll_write_vectored(cx, &slices)).await.unwrap();
+    assert_eq!(n, 147, "all of it fits at once");
+    let mut got = vec![0u8; n];
+    receiver.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, [head, body, tail].concat());
+    let after = sender.get_ref().queue_pair_stats().unwrap();
+    let sent = after.tx_datagrams - before.tx_datagrams - (after.retransmits - before.retransmits);
+    assert_eq!(sent, 1, "one write with immediate for the three slices");
+}
+
+/// `poll_flush` hands the bytes to the transport and does not wait for the peer's
+/// acknowledgement (as a socket's flush): ready on its first poll right after a write, on
+/// every transport; `shutdown` still waits until the peer has everything.
+#[tokio::test(flavor = "current_thread")]
+async fn flush_does_not_wait_for_the_acknowledgement() {
+    use std::future::Future;
+    for options in [soft(), small_ring(ProviderId::Shm), Options::tcp_only()] {
+        let (mut receiver, mut sender) = connected(&options).await;
+        sender.write_all(b"ping").await.unwrap();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let flush = std::pin::pin!(sender.flush());
+        assert!(
+            matches!(flush.poll(&mut cx), std::task::Poll::Ready(Ok(()))),
+            "flush waited over {}",
+            sender.transport()
+        );
+        sender.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        receiver.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"ping");
+    }
 }

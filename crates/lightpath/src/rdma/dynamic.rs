@@ -10,10 +10,14 @@ use crate::remote::RegisteredBuf;
 pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize>;
     fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize>;
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>], deadline: Deadline) -> io::Result<usize>;
     fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()>;
     fn recv_msg(&mut self, deadline: Deadline) -> io::Result<Option<Vec<u8>>>;
     fn flush(&mut self, deadline: Deadline) -> io::Result<()>;
     fn set_cork(&mut self, cork: bool);
+    /// Posts corked records and pushes kept bytes without waiting (see `RdmaConn::hand_over`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn hand_over(&mut self) -> io::Result<bool>;
     fn shutdown_write(&mut self) -> io::Result<()>;
     fn shutdown_read(&mut self);
     fn close(&mut self);
@@ -31,6 +35,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// Completions and credit returns handled so far (see `RdmaConn::events`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn events(&self) -> u64;
+    /// The part of those a reader waits for (see `RdmaConn::arrivals`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn arrivals(&self) -> u64;
     /// Posts the probe (see `RdmaConn::start_probe`).
     fn start_probe(&mut self) -> io::Result<()>;
     /// The probe's outcome once its completion came; never waits.
@@ -123,6 +130,9 @@ where
     fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize> {
         RdmaConn::write(self, buf, deadline)
     }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>], deadline: Deadline) -> io::Result<usize> {
+        RdmaConn::write_vectored(self, bufs, deadline)
+    }
     fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()> {
         RdmaConn::send_msg(self, msg, deadline)
     }
@@ -134,6 +144,9 @@ where
     }
     fn set_cork(&mut self, cork: bool) {
         RdmaConn::set_cork(self, cork)
+    }
+    fn hand_over(&mut self) -> io::Result<bool> {
+        RdmaConn::hand_over(self)
     }
     fn shutdown_write(&mut self) -> io::Result<()> {
         RdmaConn::shutdown_write(self)
@@ -176,6 +189,9 @@ where
     }
     fn events(&self) -> u64 {
         RdmaConn::events(self)
+    }
+    fn arrivals(&self) -> u64 {
+        RdmaConn::arrivals(self)
     }
     fn start_probe(&mut self) -> io::Result<()> {
         RdmaConn::start_probe(self)

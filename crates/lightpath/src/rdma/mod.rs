@@ -122,6 +122,12 @@ pub(crate) struct RdmaConn<D: Device> {
     /// compares it across a call to learn that the call changed what the other direction
     /// waits for (see `crate::tokio`).
     events: u64,
+    /// The part of `events` a reader waits for: the peer's records, the completion of a
+    /// rendezvous fetch, a failure or the peer's goodbye — not the acknowledgement of this
+    /// side's own writes nor returned credit, which only a writer needs. The tokio driver wakes
+    /// a waiting reader when a writer's call handled one of these (waking it for every
+    /// completion of its own writes rescheduled hyper's connection task after each request).
+    arrivals: u64,
 }
 
 impl<D: Device> RdmaConn<D> {
@@ -138,6 +144,7 @@ impl<D: Device> RdmaConn<D> {
 
     fn fail(&mut self, kind: io::ErrorKind, what: String) {
         if self.failed.is_none() {
+            self.arrivals += 1;
             self.failed = Some((kind, what));
         }
     }
@@ -209,11 +216,16 @@ impl<D: Device> RdmaConn<D> {
                 Ok(Arrival::Credit) => {
                     self.read_slot();
                 }
-                Ok(_) => {}
+                Ok(_) => self.arrivals += 1,
                 Err(err) => self.fail(io::ErrorKind::InvalidData, format!("protocol violation: {err}")),
             },
             WcOpcode::Recv => self.fail(io::ErrorKind::InvalidData, "peer sent a SEND".into()),
-            _ => self.core.on_send_complete(wc.wr_id),
+            _ => {
+                if self.core.is_rendezvous_read(wc.wr_id) {
+                    self.arrivals += 1;
+                }
+                self.core.on_send_complete(wc.wr_id)
+            }
         }
     }
 
@@ -278,6 +290,7 @@ impl<D: Device> RdmaConn<D> {
         loop {
             match rustix::net::recv(&self.tcp, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
                 Ok((0, _)) => {
+                    self.arrivals += u64::from(!self.tcp_eof);
                     self.tcp_eof = true;
                     break;
                 }
@@ -285,6 +298,7 @@ impl<D: Device> RdmaConn<D> {
                 Err(rustix::io::Errno::AGAIN) => break,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => {
+                    self.arrivals += u64::from(!self.tcp_eof);
                     self.tcp_eof = true;
                     break;
                 }
@@ -295,7 +309,10 @@ impl<D: Device> RdmaConn<D> {
                 Ok(Some((message, used))) => {
                     self.control.drain(..used);
                     match message {
-                        Message::Bye { records, .. } => self.peer_bye = Some(records),
+                        Message::Bye { records, .. } => {
+                            self.arrivals += 1;
+                            self.peer_bye = Some(records)
+                        }
                         Message::Error(text) => {
                             self.fail(io::ErrorKind::ConnectionReset, format!("peer: {text}"))
                         }
@@ -489,6 +506,12 @@ impl<D: Device> RdmaConn<D> {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     pub(crate) fn events(&self) -> u64 {
         self.events
+    }
+
+    /// How many of those were what a reader waits for (see the `arrivals` field).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    pub(crate) fn arrivals(&self) -> u64 {
+        self.arrivals
     }
 
     /// Nonblocking look at the TCP connection (for event-loop drivers).

@@ -162,6 +162,7 @@ impl<D: Device> RdmaSetup<D> {
             rendezvous: super::rendezvous::Rendezvous::new(&self.options),
             send_state: super::stream_ops::SendState::default(),
             events: 0,
+            arrivals: 0,
         })
     }
 }
