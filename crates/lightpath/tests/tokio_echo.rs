@@ -239,3 +239,24 @@ async fn flush_does_not_wait_for_the_acknowledgement() {
         assert_eq!(got, b"ping");
     }
 }
+
+/// Over soft, an event loop is woken by the provider's progress thread through the completion
+/// hook: no notifier thread of Lightpath's sits between them (one wake-up less per message).
+#[tokio::test(flavor = "current_thread")]
+async fn soft_event_loops_need_no_notifier_thread() {
+    let (mut receiver, mut sender) = connected(&soft()).await;
+    for round in 0..3u8 {
+        sender.write_all(&[round; 10]).await.unwrap();
+        let mut got = [0u8; 10];
+        receiver.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, [round; 10]);
+    }
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .collect();
+    assert!(
+        !threads.iter().any(|name| name.starts_with("lightpath-cq-no")),
+        "a notifier thread runs: {threads:?}"
+    );
+}

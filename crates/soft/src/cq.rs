@@ -225,6 +225,13 @@ impl CompletionQueue for SoftCq {
     fn take_notify(&self) -> Result<bool> {
         Ok(self.inner.signal.take_notify())
     }
+
+    /// Installed once per queue (a second hook is refused: `Ok(false)`). The hook runs in the
+    /// thread whose engine work added the entries — the progress thread for what arrives by
+    /// the network — after it released the engine.
+    fn set_completion_hook(&self, hook: lightpath_verbs::CompletionHook) -> Result<bool> {
+        Ok(self.inner.signal.set_hook(hook))
+    }
 }
 
 impl Drop for CqInner {

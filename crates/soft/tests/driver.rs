@@ -52,6 +52,34 @@ fn notify_fd_works_with_poll() {
     assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
 }
 
+/// The completion hook runs, from the thread that made the completion (the progress thread
+/// for a receive) with the engine unlocked — it polls the queue itself here, which would
+/// deadlock otherwise — and nobody needs to poll or wait on the queue for it to run.
+#[test]
+fn the_completion_hook_runs_unlocked_for_what_arrives() {
+    use std::sync::{mpsc, Arc, Mutex};
+    let (a, b) = connected(ProgressMode::Thread);
+    let src = a.alloc(64, AccessFlags::LOCAL_WRITE);
+    let inbox = b.alloc(64, AccessFlags::LOCAL_WRITE);
+    let (tx, rx) = mpsc::channel::<Vec<WorkCompletion>>();
+    let cq = b.cq.clone();
+    let tx = Mutex::new(tx);
+    let hook: lightpath_verbs::CompletionHook = Arc::new(move || {
+        let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
+        let n = cq.poll(&mut out).expect("poll from the hook");
+        if n > 0 {
+            let _ = tx.lock().unwrap().send(out[..n].to_vec());
+        }
+    });
+    assert!(b.cq.set_completion_hook(Arc::clone(&hook)).expect("set"), "the soft provider takes a hook");
+    assert!(!b.cq.set_completion_hook(hook).expect("set again"), "one hook per queue");
+    b.post_recv(7, &inbox, 0, 64);
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 8)])).expect("post_send");
+    let got = rx.recv_timeout(DEADLINE).expect("the hook never handed over the receive");
+    assert_eq!((got[0].wr_id, got[0].status, got[0].opcode), (7, WcStatus::Success, WcOpcode::Recv));
+    assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
+}
+
 #[test]
 fn moved_in_vector_is_a_region() {
     let (a, b) = connected(ProgressMode::Thread);

@@ -28,8 +28,8 @@ pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mtu::{lightpath_pmtu_for_link, Mtu, MAX_LIGHTPATH_PMTU};
 pub use provider::{
-    BatchError, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain, Provider, QpOf,
-    QueuePair, WakeFor,
+    BatchError, CompletionHook, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain,
+    Provider, QpOf, QueuePair, WakeFor,
 };
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -186,6 +186,10 @@ pub trait MemoryRegion: Send + Sync {
     }
 }
 
+/// A function a provider calls when a completion queue gains entries (see
+/// [`CompletionQueue::set_completion_hook`]).
+pub type CompletionHook = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// A completion queue.
 pub trait CompletionQueue: Send + Sync {
     /// How many completions the queue holds.
@@ -212,6 +216,19 @@ pub trait CompletionQueue: Send + Sync {
 
     /// Consumes a pending notification without blocking; returns whether one was pending.
     fn take_notify(&self) -> Result<bool>;
+
+    /// Asks the provider to call `hook` whenever the queue gains entries, from the thread
+    /// that added them (a progress thread, or one posting or polling) once it holds none of
+    /// the provider's locks, so `hook` may poll this queue. Calls may be spurious, come from
+    /// several threads at once, and a burst of completions may make one call; none is missed
+    /// after a completion is added. Returns whether the provider will (`false`, the default:
+    /// watch [`CompletionQueue::notify_fd`] instead). What an event loop's completion router
+    /// uses where the provider has threads of its own, so that no thread of the router's has
+    /// to sleep on the notification fd and pass each completion on (one wake-up more).
+    fn set_completion_hook(&self, hook: CompletionHook) -> Result<bool> {
+        let _ = hook;
+        Ok(false)
+    }
 }
 
 /// A reliable-connected queue pair.

@@ -8,10 +8,13 @@
 //! network work); the others sleep on their inbox's eventfd and are woken by the leader when a
 //! completion of theirs arrives. When the leader leaves it wakes one sleeper to take its place,
 //! so while anyone sleeps someone watches the queue. Event loops that arm their inbox are
-//! served by the hub's notifier thread (see `notifier`).
+//! served by the provider's completion hook where it has one (the soft provider calls it from
+//! its progress thread: the completion is routed, and the event loop woken, by the thread
+//! that made it), and otherwise by the hub's notifier thread (see `notifier`), one wake-up
+//! further away.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -42,8 +45,48 @@ pub(crate) struct Hub<D: Device> {
     /// listed takes no lock.
     listed: AtomicUsize,
     notifier: OnceLock<Notifier>,
+    /// The provider calls `on_completions` when the queue gains entries, so no notifier
+    /// thread is needed (see `ensure_notifier`).
+    hooked: AtomicBool,
+    /// Serialises choosing between the hook and the notifier thread.
+    notify_setup: Mutex<()>,
+    /// The provider's hook found the router lock taken: its holder routes once more after
+    /// letting go (see [`Routing`]).
+    route_pending: AtomicBool,
     /// Completions for queue pairs no longer attached (dropped).
     strays: AtomicU32,
+}
+
+/// The router lock held: derefs to the poll buffer; when dropped it unlocks, then routes
+/// what a completion hook could not while the lock was taken (see `Hub::on_completions`).
+pub(crate) struct Routing<'a, D: Device> {
+    hub: &'a Hub<D>,
+    guard: Option<MutexGuard<'a, Vec<WorkCompletion>>>,
+}
+
+impl<D: Device> std::ops::Deref for Routing<'_, D> {
+    type Target = Vec<WorkCompletion>;
+    fn deref(&self) -> &Vec<WorkCompletion> {
+        self.guard.as_ref().expect("held until dropped")
+    }
+}
+
+impl<D: Device> std::ops::DerefMut for Routing<'_, D> {
+    fn deref_mut(&mut self) -> &mut Vec<WorkCompletion> {
+        self.guard.as_mut().expect("held until dropped")
+    }
+}
+
+impl<D: Device> Drop for Routing<'_, D> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Pairs with the fence in `on_completions`: either the hook's `try_lock` found the
+        // lock free, or this load sees its flag.
+        fence(Ordering::SeqCst);
+        if self.hub.route_pending.load(Ordering::Relaxed) {
+            self.hub.on_completions();
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -66,8 +109,40 @@ impl<D: Device> Hub<D> {
             sleepers: Mutex::new(VecDeque::new()),
             listed: AtomicUsize::new(0),
             notifier: OnceLock::new(),
+            hooked: AtomicBool::new(false),
+            notify_setup: Mutex::new(()),
+            route_pending: AtomicBool::new(false),
             strays: AtomicU32::new(0),
         }
+    }
+
+    /// Takes the router lock.
+    fn routing(&self) -> Routing<'_, D> {
+        Routing { hub: self, guard: Some(lock(&self.router)) }
+    }
+
+    /// Takes the router lock if it is free.
+    fn try_routing(&self) -> Option<Routing<'_, D>> {
+        let guard = match self.router.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Routing { hub: self, guard: Some(guard) })
+    }
+
+    /// The provider's completion hook: routes what the queue gained, waking the event loops
+    /// it is for, from the provider's own thread. If another thread holds the router lock
+    /// (it may be this one, deeper in the stack: a poll that made the provider work), the
+    /// flag makes that holder route once more when it lets go, so nothing waits for a
+    /// notifier.
+    pub(super) fn on_completions(&self) {
+        self.route_pending.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let Some(mut routing) = self.try_routing() else { return };
+        self.route_pending.store(false, Ordering::Relaxed);
+        let _ = self.drain(&mut routing);
+        // Dropping `routing` routes again if a hook came meanwhile.
     }
 
     /// Completions the queue holds.
@@ -182,12 +257,8 @@ impl<D: Device> Hub<D> {
         qpn: u32,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
-        let guard = match self.router.try_lock() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
-        };
-        self.poll_routing(guard, inbox, qpn, out)
+        let Some(routing) = self.try_routing() else { return Ok(0) };
+        self.poll_routing(routing, inbox, qpn, out)
     }
 
     /// Like `poll_for`, but waits for the router lock if another thread routes: when it
@@ -199,12 +270,12 @@ impl<D: Device> Hub<D> {
         qpn: u32,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
-        self.poll_routing(lock(&self.router), inbox, qpn, out)
+        self.poll_routing(self.routing(), inbox, qpn, out)
     }
 
     fn poll_routing(
         &self,
-        mut guard: MutexGuard<'_, Vec<WorkCompletion>>,
+        mut guard: Routing<'_, D>,
         inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
@@ -253,7 +324,7 @@ impl<D: Device> Hub<D> {
 
     /// Routes whatever the queue has, waiting for the router lock if need be.
     pub(super) fn route_now(&self) -> lightpath_verbs::Result<bool> {
-        self.drain(&mut lock(&self.router))
+        self.drain(&mut self.routing())
     }
 
     /// Blocks until `inbox` has completions or `timeout` passes; moves them into `out`.
@@ -320,7 +391,7 @@ impl<D: Device> Hub<D> {
         out: &mut [WorkCompletion],
         deadline: Instant,
     ) -> lightpath_verbs::Result<usize> {
-        let mut guard = lock(&self.router);
+        let mut guard = self.routing();
         let buf: &mut Vec<WorkCompletion> = &mut guard;
         loop {
             // Whatever was routed here before this thread took the lock comes first; with
@@ -372,11 +443,25 @@ impl<D: Device> Hub<D> {
     where
         D: 'static,
     {
-        if self.notifier.get().is_some() {
+        if self.notifier.get().is_some() || self.hooked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _setup = lock(&self.notify_setup);
+        if self.notifier.get().is_some() || self.hooked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Where the provider calls a hook from its own threads, that is the notifier.
+        let hub = Arc::downgrade(self);
+        let hook: lightpath_verbs::CompletionHook = Arc::new(move || {
+            if let Some(hub) = hub.upgrade() {
+                hub.on_completions();
+            }
+        });
+        if self.cq.set_completion_hook(hook).unwrap_or(false) {
+            self.hooked.store(true, Ordering::Release);
             return Ok(());
         }
         let notifier = Notifier::start(self)?;
-        // A racing caller may have started one too: the loser's stops with it.
         let _ = self.notifier.set(notifier);
         Ok(())
     }

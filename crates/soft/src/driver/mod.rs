@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
 use lightpath_verbs::WorkCompletion;
-use lightpath_verbs::{lightpath_pmtu_for_link, Error, Gid, Mtu, Result};
+use lightpath_verbs::{lightpath_pmtu_for_link, CompletionHook, Error, Gid, Mtu, Result};
 
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
@@ -100,6 +100,42 @@ pub(crate) struct Core {
     rx: RxBuffers,
     tx: TxBuffers,
     rx_pace: RxPace,
+    /// Completion hooks of queues that gained entries, run by [`CoreGuard`] once the lock is
+    /// released (a hook polls its queue, which takes the lock).
+    due_hooks: Vec<CompletionHook>,
+}
+
+/// The engine locked ([`Shared::lock`]): derefs to [`Core`]; when dropped it unlocks, then
+/// runs the completion hooks that came due meanwhile, with no lock of the device held.
+pub(crate) struct CoreGuard<'a> {
+    guard: Option<MutexGuard<'a, Core>>,
+}
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        self.guard.as_ref().expect("the guard holds the lock until it is dropped")
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        self.guard.as_mut().expect("the guard holds the lock until it is dropped")
+    }
+}
+
+impl Drop for CoreGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else { return };
+        if guard.due_hooks.is_empty() {
+            return;
+        }
+        let hooks = std::mem::take(&mut guard.due_hooks);
+        drop(guard);
+        for hook in hooks {
+            hook();
+        }
+    }
 }
 
 /// How many messages a polling round asks the kernel for first.
@@ -227,6 +263,7 @@ impl Shared {
             rx: RxBuffers::new(&socket),
             tx: TxBuffers::new(config.udp_offload),
             rx_pace: RxPace::default(),
+            due_hooks: Vec::new(),
         };
         Ok(Self {
             core: Mutex::new(core),
@@ -299,11 +336,11 @@ impl Shared {
         Time::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+    pub(crate) fn lock(&self) -> CoreGuard<'_> {
         // A panic in another thread while it held the lock leaves the engine in whatever state
         // that call reached; the engine's own invariants are maintained per call, so carry on
         // rather than poison every later call.
-        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        CoreGuard { guard: Some(self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())) }
     }
 
     pub(crate) fn is_polling(&self) -> bool {
@@ -542,11 +579,16 @@ impl Shared {
 
     /// [`Shared::deliver_events`] on behalf of a registered waiter of `waiter_of`.
     fn deliver_events_for(&self, core: &mut Core, waiter_of: Option<CqHandle>) {
-        let Core { engine, signals, .. } = core;
+        let Core { engine, signals, due_hooks, .. } = core;
         while let Some(event) = engine.poll_event() {
             if let EngineEvent::Completion(cq) = event {
                 if let Some(signal) = signals.get(&cq) {
                     signal.completion_added(waiter_of == Some(cq));
+                    if let Some(hook) = signal.hook() {
+                        if !due_hooks.iter().any(|due| Arc::ptr_eq(due, hook)) {
+                            due_hooks.push(Arc::clone(hook));
+                        }
+                    }
                 }
             }
         }

@@ -2,11 +2,13 @@
 //! `request_notify`, one shot) and the internal fd blocked `wait` callers sleep on.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use lightpath_verbs::CompletionHook;
 
 use crate::sys::EventFd;
 
 /// How completions on one queue wake whoever waits for them.
-#[derive(Debug)]
 pub(crate) struct CqSignal {
     /// Readable after `request_notify` once a completion is added (what `notify_fd` returns).
     pub(crate) notify: EventFd,
@@ -14,6 +16,19 @@ pub(crate) struct CqSignal {
     /// Semaphore eventfd blocked waiters sleep on; each waiter takes one unit when it wakes.
     pub(crate) wake: EventFd,
     waiters: AtomicU32,
+    /// Called once the engine is unlocked after the queue gained entries (see
+    /// `CompletionQueue::set_completion_hook` and `CoreGuard`).
+    hook: OnceLock<CompletionHook>,
+}
+
+impl std::fmt::Debug for CqSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqSignal")
+            .field("armed", &self.armed)
+            .field("waiters", &self.waiters)
+            .field("hook", &self.hook.get().is_some())
+            .finish()
+    }
 }
 
 impl CqSignal {
@@ -23,7 +38,18 @@ impl CqSignal {
             armed: AtomicBool::new(false),
             wake: EventFd::new(true)?,
             waiters: AtomicU32::new(0),
+            hook: OnceLock::new(),
         })
+    }
+
+    /// Installs the completion hook; `false` if one is installed already.
+    pub(crate) fn set_hook(&self, hook: CompletionHook) -> bool {
+        self.hook.set(hook).is_ok()
+    }
+
+    /// The completion hook, if one is installed.
+    pub(crate) fn hook(&self) -> Option<&CompletionHook> {
+        self.hook.get()
     }
 
     /// Called (with the engine locked) whenever the queue gained entries; `by_waiter`: by one
