@@ -219,7 +219,15 @@ impl TcpConn {
             self.header_out.drain(..n);
         }
         if std::mem::take(&mut self.fin_after_owed) {
-            self.tcp.shutdown(std::net::Shutdown::Write)?;
+            match self.tcp.shutdown(std::net::Shutdown::Write) {
+                // The peer had closed cleanly and its kernel answered our close record with a
+                // reset (its socket was gone): the close is complete, as a plain TCP peer's
+                // FIN-for-FIN would be. (hyper servers reported every such connection.)
+                Err(err)
+                    if err.kind() == io::ErrorKind::NotConnected
+                        && self.reader.need() == FrameNeed::Closed => {}
+                other => other?,
+            }
         }
         Ok(())
     }

@@ -207,7 +207,17 @@ impl<D: Device> RdmaConn<D> {
                 return self.fail(io::ErrorKind::InvalidData, what);
             }
             if wc.status != WcStatus::WrFlushErr || self.failed.is_none() {
-                self.fail(io::ErrorKind::ConnectionReset, format!("RDMA transfer failed ({})", wc.status));
+                // Retries run out when the peer's queue pair stopped answering: if its TCP
+                // connection ended too, the peer went away, which says more than the status.
+                if wc.status == WcStatus::RetryExcErr && self.failed.is_none() {
+                    self.check_tcp();
+                }
+                let what = if self.tcp_eof && wc.status == WcStatus::RetryExcErr {
+                    format!("the peer vanished: RDMA transfer failed ({})", wc.status)
+                } else {
+                    format!("RDMA transfer failed ({})", wc.status)
+                };
+                self.fail(io::ErrorKind::ConnectionReset, what);
             }
             return;
         }
