@@ -11,9 +11,10 @@
 //! No lost wake-ups: whichever call polls an RDMA connection handles its completions, so a
 //! write, a flush or the look before a wait can take in the bytes a reader is waiting for (or
 //! a reader the credit a writer is waiting for), and no fd fires for them afterwards. A call
-//! that handled anything therefore wakes the task waiting on the other half (issue 17: hyper's
-//! HTTP/1.1 client polls read, then writes and flushes in the same task, and stalled for good
-//! when the flush took in the response).
+//! that handled what the other half waits for therefore wakes the task waiting there (issue
+//! 17: hyper's HTTP/1.1 client polls read, then writes and flushes in the same task, and
+//! stalled for good when the flush took in the response); a reader is not woken for the
+//! completions of its own side's writes.
 //!
 //! Connecting and accepting are async code on the runtime's reactor: the negotiation is the
 //! blocking calls' state machine (`crate::negotiate`) driven by socket readiness and tokio
