@@ -296,6 +296,12 @@ impl Engine {
         self.after_qp_work(qpn);
     }
 
+    /// Whether some queue pair has a datagram to send ([`Engine::poll_transmit`] would
+    /// produce one, or find that the queue pair had nothing after all).
+    pub fn has_output(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// Writes the next datagram to send into `buf` (which must hold [`MAX_DATAGRAM`] bytes;
     /// a smaller buffer gets nothing) and says where it goes. The ICRC is sealed for the
     /// ports in the returned [`Transmit`]: the source port (the configured fixed port, if any)

@@ -80,6 +80,47 @@ fn the_completion_hook_runs_unlocked_for_what_arrives() {
     assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
 }
 
+/// An event loop (here: the completion hook itself, as the application) that answers what it
+/// received finds the engine's ACK for the request held back by the progress thread, and the
+/// two leave in one `sendmmsg`: one send batch per round where the ACK used to go alone first.
+#[test]
+fn an_event_loops_reply_carries_the_ack_of_the_request() {
+    use std::sync::{Arc, Weak};
+    const ROUNDS: u64 = 50;
+    let (a, b) = connected(ProgressMode::Thread);
+    let b = Arc::new(b);
+    let request = a.alloc(64, AccessFlags::LOCAL_WRITE);
+    let a_inbox = a.alloc(64, AccessFlags::LOCAL_WRITE);
+    let b_inbox = b.alloc(64 * ROUNDS as usize, AccessFlags::LOCAL_WRITE);
+    let reply = b.alloc(64, AccessFlags::LOCAL_WRITE);
+    for i in 0..ROUNDS {
+        b.post_recv(i, &b_inbox, 64 * i as usize, 64);
+    }
+    let weak: Weak<Side<SoftDevice>> = Arc::downgrade(&b);
+    let reply_sge = reply.sge(0, 16);
+    let hook: lightpath_verbs::CompletionHook = Arc::new(move || {
+        let Some(b) = weak.upgrade() else { return };
+        let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 8];
+        let n = b.cq.poll(&mut out).expect("poll from the hook");
+        for wc in &out[..n] {
+            if wc.opcode == WcOpcode::Recv {
+                b.qp.post_send(&SendWr::new(1000 + wc.wr_id, SendOp::Send, &[reply_sge])).expect("reply");
+            }
+        }
+    });
+    assert!(b.cq.set_completion_hook(hook).unwrap());
+    let before = b.device.stats().driver.tx_batches;
+    for i in 0..ROUNDS {
+        a.post_recv(i, &a_inbox, 0, 64);
+        a.qp.post_send(&SendWr::new(i, SendOp::Send, &[request.sge(0, 16)])).expect("request");
+        let wcs = wait_n(&a.cq, 2);
+        assert!(wcs.iter().all(|wc| wc.status == WcStatus::Success), "{wcs:?}");
+    }
+    let batches = b.device.stats().driver.tx_batches - before;
+    assert!(batches >= ROUNDS, "every reply was sent ({batches} batches)");
+    assert!(batches <= ROUNDS + 5, "{batches} send batches for {ROUNDS} rounds: the ACKs went alone");
+}
+
 #[test]
 fn moved_in_vector_is_a_region() {
     let (a, b) = connected(ProgressMode::Thread);

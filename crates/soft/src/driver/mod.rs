@@ -32,6 +32,10 @@ pub use stats::{DriverStats, SoftStats};
 use crate::config::{ProgressMode, SoftConfig};
 use crate::sys::{self, EventFd, OneShotTimer, RECV_BATCH};
 
+/// How long the progress thread holds the answers to what an event loop received, waiting
+/// for the event loop's reply to carry them (see [`Shared::drive_for_progress`]).
+pub(crate) const ANSWER_HOLD: Duration = Duration::from_micros(200);
+
 /// At most this many receive batches per drive, so one call cannot be held up indefinitely by
 /// a peer that keeps sending.
 const MAX_RX_BATCHES_PER_DRIVE: usize = 8;
@@ -103,6 +107,9 @@ pub(crate) struct Core {
     /// Completion hooks of queues that gained entries, run by [`CoreGuard`] once the lock is
     /// released (a hook polls its queue, which takes the lock).
     due_hooks: Vec<CompletionHook>,
+    /// Answers (ACKs) held back by the progress thread for an event loop's reply (see
+    /// [`Shared::drive_for_progress`]).
+    pub(crate) answers_held: bool,
 }
 
 /// The engine locked ([`Shared::lock`]): derefs to [`Core`]; when dropped it unlocks, then
@@ -264,6 +271,7 @@ impl Shared {
             tx: TxBuffers::new(config.udp_offload),
             rx_pace: RxPace::default(),
             due_hooks: Vec::new(),
+            answers_held: false,
         };
         Ok(Self {
             core: Mutex::new(core),
@@ -384,6 +392,26 @@ impl Shared {
         let received = self.receive_and_run(core, now, RECV_BATCH, None);
         self.transmit(core, now);
         received
+    }
+
+    /// The progress thread's drive. When what it received completed work of a queue with a
+    /// completion hook (an event loop's, which the hook wakes now), the engine's answers are
+    /// held back, as a watcher's are: the event loop's reply, posted within moments, takes them
+    /// along in one `sendmmsg`, and the peer receives the ACK with the reply instead of waking
+    /// once for each. The progress thread sends them itself after [`ANSWER_HOLD`] if no post
+    /// did (it sleeps no longer: see `run_progress`). Returns the messages received and whether
+    /// answers are held.
+    pub(crate) fn drive_for_progress(&self, core: &mut Core) -> (usize, bool) {
+        let now = self.now();
+        let held = std::mem::take(&mut core.answers_held);
+        let hooks_before = core.due_hooks.len();
+        let received = self.receive_and_run(core, now, RECV_BATCH, None);
+        if received > 0 && core.due_hooks.len() > hooks_before && !held && core.engine.has_output() {
+            core.answers_held = true;
+            return (received, true);
+        }
+        self.transmit(core, now);
+        (received, false)
     }
 
     /// One round of a polling-mode `poll` on completion queue `cq`: send what the last round
@@ -597,6 +625,8 @@ impl Shared {
     /// Delivers notifications, then transmits everything pending (a woken waiter starts
     /// waking while the datagrams go out).
     fn transmit(&self, core: &mut Core, now: Time) {
+        // Whatever was held back goes now.
+        core.answers_held = false;
         self.deliver_events(core);
         let Core { engine, tx, stats, .. } = core;
         tx.transmit_all(&self.socket, engine, now, stats);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{Shared, AWAKE};
+use super::{Shared, ANSWER_HOLD, AWAKE};
 use crate::config::ProgressMode;
 use crate::sys::{self, RECV_BATCH};
 
@@ -30,12 +30,14 @@ fn run_progress(shared: &Shared) {
         let idle = ready == HANDOVER_ONLY && !shared.handover_due();
         let (received, timeout) = {
             let mut core = shared.lock();
-            let received = if idle { 0 } else { shared.drive(&mut core) };
+            let (received, held) =
+                if idle && !core.answers_held { (0, false) } else { shared.drive_for_progress(&mut core) };
             // Never asleep for longer than a tick: a posting thread then wakes this one only
             // for a timer due sooner (retransmission timers are hundreds of ms away; waking
             // this thread on every idle-to-busy turn of a connection cost a context switch).
             let tick_end = shared.now().as_nanos().saturating_add(IDLE_TICK.as_nanos() as u64);
-            let timeout = Some(shared.until_next_timer(&core).map_or(IDLE_TICK, |t| t.min(IDLE_TICK)));
+            let cap = if held { ANSWER_HOLD } else { IDLE_TICK };
+            let timeout = Some(shared.until_next_timer(&core).map_or(cap, |t| t.min(cap)));
             let deadline =
                 core.engine.poll_timeout().map_or(tick_end, |t| t.as_nanos().min(tick_end)).max(AWAKE + 1);
             // Published under the lock: a posting thread that takes the lock after us compares
