@@ -78,9 +78,24 @@ impl QueuePair for ShmQp {
     fn write_direct(&self, remote_addr: u64, rkey: u32, bytes: &[u8]) -> Option<Result<()>> {
         let mut deadline = None;
         loop {
-            match self.with_core(|qp, _| qp.write_direct(remote_addr, rkey, bytes)).and_then(|r| r) {
-                Ok(true) => return Some(Ok(())),
-                Ok(false) => {}
+            if bytes.is_empty() {
+                // Nothing to write, nothing to wait for (the stream layer asks this way, right
+                // after RTS, before the peer can have attached).
+                return Some(self.with_core(|qp, _| qp.check_rts()).and_then(|r| r));
+            }
+            // The target is found under the device lock; the copy is made after releasing it,
+            // so that connections writing at once (and their 64 KiB copies) do not queue up
+            // behind each other. The region stays mapped while `region` holds it.
+            let target = self.with_core(|qp, _| qp.direct_target(remote_addr, rkey, bytes.len() as u64));
+            match target.and_then(|r| r) {
+                Ok(Some((region, offset))) => {
+                    return Some(if region.map.write_from_caller(offset, bytes) {
+                        Ok(())
+                    } else {
+                        Err(Error::NotFound("a writable range of the peer's region"))
+                    });
+                }
+                Ok(None) => {}
                 Err(err) => return Some(Err(err)),
             }
             let now = std::time::Instant::now();

@@ -79,7 +79,8 @@ pub(crate) struct PeerSide {
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
     pub(crate) served: SocketGuard,
-    pub(crate) regions: HashMap<u32, PeerRegion>,
+    /// Shared so that a direct write can copy into one after the device lock is released.
+    pub(crate) regions: HashMap<u32, std::sync::Arc<PeerRegion>>,
 }
 
 impl PeerSide {
@@ -175,7 +176,7 @@ impl Link {
         &mut self,
         rkey: u32,
         dqpn: u32,
-    ) -> std::result::Result<Option<&PeerRegion>, LinkFailure> {
+    ) -> std::result::Result<Option<&std::sync::Arc<PeerRegion>>, LinkFailure> {
         let peer = self.peer.as_mut().ok_or(LinkFailure::PeerGone)?;
         if peer.regions.get(&rkey).is_some_and(|region| !region.is_valid()) {
             peer.regions.remove(&rkey);
@@ -192,7 +193,7 @@ impl Link {
             if peer.regions.len() >= MAX_CACHED_REGIONS {
                 peer.regions.clear();
             }
-            peer.regions.insert(rkey, region);
+            peer.regions.insert(rkey, std::sync::Arc::new(region));
         }
         Ok(peer.regions.get(&rkey))
     }

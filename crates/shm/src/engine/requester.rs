@@ -140,42 +140,48 @@ impl QpCore {
     /// an RDMA WRITE gets (see `QueuePair::write_direct`): one copy from the caller's memory,
     /// no request, no completion. A peer that has gone (or spoiled its status line) fails the
     /// link as a posted request would.
-    pub(crate) fn write_direct(
+    /// `InvalidState` unless in RTS.
+    pub(crate) fn check_rts(&self) -> lightpath_verbs::Result<()> {
+        if self.state != QpState::Rts {
+            return Err(lightpath_verbs::Error::InvalidState(self.state));
+        }
+        Ok(())
+    }
+
+    /// Where a direct write of `len` bytes at the peer's `remote_addr` goes: the peer's region
+    /// (shared, so the caller copies after releasing the device lock) and the offset in it;
+    /// `Ok(None)` while the peer has not attached yet.
+    pub(crate) fn direct_target(
         &mut self,
         remote_addr: u64,
         rkey: u32,
-        bytes: &[u8],
-    ) -> lightpath_verbs::Result<bool> {
+        len: u64,
+    ) -> lightpath_verbs::Result<Option<(std::sync::Arc<crate::region::PeerRegion>, usize)>> {
         use lightpath_verbs::Error;
         if self.state != QpState::Rts {
             return Err(Error::InvalidState(self.state));
-        }
-        if bytes.is_empty() {
-            // Nothing to write, nothing to wait for (the stream layer asks this way, right
-            // after RTS, before the peer can have attached).
-            return Ok(true);
         }
         let (Some(link), Some((_, dqpn))) = (self.link.as_mut(), self.dest) else {
             return Err(Error::Unavailable("the queue pair has no peer".into()));
         };
         if link.peer.is_none() {
-            return Ok(false);
+            return Ok(None);
         }
         let op = SendOp::Write { remote_addr, rkey };
-        let len = bytes.len() as u64;
-        match remote_target(link, &op, dqpn, remote_addr, rkey, len) {
-            Ok(Ok((target, offset))) => {
-                if target.write_from_caller(offset, bytes) {
-                    Ok(true)
-                } else {
-                    Err(Error::NotFound("a writable range of the peer's region"))
-                }
-            }
-            Ok(Err(status)) => Err(Error::Unavailable(format!("the peer refuses the write ({status})"))),
+        let status = link.peer.as_ref().and_then(|peer| peer.segment.status_line().status);
+        let region = match link.peer_region(rkey, dqpn) {
+            Ok(region) => region,
             Err(failure) => {
                 self.fail_link(failure);
-                Err(Error::Unavailable("the peer is gone".into()))
+                return Err(Error::Unavailable("the peer is gone".into()));
             }
+        };
+        match (check_remote(status, region.map(|r| &**r), &op, remote_addr, len), region) {
+            (Ok(offset), Some(region)) => Ok(Some((std::sync::Arc::clone(region), offset))),
+            (Ok(_), None) => {
+                Err(Error::Unavailable(format!("the peer refuses the write ({})", WcStatus::RemAccessErr)))
+            }
+            (Err(status), _) => Err(Error::Unavailable(format!("the peer refuses the write ({status})"))),
         }
     }
 
@@ -478,7 +484,7 @@ fn remote_target<'l>(
 ) -> Result<Result<(&'l Mapping, usize), WcStatus>, LinkFailure> {
     let status = link.peer.as_ref().and_then(|peer| peer.segment.status_line().status);
     let region = link.peer_region(rkey, dqpn)?;
-    Ok(match (check_remote(status, region, op, remote_addr, len), region) {
+    Ok(match (check_remote(status, region.map(|r| &**r), op, remote_addr, len), region) {
         (Ok(offset), Some(region)) => Ok((&region.map, offset)),
         (Ok(_), None) => Err(WcStatus::RemAccessErr),
         (Err(status), _) => Err(status),
