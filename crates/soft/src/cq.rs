@@ -232,6 +232,19 @@ impl CompletionQueue for SoftCq {
     fn set_completion_hook(&self, hook: lightpath_verbs::CompletionHook) -> Result<bool> {
         Ok(self.inner.signal.set_hook(hook))
     }
+
+    /// Sends the answers the progress thread holds for an event loop's reply (see
+    /// `Shared::drive_for_progress`): the event loop goes to sleep without one.
+    fn consumer_idle(&self) {
+        let device = &self.inner.device;
+        if !device.answers_held.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let mut core = device.lock();
+        if core.answers_held {
+            device.flush(&mut core);
+        }
+    }
 }
 
 impl Drop for CqInner {

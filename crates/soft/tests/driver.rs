@@ -121,6 +121,37 @@ fn an_event_loops_reply_carries_the_ack_of_the_request() {
     assert!(batches <= ROUNDS + 5, "{batches} send batches for {ROUNDS} rounds: the ACKs went alone");
 }
 
+/// An event loop that goes back to waiting without replying (`consumer_idle`) sends the ACK
+/// the progress thread held for its reply there and then, not when the hold runs out.
+#[test]
+fn an_idle_consumer_releases_the_held_ack() {
+    use std::sync::{mpsc, Arc, Mutex, Weak};
+    let (a, b) = connected(ProgressMode::Thread);
+    let b = Arc::new(b);
+    let src = a.alloc(64, AccessFlags::LOCAL_WRITE);
+    let inbox = b.alloc(64, AccessFlags::LOCAL_WRITE);
+    b.post_recv(1, &inbox, 0, 64);
+    let (tx, rx) = mpsc::channel::<(u64, u64)>();
+    let tx = Mutex::new(tx);
+    let weak: Weak<Side<SoftDevice>> = Arc::downgrade(&b);
+    let hook: lightpath_verbs::CompletionHook = Arc::new(move || {
+        let Some(b) = weak.upgrade() else { return };
+        let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
+        if b.cq.poll(&mut out).expect("poll") == 0 {
+            return;
+        }
+        let before = b.device.stats().engine.tx_datagrams;
+        b.cq.consumer_idle();
+        let after = b.device.stats().engine.tx_datagrams;
+        let _ = tx.lock().unwrap().send((before, after));
+    });
+    assert!(b.cq.set_completion_hook(hook).unwrap());
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, 8)])).expect("post_send");
+    let (before, after) = rx.recv_timeout(DEADLINE).expect("the hook never saw the receive");
+    assert_eq!(after, before + 1, "the held ACK left when the consumer went idle");
+    assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success);
+}
+
 #[test]
 fn moved_in_vector_is_a_region() {
     let (a, b) = connected(ProgressMode::Thread);

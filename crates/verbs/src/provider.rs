@@ -229,6 +229,12 @@ pub trait CompletionQueue: Send + Sync {
         let _ = hook;
         Ok(false)
     }
+
+    /// Says that a consumer of this queue has handled what it had and is about to wait (an
+    /// event loop arming its readiness). A provider that holds back its answers (ACKs) to
+    /// what arrived, so that the consumer's reply carries them, sends them now: no reply is
+    /// coming before the next arrival. The default does nothing.
+    fn consumer_idle(&self) {}
 }
 
 /// A reliable-connected queue pair.

@@ -306,6 +306,8 @@ impl<D: Device + 'static> ConnCompletions<D> {
         self.inbox.set_arrivals_only(false);
         self.inbox.arm();
         self.hub.ensure_notifier()?;
+        // About to wait: answers the provider held for a reply from here go now.
+        lightpath_verbs::CompletionQueue::consumer_idle(self.hub.cq());
         Ok(0)
     }
 }

@@ -190,6 +190,9 @@ impl RxPace {
 /// State shared by a device's objects and its helper thread.
 pub(crate) struct Shared {
     core: Mutex<Core>,
+    /// `Core::answers_held`, readable without the lock (`CompletionQueue::consumer_idle`
+    /// takes the lock only when it is set).
+    pub(crate) answers_held: AtomicBool,
     socket: RoceSocket,
     /// Wakes the progress/helper thread (new earlier timer, or shutdown).
     waker: EventFd,
@@ -290,6 +293,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
+            answers_held: AtomicBool::new(false),
             socket_watchers: AtomicU32::new(0),
             spin_misses: AtomicU32::new(0),
             spins_skipped: AtomicU32::new(0),
@@ -399,15 +403,18 @@ impl Shared {
     /// held back, as a watcher's are: the event loop's reply, posted within moments, takes them
     /// along in one `sendmmsg`, and the peer receives the ACK with the reply instead of waking
     /// once for each. The progress thread sends them itself after [`ANSWER_HOLD`] if no post
-    /// did (it sleeps no longer: see `run_progress`). Returns the messages received and whether
-    /// answers are held.
+    /// did (it sleeps no longer: see `run_progress`), and so does an event loop that goes back
+    /// to waiting without a reply (`CompletionQueue::consumer_idle`). Returns the messages
+    /// received and whether answers are held.
     pub(crate) fn drive_for_progress(&self, core: &mut Core) -> (usize, bool) {
         let now = self.now();
         let held = std::mem::take(&mut core.answers_held);
+        self.answers_held.store(false, Ordering::Relaxed);
         let hooks_before = core.due_hooks.len();
         let received = self.receive_and_run(core, now, RECV_BATCH, None);
         if received > 0 && core.due_hooks.len() > hooks_before && !held && core.engine.has_output() {
             core.answers_held = true;
+            self.answers_held.store(true, Ordering::Relaxed);
             return (received, true);
         }
         self.transmit(core, now);
@@ -627,6 +634,7 @@ impl Shared {
     fn transmit(&self, core: &mut Core, now: Time) {
         // Whatever was held back goes now.
         core.answers_held = false;
+        self.answers_held.store(false, Ordering::Relaxed);
         self.deliver_events(core);
         let Core { engine, tx, stats, .. } = core;
         tx.transmit_all(&self.socket, engine, now, stats);
