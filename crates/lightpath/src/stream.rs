@@ -492,6 +492,21 @@ impl Stream {
         }
     }
 
+    /// How many bytes a read should offer room for (at least 1): an RDMA stream's readable
+    /// bytes as last seen (or [`READ_SIZE_WITHOUT_HINT`] when none were: the read looks for
+    /// more first), a TCP stream's [`READ_SIZE_WITHOUT_HINT`] times four. Lets the tokio driver
+    /// zero only what a read can fill.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn read_size_hint(&self) -> usize {
+        match &self.backend {
+            Backend::Rdma(conn) => match conn.readable_bytes() {
+                0 => READ_SIZE_WITHOUT_HINT,
+                n => n,
+            },
+            _ => 4 * READ_SIZE_WITHOUT_HINT,
+        }
+    }
+
     /// A TCP stream whose next read is answered without its socket (bytes read during the
     /// negotiation, reading shut down, the peer's close record taken in): an event loop must
     /// not wait for the socket before that read.
@@ -514,6 +529,11 @@ impl Stream {
         }
     }
 }
+
+/// Room a read offers when it does not know how much is waiting (see
+/// `Stream::read_size_hint`).
+#[cfg(feature = "tokio")]
+const READ_SIZE_WITHOUT_HINT: usize = 16 << 10;
 
 fn would_block<T>(result: &io::Result<T>) -> bool {
     matches!(result, Err(err) if err.kind() == io::ErrorKind::WouldBlock)

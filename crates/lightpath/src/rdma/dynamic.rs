@@ -27,6 +27,11 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn arm(&mut self, wake: WakeFor) -> io::Result<bool>;
     /// What a reader that found nothing would wait for (see `RdmaConn::reader_wake`).
     fn reader_wake(&self) -> WakeFor;
+    /// Bytes a read could take now, as last polled (no completion is handled): the ring bytes
+    /// received and not yet read, or `usize::MAX` when a rendezvous is at the head (its bytes
+    /// are fetched straight into the reader's buffer, as many as it offers).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn readable_bytes(&self) -> usize;
     fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
     fn take_notify(&mut self);
     fn readable_now(&self) -> bool;
@@ -171,6 +176,12 @@ where
     }
     fn reader_wake(&self) -> WakeFor {
         RdmaConn::reader_wake(self)
+    }
+    fn readable_bytes(&self) -> usize {
+        match self.core.front() {
+            Some(front) if front.kind == RecordKind::Rendezvous => usize::MAX,
+            _ => usize::try_from(self.core.readable_bytes()).unwrap_or(usize::MAX),
+        }
     }
     fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::notify_fd(self)
