@@ -111,6 +111,7 @@ impl TcpConn {
 
     /// Whether a read has an answer without the socket: a buffered prefix, reading shut down,
     /// or the peer's close record already taken in.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     pub(crate) fn input_without_socket(&self) -> bool {
         !self.prefix.is_empty() || self.read_shut || self.reader.need() == FrameNeed::Closed
     }
