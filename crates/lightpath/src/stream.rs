@@ -663,15 +663,7 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let deadline = self.write_deadline();
-        match &mut self.backend {
-            Backend::Rdma(conn) => conn.write(buf, deadline),
-            Backend::Tcp(conn) => conn.write(buf),
-            Backend::Closed => Err(closed()),
-        }
+        self.write_vectored(&[io::IoSlice::new(buf)])
     }
 
     /// Writes the slices in turn, as far as they fit, as one record (RDMA: one write with

@@ -233,10 +233,6 @@ impl TcpConn {
         Ok(())
     }
 
-    pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_vectored(&[IoSlice::new(buf)])
-    }
-
     /// Writes the slices in turn, as far as the socket takes them: framed, as one record (its
     /// header and every slice in one `writev`).
     pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
