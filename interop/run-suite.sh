@@ -82,7 +82,7 @@ for op in "${ops[@]}"; do
 done
 # perftest (ib_write_bw, ...) in the VM against `lightpath perf --perftest` (soft, host), both
 # roles: three sizes over two MTUs, and -a (every size, 2 B..8 MiB, few iterations).
-pt_tests=(write_bw read_bw write_lat read_lat)
+pt_tests=(write_bw read_bw write_lat read_lat send_lat send_bw)
 pt_points=("64 1024" "4096 256" "65536 1024")
 for t in "${pt_tests[@]}"; do
     for point in "${pt_points[@]}"; do
@@ -416,9 +416,10 @@ case_perftest() {
     local pt_want=$want lp_want=$want
     [ "$pt_passive" = 1 ] && pt_want=""
     [ "$lp_passive" = 1 ] && lp_want=""
-    # A bandwidth server (perftest's and Lightpath's alike) prints the client's report, which
-    # comes once, at the end: with -a, that of the last size.
-    if [[ $t == *_bw ]]; then
+    # A write/read bandwidth server (perftest's and Lightpath's alike) prints the client's
+    # report, which comes once, at the end: with -a, that of the last size. send_bw's server
+    # measures its receives and prints its own report for every size, as the client does.
+    if [[ $t == *_bw ]] && [ "$t" != send_bw ]; then
         if [ "$role" = server ]; then lp_want=$(tail -n 1 <<< "$want"); else pt_want=$(tail -n 1 <<< "$want"); fi
     fi
     if [ "$pt_pairs" != "$pt_want" ]; then
@@ -429,9 +430,9 @@ case_perftest() {
         note "lightpath reported [$(echo $lp_pairs)], expected [$(echo $lp_want)]"
         return 1
     fi
-    if [ $((lp_passive + pt_passive)) = 0 ] && [[ $t != *_bw ]]; then
+    if [ $((lp_passive + pt_passive)) = 0 ] && { [[ $t != *_bw ]] || [ "$t" = send_bw ]; }; then
         note "both report $(echo "$want" | wc -l) size(s) with $iters iterations each"
-    elif [[ $t == *_bw ]]; then
+    elif [[ $t == *_bw ]] && [ "$t" != send_bw ]; then
         note "the client reports $(echo "$want" | wc -l) size(s) with $iters iterations each, the server its final report"
     else
         note "the client reports $(echo "$want" | wc -l) size(s) with $iters iterations each (read_lat's server prints none)"
