@@ -724,7 +724,7 @@ fn write_lat(side: &mut Side<SoftDevice>, role: Role, peer: &Keys, plan: &[(usiz
 }
 
 /// What a failed or stalled SEND test most likely means.
-const SEND_MISMATCH: &str = "does the peer run the same test, -s / -a, -n and RC?";
+const SEND_MISMATCH: &str = "start both sides with the same test, -s / -a and -n, over RC";
 
 /// The receives of one size of a SEND test, perftest's way: `min(512, iters)` posted before
 /// the size starts, one more after each arrival until `iters` have been posted in all (so
@@ -762,7 +762,7 @@ impl Receives {
         let (mut received, mut sent) = (0u64, 0u64);
         let wcs = side.poll().with_context(|| {
             format!(
-                "this side's receives hold {} B (a receive's length error: the peer sends larger messages); {SEND_MISMATCH}",
+                "this side's receives hold {} B and a receive failed (a length error means the peer sends larger messages): {SEND_MISMATCH}",
                 self.size
             )
         })?;
@@ -865,7 +865,7 @@ fn send_bw_client(
         let wr = SendWr::new(SEND_WR, SendOp::Send, &sges);
         let waiting = "waiting for SEND completions (does the peer run the same -s / -a and -n?)";
         let elapsed = super::post_keeping_in_flight(side, &wr, iters, args.tx_depth, waiting, |_| {})
-            .with_context(|| format!("{size} B messages: {SEND_MISMATCH}"))?;
+            .with_context(|| format!("sending {size} B messages failed or stalled: {SEND_MISMATCH}"))?;
         print_bw(&bw_report(size, iters, elapsed));
         if args.all {
             oob.exchange_keys(ours)?;
