@@ -82,7 +82,7 @@ for op in "${ops[@]}"; do
 done
 # perftest (ib_write_bw, ...) in the VM against `lightpath perf --perftest` (soft, host), both
 # roles: three sizes over two MTUs, and -a (every size, 2 B..8 MiB, few iterations).
-pt_tests=(write_bw read_bw write_lat read_lat)
+pt_tests=(write_bw read_bw write_lat read_lat send_lat send_bw)
 pt_points=("64 1024" "4096 256" "65536 1024")
 for t in "${pt_tests[@]}"; do
     for point in "${pt_points[@]}"; do
@@ -94,6 +94,7 @@ for t in "${pt_tests[@]}"; do
     cases+=("perftest-lp-client-$t-all|lightpath perf --perftest -a client -> ib_$t (rxe)|case_perftest client $t all 1024")
 done
 cases+=("perftest-mismatch|ib_write_bw -c UC / larger size -> lightpath: clear errors, no hang|case_perftest_mismatch")
+cases+=("perftest-send-mismatch|ib_send_bw/ib_send_lat -c UC / other sizes <-> lightpath: clear errors, no hang|case_perftest_send_mismatch")
 # The ibverbs provider inside the VM, on rxe0: conformance, ibv_rc_pingpong, the soft provider
 # across the tap (every operation, both directions), perf against perftest, bad input.
 cases+=("ibverbs-build-tests|host|case_build_ibverbs_tests")
@@ -416,9 +417,10 @@ case_perftest() {
     local pt_want=$want lp_want=$want
     [ "$pt_passive" = 1 ] && pt_want=""
     [ "$lp_passive" = 1 ] && lp_want=""
-    # A bandwidth server (perftest's and Lightpath's alike) prints the client's report, which
-    # comes once, at the end: with -a, that of the last size.
-    if [[ $t == *_bw ]]; then
+    # A write/read bandwidth server (perftest's and Lightpath's alike) prints the client's
+    # report, which comes once, at the end: with -a, that of the last size. send_bw's server
+    # measures its receives and prints its own report for every size, as the client does.
+    if [[ $t == *_bw ]] && [ "$t" != send_bw ]; then
         if [ "$role" = server ]; then lp_want=$(tail -n 1 <<< "$want"); else pt_want=$(tail -n 1 <<< "$want"); fi
     fi
     if [ "$pt_pairs" != "$pt_want" ]; then
@@ -429,14 +431,63 @@ case_perftest() {
         note "lightpath reported [$(echo $lp_pairs)], expected [$(echo $lp_want)]"
         return 1
     fi
-    if [ $((lp_passive + pt_passive)) = 0 ] && [[ $t != *_bw ]]; then
+    if [ $((lp_passive + pt_passive)) = 0 ] && { [[ $t != *_bw ]] || [ "$t" = send_bw ]; }; then
         note "both report $(echo "$want" | wc -l) size(s) with $iters iterations each"
-    elif [[ $t == *_bw ]]; then
+    elif [[ $t == *_bw ]] && [ "$t" != send_bw ]; then
         note "the client reports $(echo "$want" | wc -l) size(s) with $iters iterations each, the server its final report"
     else
         note "the client reports $(echo "$want" | wc -l) size(s) with $iters iterations each (read_lat's server prints none)"
     fi
     return 0
+}
+
+# One mismatched run for case_perftest_send_mismatch: Lightpath (ROLE server or client) runs
+# `perf LPARGS`, perftest `PTARGS`; Lightpath must exit 2 with PATTERN in its output, within
+# the time limit. Prints why not and returns 1 otherwise.
+perftest_mismatch_run() {
+    local label=$1 role=$2 lpargs=$3 ptargs=$4 pattern=$5 pid host_rc=0 id
+    take_port
+    if [ "$role" = server ]; then
+        # shellcheck disable=SC2086
+        lpvm_ns_start "$case_dir/lightpath-$label.log" 60 "$LP" perf $lpargs --perftest --bind "$LPVM_HOST_IP" -p "$port"
+        pid=$LPVM_BG_PID
+        lpvm_ns_wait_listening "$port" 30 || { echo "$label: lightpath never listened"; kill "$pid"; return 1; }
+        lpvm_job "ptsm-$label-$port" "$ptargs -F -d rxe0 -x $G -p $port $LPVM_HOST_IP" 60 > "$case_dir/rxe-$label.log" 2>&1
+        wait "$pid" || host_rc=$?
+    else
+        id=ptsm-$label-$port
+        lpvm_job_start "$id" "lp_serve $port $ptargs -F -d rxe0 -x $G -p $port" 60
+        lpvm_job_wait_listening "$id" 30 || { echo "$label: perftest never listened"; lpvm_job_wait "$id" 60; return 1; }
+        # shellcheck disable=SC2086
+        lpvm_ns timeout --kill-after=3 60 "$LP" perf $lpargs --perftest --bind "$LPVM_HOST_IP" -p "$port" \
+            "$LPVM_VM_IP" > "$case_dir/lightpath-$label.log" 2>&1 || host_rc=$?
+        lpvm_job_wait "$id" 90
+        cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/rxe-$label.log" 2> /dev/null
+    fi
+    sed "s/^/[$label perftest] /" "$case_dir/rxe-$label.log"
+    sed "s/^/[$label lightpath] /" "$case_dir/lightpath-$label.log"
+    if [ "$host_rc" != 2 ] || ! grep -q -- "$pattern" "$case_dir/lightpath-$label.log"; then
+        echo "$label: expected exit 2 naming \"$pattern\", got rc=$host_rc"
+        return 1
+    fi
+    return 0
+}
+
+# The SEND tests' mismatches: a UC perftest client against Lightpath's RC send_bw server;
+# perftest sending larger (send_bw) and smaller (send_lat) messages than Lightpath's server
+# receives; Lightpath's client sending larger messages than perftest's server receives.
+# Lightpath must exit 2 with a clear error every time, not hang and not report a result.
+case_perftest_send_mismatch() {
+    local port fail=0
+    need_lightpath perf || return $NOT_RUN
+    lp_traffic=$((lp_traffic + 1))
+    perftest_mismatch_run uc server "send_bw -s 4096 -n 50" "ib_send_bw -c UC -s 4096 -n 50" "UC or UD" || fail=1
+    perftest_mismatch_run larger server "send_bw -s 64 -n 50" "ib_send_bw -s 65536 -n 50" "receives hold 64 B" || fail=1
+    perftest_mismatch_run smaller server "send_lat -s 64 -n 50" "ib_send_lat -s 32 -n 50" \
+        "the peer sent a 32 B message where this side expects 64 B" || fail=1
+    perftest_mismatch_run client-larger client "send_bw -s 65536 -n 50" "ib_send_bw -s 64 -n 50" "same test, -s / -a" || fail=1
+    [ "$fail" = 0 ] && note "all four mismatches ended in clear errors" && return 0
+    return 1
 }
 
 # Options perftest does not exchange, mismatched on purpose: a UC client (-c UC) and a

@@ -106,6 +106,77 @@ fn read_lat_server_is_passive() {
 }
 
 #[test]
+fn send_lat_ping_pong_both_ends_report_every_size() {
+    check("send_lat", &["-s", "64", "-n", "300"], &[(64, 300)], true);
+}
+
+#[test]
+fn send_lat_with_all_sizes() {
+    let expected: Vec<(u64, u64)> = (1..24).map(|shift| (1u64 << shift, 5)).collect();
+    check("send_lat", &["-a", "-n", "5"], &expected, true);
+}
+
+#[test]
+fn send_bw_both_ends_report_their_own_table() {
+    // Unlike write_bw, perftest's send_bw server measures its receives and prints its own
+    // report for every size (no report crosses the connection).
+    check("send_bw", &["-n", "200"], &[(65536, 200)], true);
+    let expected: Vec<(u64, u64)> = (1..24).map(|shift| (1u64 << shift, 5)).collect();
+    check("send_bw", &["-a", "-n", "5"], &expected, true);
+}
+
+/// Runs a server and a client with different options; returns both outputs.
+fn run_mismatched(test: &str, server_extra: &[&str], client_extra: &[&str]) -> (Output, Output) {
+    let (server_ip, client_ip, udp) = unique_endpoint();
+    let (port, udp) = (free_tcp_port().to_string(), udp.to_string());
+    let common = ["--perftest", "-p", &port, "--udp-port", &udp];
+    let server = Command::new(BIN)
+        .args(["perf", test, "--bind", &server_ip])
+        .args(common)
+        .args(server_extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let client = loop {
+        let out = Command::new(BIN)
+            .args(["perf", test, &server_ip, "--bind", &client_ip])
+            .args(common)
+            .args(client_extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_with_deadline(out, Duration::from_secs(90));
+        let refused = String::from_utf8_lossy(&out.stderr).contains("cannot reach perftest");
+        if !refused || start.elapsed() > Duration::from_secs(10) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let server = wait_with_deadline(server, Duration::from_secs(90));
+    (server, client)
+}
+
+#[test]
+fn send_tests_with_mismatched_sizes_fail_clearly() {
+    // The client sends larger messages than the server's receives hold.
+    let (server, client) =
+        run_mismatched("send_bw", &["-s", "4096", "-n", "50"], &["-s", "8192", "-n", "50"]);
+    let stderr = String::from_utf8_lossy(&server.stderr);
+    assert_eq!(server.status.code(), Some(2), "server: {stderr}");
+    assert!(stderr.contains("-s / -a"), "server: {stderr}");
+    assert_ne!(client.status.code(), Some(0), "client: {}", String::from_utf8_lossy(&client.stderr));
+    // The client sends smaller messages than the server expects: the receive says so.
+    let (server, client) = run_mismatched("send_lat", &["-s", "64", "-n", "20"], &["-s", "32", "-n", "20"]);
+    let stderr = String::from_utf8_lossy(&server.stderr);
+    assert_eq!(server.status.code(), Some(2), "server: {stderr}");
+    assert!(stderr.contains("the peer sent a 32 B message where this side expects 64 B"), "server: {stderr}");
+    assert_ne!(client.status.code(), Some(0), "client: {}", String::from_utf8_lossy(&client.stderr));
+}
+
+#[test]
 fn a_peer_that_is_not_perftest_is_a_clear_error() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
@@ -132,8 +203,10 @@ fn a_peer_that_is_not_perftest_is_a_clear_error() {
 
 #[test]
 fn unsupported_tests_are_refused_before_connecting() {
-    let out =
-        Command::new(BIN).args(["perf", "send_bw", "127.0.0.1", "--perftest", "-p", "1"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["perf", "atomic_lat", "127.0.0.1", "--perftest", "-p", "1"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not available with --perftest"));
 }

@@ -142,8 +142,9 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Speak perftest's out-of-band exchange and message pattern, so the other end is
-    /// rdma-core's perftest (`ib_write_bw`, `ib_read_bw`, `ib_write_lat`, `ib_read_lat`)
-    /// instead of another `lightpath perf` (soft provider, RC, one queue pair).
+    /// rdma-core's perftest (`ib_send_lat`, `ib_send_bw`, `ib_write_bw`, `ib_read_bw`,
+    /// `ib_write_lat`, `ib_read_lat`) instead of another `lightpath perf` (soft provider, RC,
+    /// one queue pair).
     #[arg(long)]
     pub perftest: bool,
 }

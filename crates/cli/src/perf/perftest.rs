@@ -1,5 +1,5 @@
 //! `lightpath perf TEST --perftest`: the soft provider on one end and rdma-core's perftest
-//! (`ib_write_bw`, `ib_read_lat`, ...) on the other, speaking perftest's own out-of-band
+//! (`ib_write_bw`, `ib_send_lat`, ...) on the other, speaking perftest's own out-of-band
 //! exchange and message pattern, so a machine without an RNIC measures against one that has
 //! it (or rxe) with the tool everyone already runs.
 //!
@@ -37,6 +37,8 @@
 //! | write_bw, read_bw | client | RDMA WRITE / READ streamed, `-t` (128) outstanding |
 //! | read_lat | client | one RDMA READ at a time |
 //! | write_lat | both | ping-pong: each side spins on the last byte of the area the peer writes (the byte is the iteration count), the server posts first |
+//! | send_lat | both | ping-pong of SENDs: per size, receives posted (`min(512, -n)`, one re-posted per arrival up to `-n` in all), a keys exchange, then the client sends first and each side answers every arrival |
+//! | send_bw | client | SENDs streamed, `-t` in flight, after the server posted its receives and a keys exchange; each side prints its own report (the server's times its receives), none crosses; `-a` adds a keys exchange after each size |
 //!
 //! Sizes: `-s`, or perftest's defaults (65,536 for bandwidth, 2 for latency); `-a` runs
 //! 2 B..8 MiB. Iterations: `-n`, or perftest's defaults (5,000 for bandwidth, 1,000 for
@@ -48,7 +50,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use lightpath_soft::SoftDevice;
-use lightpath_verbs::{AddressVector, Gid, MemoryRegion, Mtu, QpAttr, QueuePair, SendOp, SendWr, WcOpcode};
+use lightpath_verbs::{
+    AddressVector, Gid, MemoryRegion, Mtu, QpAttr, QueuePair, RecvWr, SendOp, SendWr, WcOpcode,
+};
 
 use super::{Side, Watchdog, SEND_WR};
 use crate::perf::args::{Args, PerfTest, MAX_SIZE};
@@ -153,6 +157,9 @@ pub fn run(args: &Args) -> Result<()> {
         (PerfTest::ReadLat, Role::Client) => read_lat_client(&mut side, &mut oob, &ours, &peer, &plan),
         (PerfTest::ReadLat, Role::Server) => passive_until_close(&mut side, &mut oob, &ours),
         (PerfTest::WriteLat, role) => write_lat(&mut side, role, &peer, &plan),
+        (PerfTest::SendLat, role) => send_lat(&mut side, &mut oob, &ours, role, &plan),
+        (PerfTest::SendBw, Role::Client) => send_bw_client(&mut side, &mut oob, &ours, args, &plan),
+        (PerfTest::SendBw, Role::Server) => send_bw_server(&mut side, &mut oob, &ours, args.all, &plan),
         (test, _) => Err(anyhow!("{test} is not supported with --perftest")),
     };
     outcome.map_err(|err| explain(err, &side))
@@ -225,8 +232,9 @@ impl Flow {
         let (before, after) = match test {
             PerfTest::WriteBw | PerfTest::ReadBw => (1, 2),
             PerfTest::WriteLat | PerfTest::ReadLat => (2, 2),
+            PerfTest::SendLat | PerfTest::SendBw => (1, 2),
             other => bail!(
-                "{other} is not available with --perftest yet (write_bw, read_bw, write_lat and read_lat are)"
+                "{other} is not available with --perftest yet (send_lat, send_bw, write_bw, read_bw, write_lat and read_lat are)"
             ),
         };
         Ok(Self { test, keys_before_connect: before, keys_after_connect: after })
@@ -713,6 +721,212 @@ fn write_lat(side: &mut Side<SoftDevice>, role: Role, peer: &Keys, plan: &[(usiz
         }
     }
     Ok(())
+}
+
+/// What a failed or stalled SEND test most likely means.
+const SEND_MISMATCH: &str = "start both sides with the same test, -s / -a and -n, over RC";
+
+/// The receives of one size of a SEND test, perftest's way: `min(512, iters)` posted before
+/// the size starts, one more after each arrival until `iters` have been posted in all (so
+/// none is left over for the next size), each exactly `size` bytes long (a larger message from
+/// the peer fails the receive instead of landing in a larger buffer).
+struct Receives {
+    size: usize,
+    iters: u64,
+    posted: u64,
+}
+
+impl Receives {
+    fn post(side: &mut Side<SoftDevice>, size: usize, iters: u64) -> Result<Self> {
+        let mut recvs = Self { size, iters, posted: 0 };
+        let first = iters.min(u64::from(super::RECV_DEPTH.min(side.qp.caps().max_recv_wr)));
+        for _ in 0..first {
+            recvs.post_one(side)?;
+        }
+        Ok(recvs)
+    }
+
+    fn post_one(&mut self, side: &mut Side<SoftDevice>) -> Result<()> {
+        if self.posted < self.iters {
+            let sge = [side.mr.sge(side.rx_offset(), self.size as u32)];
+            side.qp.post_recv(&RecvWr::new(super::RECV_WR, &sge)).context("posting a receive")?;
+            side.recvs_posted += 1;
+            self.posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Polls once: (receives completed, sends completed). Every receive must carry exactly
+    /// `size` bytes; each completed one is replaced while fewer than `iters` were posted.
+    fn poll(&mut self, side: &mut Side<SoftDevice>) -> Result<(u64, u64)> {
+        let (mut received, mut sent) = (0u64, 0u64);
+        let wcs = side.poll().with_context(|| {
+            format!(
+                "this side's receives hold {} B and a receive failed (a length error means the peer sends larger messages): {SEND_MISMATCH}",
+                self.size
+            )
+        })?;
+        for wc in wcs {
+            if wc.opcode == WcOpcode::Recv {
+                ensure!(
+                    wc.byte_len as usize == self.size,
+                    "the peer sent a {} B message where this side expects {} B: start both sides with the same -s / -a",
+                    wc.byte_len,
+                    self.size
+                );
+                received += 1;
+            } else {
+                sent += 1;
+            }
+        }
+        for _ in 0..received {
+            self.post_one(side)?;
+        }
+        Ok((received, sent))
+    }
+}
+
+/// send_lat, both sides (perftest's `run_iter_lat_send`): per size, the receives are posted
+/// and a keys exchange tells the peer so; then a ping-pong of SENDs in which the client sends
+/// first and the server answers each arrival. Latency is half the interval between this
+/// side's consecutive posts, as perftest computes it. Then perftest's close.
+fn send_lat(
+    side: &mut Side<SoftDevice>,
+    oob: &mut Oob,
+    ours: &Keys,
+    role: Role,
+    plan: &[(usize, u64)],
+) -> Result<()> {
+    outln!("{LAT_HEADER}");
+    let max_sends = u64::from(side.qp.caps().max_send_wr.max(1));
+    for &(size, iters) in plan {
+        let mut recvs = Receives::post(side, size, iters)?;
+        oob.exchange_keys(ours)?;
+        let mut posted_at = Vec::with_capacity(iters as usize);
+        let (mut scnt, mut rcnt, mut arrived) = (0u64, 0u64, 0u64);
+        let mut watchdog =
+            Watchdog::new("waiting for the peer's SEND (does it run the same -s / -a and -n?)");
+        let sge = [side.tx(0, size as u32)];
+        while scnt < iters || rcnt < iters {
+            if rcnt < iters && !(scnt < 1 && role == Role::Client) {
+                let mut spins = 0u32;
+                while arrived == rcnt {
+                    let (received, _) = recvs.poll(side)?;
+                    arrived += received;
+                    if received == 0 {
+                        watchdog.check(&mut spins)?;
+                    }
+                }
+                watchdog.progressed();
+                rcnt += 1;
+            }
+            if scnt < iters {
+                // Room in the send queue (the ping-pong keeps at most a few in flight).
+                let mut spins = 0u32;
+                while side.sends_outstanding >= max_sends {
+                    let (received, _) = recvs.poll(side)?;
+                    arrived += received;
+                    watchdog.check(&mut spins)?;
+                }
+                posted_at.push(Instant::now());
+                scnt += 1;
+                side.post_send(&SendWr::new(SEND_WR, SendOp::Send, &sge))?;
+            }
+        }
+        side.drain_sends().with_context(|| format!("{size} B messages: {SEND_MISMATCH}"))?;
+        ensure!(
+            arrived == iters,
+            "{} more SENDs than -n {iters} arrived from the peer: start both sides with the same -n",
+            arrived - iters
+        );
+        let mut samples: Vec<u64> =
+            posted_at.windows(2).map(|w| w[1].duration_since(w[0]).as_nanos() as u64).collect();
+        if let Some(lat) = LatencySummary::from_nanos(&mut samples, 2) {
+            print_lat(size, iters, &lat);
+        }
+    }
+    oob.close(ours)
+}
+
+/// send_bw's client (perftest's `run_iter_bw` with SENDs): per size, a keys exchange once the
+/// server has posted its receives, `-t` SENDs in flight, this side's report; with `-a` another
+/// keys exchange after each size. No report crosses: each side prints its own. Then the close.
+fn send_bw_client(
+    side: &mut Side<SoftDevice>,
+    oob: &mut Oob,
+    ours: &Keys,
+    args: &Args,
+    plan: &[(usize, u64)],
+) -> Result<()> {
+    outln!("{BW_HEADER}");
+    for &(size, iters) in plan {
+        oob.exchange_keys(ours)?;
+        let sges = [side.tx(0, size as u32)];
+        let wr = SendWr::new(SEND_WR, SendOp::Send, &sges);
+        let waiting = "waiting for SEND completions (does the peer run the same -s / -a and -n?)";
+        let elapsed = super::post_keeping_in_flight(side, &wr, iters, args.tx_depth, waiting, |_| {})
+            .with_context(|| format!("sending {size} B messages failed or stalled: {SEND_MISMATCH}"))?;
+        print_bw(&bw_report(size, iters, elapsed));
+        if args.all {
+            oob.exchange_keys(ours)?;
+        }
+    }
+    oob.close(ours)
+}
+
+/// send_bw's server (perftest's `run_iter_bw_server`): per size, the receives, a keys
+/// exchange, every arrival counted (the time runs from the first to the last), this side's
+/// report; with `-a` another keys exchange after each size. Then the close.
+fn send_bw_server(
+    side: &mut Side<SoftDevice>,
+    oob: &mut Oob,
+    ours: &Keys,
+    all: bool,
+    plan: &[(usize, u64)],
+) -> Result<()> {
+    outln!("{BW_HEADER}");
+    for &(size, iters) in plan {
+        let mut recvs = Receives::post(side, size, iters)?;
+        oob.exchange_keys(ours)?;
+        let mut watchdog =
+            Watchdog::new("waiting for the peer's SENDs (does it run the same -s / -a and -n?)");
+        let (mut arrived, mut spins) = (0u64, 0u32);
+        let mut first = None;
+        while arrived < iters {
+            let (received, _) = recvs.poll(side)?;
+            if received > 0 {
+                first.get_or_insert_with(Instant::now);
+                arrived += received;
+                watchdog.progressed();
+            } else {
+                watchdog.check(&mut spins)?;
+            }
+        }
+        let elapsed = first.map(|t| t.elapsed()).unwrap_or_default();
+        print_bw(&bw_report(size, iters, elapsed));
+        if all {
+            oob.exchange_keys(ours)?;
+        }
+    }
+    let qp = side.qp.stats()?;
+    oob.close(ours)?;
+    if side._device.stats().engine.drops_unsupported > 0 || qp.naks_sent > 0 {
+        return Err(anyhow!("the client's test did not run cleanly against this side"));
+    }
+    Ok(())
+}
+
+/// A bandwidth report of `iters` messages of `size` in `elapsed` (no peak: per-completion
+/// time stamps are not kept).
+fn bw_report(size: usize, iters: u64, elapsed: Duration) -> BwReport {
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    BwReport {
+        size: size as u64,
+        iters,
+        bw_peak: 0.0,
+        bw_avg: (size as u64 * iters) as f64 / secs / f64::from(1u32 << 20),
+        msg_rate: iters as f64 / secs / 1e6,
+    }
 }
 
 #[cfg(test)]
