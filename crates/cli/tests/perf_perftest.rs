@@ -35,37 +35,7 @@ fn result_pairs(stdout: &[u8]) -> Vec<(u64, u64)> {
 }
 
 fn run_pair(test: &str, extra: &[&str]) -> (Output, Output) {
-    let (server_ip, client_ip, udp) = unique_endpoint();
-    let (port, udp) = (free_tcp_port().to_string(), udp.to_string());
-    let common = ["--perftest", "-p", &port, "--udp-port", &udp];
-    let server = Command::new(BIN)
-        .args(["perf", test, "--bind", &server_ip])
-        .args(common)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The client retries until the server listens.
-    let start = Instant::now();
-    let client = loop {
-        let out = Command::new(BIN)
-            .args(["perf", test, &server_ip, "--bind", &client_ip])
-            .args(common)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = wait_with_deadline(out, Duration::from_secs(60));
-        let refused = String::from_utf8_lossy(&out.stderr).contains("cannot reach perftest");
-        if !refused || start.elapsed() > Duration::from_secs(10) {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let server = wait_with_deadline(server, Duration::from_secs(60));
-    (server, client)
+    run_mismatched(test, extra, extra, Duration::from_secs(60))
 }
 
 fn check(test: &str, extra: &[&str], expected: &[(u64, u64)], server_prints: bool) {
@@ -125,8 +95,18 @@ fn send_bw_both_ends_report_their_own_table() {
     check("send_bw", &["-a", "-n", "5"], &expected, true);
 }
 
-/// Runs a server and a client with different options; returns both outputs.
-fn run_mismatched(test: &str, server_extra: &[&str], client_extra: &[&str]) -> (Output, Output) {
+/// How long a mismatched run may take before it counts as a hang (the stall limit is 10 s, the
+/// control connection's 30 s).
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// Runs a server and a client (each with its own extra options; the client retries until the
+/// server listens), each within `limit`; returns both outputs.
+fn run_mismatched(
+    test: &str,
+    server_extra: &[&str],
+    client_extra: &[&str],
+    limit: Duration,
+) -> (Output, Output) {
     let (server_ip, client_ip, udp) = unique_endpoint();
     let (port, udp) = (free_tcp_port().to_string(), udp.to_string());
     let common = ["--perftest", "-p", &port, "--udp-port", &udp];
@@ -148,14 +128,14 @@ fn run_mismatched(test: &str, server_extra: &[&str], client_extra: &[&str]) -> (
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let out = wait_with_deadline(out, Duration::from_secs(90));
+        let out = wait_with_deadline(out, limit);
         let refused = String::from_utf8_lossy(&out.stderr).contains("cannot reach perftest");
         if !refused || start.elapsed() > Duration::from_secs(10) {
             break out;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let server = wait_with_deadline(server, Duration::from_secs(90));
+    let server = wait_with_deadline(server, limit);
     (server, client)
 }
 
@@ -163,13 +143,14 @@ fn run_mismatched(test: &str, server_extra: &[&str], client_extra: &[&str]) -> (
 fn send_tests_with_mismatched_sizes_fail_clearly() {
     // The client sends larger messages than the server's receives hold.
     let (server, client) =
-        run_mismatched("send_bw", &["-s", "4096", "-n", "50"], &["-s", "8192", "-n", "50"]);
+        run_mismatched("send_bw", &["-s", "4096", "-n", "50"], &["-s", "8192", "-n", "50"], LIMIT);
     let stderr = String::from_utf8_lossy(&server.stderr);
     assert_eq!(server.status.code(), Some(2), "server: {stderr}");
     assert!(stderr.contains("-s / -a"), "server: {stderr}");
     assert_ne!(client.status.code(), Some(0), "client: {}", String::from_utf8_lossy(&client.stderr));
     // The client sends smaller messages than the server expects: the receive says so.
-    let (server, client) = run_mismatched("send_lat", &["-s", "64", "-n", "20"], &["-s", "32", "-n", "20"]);
+    let (server, client) =
+        run_mismatched("send_lat", &["-s", "64", "-n", "20"], &["-s", "32", "-n", "20"], LIMIT);
     let stderr = String::from_utf8_lossy(&server.stderr);
     assert_eq!(server.status.code(), Some(2), "server: {stderr}");
     assert!(stderr.contains("the peer sent a 32 B message where this side expects 64 B"), "server: {stderr}");
