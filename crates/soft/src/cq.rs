@@ -241,7 +241,7 @@ impl CompletionQueue for SoftCq {
             return;
         }
         let mut core = device.lock();
-        if core.answers_held {
+        if device.answers_held.load(std::sync::atomic::Ordering::Relaxed) {
             device.flush(&mut core);
         }
     }

@@ -80,6 +80,11 @@ impl<D: Device> std::ops::DerefMut for Routing<'_, D> {
 impl<D: Device> Drop for Routing<'_, D> {
     fn drop(&mut self) {
         drop(self.guard.take());
+        // Only hooks raise the flag: without one, no fence on every poll. (A hook that fired
+        // while `hooked` was being set is covered by the installer's own look right after.)
+        if !self.hub.hooked.load(Ordering::Relaxed) {
+            return;
+        }
         // Pairs with the fence in `on_completions`: either the hook's `try_lock` found the
         // lock free, or this load sees its flag.
         fence(Ordering::SeqCst);

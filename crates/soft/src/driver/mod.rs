@@ -107,9 +107,6 @@ pub(crate) struct Core {
     /// Completion hooks of queues that gained entries, run by [`CoreGuard`] once the lock is
     /// released (a hook polls its queue, which takes the lock).
     due_hooks: Vec<CompletionHook>,
-    /// Answers (ACKs) held back by the progress thread for an event loop's reply (see
-    /// [`Shared::drive_for_progress`]).
-    pub(crate) answers_held: bool,
 }
 
 /// The engine locked ([`Shared::lock`]): derefs to [`Core`]; when dropped it unlocks, then
@@ -190,8 +187,9 @@ impl RxPace {
 /// State shared by a device's objects and its helper thread.
 pub(crate) struct Shared {
     core: Mutex<Core>,
-    /// `Core::answers_held`, readable without the lock (`CompletionQueue::consumer_idle`
-    /// takes the lock only when it is set).
+    /// The progress thread holds answers (ACKs) back for an event loop's reply (see
+    /// [`Shared::drive_for_progress`]). Changed with the engine locked; read without the lock
+    /// too (`CompletionQueue::consumer_idle` takes it only when this is set).
     pub(crate) answers_held: AtomicBool,
     socket: RoceSocket,
     /// Wakes the progress/helper thread (new earlier timer, or shutdown).
@@ -274,7 +272,6 @@ impl Shared {
             tx: TxBuffers::new(config.udp_offload),
             rx_pace: RxPace::default(),
             due_hooks: Vec::new(),
-            answers_held: false,
         };
         Ok(Self {
             core: Mutex::new(core),
@@ -408,12 +405,10 @@ impl Shared {
     /// received and whether answers are held.
     pub(crate) fn drive_for_progress(&self, core: &mut Core) -> (usize, bool) {
         let now = self.now();
-        let held = std::mem::take(&mut core.answers_held);
-        self.answers_held.store(false, Ordering::Relaxed);
+        let held = self.answers_held.swap(false, Ordering::Relaxed);
         let hooks_before = core.due_hooks.len();
         let received = self.receive_and_run(core, now, RECV_BATCH, None);
         if received > 0 && core.due_hooks.len() > hooks_before && !held && core.engine.has_output() {
-            core.answers_held = true;
             self.answers_held.store(true, Ordering::Relaxed);
             return (received, true);
         }
@@ -633,7 +628,6 @@ impl Shared {
     /// waking while the datagrams go out).
     fn transmit(&self, core: &mut Core, now: Time) {
         // Whatever was held back goes now.
-        core.answers_held = false;
         self.answers_held.store(false, Ordering::Relaxed);
         self.deliver_events(core);
         let Core { engine, tx, stats, .. } = core;

@@ -30,8 +30,11 @@ fn run_progress(shared: &Shared) {
         let idle = ready == HANDOVER_ONLY && !shared.handover_due();
         let (received, timeout) = {
             let mut core = shared.lock();
-            let (received, held) =
-                if idle && !core.answers_held { (0, false) } else { shared.drive_for_progress(&mut core) };
+            let (received, held) = if idle && !shared.answers_held.load(Ordering::Relaxed) {
+                (0, false)
+            } else {
+                shared.drive_for_progress(&mut core)
+            };
             // Never asleep for longer than a tick: a posting thread then wakes this one only
             // for a timer due sooner (retransmission timers are hundreds of ms away; waking
             // this thread on every idle-to-busy turn of a connection cost a context switch).
