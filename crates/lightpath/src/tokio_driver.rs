@@ -393,10 +393,12 @@ impl Stream {
             // socket ready, and a `WouldBlock` clears that belief. Trying first and asking
             // after made hyper's successive reads (head, body, keep-alive) one failing system
             // call each.
-            // A read with an answer in hand (see `tcp_input_without_socket`) goes at once.
+            // A read with an answer in hand (see `tcp_input_without_socket`) goes at once
+            // (once: should it still say `WouldBlock`, it waits for the socket like any other).
+            let mut at_once = side == Side::Reader && self.inner.tcp_input_without_socket();
             loop {
                 let mut guard = match side {
-                    Side::Reader if self.inner.tcp_input_without_socket() => None,
+                    _ if std::mem::take(&mut at_once) => None,
                     Side::Reader => Some(ready!(fd.poll_read_ready(cx))?),
                     Side::Writer => Some(ready!(fd.poll_write_ready(cx))?),
                 };
