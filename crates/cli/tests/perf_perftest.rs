@@ -34,6 +34,11 @@ fn result_pairs(stdout: &[u8]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The rows `-a` reports: every power of two from 2 B to 8 MiB, `iters` iterations each.
+fn all_sizes(iters: u64) -> Vec<(u64, u64)> {
+    (1..24).map(|shift| (1u64 << shift, iters)).collect()
+}
+
 fn run_pair(test: &str, extra: &[&str]) -> (Output, Output) {
     run_mismatched(test, extra, extra, Duration::from_secs(60))
 }
@@ -65,9 +70,7 @@ fn read_bw_with_default_size() {
 
 #[test]
 fn write_lat_ping_pong_every_size_of_a_short_all() {
-    // -a is every power of two to 8 MiB; a few iterations keep it short.
-    let expected: Vec<(u64, u64)> = (1..24).map(|shift| (1u64 << shift, 5)).collect();
-    check("write_lat", &["-a", "-n", "5"], &expected, true);
+    check("write_lat", &["-a", "-n", "5"], &all_sizes(5), true);
 }
 
 #[test]
@@ -82,8 +85,7 @@ fn send_lat_ping_pong_both_ends_report_every_size() {
 
 #[test]
 fn send_lat_with_all_sizes() {
-    let expected: Vec<(u64, u64)> = (1..24).map(|shift| (1u64 << shift, 5)).collect();
-    check("send_lat", &["-a", "-n", "5"], &expected, true);
+    check("send_lat", &["-a", "-n", "5"], &all_sizes(5), true);
 }
 
 #[test]
@@ -91,8 +93,7 @@ fn send_bw_both_ends_report_their_own_table() {
     // Unlike write_bw, perftest's send_bw server measures its receives and prints its own
     // report for every size (no report crosses the connection).
     check("send_bw", &["-n", "200"], &[(65536, 200)], true);
-    let expected: Vec<(u64, u64)> = (1..24).map(|shift| (1u64 << shift, 5)).collect();
-    check("send_bw", &["-a", "-n", "5"], &expected, true);
+    check("send_bw", &["-a", "-n", "5"], &all_sizes(5), true);
 }
 
 /// How long a mismatched run may take before it counts as a hang (the stall limit is 10 s, the
