@@ -16,6 +16,8 @@
 //! has accepted all its bytes *and handed them to the transport* (no bytes kept, no records
 //! waiting for send-queue room or receive credits): from then on they reach the peer without
 //! this rank calling again, and the stream copied them, so the caller may reuse the buffer.
+//! (Unless this process dies first: a rank that crashes right after a call returns may take
+//! its last bytes with it, and the peers' call then fails naming it.)
 //! It does not wait for the peer's acknowledgement: that wait cost a round trip and often a
 //! wake-up per step (allreduce, 2 ranks over shm, fastest call: 8 B 1.6-2.1 us and 1 KiB
 //! 48 us before, 0.7-1.2 us for both now).
@@ -28,9 +30,13 @@
 //! Open MPI does when not oversubscribed); otherwise, and after that, it yields the CPU between
 //! looks (`sched_yield`), so that a rank never holds a CPU that the peer it waits for needs.
 //! `LIGHTPATH_COLL_SPIN_US` sets the busy-poll time. A call fails, rather than hangs, when a peer
-//! dies (control connection closed without `bye`, data stream reset or closed early), when
-//! another rank aborts, or when a peer it waits for makes no progress for the configured
-//! timeout; the control connections are read every 64 looks and at every wake-up.
+//! it still needs dies (control connection closed without `bye`, data stream reset or closed
+//! early), when another rank aborts, or when a peer it waits for makes no progress for the
+//! configured timeout; the control connections are read every 64 looks and at every wake-up.
+//! A death fails the call that needs the dead rank, not whatever call runs when it is seen: a
+//! rank that returns from a call and then crashes has sent its part of that call, and the
+//! others finish it (with one more look at the streams after the death is seen, for data that
+//! landed just before) and fail the next call that addresses it.
 
 use crate::dtype;
 use crate::error::Error;
@@ -39,6 +45,8 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// What a `PeerFailed` says of a rank whose control connection closed without `bye`.
+const DIED: &str = "its process exited (control connection closed without goodbye)";
 const HELLO_MAGIC: u32 = 0x4C50_434F; // "LPCO"
 const STAGE: usize = 256 << 10;
 /// How long a rank whose streams show nothing busy-polls them before yielding the core.
@@ -56,6 +64,9 @@ struct Peer {
     left: bool,
     /// A `bye` line arrived (the end of the connection that follows is no failure).
     said_bye: bool,
+    /// Its control connection ended without `bye`: the process died. What it sent before
+    /// dying may still be read; a call fails once it needs more from it (or must send to it).
+    died: bool,
     /// The peer's answer to our last `ping`: `Some(Some(r))` waits for rank r, `Some(None)`
     /// for nobody.
     pong: Option<Option<usize>>,
@@ -79,6 +90,19 @@ pub(crate) struct Mesh {
     /// How long an idle rank busy-polls before it starts yielding the core between looks
     /// (`Mesh::choose_spin`; see `run_round`).
     spin: Duration,
+}
+
+/// One send or receive step of the round being run.
+struct Pending {
+    peer: usize,
+    region: Region,
+    kind: u8, // 0 send, 1 recv, 2 recv-reduce
+    done: usize,
+    stage: usize,
+    fill: usize,
+    /// Finished: a receive has all its bytes; a send has had all of them accepted and
+    /// handed over to the transport.
+    finished: bool,
 }
 
 fn hello(rank: usize, size: usize) -> [u8; 12] {
@@ -158,7 +182,15 @@ impl Mesh {
             let mut ctl = TcpStream::connect_timeout(&ctl_addr, left())
                 .map_err(|e| fail("connecting control to", e))?;
             ctl.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
-            *slot = Some(Peer { data, ctl, left: false, said_bye: false, pong: None, ctl_buf: Vec::new() });
+            *slot = Some(Peer {
+                data,
+                ctl,
+                left: false,
+                said_bye: false,
+                died: false,
+                pong: None,
+                ctl_buf: Vec::new(),
+            });
         }
         // Accept the higher ranks, data and control, in any order.
         let expected = size - 1 - rank;
@@ -213,8 +245,15 @@ impl Mesh {
                     )))
                 }
             };
-            peers[peer] =
-                Some(Peer { data, ctl, left: false, said_bye: false, pong: None, ctl_buf: Vec::new() });
+            peers[peer] = Some(Peer {
+                data,
+                ctl,
+                left: false,
+                said_bye: false,
+                died: false,
+                pong: None,
+                ctl_buf: Vec::new(),
+            });
         }
         for p in peers.iter_mut().flatten() {
             p.ctl.set_nonblocking(true).map_err(Error::bootstrap)?;
@@ -386,17 +425,6 @@ impl Mesh {
         seq: u64,
         es: usize,
     ) -> Result<(), Error> {
-        struct Pending {
-            peer: usize,
-            region: Region,
-            kind: u8, // 0 send, 1 recv, 2 recv-reduce
-            done: usize,
-            stage: usize,
-            fill: usize,
-            /// Finished: a receive has all its bytes; a send has had all of them accepted and
-            /// handed over to the transport.
-            finished: bool,
-        }
         let mut pending: Vec<Pending> = Vec::new();
         let mut stage_count = 0;
         for step in steps {
@@ -566,15 +594,21 @@ impl Mesh {
                 // A failure shows on the control connections; look there now and then.
                 if idle_looks.is_multiple_of(64) {
                     self.check_aborted(op, seq)?;
-                    self.check_control(op, seq)?;
+                    if self.check_control(op, seq)? {
+                        continue;
+                    }
                 }
+                self.check_dead(&pending, op, seq)?;
                 std::thread::yield_now();
                 continue;
             }
             let waiting = pending.iter().find(|p| !p.finished).map(|p| p.peer).unwrap_or(self.rank);
             self.waiting_on = Some(waiting);
             self.check_aborted(op, seq)?;
-            self.check_control(op, seq)?;
+            if self.check_control(op, seq)? {
+                continue;
+            }
+            self.check_dead(&pending, op, seq)?;
             // Finding whom to blame takes up to ~200 ms; start it early enough to report
             // within the timeout.
             let blame_after = self.timeout.saturating_sub((self.timeout / 4).min(Duration::from_millis(300)));
@@ -608,12 +642,19 @@ impl Mesh {
 
     /// Reads what the control connections say, line by line: `bye`, `abort BLAMED TEXT`,
     /// `ping` (answered at once with `pong R`, R the rank this one waits for or `-`), `pong R`;
-    /// and their end (a death unless `bye` came first).
-    fn check_control(&mut self, op: &'static str, seq: u64) -> Result<(), Error> {
+    /// and their end (a death unless `bye` came first). Returns whether a death was seen for
+    /// the first time: the caller then looks at the streams once more before
+    /// [`Mesh::check_dead`] may blame it, since what the peer wrote before it died may have
+    /// landed after the last look.
+    fn check_control(&mut self, op: &'static str, seq: u64) -> Result<bool, Error> {
+        let mut new_death = false;
+        // The first `abort` line (blamed, reporter, text): reported after every connection was
+        // read, so that a rank this one saw die is named as dead, not as blamed by another.
+        let mut abort: Option<(usize, usize, String)> = None;
         let waiting_on = self.waiting_on;
         for (rank, slot) in self.peers.iter_mut().enumerate() {
             let Some(p) = slot else { continue };
-            if p.left {
+            if p.left || p.died {
                 continue;
             }
             let mut buf = [0u8; 512];
@@ -652,13 +693,7 @@ impl Mesh {
                     p.pong = Some(rest.parse().ok());
                 } else if let Some(rest) = text.strip_prefix("abort ") {
                     let (blamed, detail) = rest.split_once(' ').unwrap_or((rest, ""));
-                    return Err(Error::Aborted {
-                        rank: blamed.parse().unwrap_or(rank),
-                        reporter: rank,
-                        op,
-                        seq,
-                        detail: detail.to_string(),
-                    });
+                    abort.get_or_insert((blamed.parse().unwrap_or(rank), rank, detail.to_string()));
                 }
             }
             if ended {
@@ -666,12 +701,33 @@ impl Mesh {
                     p.left = true;
                     continue;
                 }
-                return Err(Error::PeerFailed {
-                    rank,
-                    op,
-                    seq,
-                    detail: "its process exited (control connection closed without goodbye)".into(),
-                });
+                // A death fails the calls that need this peer, not the one running now if it
+                // needs nothing more from it (its last data arrived before it died): that call
+                // finishes, and the next one that addresses the peer fails naming it.
+                p.died = true;
+                new_death = true;
+            }
+        }
+        if let Some((blamed, reporter, detail)) = abort {
+            // Another rank gave up because of a death this rank saw itself: report it first-hand.
+            if self.peers.get(blamed).and_then(Option::as_ref).is_some_and(|p| p.died) {
+                return Err(Error::PeerFailed { rank: blamed, op, seq, detail: DIED.into() });
+            }
+            return Err(Error::Aborted { rank: blamed, reporter, op, seq, detail });
+        }
+        Ok(new_death)
+    }
+
+    /// Fails with `PeerFailed` naming a dead peer (see `Peer::died`) that an unfinished step of
+    /// this round still addresses.
+    fn check_dead(&self, pending: &[Pending], op: &'static str, seq: u64) -> Result<(), Error> {
+        for p in pending {
+            if p.finished {
+                continue;
+            }
+            let rank = p.peer;
+            if self.peers[rank].as_ref().is_some_and(|peer| peer.died) {
+                return Err(Error::PeerFailed { rank, op, seq, detail: DIED.into() });
             }
         }
         Ok(())
@@ -687,6 +743,9 @@ impl Mesh {
         let mut suspect = peer;
         while !chain.contains(&suspect) && chain.len() <= self.size {
             let Some(p) = self.peers[suspect].as_mut() else { break };
+            if p.died {
+                break;
+            }
             p.pong = None;
             if p.ctl.write(b"ping\n").is_err() {
                 break;
@@ -739,7 +798,8 @@ impl Mesh {
                     fds.push(PollFd::from_borrowed_fd(fd, flags));
                 }
             }
-            if !p.left {
+            // A closed control connection is always readable: waiting on it would spin.
+            if !p.left && !p.died {
                 fds.push(PollFd::new(&p.ctl, PollFlags::IN));
             }
         }

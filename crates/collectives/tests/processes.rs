@@ -165,6 +165,46 @@ fn role_die(comm: &Communicator) {
     std::process::exit(0);
 }
 
+/// The victim crashes the moment its fourth allreduce returns, with no pause. Its part of that
+/// call was handed to the transport but may not have landed yet (a call does not wait for
+/// acknowledgements), so the others' fourth call either finishes or fails; if it finishes,
+/// their fifth fails. Either way the error names the victim, the operation and that call's
+/// sequence number (#0 is the barrier joining runs), and nobody hangs. A death seen while a
+/// call needs nothing more from the dead rank does not fail it.
+fn role_die_after_a_call(comm: &Communicator) {
+    let (r, p) = (comm.rank(), comm.size());
+    let victim = p - 1;
+    // Small calls (1,000 floats) and ring-sized ones (64 Ki floats).
+    let n = if std::env::var("LPCOLL_BIG").is_ok() { 65536 } else { 1000 };
+    let mut v = vec![1f32; n];
+    for call in 1..=3 {
+        if let Err(e) = comm.allreduce_in_place(&mut v, ReduceOp::Sum) {
+            eprintln!("rank {r}: allreduce #{call} failed although every rank made it: {e}");
+            std::process::exit(1);
+        }
+    }
+    let fourth = comm.allreduce_in_place(&mut v, ReduceOp::Sum);
+    if r == victim {
+        std::process::abort();
+    }
+    let (err, seq) = match fourth {
+        Err(e) => (e, 4),
+        Ok(()) => match comm.allreduce_in_place(&mut v, ReduceOp::Sum) {
+            Ok(()) => {
+                eprintln!("rank {r}: allreduce #5 with a dead peer succeeded");
+                std::process::exit(1);
+            }
+            Err(e) => (e, 5),
+        },
+    };
+    check!(
+        err.rank() == Some(victim) && err.op() == Some("allreduce") && err.seq() == Some(seq),
+        "rank {r}: expected rank {victim}, allreduce, #{seq}: {err}"
+    );
+    println!("rank {r}: allreduce #{seq} failed: {err}");
+    std::process::exit(0);
+}
+
 fn role_stop(comm: &Communicator) {
     // A rank that stays alive but stops calling: the others time out naming it.
     let (r, p) = (comm.rank(), comm.size());
@@ -244,6 +284,7 @@ fn worker() {
     match role.as_str() {
         "all" => role_all(&comm),
         "die" => role_die(&comm),
+        "die_after_a_call" => role_die_after_a_call(&comm),
         "stop" => role_stop(&comm),
         "mismatch" => return role_mismatch(comm),
         "abort" => role_abort(&comm),
@@ -301,6 +342,19 @@ fn a_dead_rank_fails_every_other_ranks_call_within_the_timeout_naming_it() {
         assert!(!out.statuses[ranks - 1].success());
         for (r, s) in out.statuses[..ranks - 1].iter().enumerate() {
             assert!(s.success(), "{ranks} ranks: rank {r} {s:?}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_crashes_right_after_a_call_fails_the_others_naming_it() {
+    // Timing decides whether the others' call #4 or #5 fails; repeat.
+    for (ranks, big) in [(3, false), (4, false), (3, true), (2, false), (3, false), (4, true)] {
+        let extra: &[(&str, &str)] = if big { &[("LPCOLL_BIG", "1")] } else { &[] };
+        let out = run(ranks, "die_after_a_call", extra);
+        assert!(!out.statuses[ranks - 1].success(), "the victim aborts");
+        for (r, s) in out.statuses[..ranks - 1].iter().enumerate() {
+            assert!(s.success(), "{ranks} ranks (big {big}): rank {r} {s:?}");
         }
     }
 }

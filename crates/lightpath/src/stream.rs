@@ -464,7 +464,10 @@ impl Stream {
     /// completions and posts queued records, without a system call on an RDMA stream's TCP
     /// liveness connection (a nonblocking `read` that finds nothing makes one). A peer that
     /// died is noticed by `poll_ready`, `read` and `flush`, not here. Errors are the
-    /// connection's failure, as `read` or `write` would report it.
+    /// connection's failure, as `read` or `write` would report it, once it leaves nothing to
+    /// report: while bytes that arrived before it wait to be read, or when everything written
+    /// had been handed to the transport before it, this returns `Ok` (readable and writable:
+    /// the read returns those bytes, then the error) and `handed_over` says the latter.
     pub fn drive(&mut self) -> io::Result<Driven> {
         match &mut self.backend {
             Backend::Rdma(conn) => conn.drive(),

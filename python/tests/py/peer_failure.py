@@ -4,6 +4,7 @@ Run with 3 ranks; rank 2 dies after 4 allreduces (calls #1-#4: init's barrier is
 failing call is allreduce #5."""
 
 import os
+import time
 
 import numpy as np
 
@@ -15,6 +16,10 @@ x = np.ones(1000, dtype=np.float32)
 for i in range(4):
     comm.allreduce(x)
 if r == 2:
+    # The others are in allreduce #5, waiting for this rank, when it dies. (Dying at once
+    # could take this rank's part of #4, handed to the transport but not yet landed, with it:
+    # the others' #4 would then fail instead; crates/collectives/tests/processes.rs tests that.)
+    time.sleep(0.5)
     os._exit(3)  # no goodbye: looks like a crash
 try:
     comm.allreduce(x)

@@ -327,11 +327,27 @@ impl<D: Device> RdmaConn<D> {
 
     /// One nonblocking step for busy-polling drivers (`Stream::drive`): pushes kept bytes,
     /// reaps completions, posts queued records; no system call on the TCP connection.
+    ///
+    /// A failed connection (the peer died, its queue pair stopped answering) still reports
+    /// what happened before the failure, as a TCP socket lets the bytes that arrived before a
+    /// reset be read: records that landed stay readable (`read` returns them, then the
+    /// error), and writes whose records were all posted count as handed over. The error is
+    /// returned here only once neither holds (a later `read` or `write` reports it too).
     pub(crate) fn drive(&mut self) -> io::Result<crate::stream::Driven> {
-        self.check_usable()?;
-        let kept_clear = self.push_kept()?;
-        self.pump();
-        self.check_usable()?;
+        let kept_clear = if self.failed.is_none() {
+            let kept_clear = self.push_kept()?;
+            self.pump();
+            kept_clear
+        } else {
+            self.send_state.kept.is_empty()
+        };
+        if let Some(err) = self.failure() {
+            let handed_over = kept_clear && !self.core.has_pending();
+            if !handed_over && !self.front_ready() {
+                return Err(err);
+            }
+            return Ok(crate::stream::Driven { readable: true, writable: true, handed_over });
+        }
         Ok(crate::stream::Driven {
             readable: self.readable_now(),
             writable: self.writable_now(),
