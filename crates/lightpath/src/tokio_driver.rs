@@ -373,11 +373,15 @@ impl Stream {
                 waker.wake();
             }
         }
+        let slot = &mut self.waiting[side as usize];
         if result.is_pending() {
-            let slot = &mut self.waiting[side as usize];
             if !slot.as_ref().is_some_and(|waker| waker.will_wake(cx.waker())) {
                 *slot = Some(cx.waker().clone());
             }
+        } else {
+            // This side waits no more: a waker left here (its task woken by the fd, not
+            // through this slot) would only be woken again, for nothing, by the other half.
+            *slot = None;
         }
         result
     }

@@ -404,10 +404,14 @@ impl Waited {
 
     /// A producer's signal after publishing a record for `slot`.
     fn signal(&self, slot: u32) {
-        // The device never sleeps here: only the queue pairs' own doorbells matter.
-        let _ = activity::signal(&self.bits, slot, &self.state, &self.rung);
+        // As `PeerSide::signal`: mark, hand the news to a waiter if one is armed, and only
+        // otherwise ask whether the device must be rung (it never sleeps here: only the queue
+        // pairs' own doorbells matter).
+        let _ = activity::mark(&self.bits, slot, &self.state);
         if activity::take_waiter(&self.waiting, slot, true) {
             self.ring(slot as usize);
+        } else {
+            let _ = activity::ring_needed(&self.state, &self.rung);
         }
     }
 

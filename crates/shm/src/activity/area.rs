@@ -225,12 +225,45 @@ impl PeerArea {
 
     /// Tells the peer device that the queue pair in `slot` (which it was introduced with) has
     /// news (see [`signal`](super::signal)); returns whether to ring the device's doorbell.
-    pub(crate) fn signal(&self, slot: u32) -> bool {
+    #[cfg(test)]
+    fn signal(&self, slot: u32) -> bool {
+        self.mark(slot) && self.ring_needed()
+    }
+
+    /// After publishing news for the queue pair in `slot`: marks it, then wakes whoever the
+    /// news is for, once — the thread waiting for that queue pair alone if one waits for such
+    /// news (writing `waiter`, the queue pair's own doorbell; `arrival` as in
+    /// [`take_waiter`](super::take_waiter)), else the device if it sleeps and nobody rang for
+    /// this sleep yet. Not both: the woken waiter drives the device and takes the mark, so
+    /// ringing the device too would only wake its driver thread (asleep, armed, while the
+    /// application waits on queue pairs' doorbells) to contend for the engine. Hyper over shm
+    /// paid one eventfd write here and one driver wake-up there per message for it.
+    pub(crate) fn notify(&self, slot: u32, waiter: Option<&EventFd>, arrival: bool) {
+        let marked = self.mark(slot);
+        if let Some(waiter) = waiter {
+            if self.take_waiter(slot, arrival) {
+                waiter.signal(1);
+                return;
+            }
+        }
+        if marked && self.ring_needed() {
+            self.ring();
+        }
+    }
+
+    /// The first half of [`PeerArea::signal`] (see [`mark`](super::mark)): marks `slot`;
+    /// false if there is nothing to ring for.
+    pub(crate) fn mark(&self, slot: u32) -> bool {
         if !self.has_slot(slot) {
             return false;
         }
         let (index, _) = slot_position(slot);
-        super::signal(&self.word(BITS_OFFSET + index * 8), slot, &self.word(OFF_STATE), &self.word(OFF_RUNG))
+        super::mark(&self.word(BITS_OFFSET + index * 8), slot, &self.word(OFF_STATE))
+    }
+
+    /// The second half of [`PeerArea::signal`] (see [`ring_needed`](super::ring_needed)).
+    pub(crate) fn ring_needed(&self) -> bool {
+        super::ring_needed(&self.word(OFF_STATE), &self.word(OFF_RUNG))
     }
 
     /// After [`PeerArea::signal`]: takes the waiting bits of `slot` that the news answers (see
@@ -322,6 +355,40 @@ mod tests {
         assert!(!peer.take_waiter(256, true), "slot past the end");
         assert_eq!(own.take(2), 0, "a waiting bit showed up as a mark");
         assert_eq!(own.take(3), 0, "a waiting bit showed up as a mark");
+    }
+
+    #[test]
+    fn news_wakes_its_waiter_or_else_the_sleeping_device_never_both() {
+        let own = OwnArea::create(64).expect("area");
+        let device_bell = bell();
+        let peer = PeerAreas::default()
+            .get(
+                &peer_memfd(&own),
+                EventFd::from_peer(device_bell.as_fd().try_clone_to_owned().expect("dup"))
+                    .expect("an eventfd"),
+            )
+            .expect("peer view");
+        let waiter = bell();
+        own.announce(state_value(7, true, false));
+        own.arm_waiter(5, Wake::Arrivals);
+        // An arrival for the waiting reader: its doorbell only.
+        peer.notify(5, Some(&waiter), true);
+        assert_eq!((waiter.take(), device_bell.take()), (1, 0), "the reader's arrival");
+        assert_eq!(own.take(0), 1 << 5, "the news was not marked");
+        // An acknowledgement the reader does not wait for: the sleeping device, once per sleep.
+        own.arm_waiter(5, Wake::Arrivals);
+        peer.notify(5, Some(&waiter), false);
+        peer.notify(6, None, true);
+        assert_eq!((waiter.take(), device_bell.take()), (0, 1), "the acknowledgement");
+        // A new sleep is rung again; a queue pair without a doorbell rings the device.
+        own.announce(state_value(8, true, false));
+        peer.notify(6, None, true);
+        assert_eq!((waiter.take(), device_bell.take()), (0, 1), "a queue pair with no waiter");
+        // An owner awake and looking everywhere is neither marked nor rung; its waiter still is.
+        own.announce(state_value(9, false, true));
+        own.take(0);
+        peer.notify(5, Some(&waiter), true);
+        assert_eq!((waiter.take(), device_bell.take(), own.take(0)), (1, 0, 0), "an awake owner");
     }
 
     #[test]

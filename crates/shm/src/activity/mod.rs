@@ -171,8 +171,16 @@ pub fn announce<W: Word>(state: &W, value: u64) {
 /// Producer side, after publishing anything for the queue pair in `slot`: marks the slot in
 /// `bits` (its activity word, see [`slot_position`]) unless the owner is awake and looks
 /// everywhere anyway; returns whether to ring the owner's doorbell now (it sleeps, and no
-/// producer rang for this sleep yet).
+/// producer rang for this sleep yet). [`mark`] then [`ring_needed`].
 pub fn signal<W: AtomicWord>(bits: &W, slot: u32, state: &W, rung: &W) -> bool {
+    mark(bits, slot, state) && ring_needed(state, rung)
+}
+
+/// Producer side, the first half of [`signal`]: marks the slot unless the owner is awake and
+/// looks everywhere anyway (`false`: nothing to ring for), and fences. A producer that hands
+/// the news to a waiter of the queue pair ([`take_waiter`], after this fence) need not ask
+/// [`ring_needed`]: the woken thread drives the device and takes the mark.
+pub fn mark<W: AtomicWord>(bits: &W, slot: u32, state: &W) -> bool {
     fence(Ordering::SeqCst);
     let seen = state.load(Ordering::Relaxed);
     if seen & LOOKS_EVERYWHERE != 0 && seen & SLEEPING == 0 {
@@ -180,6 +188,12 @@ pub fn signal<W: AtomicWord>(bits: &W, slot: u32, state: &W, rung: &W) -> bool {
     }
     bits.fetch_or(slot_position(slot).1, Ordering::Release);
     fence(Ordering::SeqCst);
+    true
+}
+
+/// Producer side, after [`mark`] returned true: whether to ring the owner's doorbell (it
+/// sleeps, and no producer rang for this sleep yet; the first to ask claims the ring).
+pub fn ring_needed<W: AtomicWord>(state: &W, rung: &W) -> bool {
     let value = state.load(Ordering::Relaxed);
     value & SLEEPING != 0
         && rung.load(Ordering::Relaxed) != value

@@ -88,15 +88,9 @@ impl PeerSide {
     /// doorbell if the device sleeps and no one rang for this sleep yet, and the queue pair's
     /// own doorbell if a thread waits for it alone and the news is for it (`arrival`: records,
     /// a NAK or a state change; else only acknowledgements or freed ring space).
+    /// Not both (see `PeerArea::notify`).
     pub(crate) fn signal(&self, arrival: bool) {
-        if self.area.signal(self.slot) {
-            self.area.ring();
-        }
-        if let Some(waiter) = &self.waiter {
-            if self.area.take_waiter(self.slot, arrival) {
-                waiter.signal(1);
-            }
-        }
+        self.area.notify(self.slot, self.waiter.as_ref(), arrival);
     }
 }
 
