@@ -478,6 +478,24 @@ impl Stream {
         }
     }
 
+    /// What a failed half close reports once the peer had closed its own side first: as a
+    /// TCP socket's `shutdown` after the peer's FIN does not fail when the peer's process is
+    /// gone by then, a peer that closed and went away before acknowledging this side's close
+    /// is `NotConnected` (what hyper and others take for "already closed"), not a reset.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn after_peer_closed(&self, err: io::Error) -> io::Error {
+        let reset = matches!(err.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
+        match &self.backend {
+            Backend::Rdma(conn) if reset && conn.peer_closed_its_side() => io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "lightpath: the peer closed its side and went away before acknowledging ours ({err})"
+                ),
+            ),
+            _ => err,
+        }
+    }
+
     /// Hands everything written to the transport without waiting for the peer: posts corked
     /// records and pushes kept bytes; `WouldBlock` while some wait for room (send-queue slots,
     /// receive credits or ring space). What the tokio driver's `poll_flush` does: as for a

@@ -524,10 +524,16 @@ impl AsyncWrite for Stream {
         self.get_mut().poll_io(cx, Side::Writer, |s| s.hand_over())
     }
 
+    /// A peer that had closed its side and then went away (its process exited before
+    /// acknowledging this close) gives `NotConnected`, as a socket's would: hyper's server
+    /// logged "error shutting down connection" for every client process that exited.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        ready!(this.poll_io(cx, Side::Writer, |s| s.shutdown(std::net::Shutdown::Write)))?;
-        this.poll_io(cx, Side::Writer, |s| s.flush())
+        let result = match ready!(this.poll_io(cx, Side::Writer, |s| s.shutdown(std::net::Shutdown::Write))) {
+            Ok(()) => ready!(this.poll_io(cx, Side::Writer, |s| s.flush())),
+            Err(err) => Err(err),
+        };
+        Poll::Ready(result.map_err(|err| this.inner.after_peer_closed(err)))
     }
 }
 

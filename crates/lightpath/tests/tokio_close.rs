@@ -297,3 +297,64 @@ async fn send_msg_wakes_when_the_peer_reads_over_soft() {
 async fn send_msg_wakes_when_the_peer_reads_over_shm() {
     send_msg_wakes_when_the_peer_reads(shm()).await;
 }
+
+/// Child-process side of `shutdown_after_the_peer_closed_and_exited`: connects with the
+/// providers named in `LIGHTPATH_TEST_QUIT_PROVIDER`, reads the server's greeting, closes its
+/// sending side, says so, and exits at once (no clean close: its process is gone, as a client
+/// process that ends right after its last request).
+#[test]
+fn child_quitter() {
+    let Ok(addr) = std::env::var("LIGHTPATH_TEST_QUIT_ADDR") else { return };
+    let options = match std::env::var("LIGHTPATH_TEST_QUIT_PROVIDER").as_deref() {
+        Ok("shm") => shm(),
+        _ => soft(),
+    };
+    let mut stream = lightpath::Stream::connect_with(addr.as_str(), &options).expect("child connect");
+    let mut greeting = [0u8; 5];
+    stream.read_exact(&mut greeting).expect("the greeting");
+    stream.shutdown(std::net::Shutdown::Write).expect("half close");
+    println!("quitting");
+    std::io::stdout().flush().unwrap();
+    std::process::exit(0);
+}
+
+/// A client process closes its side and exits without finishing its close; the server,
+/// having read the end of the stream, shuts its own side down (what hyper does): that is
+/// `Ok` or `NotConnected`, as over a TCP socket, never a reset the server would log as an
+/// error for every client that exited.
+async fn shutdown_after_the_peer_closed_and_exited(options: Options, provider: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = Listener::bind_with("127.0.0.1:0", options).await.unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_quitter", "--nocapture", "--test-threads=1"])
+        .env("LIGHTPATH_TEST_QUIT_ADDR", listener.local_addr().unwrap().to_string())
+        .env("LIGHTPATH_TEST_QUIT_PROVIDER", provider)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut stream, _) = listener.accept().await.unwrap();
+    assert!(stream.transport().is_rdma(), "{}", stream.transport());
+    stream.write_all(b"hello").await.unwrap();
+    stream.flush().await.unwrap();
+    let mut rest = Vec::new();
+    let read = stream.read_to_end(&mut rest).await;
+    assert!(matches!(read, Ok(0)), "the child sends nothing, then closes: {read:?}");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "the child's test failed: {status:?}");
+    // The child's process is gone: whatever this side still waits for will never come.
+    let guard = std::time::Duration::from_secs(60);
+    match tokio::time::timeout(guard, stream.shutdown()).await.expect("shutdown hung") {
+        Ok(()) => {}
+        Err(err) => assert_eq!(err.kind(), std::io::ErrorKind::NotConnected, "{err}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn shutdown_after_the_peer_closed_and_exited_over_shm() {
+    shutdown_after_the_peer_closed_and_exited(shm(), "shm").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn shutdown_after_the_peer_closed_and_exited_over_soft() {
+    shutdown_after_the_peer_closed_and_exited(soft(), "soft").await;
+}

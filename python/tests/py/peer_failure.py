@@ -16,9 +16,8 @@ x = np.ones(1000, dtype=np.float32)
 for i in range(4):
     comm.allreduce(x)
 if r == 2:
-    # The others are in allreduce #5, waiting for this rank, when it dies. (Dying at once
-    # could take this rank's part of #4, handed to the transport but not yet landed, with it:
-    # the others' #4 would then fail instead; crates/collectives/tests/processes.rs tests that.)
+    # The others are in allreduce #5, waiting for this rank, when it dies. (Dying at once,
+    # while they may still be inside #4, is crates/collectives/tests/processes.rs's test.)
     time.sleep(0.5)
     os._exit(3)  # no goodbye: looks like a crash
 try:

@@ -22,6 +22,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn shutdown_read(&mut self);
     fn close(&mut self);
     fn closed_cleanly(&self) -> bool;
+    /// The peer closed its sending side (its close record or its goodbye arrived).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn peer_closed_its_side(&self) -> bool;
     fn linger(&self) -> Duration;
     fn tcp(&self) -> &TcpStream;
     fn arm(&mut self, wake: WakeFor) -> io::Result<bool>;
@@ -164,6 +167,9 @@ where
     }
     fn closed_cleanly(&self) -> bool {
         RdmaConn::closed_cleanly(self)
+    }
+    fn peer_closed_its_side(&self) -> bool {
+        self.core.at_eof() || self.peer_bye.is_some()
     }
     fn linger(&self) -> Duration {
         RdmaConn::linger(self)

@@ -335,8 +335,9 @@ impl DeviceCore {
                 self.with_qp(qpn, |qp, regions| qp.offer_attach(attach, regions));
             }
             Event::SocketClosed(id) => {
-                for qp in self.qps.values_mut() {
-                    qp.socket_closed(id);
+                let qpns: Vec<u32> = self.qps.keys().copied().collect();
+                for qpn in qpns {
+                    self.with_qp(qpn, |qp, regions| qp.socket_closed(id, regions));
                 }
             }
         }

@@ -14,6 +14,10 @@ use super::responder::Responder;
 use super::sge::{Regions, SgeList};
 use super::wqe::{Payload, RecvWqe, SendWqe, Stage};
 use super::DeviceContext;
+
+/// Most rounds of taking in what a peer that hung up had published (each reads up to the
+/// responder's batch of records): more than a ring holds.
+const DRAIN_ROUNDS_AT_HANG_UP: usize = 1 << 12;
 use crate::address::is_shm_gid;
 use crate::cq::CqShared;
 use crate::segment::PeerStatus;
@@ -290,8 +294,12 @@ impl QpCore {
     }
 
     /// The socket with registry id `id` hung up: if it is one of this queue pair's, the peer
-    /// is gone.
-    pub(crate) fn socket_closed(&mut self, id: u64) {
+    /// is gone. What it published before it went (records, acknowledgements) is still in its
+    /// segment, which stays mapped until the link fails: that is taken in first, as a TCP
+    /// socket delivers the bytes that arrived before the peer's reset. A process that sends
+    /// and exits at once (a close record, a collective's last part) then loses nothing the
+    /// kernel would have delivered for a socket.
+    pub(crate) fn socket_closed(&mut self, id: u64, regions: &Regions) {
         if self.pending.as_ref().is_some_and(|p| p.served.id == id) {
             self.pending = None;
         }
@@ -299,7 +307,16 @@ impl QpCore {
             link.client.id == id || link.peer.as_ref().is_some_and(|peer| peer.served.id == id)
         });
         if ours {
-            self.fail_link(LinkFailure::PeerGone);
+            // Bounded: a peer can have published at most one ring of records.
+            for _ in 0..DRAIN_ROUNDS_AT_HANG_UP {
+                self.progress(regions);
+                if !self.more_to_read || self.link.is_none() {
+                    break;
+                }
+            }
+            if self.link.is_some() {
+                self.fail_link(LinkFailure::PeerGone);
+            }
         }
     }
 
