@@ -270,6 +270,17 @@ async fn a_read_initialises_only_what_it_can_fill() {
     use tokio::io::{AsyncRead, ReadBuf};
     for options in [soft(), small_ring(ProviderId::Shm)] {
         let (mut receiver, mut sender) = connected(&options).await;
+        // A read that finds nothing (an event loop's read before each wait) zeroes little.
+        let mut storage = vec![MaybeUninit::<u8>::uninit(); 1 << 20];
+        let mut buf = ReadBuf::uninit(&mut storage);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(Pin::new(&mut receiver).poll_read(&mut cx, &mut buf).is_pending());
+        assert!(
+            buf.initialized().len() <= 4 << 10,
+            "{} bytes zeroed for a read that found nothing over {}",
+            buf.initialized().len(),
+            receiver.transport()
+        );
         sender.write_all(b"0123456789").await.unwrap();
         let mut storage = vec![MaybeUninit::<u8>::uninit(); 1 << 20];
         let mut buf = ReadBuf::uninit(&mut storage);
