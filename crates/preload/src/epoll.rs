@@ -15,7 +15,8 @@
 //! `epoll_data`, filtered by its interest, with its edge/level choice and `EPOLLONESHOT`.
 //! Level-triggered connections with a stream that were ready at their last look are looked at
 //! again at each wait (the stream's fds only signal changes). A connection added, modified or
-//! switched is queued for a look by the next wait; the per-shadow eventfd ([`KICK`]) is
+//! switched is queued for a look by the next wait (which reads both stream fds after an add
+//! or a switch, and otherwise only those that signalled meanwhile); the per-shadow eventfd ([`KICK`]) is
 //! written only when a wait sleeps in the shadow meanwhile (another thread), so an event loop
 //! that changes its interest between waits pays no system call for it.
 //!
@@ -71,6 +72,9 @@ struct Reg {
     delivered: u32,
     /// To be looked at by the next wait (added, modified or switched since the last look).
     queued: bool,
+    /// What that look reads besides what the shadow reports then: both stream fds after an
+    /// add or a switch; the ones that signalled while the registration was parked.
+    owed: Seen,
     /// The application deleted it (see the module docs): reports nothing.
     parked: bool,
 }
@@ -92,10 +96,12 @@ struct Shadow {
 }
 
 impl Shadow {
-    /// Queues `id` for a look by the next wait, waking a wait that sleeps meanwhile.
-    fn queue(&mut self, id: u64) {
+    /// Queues `id` for a look by the next wait that also reads what `owed` names, waking a
+    /// wait that sleeps meanwhile.
+    fn queue(&mut self, id: u64, owed: Seen) {
         if let Some(reg) = self.regs.get_mut(&id) {
             reg.queued = true;
+            reg.owed = reg.owed.or(owed);
             reg.delivered = UNKNOWN;
         }
         if self.sleepers > 0 {
@@ -237,6 +243,7 @@ pub(crate) fn ctl(
                             stream_fds: fds,
                             delivered: UNKNOWN,
                             queued: false,
+                            owed: Seen::default(),
                             parked: false,
                         },
                     );
@@ -270,8 +277,10 @@ pub(crate) fn ctl(
                 }
             }
             // New interest, and a connection may be ready in ways no fd signals (bytes
-            // already taken off the stream): the next wait looks.
-            shadow.queue(conn.id);
+            // already taken off the stream): the next wait looks. A new registration's look
+            // reads both stream fds; a modified or re-added one's reads what signalled while it
+            // was parked (the look itself arms the stream and sees its data without them).
+            shadow.queue(conn.id, if existing.is_none() { Seen::FULL } else { Seen::default() });
             Ok(0)
         }
         libc::EPOLL_CTL_DEL => {
@@ -309,8 +318,10 @@ pub(crate) fn conn_switched(conn: &Arc<Conn>) {
             raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (conn.id << 2) | TOKEN_TCP);
             reg.tcp_mask = mask;
         }
-        if !reg.parked {
-            shadow.queue(conn.id);
+        if reg.parked {
+            reg.owed = Seen::FULL;
+        } else {
+            shadow.queue(conn.id, Seen::FULL);
         }
     }
 }
@@ -352,11 +363,20 @@ struct Seen {
 impl Seen {
     /// A look that reads both stream fds (not prompted by their events).
     const FULL: Seen = Seen { tcp: 0, notified: true, liveness: true };
+
+    fn or(self, other: Seen) -> Seen {
+        Seen {
+            tcp: self.tcp | other.tcp,
+            notified: self.notified | other.notified,
+            liveness: self.liveness | other.liveness,
+        }
+    }
 }
 
 /// What registration `reg` reports now, given what the shadow said of it.
 fn evaluate(inner: c_int, reg: &mut Reg, seen: Seen) -> u32 {
     reg.queued = false;
+    let seen = seen.or(std::mem::take(&mut reg.owed));
     if reg.disabled || reg.parked {
         return 0;
     }
@@ -414,7 +434,7 @@ pub(crate) fn wait(
     loop {
         let mut guard = lock(&shadow);
         let inner = guard.inner.as_raw_fd();
-        // Connections queued by a change (added, modified, switched) get a full look.
+        // Connections queued by a change (added, modified, switched) get a look.
         // Level-triggered connections with a stream that were ready at the last look: look
         // again (the application may have taken everything since), reading neither of the
         // stream's fds (an edge on one is reported by the shadow below). One that was not
@@ -436,9 +456,9 @@ pub(crate) fn wait(
                 continue;
             }
             has_streams |= reg.has_stream();
-            let look = if reg.queued || (full && reg.has_stream()) {
+            let look = if full && reg.has_stream() {
                 Seen::FULL
-            } else if reg.events & ET == 0 && reg.has_stream() && reg.delivered != 0 {
+            } else if reg.queued || (reg.events & ET == 0 && reg.has_stream() && reg.delivered != 0) {
                 Seen::default()
             } else {
                 continue;
@@ -547,10 +567,10 @@ pub(crate) fn wait(
                     raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, ONESHOT, (id << 2) | TOKEN_TCP);
                     reg.tcp_mask = ONESHOT;
                 }
+                // Read by the look after it is added again.
+                reg.owed = reg.owed.or(Seen { tcp: 0, ..look });
                 continue;
             }
-            // A queued connection's look is a full one.
-            let look = if reg.queued { Seen { tcp: look.tcp, ..Seen::FULL } } else { look };
             let events = evaluate(inner, reg, look);
             if events != 0 {
                 merge(&mut got, id, events, reg.data);
@@ -559,7 +579,7 @@ pub(crate) fn wait(
         if kicked {
             for reg in guard.regs.values_mut() {
                 if reg.queued && !reg.parked {
-                    let events = evaluate(inner, reg, Seen::FULL);
+                    let events = evaluate(inner, reg, Seen::default());
                     if events != 0 {
                         merge(&mut got, reg.conn.id, events, reg.data);
                     }
