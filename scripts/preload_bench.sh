@@ -9,6 +9,7 @@
 #   ROUNDS=3 scripts/preload_bench.sh   (medians over rounds)
 #   N=20000 IPERF_SECONDS=3 WRK_SECONDS=3 SKIP_REDIS=1 ...   (shorter; no redis rows)
 #   NETNS=1 scripts/preload_bench.sh    (also the netns rows; NETNS=only: those alone)
+#   PRELOAD_LIB=path/to/liblightpath_preload.so ...   (a library already built, e.g. an older one)
 #
 # netns rows (NETNS=1 or only; needs root and `ip netns`): redis -c 1 / -c 50 and iperf3
 # between two network namespaces joined by a veth pair (MTU 1500), the stand-in for two hosts,
@@ -19,8 +20,12 @@
 # yet). The namespaces are removed at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p lightpath-preload
-LIB="${CARGO_TARGET_DIR:-$PWD/target}/release/liblightpath_preload.so"
+if [[ -n "${PRELOAD_LIB:-}" ]]; then
+  LIB=$(realpath "$PRELOAD_LIB")
+else
+  cargo build --release -q -p lightpath-preload
+  LIB="${CARGO_TARGET_DIR:-$PWD/target}/release/liblightpath_preload.so"
+fi
 ROUNDS=${ROUNDS:-1}
 NETNS=${NETNS:-0}
 WORK=$(mktemp -d)
@@ -67,7 +72,7 @@ wait_port() { for _ in $(seq 1 100); do "${CLI[@]}" bash -c "exec 3<>/dev/tcp/$H
 
 redis_one() { # mode test clients -> "rps p50"
   local mode=$1 test=$2 clients=$3; port=$((port + 1))
-  start "$mode" redis-server --port $port --bind "$HOST" --save '' --appendonly no >/dev/null 2>&1
+  start "$mode" redis-server --port $port --bind "$HOST" --protected-mode no --save '' --appendonly no >/dev/null 2>&1
   local pid=$!; wait_port $port
   local line; line=$(with "$mode" redis-benchmark -h "$HOST" -p $port -t "$test" -n "${N:-100000}" -c "$clients" --csv 2>/dev/null | grep -v '^"test"' | head -1)
   kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
