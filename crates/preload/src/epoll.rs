@@ -549,7 +549,11 @@ pub(crate) fn wait(
                     if kind == TOKEN_TCP {
                         entry.tcp |= events;
                     }
-                    entry.notified |= kind & TOKEN_NOTIFY != 0;
+                    // The notification eventfd is not read for its event: registered
+                    // edge-triggered, each write of it raises one whatever its count (eventfd
+                    // wakes its waiters on every write), so its count may grow (one per wake-up,
+                    // in a u64) until a full look drains it. Reading it was a system call per
+                    // message.
                     entry.liveness |= kind & TOKEN_LIVENESS != 0;
                 }
             }
