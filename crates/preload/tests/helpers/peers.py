@@ -8,8 +8,14 @@
   peers.py echo-server PORT N       accept N connections one by one; echo until end of stream
   peers.py echo-client PORT FILE    send FILE, shut the sending side down, read the echo to
                                     the end; print 'sha256 <hex> <bytes>'
+  peers.py epoll-client PORT K      K lines echoed one by one, nonblocking, the connection in
+                                    an epoll only while it waits (as redis-benchmark deletes
+                                    and re-adds it around each request); then, deleted, the
+                                    server closes: a wait on the epoll must stay idle (prints
+                                    its CPU time), and added again the end of stream is
+                                    reported; prints 'ok K cpu <seconds>'
 """
-import hashlib, socket, sys, time
+import hashlib, os, select, socket, sys, time
 
 def listener(port):
     s = socket.socket()
@@ -108,6 +114,47 @@ def echo_client(port, path):
     back = b"".join(got)
     print("sha256", hashlib.sha256(back).hexdigest(), len(back))
 
+def epoll_client(port, k):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setblocking(False)
+    fd = c.fileno()
+    ep = select.epoll()
+
+    def wait_for(mask):
+        ep.register(fd, mask)
+        try:
+            events = ep.poll(5)
+        finally:
+            ep.unregister(fd)
+        assert events and events[0][1] & mask, ("no event", mask, events)
+
+    for i in range(k):
+        line = b"line %d %s\n" % (i, b"y" * (i % 50))
+        wait_for(select.EPOLLOUT)
+        assert c.send(line) == len(line)
+        back = b""
+        while len(back) < len(line):
+            wait_for(select.EPOLLIN)
+            back += c.recv(4096)
+        assert back == line, (back, line)
+        time.sleep(0.001)
+    # Deleted from the epoll, the connection hangs up: the server reads the end and closes.
+    c.shutdown(socket.SHUT_WR)
+    time.sleep(0.3)
+    r, w = os.pipe()
+    ep.register(r, select.EPOLLIN)
+    cpu = time.process_time()
+    idle = ep.poll(1.0)
+    cpu = time.process_time() - cpu
+    assert idle == [], ("a deleted connection reported", idle)
+    ep.unregister(r)
+    ep.register(fd, select.EPOLLIN)
+    events = ep.poll(5)
+    assert events and events[0][1] & select.EPOLLIN, ("end of stream not reported", events)
+    assert c.recv(4096) == b""
+    c.close()
+    print("ok %d cpu %.3f" % (k, cpu))
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "banner-server":
@@ -118,3 +165,5 @@ if __name__ == "__main__":
         echo_server(int(sys.argv[2]), int(sys.argv[3]))
     elif cmd == "echo-client":
         echo_client(int(sys.argv[2]), sys.argv[3])
+    elif cmd == "epoll-client":
+        epoll_client(int(sys.argv[2]), int(sys.argv[3]))
