@@ -340,6 +340,29 @@ pub(crate) fn conn_closed(conn: &Arc<Conn>, epolls: &[c_int]) {
     }
 }
 
+/// Descriptor `fd` of a connection that stays open (a dup of it remains) went away: a parked
+/// registration made through that number leaves the shadows. Kept, it would name the number
+/// in the shadow after the application reused it, and adding the connection again through
+/// another fd would remove whatever the number names then. (A live registration stays, as
+/// the kernel keeps an epoll item while its open file lives.)
+pub(crate) fn fd_gone(conn: &Arc<Conn>, fd: c_int) {
+    let epolls = conn.lock().epolls.clone();
+    for epfd in epolls {
+        let Some(shadow) = shadow_of(epfd) else { continue };
+        let mut shadow = lock(&shadow);
+        if !shadow.regs.get(&conn.id).is_some_and(|reg| reg.parked && reg.fd == fd) {
+            continue;
+        }
+        if let Some(reg) = shadow.regs.remove(&conn.id) {
+            shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, reg.fd, 0, 0);
+            for (stream_fd, _) in reg.stream_fds {
+                shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, stream_fd, 0, 0);
+            }
+        }
+        conn.lock().epolls.retain(|e| *e != epfd);
+    }
+}
+
 /// The application closed an epoll fd: its shadow goes.
 pub(crate) fn epoll_closed(epfd: c_int) {
     if let Some(map) = shadows().as_mut() {

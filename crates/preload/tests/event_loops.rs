@@ -301,3 +301,44 @@ fn epoll_client_that_deletes_and_re_adds_its_connection_sees_every_echo_and_the_
     assert!(lines.iter().all(|l| l.transport == "rdma/shm"), "{lines:#?}");
     assert!(shm_bytes(&lines) > 0, "nothing went over shm: {lines:#?}");
 }
+
+#[test]
+fn a_deleted_dup_s_old_number_reused_by_another_connection_keeps_that_one_reported() {
+    if !require("epoll_deleted_dup_reused_number", &["python3"]) {
+        return;
+    }
+    let dir = scratch("epoll-dup");
+    let report_path = dir.join("report");
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py");
+    let script = script.to_str().unwrap();
+    let ports = [common::free_port(), common::free_port()];
+    let _servers: Vec<_> = ports
+        .iter()
+        .map(|port| {
+            serve(
+                command(
+                    "python3",
+                    &[script, "echo-server", &port.to_string(), "1"],
+                    Mode::Preloaded,
+                    &report_path,
+                ),
+                *port,
+                "echo server",
+            )
+        })
+        .collect();
+    let output = run(
+        command(
+            "python3",
+            &[script, "epoll-dup-client", &ports[0].to_string(), &ports[1].to_string()],
+            Mode::Preloaded,
+            &report_path,
+        ),
+        Duration::from_secs(60),
+        "epoll dup client",
+    );
+    assert!(output.status.success(), "epoll dup client failed: {}", text(&output));
+    // The case needs the number reused (the lowest free number: it is, unless something else
+    // took it in between).
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ok reused True", "{}", text(&output));
+}

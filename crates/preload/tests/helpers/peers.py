@@ -14,6 +14,11 @@
                                     server closes: a wait on the epoll must stay idle (prints
                                     its CPU time), and added again the end of stream is
                                     reported; prints 'ok K cpu <seconds>'
+  peers.py epoll-dup-client P1 P2   a connection to P1 is dup'ed, added to an epoll and deleted,
+                                    and its first fd closed; a new connection to P2 takes that
+                                    number and is added, then the first connection again
+                                    through its dup: the new one's echo must still be
+                                    reported; prints 'ok reused <bool>'
 """
 import hashlib, os, select, socket, sys, time
 
@@ -155,6 +160,43 @@ def epoll_client(port, k):
     c.close()
     print("ok %d cpu %.3f" % (k, cpu))
 
+def epoll_dup_client(port1, port2):
+    a = socket.create_connection(("127.0.0.1", port1))
+    for i in range(20):
+        a.sendall(b"a %d\n" % i)
+        back = b""
+        while not back.endswith(b"\n"):
+            back += a.recv(4096)
+        time.sleep(0.002)
+    a.setblocking(False)
+    ep = select.epoll()
+    first = a.fileno()
+    second = os.dup(first)
+    ep.register(first, select.EPOLLIN)
+    ep.unregister(first)
+    a.detach()
+    os.close(first)
+    d = socket.create_connection(("127.0.0.1", port2))
+    d.setblocking(False)
+    ep.register(d.fileno(), select.EPOLLIN)
+    ep.register(second, select.EPOLLIN)
+    d.send(b"hi\n")
+    deadline = time.monotonic() + 5
+    back = b""
+    while not back.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0, ("the new connection's echo was never reported", back)
+        for fd, _ in ep.poll(left):
+            if fd == d.fileno():
+                try:
+                    back += d.recv(4096)
+                except BlockingIOError:
+                    pass
+    assert back == b"hi\n", back
+    print("ok reused %s" % (d.fileno() == first))
+    d.close()
+    os.close(second)
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "banner-server":
@@ -167,3 +209,5 @@ if __name__ == "__main__":
         echo_client(int(sys.argv[2]), sys.argv[3])
     elif cmd == "epoll-client":
         epoll_client(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "epoll-dup-client":
+        epoll_dup_client(int(sys.argv[2]), int(sys.argv[3]))
