@@ -377,7 +377,8 @@ pub(crate) fn epoll_closed(epfd: c_int) {
 struct Seen {
     /// Events of its TCP socket.
     tcp: u32,
-    /// Its stream's notification fd signalled.
+    /// Read its stream's notification fd (full looks only: the fd's events need no read,
+    /// see `wait`).
     notified: bool,
     /// Its stream's TCP liveness connection signalled.
     liveness: bool,
