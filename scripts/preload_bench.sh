@@ -8,28 +8,73 @@
 #   scripts/preload_bench.sh            (builds the release library first)
 #   ROUNDS=3 scripts/preload_bench.sh   (medians over rounds)
 #   N=20000 IPERF_SECONDS=3 WRK_SECONDS=3 SKIP_REDIS=1 ...   (shorter; no redis rows)
+#   NETNS=1 scripts/preload_bench.sh    (also the netns rows; NETNS=only: those alone)
+#   PRELOAD_LIB=path/to/liblightpath_preload.so ...   (a library already built, e.g. an older one)
+#
+# netns rows (NETNS=1 or only; needs root and `ip netns`): redis -c 1 / -c 50 and iperf3
+# between two network namespaces joined by a veth pair (MTU 1500), the stand-in for two hosts,
+# as scripts/compare.sh sets them up: the server in lp-pa-PID (10.77.1.1), the client in
+# lp-pb-PID (10.77.1.2). The library pairs connections only within one namespace (abstract
+# Unix sockets of the namespace, then shm), so these connections stay TCP under it: the rows
+# measure what the library costs a connection it cannot accelerate (no soft-provider pairing
+# yet). The namespaces are removed at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p lightpath-preload
-LIB="$PWD/target/release/liblightpath_preload.so"
+if [[ -n "${PRELOAD_LIB:-}" ]]; then
+  LIB=$(realpath "$PRELOAD_LIB")
+else
+  cargo build --release -q -p lightpath-preload
+  LIB="${CARGO_TARGET_DIR:-$PWD/target}/release/liblightpath_preload.so"
+fi
 ROUNDS=${ROUNDS:-1}
+NETNS=${NETNS:-0}
 WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+NS_A=lp-pa-$$
+NS_B=lp-pb-$$
+netns_down() {
+  ip netns del "$NS_A" 2>/dev/null || true
+  ip netns del "$NS_B" 2>/dev/null || true
+}
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; netns_down; rm -rf "$WORK"' EXIT
 port=17800
+# Where the servers and clients run: `place loopback` (this namespace, 127.0.0.1) or
+# `place netns` (see above). SRV/CLI prefix every server/client command; HOST is the address.
+SRV=() CLI=() HOST=127.0.0.1
+place() {
+  if [[ $1 == netns ]]; then
+    SRV=(ip netns exec "$NS_A") CLI=(ip netns exec "$NS_B") HOST=10.77.1.1
+  else
+    SRV=() CLI=() HOST=127.0.0.1
+  fi
+}
+netns_up() {
+  ip netns add "$NS_A"
+  ip netns add "$NS_B"
+  ip link add "lpp-a-$$" type veth peer name "lpp-b-$$"
+  ip link set "lpp-a-$$" netns "$NS_A"
+  ip link set "lpp-b-$$" netns "$NS_B"
+  ip -n "$NS_A" addr add 10.77.1.1/24 dev "lpp-a-$$"
+  ip -n "$NS_B" addr add 10.77.1.2/24 dev "lpp-b-$$"
+  for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
+  ip -n "$NS_A" link set "lpp-a-$$" mtu 1500 up
+  ip -n "$NS_B" link set "lpp-b-$$" mtu 1500 up
+}
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) {print "nan"} else {print a[int((NR+1)/2)]}}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-# `with MODE CMD...`: CMD with the library (lp) or without (plain), at most 120 s.
-with() { local mode=$1; shift; if [[ $mode == lp ]]; then env LD_PRELOAD="$LIB" timeout 120 "$@"; else timeout 120 "$@"; fi; }
-# `start MODE CMD...`: the same in the background; $! is the program's timeout wrapper.
-start() { local mode=$1; shift; if [[ $mode == lp ]]; then env LD_PRELOAD="$LIB" timeout 300 "$@" & else timeout 300 "$@" & fi; }
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+# `with MODE CMD...`: the client CMD with the library (lp) or without (plain), at most 120 s.
+with() { local mode=$1; shift; if [[ $mode == lp ]]; then "${CLI[@]}" env LD_PRELOAD="$LIB" timeout 120 "$@"; else "${CLI[@]}" timeout 120 "$@"; fi; }
+# `start MODE CMD...`: the server CMD in the background; $! is its wrapper (timeout, or ip
+# netns exec, which execs timeout).
+start() { local mode=$1; shift; if [[ $mode == lp ]]; then "${SRV[@]}" env LD_PRELOAD="$LIB" timeout 300 "$@" & else "${SRV[@]}" timeout 300 "$@" & fi; }
+# A connection from the client's place (it closes at once; the servers here accept that).
+wait_port() { for _ in $(seq 1 100); do "${CLI[@]}" bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 
 redis_one() { # mode test clients -> "rps p50"
   local mode=$1 test=$2 clients=$3; port=$((port + 1))
-  start "$mode" redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1
+  start "$mode" redis-server --port $port --bind "$HOST" --protected-mode no --save '' --appendonly no >/dev/null 2>&1
   local pid=$!; wait_port $port
-  local line; line=$(with "$mode" redis-benchmark -p $port -t "$test" -n "${N:-100000}" -c "$clients" --csv 2>/dev/null | grep -v '^"test"' | head -1)
+  local line; line=$(with "$mode" redis-benchmark -h "$HOST" -p $port -t "$test" -n "${N:-100000}" -c "$clients" --csv 2>/dev/null | grep -v '^"test"' | head -1)
   kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
   # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
   echo "$line" | tr -d '"' | awk -F, '{print $2, $5}'
@@ -39,7 +84,7 @@ iperf_one() { # mode -> Gbit/s
   local mode=$1; port=$((port + 1))
   start "$mode" iperf3 -s -1 -p $port >/dev/null 2>&1
   local pid=$!; sleep 0.5
-  with "$mode" iperf3 -c 127.0.0.1 -p $port -t "${IPERF_SECONDS:-5}" -J 2>/dev/null \
+  with "$mode" iperf3 -c "$HOST" -p $port -t "${IPERF_SECONDS:-5}" -J 2>/dev/null \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)'
   kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
 }
@@ -61,10 +106,10 @@ CONF
   kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
 }
 
-printf 'preload benchmark, %s, %s rounds, load average %s\n' "$(date -u +%FT%TZ)" "$ROUNDS" "$(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-28s %14s %14s %8s\n' "test" "plain TCP" "preloaded" "ratio"
-if [[ -z "${SKIP_REDIS:-}" ]] && command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
-  for clients in 1 50; do
+# `redis_rows TITLE CLIENTS...`, `iperf_row TITLE`, `wrk_row`: the rows at the current place.
+redis_rows() {
+  local where=$1; shift
+  for clients in "$@"; do
     for test in ping_inline set get; do
       : > "$WORK/p_rps"; : > "$WORK/l_rps"; : > "$WORK/p_p50"; : > "$WORK/l_p50"
       for _ in $(seq 1 "$ROUNDS"); do
@@ -72,32 +117,51 @@ if [[ -z "${SKIP_REDIS:-}" ]] && command -v redis-server >/dev/null && command -
         read -r rps p50 <<<"$(redis_one lp $test $clients)"; echo "$rps" >> "$WORK/l_rps"; echo "$p50" >> "$WORK/l_p50"
       done
       p=$(median < "$WORK/p_rps"); l=$(median < "$WORK/l_rps")
-      printf '%-28s %14s %14s %8s\n' "redis $test -c $clients req/s" "$p" "$l" "$(ratio "$l" "$p")"
+      printf '%-34s %14s %14s %8s\n' "${where}redis $test -c $clients req/s" "$p" "$l" "$(ratio "$l" "$p")"
       p=$(median < "$WORK/p_p50"); l=$(median < "$WORK/l_p50")
-      printf '%-28s %14s %14s %8s\n' "redis $test -c $clients p50 ms" "$p" "$l" "$(ratio "$l" "$p")"
+      printf '%-34s %14s %14s %8s\n' "${where}redis $test -c $clients p50 ms" "$p" "$l" "$(ratio "$l" "$p")"
     done
   done
-else
-  echo "redis: SKIPPED (SKIP_REDIS set, or redis-server/redis-benchmark not installed)"
-fi
-if command -v iperf3 >/dev/null; then
+}
+iperf_row() {
   : > "$WORK/p"; : > "$WORK/l"
   for _ in $(seq 1 "$ROUNDS"); do iperf_one plain >> "$WORK/p"; iperf_one lp >> "$WORK/l"; done
   p=$(median < "$WORK/p"); l=$(median < "$WORK/l")
-  printf '%-28s %14.2f %14.2f %8s\n' "iperf3 1 stream Gbit/s" "$p" "$l" "$(ratio "$l" "$p")"
-else
-  echo "iperf3: SKIPPED (not installed)"
-fi
-if command -v nginx >/dev/null && command -v wrk >/dev/null; then
+  printf '%-34s %14.2f %14.2f %8s\n' "${1}iperf3 1 stream Gbit/s" "$p" "$l" "$(ratio "$l" "$p")"
+}
+wrk_row() {
   : > "$WORK/p_rps"; : > "$WORK/l_rps"; : > "$WORK/p_p50"; : > "$WORK/l_p50"
   for _ in $(seq 1 "$ROUNDS"); do
     read -r rps p50 <<<"$(wrk_one plain)"; echo "$rps" >> "$WORK/p_rps"; echo "$p50" >> "$WORK/p_p50"
     read -r rps p50 <<<"$(wrk_one lp)"; echo "$rps" >> "$WORK/l_rps"; echo "$p50" >> "$WORK/l_p50"
   done
   p=$(median < "$WORK/p_rps"); l=$(median < "$WORK/l_rps")
-  printf '%-28s %14s %14s %8s\n' "wrk nginx small req/s" "$p" "$l" "$(ratio "$l" "$p")"
+  printf '%-34s %14s %14s %8s\n' "wrk nginx small req/s" "$p" "$l" "$(ratio "$l" "$p")"
   p=$(median < "$WORK/p_p50"); l=$(median < "$WORK/l_p50")
-  printf '%-28s %14s %14s %8s\n' "wrk nginx small p50 us" "$p" "$l" "$(ratio "$l" "$p")"
-else
-  echo "wrk/nginx: SKIPPED (not installed)"
+  printf '%-34s %14s %14s %8s\n' "wrk nginx small p50 us" "$p" "$l" "$(ratio "$l" "$p")"
+}
+
+printf 'preload benchmark, %s, %s rounds, load average %s\n' "$(date -u +%FT%TZ)" "$ROUNDS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-34s %14s %14s %8s\n' "test" "plain TCP" "preloaded" "ratio"
+have_redis=0
+if [[ -z "${SKIP_REDIS:-}" ]] && command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then have_redis=1; fi
+if [[ $NETNS != only ]]; then
+  place loopback
+  if [[ $have_redis == 1 ]]; then redis_rows "" 1 50; else
+    echo "redis: SKIPPED (SKIP_REDIS set, or redis-server/redis-benchmark not installed)"
+  fi
+  if command -v iperf3 >/dev/null; then iperf_row ""; else echo "iperf3: SKIPPED (not installed)"; fi
+  if command -v nginx >/dev/null && command -v wrk >/dev/null; then wrk_row; else
+    echo "wrk/nginx: SKIPPED (not installed)"
+  fi
+fi
+if [[ $NETNS == 1 || $NETNS == only ]]; then
+  if ! (set -e; netns_up) 2> "$WORK/netns.log"; then
+    echo "netns: cannot set up network namespaces (root and ip netns needed): $(tr '\n' ' ' < "$WORK/netns.log")" >&2
+    exit 1
+  fi
+  place netns
+  echo "between two network namespaces (veth, MTU 1500; connections stay TCP under the library):"
+  if [[ $have_redis == 1 ]]; then redis_rows "netns " 1 50; fi
+  if command -v iperf3 >/dev/null; then iperf_row "netns "; fi
 fi

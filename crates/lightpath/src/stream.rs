@@ -422,10 +422,26 @@ impl Stream {
     /// When it reports "not writable" on an RDMA stream, it also makes sure the peer will wake
     /// this side once room returns (see [`Stream::readiness_fd`]).
     pub fn poll_ready(&mut self) -> io::Result<Readiness> {
+        self.poll_ready_after(true, true)
+    }
+
+    /// [`Stream::poll_ready`] for an event loop that waits on the descriptors of
+    /// [`Stream::event_fds`] itself, each registered **edge-triggered**, and so knows which of
+    /// them signalled since its last call: `notified` for the notification fd, `liveness` for
+    /// the TCP connection. A descriptor that did not signal is not read (`poll_ready` reads
+    /// both: a system call each that finds nothing on most wake-ups). Reading neither is right
+    /// only when neither had an edge since the last look; with edge-triggered registrations a
+    /// later write raises a new edge whether or not the counter was drained. Over TCP it is
+    /// `poll_ready`.
+    pub fn poll_ready_after(&mut self, notified: bool, liveness: bool) -> io::Result<Readiness> {
         match &mut self.backend {
             Backend::Rdma(conn) => {
-                conn.take_notify();
-                conn.poll_tcp();
+                if notified {
+                    conn.take_notify();
+                }
+                if liveness {
+                    conn.poll_tcp();
+                }
                 // Armed before looking, so that what changes after the look raises an event;
                 // for what the peer sends only, unless this side needs its own requests'
                 // completions to go on (a later call that waits for them widens the arming:

@@ -1,5 +1,6 @@
 //! The readiness API an event loop uses: one fd per stream (`readiness_fd`) waited on with
-//! poll(2) or epoll, then `poll_ready`; over RDMA (soft and shm) and over TCP. A raw epoll
+//! poll(2) or epoll, then `poll_ready`; over RDMA (soft and shm) and over TCP; and the two
+//! `event_fds` edge-triggered with `poll_ready_after` reading only what signalled. A raw epoll
 //! echo server drives several streams at once through their single fds, and writers blocked
 //! on a full ring (or on receive credits) learn through the fd when room returns.
 
@@ -97,6 +98,83 @@ fn single_fd_ping_pong_over_tcp() {
 #[test]
 fn legacy_event_fds_still_work() {
     ping_pong(soft(), true);
+}
+
+/// Waits until `poll_ready_after` reports the stream readable, sleeping in `poller`, which holds
+/// the stream's `event_fds` edge-triggered (token 0: notification fd, 1: liveness connection):
+/// the notification fd is never read, the liveness connection only after it signalled (what
+/// the preload library does).
+fn wait_readable_on_edges(stream: &mut Stream, poller: &std::os::fd::OwnedFd, liveness: &mut bool) {
+    let mut events = Vec::with_capacity(4);
+    loop {
+        if stream.poll_ready_after(false, std::mem::take(liveness)).unwrap().readable {
+            return;
+        }
+        events.clear();
+        epoll::wait(poller, rustix::buffer::spare_capacity(&mut events), Some(&HANG_GUARD)).unwrap();
+        assert!(!events.is_empty(), "no event while waiting for readability");
+        *liveness |= events.iter().any(|event| event.data.u64() == 1);
+    }
+}
+
+/// Ping-pong through `poll_ready_after` with the two event fds edge-triggered and read only as
+/// `wait_readable_on_edges` does: each answer and the peer's close must be seen (a missed
+/// wake-up hangs the wait until the guard fails the test).
+fn ping_pong_on_edges(options: Options) {
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let (answer_tx, answer_rx) = mpsc::channel::<()>();
+    let (close_tx, close_rx) = mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4];
+        for _ in 0..3 {
+            stream.read_exact(&mut buf).unwrap();
+            answer_rx.recv().unwrap();
+            stream.write_all(b"pong").unwrap();
+        }
+        close_rx.recv().unwrap();
+    });
+    let mut stream = Stream::connect_with(addr, &options).unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let fds = stream.event_fds();
+    assert_eq!(fds.len(), 2, "an RDMA stream has a notification fd and a liveness connection");
+    let poller = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+    for (token, &fd) in fds.iter().enumerate() {
+        // SAFETY: the fds belong to `stream`, which outlives `poller`'s use here.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
+        epoll::add(&poller, fd, epoll::EventData::new_u64(token as u64), flags).unwrap();
+    }
+    let mut liveness = false;
+    for round in 0..3 {
+        stream.write_all(b"ping").unwrap();
+        assert!(!stream.poll_ready_after(false, false).unwrap().readable, "round {round}: no answer yet");
+        answer_tx.send(()).unwrap();
+        // The answer may be there before the first look (no sleep), or come after one.
+        wait_readable_on_edges(&mut stream, &poller, &mut liveness);
+        let mut buf = [0u8; 4];
+        stream.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"pong");
+    }
+    assert!(!stream.poll_ready_after(false, false).unwrap().readable);
+    close_tx.send(()).unwrap();
+    server.join().unwrap();
+    // The server's stream is gone: its end arrives (the goodbye on the liveness connection, or
+    // a close record), readable through an edge.
+    wait_readable_on_edges(&mut stream, &poller, &mut liveness);
+    let mut buf = [0u8; 4];
+    assert_eq!(stream.read(&mut buf).unwrap(), 0);
+}
+
+#[test]
+fn poll_ready_after_on_edge_triggered_event_fds_over_shm() {
+    ping_pong_on_edges(shm());
+}
+
+#[test]
+fn poll_ready_after_on_edge_triggered_event_fds_over_soft() {
+    ping_pong_on_edges(soft());
 }
 
 #[test]

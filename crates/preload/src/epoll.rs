@@ -5,14 +5,27 @@
 //! connection is added to it, the library creates a hidden *shadow* epoll that holds the
 //! application's epoll (token [`APP`]), each tracked connection's TCP socket (interest
 //! reduced to what still matters: no `EPOLLIN` once reads come from the stream, no
-//! `EPOLLOUT` once writes go to it) and, after the switch, the stream's readiness fd.
-//! `epoll_wait` on the application's fd waits on the shadow instead and translates: events
-//! of the application's own epoll are taken from it as they are; a connection's events are
-//! computed from its state (TCP part, stream part via `poll_ready`) and delivered with the
-//! application's `epoll_data`, filtered by its interest, with its edge/level choice and
-//! `EPOLLONESHOT`. Level-triggered connections with a stream are re-examined at each wait
-//! (the stream's readiness fd only signals changes); a per-shadow eventfd ([`KICK`]) makes
-//! every wait look again when a connection switches.
+//! `EPOLLOUT` once writes go to it) and, after the switch, the stream's two event fds
+//! (`lightpath::Stream::event_fds`: the completion notification eventfd and the TCP liveness
+//! connection), each edge-triggered with a token of its own, so that a look at the stream
+//! reads only the one that signalled (`Stream::poll_ready_after`). `epoll_wait` on the
+//! application's fd waits on the shadow instead and translates: events of the application's
+//! own epoll are taken from it as they are; a connection's events are computed from its state
+//! (TCP part, stream part via `poll_ready_after`) and delivered with the application's
+//! `epoll_data`, filtered by its interest, with its edge/level choice and `EPOLLONESHOT`.
+//! Level-triggered connections with a stream that were ready at their last look are looked at
+//! again at each wait (the stream's fds only signal changes). A connection added, modified or
+//! switched is queued for a look by the next wait (which reads both stream fds after an add
+//! or a switch, and otherwise only those that signalled meanwhile); the per-shadow eventfd ([`KICK`]) is
+//! written only when a wait sleeps in the shadow meanwhile (another thread), so an event loop
+//! that changes its interest between waits pays no system call for it.
+//!
+//! `EPOLL_CTL_DEL` parks a registration rather than removing it from the shadow: event
+//! loops that delete and re-add a connection around every request (redis-benchmark's) would
+//! otherwise pay four shadow `epoll_ctl` calls per request. A parked registration reports
+//! nothing; an event on its TCP socket (a hang-up is reported whatever the interest) disables
+//! the socket in the shadow (`EPOLLONESHOT`) until the connection is added again. It leaves
+//! the shadow when the connection closes.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -27,6 +40,10 @@ use crate::{real, table};
 
 const APP: u64 = u64::MAX;
 const KICK: u64 = u64::MAX - 1;
+/// Token kinds, in a token's low two bits (the connection id above them).
+const TOKEN_TCP: u64 = 0;
+const TOKEN_NOTIFY: u64 = 1;
+const TOKEN_LIVENESS: u64 = 2;
 
 const IN: u32 = libc::EPOLLIN as u32;
 const OUT: u32 = libc::EPOLLOUT as u32;
@@ -49,16 +66,48 @@ struct Reg {
     disabled: bool,
     /// The TCP socket's interest in the shadow now.
     tcp_mask: u32,
-    /// The stream's readiness fd, once added to the shadow.
-    ready_fd: Option<c_int>,
+    /// The stream's event fds in the shadow, with their token kinds (empty before the switch).
+    stream_fds: Vec<(c_int, u64)>,
     /// What the last evaluation delivered (see `wait`).
     delivered: u32,
+    /// To be looked at by the next wait (added, modified or switched since the last look).
+    queued: bool,
+    /// What that look reads besides what the shadow reports then: both stream fds after an
+    /// add or a switch; the ones that signalled while the registration was parked.
+    owed: Seen,
+    /// The application deleted it (see the module docs): reports nothing.
+    parked: bool,
+}
+
+impl Reg {
+    fn has_stream(&self) -> bool {
+        !self.stream_fds.is_empty()
+    }
 }
 
 struct Shadow {
     inner: OwnedFd,
     kick: OwnedFd,
     regs: HashMap<u64, Reg>,
+    /// Waits sleeping in the shadow now: a change then writes `kick` to wake them.
+    sleepers: usize,
+    /// When every switched connection was last looked at in full (see `wait`).
+    full_look: Instant,
+}
+
+impl Shadow {
+    /// Queues `id` for a look by the next wait that also reads what `owed` names, waking a
+    /// wait that sleeps meanwhile.
+    fn queue(&mut self, id: u64, owed: Seen) {
+        if let Some(reg) = self.regs.get_mut(&id) {
+            reg.queued = true;
+            reg.owed = reg.owed.or(owed);
+            reg.delivered = UNKNOWN;
+        }
+        if self.sleepers > 0 {
+            let _ = rustix::io::write(&self.kick, &1u64.to_ne_bytes());
+        }
+    }
 }
 
 type Shadows = HashMap<c_int, Arc<Mutex<Shadow>>>;
@@ -89,7 +138,13 @@ fn get_or_create(epfd: c_int) -> Result<Arc<Mutex<Shadow>>, c_int> {
     let app = unsafe { BorrowedFd::borrow_raw(epfd) };
     epoll::add(&inner, app, epoll::EventData::new_u64(APP), epoll::EventFlags::IN).map_err(errno)?;
     epoll::add(&inner, &kick, epoll::EventData::new_u64(KICK), epoll::EventFlags::IN).map_err(errno)?;
-    let shadow = Arc::new(Mutex::new(Shadow { inner, kick, regs: HashMap::new() }));
+    let shadow = Arc::new(Mutex::new(Shadow {
+        inner,
+        kick,
+        regs: HashMap::new(),
+        sleepers: 0,
+        full_look: Instant::now(),
+    }));
     map.insert(epfd, Arc::clone(&shadow));
     table::set_shadowed(epfd, true);
     Ok(shadow)
@@ -108,9 +163,32 @@ fn tcp_mask(state: &State, events: u32) -> u32 {
 }
 
 fn shadow_ctl(inner: &OwnedFd, op: c_int, fd: c_int, mask: u32, token: u64) -> c_int {
+    raw_ctl(inner.as_raw_fd(), op, fd, mask, token)
+}
+
+fn raw_ctl(inner: c_int, op: c_int, fd: c_int, mask: u32, token: u64) -> c_int {
     let mut event = epoll_event { events: mask, u64: token };
     // SAFETY: `event` is a valid epoll_event for the call.
-    unsafe { real::epoll_ctl(inner.as_raw_fd(), op, fd, &mut event) }
+    unsafe { real::epoll_ctl(inner, op, fd, &mut event) }
+}
+
+/// The stream's event fds (notification fd, TCP liveness connection) with their token kinds.
+fn stream_fds(state: &State) -> Vec<(c_int, u64)> {
+    let Some(stream) = state.stream.as_ref() else { return Vec::new() };
+    let fds = stream.event_fds();
+    match fds.as_slice() {
+        [notify, liveness] => vec![(*notify, TOKEN_NOTIFY), (*liveness, TOKEN_LIVENESS)],
+        // Not an RDMA stream (the library installs none): its one fd counts as both.
+        [one] => vec![(*one, TOKEN_NOTIFY | TOKEN_LIVENESS)],
+        _ => Vec::new(),
+    }
+}
+
+/// Adds the stream's event fds of connection `id` to the shadow, edge-triggered.
+fn add_stream_fds(inner: c_int, id: u64, fds: &[(c_int, u64)]) {
+    for &(fd, kind) in fds {
+        raw_ctl(inner, libc::EPOLL_CTL_ADD, fd, IN | ET, (id << 2) | kind);
+    }
 }
 
 /// epoll_ctl for a tracked connection `fd`.
@@ -126,79 +204,101 @@ pub(crate) fn ctl(
         _ => shadow_of(epfd).ok_or(libc::ENOENT)?,
     };
     let mut shadow = lock(&shadow);
+    let shadow = &mut *shadow;
+    let inner = shadow.inner.as_raw_fd();
     match op {
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
             let event = event.ok_or(libc::EFAULT)?;
             let (events, data) = (event.events, event.u64);
-            let exists = shadow.regs.contains_key(&conn.id);
-            if op == libc::EPOLL_CTL_ADD && exists {
-                return Err(libc::EEXIST);
-            }
-            if op == libc::EPOLL_CTL_MOD && !exists {
-                return Err(libc::ENOENT);
+            let existing = shadow.regs.get(&conn.id).map(|reg| reg.parked);
+            match (op, existing) {
+                (libc::EPOLL_CTL_ADD, Some(false)) => return Err(libc::EEXIST),
+                (libc::EPOLL_CTL_MOD, None | Some(true)) => return Err(libc::ENOENT),
+                _ => {}
             }
             let mut state = conn.lock();
             state.offer(conn, fd);
             let mask = tcp_mask(&state, events);
-            let ready_fd = state.stream.as_ref().and_then(|s| s.readiness_fd().ok()).map(|f| f.as_raw_fd());
+            let fds = stream_fds(&state);
             if !state.epolls.contains(&epfd) {
                 state.epolls.push(epfd);
             }
             drop(state);
-            let token = conn.id << 1;
-            if op == libc::EPOLL_CTL_ADD {
-                if shadow_ctl(&shadow.inner, libc::EPOLL_CTL_ADD, fd, mask, token) != 0 {
-                    return Err(real::errno());
+            let token = (conn.id << 2) | TOKEN_TCP;
+            match shadow.regs.get_mut(&conn.id) {
+                None => {
+                    if raw_ctl(inner, libc::EPOLL_CTL_ADD, fd, mask, token) != 0 {
+                        return Err(real::errno());
+                    }
+                    add_stream_fds(inner, conn.id, &fds);
+                    shadow.regs.insert(
+                        conn.id,
+                        Reg {
+                            conn: Arc::clone(conn),
+                            fd,
+                            events,
+                            data,
+                            disabled: false,
+                            tcp_mask: mask,
+                            stream_fds: fds,
+                            delivered: UNKNOWN,
+                            queued: false,
+                            owed: Seen::default(),
+                            parked: false,
+                        },
+                    );
                 }
-                if let Some(ready) = ready_fd {
-                    shadow_ctl(&shadow.inner, libc::EPOLL_CTL_ADD, ready, IN | ET, token | 1);
+                Some(reg) => {
+                    if reg.parked && reg.fd != fd {
+                        // Added again through another fd of the connection (a dup).
+                        raw_ctl(inner, libc::EPOLL_CTL_DEL, reg.fd, 0, 0);
+                        if raw_ctl(inner, libc::EPOLL_CTL_ADD, fd, mask, token) != 0 {
+                            let errno = real::errno();
+                            let reg = shadow.regs.remove(&conn.id);
+                            for &(stream_fd, _) in reg.iter().flat_map(|reg| reg.stream_fds.iter()) {
+                                raw_ctl(inner, libc::EPOLL_CTL_DEL, stream_fd, 0, 0);
+                            }
+                            conn.lock().epolls.retain(|e| *e != epfd);
+                            return Err(errno);
+                        }
+                        reg.fd = fd;
+                    } else if mask != reg.tcp_mask {
+                        raw_ctl(inner, libc::EPOLL_CTL_MOD, fd, mask, token);
+                    }
+                    reg.tcp_mask = mask;
+                    reg.events = events;
+                    reg.data = data;
+                    reg.disabled = false;
+                    reg.parked = false;
+                    if reg.stream_fds.is_empty() && !fds.is_empty() {
+                        add_stream_fds(inner, conn.id, &fds);
+                        reg.stream_fds = fds;
+                    }
                 }
-                shadow.regs.insert(
-                    conn.id,
-                    Reg {
-                        conn: Arc::clone(conn),
-                        fd,
-                        events,
-                        data,
-                        disabled: false,
-                        tcp_mask: mask,
-                        ready_fd,
-                        // Looked at by the next wait.
-                        delivered: UNKNOWN,
-                    },
-                );
-            } else {
-                let reg = shadow.regs.get_mut(&conn.id).ok_or(libc::ENOENT)?;
-                reg.events = events;
-                reg.data = data;
-                reg.disabled = false;
-                // New interest: looked at by the next wait.
-                reg.delivered = UNKNOWN;
-                reg.tcp_mask = mask;
-                let inner = shadow.inner.as_raw_fd();
-                let mut ev = epoll_event { events: mask, u64: token };
-                // SAFETY: valid event for the call.
-                unsafe { real::epoll_ctl(inner, libc::EPOLL_CTL_MOD, fd, &mut ev) };
             }
-            // A connection may be ready in ways no fd signals (bytes already taken off the
-            // stream): let the next wait look.
-            let _ = rustix::io::write(&shadow.kick, &1u64.to_ne_bytes());
+            // New interest, and a connection may be ready in ways no fd signals (bytes
+            // already taken off the stream): the next wait looks. A new registration's look
+            // reads both stream fds; a modified or re-added one's reads what signalled while it
+            // was parked (the look itself arms the stream and sees its data without them).
+            shadow.queue(conn.id, if existing.is_none() { Seen::FULL } else { Seen::default() });
             Ok(0)
         }
         libc::EPOLL_CTL_DEL => {
-            let reg = shadow.regs.remove(&conn.id).ok_or(libc::ENOENT)?;
-            shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, fd, 0, 0);
-            if let Some(ready) = reg.ready_fd {
-                shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, ready, 0, 0);
+            let reg = shadow.regs.get_mut(&conn.id).filter(|reg| !reg.parked).ok_or(libc::ENOENT)?;
+            // Parked (see the module docs): the socket keeps only what is always reported.
+            reg.parked = true;
+            reg.queued = false;
+            if reg.tcp_mask & !ET != 0 {
+                raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, 0, (conn.id << 2) | TOKEN_TCP);
+                reg.tcp_mask = 0;
             }
-            conn.lock().epolls.retain(|e| *e != epfd);
             Ok(0)
         }
         _ => Err(libc::EINVAL),
     }
 }
 
-/// A connection switched: its stream's readiness fd joins the shadows it is registered in.
+/// A connection switched: its stream's event fds join the shadows it is registered in.
 pub(crate) fn conn_switched(conn: &Arc<Conn>) {
     let epolls = conn.lock().epolls.clone();
     for epfd in epolls {
@@ -207,23 +307,22 @@ pub(crate) fn conn_switched(conn: &Arc<Conn>) {
         let inner = shadow.inner.as_raw_fd();
         let Some(reg) = shadow.regs.get_mut(&conn.id) else { continue };
         let state = conn.lock();
-        let ready = state.stream.as_ref().and_then(|s| s.readiness_fd().ok()).map(|f| f.as_raw_fd());
+        let fds = stream_fds(&state);
         let mask = tcp_mask(&state, reg.events);
         drop(state);
-        if let (Some(ready), None) = (ready, reg.ready_fd) {
-            let mut ev = epoll_event { events: IN | ET, u64: (conn.id << 1) | 1 };
-            // SAFETY: valid event for the call.
-            unsafe { real::epoll_ctl(inner, libc::EPOLL_CTL_ADD, ready, &mut ev) };
-            reg.ready_fd = Some(ready);
+        if reg.stream_fds.is_empty() && !fds.is_empty() {
+            add_stream_fds(inner, conn.id, &fds);
+            reg.stream_fds = fds;
         }
-        reg.delivered = UNKNOWN;
-        if mask != reg.tcp_mask {
-            let mut ev = epoll_event { events: mask, u64: conn.id << 1 };
-            // SAFETY: valid event for the call.
-            unsafe { real::epoll_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, &mut ev) };
+        if !reg.parked && mask != reg.tcp_mask {
+            raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (conn.id << 2) | TOKEN_TCP);
             reg.tcp_mask = mask;
         }
-        let _ = rustix::io::write(&shadow.kick, &1u64.to_ne_bytes());
+        if reg.parked {
+            reg.owed = Seen::FULL;
+        } else {
+            shadow.queue(conn.id, Seen::FULL);
+        }
     }
 }
 
@@ -234,10 +333,33 @@ pub(crate) fn conn_closed(conn: &Arc<Conn>, epolls: &[c_int]) {
         let mut shadow = lock(&shadow);
         if let Some(reg) = shadow.regs.remove(&conn.id) {
             shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, reg.fd, 0, 0);
-            if let Some(ready) = reg.ready_fd {
-                shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, ready, 0, 0);
+            for (fd, _) in reg.stream_fds {
+                shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, fd, 0, 0);
             }
         }
+    }
+}
+
+/// Descriptor `fd` of a connection that stays open (a dup of it remains) went away: a parked
+/// registration made through that number leaves the shadows. Kept, it would name the number
+/// in the shadow after the application reused it, and adding the connection again through
+/// another fd would remove whatever the number names then. (A live registration stays, as
+/// the kernel keeps an epoll item while its open file lives.)
+pub(crate) fn fd_gone(conn: &Arc<Conn>, fd: c_int) {
+    let epolls = conn.lock().epolls.clone();
+    for epfd in epolls {
+        let Some(shadow) = shadow_of(epfd) else { continue };
+        let mut shadow = lock(&shadow);
+        if !shadow.regs.get(&conn.id).is_some_and(|reg| reg.parked && reg.fd == fd) {
+            continue;
+        }
+        if let Some(reg) = shadow.regs.remove(&conn.id) {
+            shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, reg.fd, 0, 0);
+            for (stream_fd, _) in reg.stream_fds {
+                shadow_ctl(&shadow.inner, libc::EPOLL_CTL_DEL, stream_fd, 0, 0);
+            }
+        }
+        conn.lock().epolls.retain(|e| *e != epfd);
     }
 }
 
@@ -250,11 +372,39 @@ pub(crate) fn epoll_closed(epfd: c_int) {
     }
 }
 
-/// What registration `reg` reports now; `tcp` is what the shadow said of its socket.
-fn evaluate(inner: c_int, reg: &mut Reg, tcp: u32) -> u32 {
-    if reg.disabled {
+/// What the shadow said of one connection in one wait.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    /// Events of its TCP socket.
+    tcp: u32,
+    /// Read its stream's notification fd (full looks only: the fd's events need no read,
+    /// see `wait`).
+    notified: bool,
+    /// Its stream's TCP liveness connection signalled.
+    liveness: bool,
+}
+
+impl Seen {
+    /// A look that reads both stream fds (not prompted by their events).
+    const FULL: Seen = Seen { tcp: 0, notified: true, liveness: true };
+
+    fn or(self, other: Seen) -> Seen {
+        Seen {
+            tcp: self.tcp | other.tcp,
+            notified: self.notified | other.notified,
+            liveness: self.liveness | other.liveness,
+        }
+    }
+}
+
+/// What registration `reg` reports now, given what the shadow said of it.
+fn evaluate(inner: c_int, reg: &mut Reg, seen: Seen) -> u32 {
+    reg.queued = false;
+    let seen = seen.or(std::mem::take(&mut reg.owed));
+    if reg.disabled || reg.parked {
         return 0;
     }
+    let tcp = seen.tcp;
     let mut state = reg.conn.lock();
     let mut events = 0;
     if state.tcp_readable_matters() {
@@ -267,7 +417,7 @@ fn evaluate(inner: c_int, reg: &mut Reg, tcp: u32) -> u32 {
     if tcp & HUP != 0 && state.stream.is_none() {
         events |= HUP;
     }
-    let (readable, writable) = state.stream_readiness();
+    let (readable, writable) = state.stream_readiness_after(seen.notified, seen.liveness);
     if readable {
         events |= IN;
     }
@@ -277,9 +427,7 @@ fn evaluate(inner: c_int, reg: &mut Reg, tcp: u32) -> u32 {
     let mask = tcp_mask(&state, reg.events);
     drop(state);
     if mask != reg.tcp_mask {
-        let mut ev = epoll_event { events: mask, u64: reg.conn.id << 1 };
-        // SAFETY: valid event for the call.
-        unsafe { real::epoll_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, &mut ev) };
+        raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (reg.conn.id << 2) | TOKEN_TCP);
         reg.tcp_mask = mask;
     }
     let delivered = events & (reg.events | ERR | HUP);
@@ -304,27 +452,46 @@ pub(crate) fn wait(
     };
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut got: Vec<(u64, u32, u64)> = Vec::new(); // (conn id or APP, events, data)
+    let mut seen: Vec<(u64, Seen)> = Vec::new();
     let mut buf = [epoll_event { events: 0, u64: 0 }; 64];
     let mut spin_until: Option<Instant> = None;
     loop {
-        let inner = lock(&shadow).inner.as_raw_fd();
+        let mut guard = lock(&shadow);
+        let inner = guard.inner.as_raw_fd();
+        // Connections queued by a change (added, modified, switched) get a look.
         // Level-triggered connections with a stream that were ready at the last look: look
-        // again (the application may have taken everything since). One that was not ready
-        // changes only with an event on its readiness fd (armed by that look), which the
-        // shadow reports below; looking at every connection on every wait cost a few system
-        // calls per connection per wait (redis-server with 50 clients: most of its time).
-        {
-            let mut guard = lock(&shadow);
-            for reg in guard.regs.values_mut() {
-                if reg.events & ET == 0 && reg.ready_fd.is_some() && reg.delivered != 0 {
-                    let events = evaluate(inner, reg, 0);
-                    if events != 0 {
-                        merge(&mut got, reg.conn.id, events, reg.data);
-                    }
-                }
+        // again (the application may have taken everything since), reading neither of the
+        // stream's fds (an edge on one is reported by the shadow below). One that was not
+        // ready changes only with such an edge; looking at every connection on every wait
+        // cost a few system calls per connection per wait (redis-server with 50 clients: most
+        // of its time).
+        // Every switched connection is looked at in full at least every `RECHECK_MS`, also
+        // when the wait never sleeps (an application kept busy by other connections): a bound
+        // on any stream wake-up missed.
+        let now = Instant::now();
+        let full =
+            now.duration_since(guard.full_look) >= Duration::from_millis(crate::wait::RECHECK_MS as u64);
+        if full {
+            guard.full_look = now;
+        }
+        let mut has_streams = false;
+        for reg in guard.regs.values_mut() {
+            if reg.parked {
+                continue;
+            }
+            has_streams |= reg.has_stream();
+            let look = if full && reg.has_stream() {
+                Seen::FULL
+            } else if reg.queued || (reg.events & ET == 0 && reg.has_stream() && reg.delivered != 0) {
+                Seen::default()
+            } else {
+                continue;
+            };
+            let events = evaluate(inner, reg, look);
+            if events != 0 {
+                merge(&mut got, reg.conn.id, events, reg.data);
             }
         }
-        let has_streams = lock(&shadow).regs.values().any(|r| r.ready_fd.is_some());
         let mut wait_ms = if !got.is_empty() {
             0
         } else {
@@ -346,27 +513,39 @@ pub(crate) fn wait(
         if spinning {
             wait_ms = 0;
         }
+        // A change made while this wait sleeps writes the kick (see `Shadow::queue`).
+        if wait_ms != 0 {
+            guard.sleepers += 1;
+        }
+        drop(guard);
         // SAFETY: `buf` is a local array of 64 events.
         let n = unsafe { real::epoll_pwait(inner, buf.as_mut_ptr(), buf.len() as c_int, wait_ms, sigmask) };
-        if n < 0 {
-            let errno = real::errno();
-            if got.is_empty() {
-                return Err(errno);
-            }
-        }
+        let errno = real::errno();
         let mut guard = lock(&shadow);
+        if wait_ms != 0 {
+            guard.sleepers -= 1;
+        }
+        if n < 0 && got.is_empty() {
+            return Err(errno);
+        }
         // After a real sleep that saw nothing (at most `RECHECK_MS`), every switched connection
-        // is looked at: a bound on any event missed. Not after the spin's zero-time looks.
+        // is looked at in full: a bound on any event missed. Not after the spin's zero-time
+        // looks.
         if n == 0 && has_streams && wait_ms != 0 {
+            guard.full_look = Instant::now();
             for reg in guard.regs.values_mut() {
-                if reg.ready_fd.is_some() {
-                    let events = evaluate(inner, reg, 0);
+                if reg.has_stream() && !reg.parked {
+                    let events = evaluate(inner, reg, Seen::FULL);
                     if events != 0 {
                         merge(&mut got, reg.conn.id, events, reg.data);
                     }
                 }
             }
         }
+        // What the shadow said, per connection (one look each, however many of its fds
+        // signalled).
+        seen.clear();
+        let mut kicked = false;
         for event in buf.iter().take(n.max(0) as usize) {
             let (token, events) = (event.u64, event.events);
             match token {
@@ -382,24 +561,55 @@ pub(crate) fn wait(
                         got.push((APP, e.events, e.u64));
                     }
                 }
-                KICK => {
-                    let mut counter = [0u8; 8];
-                    let _ = rustix::io::read(&guard.kick, &mut counter);
-                    for reg in guard.regs.values_mut() {
-                        let events = evaluate(inner, reg, 0);
-                        if events != 0 {
-                            merge(&mut got, reg.conn.id, events, reg.data);
-                        }
-                    }
-                }
+                KICK => kicked = true,
                 token => {
-                    let id = token >> 1;
-                    let tcp = if token & 1 == 0 { events } else { 0 };
-                    if let Some(reg) = guard.regs.get_mut(&id) {
-                        let events = evaluate(inner, reg, tcp);
-                        if events != 0 {
-                            merge(&mut got, id, events, reg.data);
-                        }
+                    let id = token >> 2;
+                    let at = seen.iter().position(|(i, _)| *i == id).unwrap_or_else(|| {
+                        seen.push((id, Seen::default()));
+                        seen.len() - 1
+                    });
+                    let entry = &mut seen[at].1;
+                    let kind = token & 3;
+                    if kind == TOKEN_TCP {
+                        entry.tcp |= events;
+                    }
+                    // The notification eventfd is not read for its event: registered
+                    // edge-triggered, each write of it raises one whatever its count (eventfd
+                    // wakes its waiters on every write), so its count may grow (one per wake-up,
+                    // in a u64) until a full look drains it. Reading it was a system call per
+                    // message.
+                    entry.liveness |= kind & TOKEN_LIVENESS != 0;
+                }
+            }
+        }
+        if kicked {
+            let mut counter = [0u8; 8];
+            let _ = rustix::io::read(&guard.kick, &mut counter);
+        }
+        for &(id, look) in &seen {
+            let Some(reg) = guard.regs.get_mut(&id) else { continue };
+            if reg.parked {
+                if look.tcp != 0 && reg.tcp_mask != ONESHOT {
+                    // A hang-up or error of a parked connection's socket (reported whatever
+                    // the interest): disabled until the connection is added again.
+                    raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, ONESHOT, (id << 2) | TOKEN_TCP);
+                    reg.tcp_mask = ONESHOT;
+                }
+                // Read by the look after it is added again.
+                reg.owed = reg.owed.or(Seen { tcp: 0, ..look });
+                continue;
+            }
+            let events = evaluate(inner, reg, look);
+            if events != 0 {
+                merge(&mut got, id, events, reg.data);
+            }
+        }
+        if kicked {
+            for reg in guard.regs.values_mut() {
+                if reg.queued && !reg.parked {
+                    let events = evaluate(inner, reg, Seen::default());
+                    if events != 0 {
+                        merge(&mut got, reg.conn.id, events, reg.data);
                     }
                 }
             }

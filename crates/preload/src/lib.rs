@@ -70,13 +70,16 @@ fn track(fd: c_int) {
         return;
     }
     if let Some(old) = table::insert(fd, Arc::new(Conn::new())) {
-        forget_conn(old);
+        forget_conn(old, fd);
     }
 }
 
-/// The application's fd for `conn` went away (close, dup2 over it, a reused number).
-fn forget_conn(conn: Arc<Conn>) {
+/// The application's fd `fd` for `conn` went away (close, dup2 over it, a reused number).
+fn forget_conn(conn: Arc<Conn>, fd: c_int) {
     if conn.fds.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) != 1 {
+        if conn.owned() {
+            epoll::fd_gone(&conn, fd);
+        }
         return;
     }
     if !conn.owned() {
@@ -224,7 +227,7 @@ fn on_close(fd: c_int) {
         let saved = real::errno();
         let _ = catch_unwind(|| {
             if let Some(conn) = table::remove(fd) {
-                forget_conn(conn);
+                forget_conn(conn, fd);
             }
         });
         real::set_errno(saved);
@@ -278,7 +281,7 @@ fn on_dup(old: c_int, new: c_int) {
     if let Some(conn) = tracked(old) {
         conn.fds.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if let Some(replaced) = table::insert(new, conn) {
-            forget_conn(replaced);
+            forget_conn(replaced, new);
         }
     }
 }

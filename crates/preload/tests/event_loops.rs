@@ -1,6 +1,7 @@
 //! Event-loop programs through the preload library (epoll, poll, select with nonblocking
 //! sockets): nginx with curl (sendfile), redis-server with redis-benchmark and redis-cli,
-//! memcached with libmemcached's tools, iperf3 both directions. Both sides preloaded: same
+//! memcached with libmemcached's tools, iperf3 both directions, and a python epoll client
+//! that deletes and re-adds its connection around each request. Both sides preloaded: same
 //! results as TCP and bytes over shm (the library's report); one side plain: plain TCP.
 
 mod common;
@@ -259,4 +260,85 @@ fn iperf3_forward_and_reverse_with_byte_counts() {
             assert_eq!(shm_bytes(&lines), 0, "{lines:#?}");
         }
     }
+}
+
+#[test]
+fn epoll_client_that_deletes_and_re_adds_its_connection_sees_every_echo_and_the_end() {
+    if !require("epoll_delete_re_add", &["python3"]) {
+        return;
+    }
+    let dir = scratch("epoll-re-add");
+    let report_path = dir.join("report");
+    let port = common::free_port();
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py");
+    let script = script.to_str().unwrap();
+    let _server = serve(
+        command("python3", &[script, "echo-server", &port.to_string(), "1"], Mode::Preloaded, &report_path),
+        port,
+        "echo server",
+    );
+    let output = run(
+        command(
+            "python3",
+            &[script, "epoll-client", &port.to_string(), "300"],
+            Mode::Preloaded,
+            &report_path,
+        ),
+        Duration::from_secs(60),
+        "epoll client",
+    );
+    assert!(output.status.success(), "epoll client failed: {}", text(&output));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let cpu: f64 = printed
+        .trim()
+        .strip_prefix("ok 300 cpu ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output: {}", text(&output)));
+    // A deleted connection's hang-up is reported by the kernel whatever the interest; a wait
+    // that kept receiving it would spin for the whole second.
+    assert!(cpu < 0.2, "a 1 s wait with the deleted, hung-up connection took {cpu} s of CPU");
+    let lines = wait_for_lines(&report_path, 2, Duration::from_secs(10));
+    assert!(lines.iter().all(|l| l.transport == "rdma/shm"), "{lines:#?}");
+    assert!(shm_bytes(&lines) > 0, "nothing went over shm: {lines:#?}");
+}
+
+#[test]
+fn a_deleted_dup_s_old_number_reused_by_another_connection_keeps_that_one_reported() {
+    if !require("epoll_deleted_dup_reused_number", &["python3"]) {
+        return;
+    }
+    let dir = scratch("epoll-dup");
+    let report_path = dir.join("report");
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py");
+    let script = script.to_str().unwrap();
+    let ports = [common::free_port(), common::free_port()];
+    let _servers: Vec<_> = ports
+        .iter()
+        .map(|port| {
+            serve(
+                command(
+                    "python3",
+                    &[script, "echo-server", &port.to_string(), "1"],
+                    Mode::Preloaded,
+                    &report_path,
+                ),
+                *port,
+                "echo server",
+            )
+        })
+        .collect();
+    let output = run(
+        command(
+            "python3",
+            &[script, "epoll-dup-client", &ports[0].to_string(), &ports[1].to_string()],
+            Mode::Preloaded,
+            &report_path,
+        ),
+        Duration::from_secs(60),
+        "epoll dup client",
+    );
+    assert!(output.status.success(), "epoll dup client failed: {}", text(&output));
+    // The case needs the number reused (the lowest free number: it is, unless something else
+    // took it in between).
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ok reused True", "{}", text(&output));
 }

@@ -8,8 +8,19 @@
   peers.py echo-server PORT N       accept N connections one by one; echo until end of stream
   peers.py echo-client PORT FILE    send FILE, shut the sending side down, read the echo to
                                     the end; print 'sha256 <hex> <bytes>'
+  peers.py epoll-client PORT K      K lines echoed one by one, nonblocking, the connection in
+                                    an epoll only while it waits (as redis-benchmark deletes
+                                    and re-adds it around each request); then, deleted, the
+                                    server closes: a wait on the epoll must stay idle (prints
+                                    its CPU time), and added again the end of stream is
+                                    reported; prints 'ok K cpu <seconds>'
+  peers.py epoll-dup-client P1 P2   a connection to P1 is dup'ed, added to an epoll and deleted,
+                                    and its first fd closed; a new connection to P2 takes that
+                                    number and is added, then the first connection again
+                                    through its dup: the new one's echo must still be
+                                    reported; prints 'ok reused <bool>'
 """
-import hashlib, socket, sys, time
+import hashlib, os, select, socket, sys, time
 
 def listener(port):
     s = socket.socket()
@@ -108,6 +119,84 @@ def echo_client(port, path):
     back = b"".join(got)
     print("sha256", hashlib.sha256(back).hexdigest(), len(back))
 
+def epoll_client(port, k):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setblocking(False)
+    fd = c.fileno()
+    ep = select.epoll()
+
+    def wait_for(mask):
+        ep.register(fd, mask)
+        try:
+            events = ep.poll(5)
+        finally:
+            ep.unregister(fd)
+        assert events and events[0][1] & mask, ("no event", mask, events)
+
+    for i in range(k):
+        line = b"line %d %s\n" % (i, b"y" * (i % 50))
+        wait_for(select.EPOLLOUT)
+        assert c.send(line) == len(line)
+        back = b""
+        while len(back) < len(line):
+            wait_for(select.EPOLLIN)
+            back += c.recv(4096)
+        assert back == line, (back, line)
+        time.sleep(0.001)
+    # Deleted from the epoll, the connection hangs up: the server reads the end and closes.
+    c.shutdown(socket.SHUT_WR)
+    time.sleep(0.3)
+    r, w = os.pipe()
+    ep.register(r, select.EPOLLIN)
+    cpu = time.process_time()
+    idle = ep.poll(1.0)
+    cpu = time.process_time() - cpu
+    assert idle == [], ("a deleted connection reported", idle)
+    ep.unregister(r)
+    ep.register(fd, select.EPOLLIN)
+    events = ep.poll(5)
+    assert events and events[0][1] & select.EPOLLIN, ("end of stream not reported", events)
+    assert c.recv(4096) == b""
+    c.close()
+    print("ok %d cpu %.3f" % (k, cpu))
+
+def epoll_dup_client(port1, port2):
+    a = socket.create_connection(("127.0.0.1", port1))
+    for i in range(20):
+        a.sendall(b"a %d\n" % i)
+        back = b""
+        while not back.endswith(b"\n"):
+            back += a.recv(4096)
+        time.sleep(0.002)
+    a.setblocking(False)
+    ep = select.epoll()
+    first = a.fileno()
+    second = os.dup(first)
+    ep.register(first, select.EPOLLIN)
+    ep.unregister(first)
+    a.detach()
+    os.close(first)
+    d = socket.create_connection(("127.0.0.1", port2))
+    d.setblocking(False)
+    ep.register(d.fileno(), select.EPOLLIN)
+    ep.register(second, select.EPOLLIN)
+    d.send(b"hi\n")
+    deadline = time.monotonic() + 5
+    back = b""
+    while not back.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0, ("the new connection's echo was never reported", back)
+        for fd, _ in ep.poll(left):
+            if fd == d.fileno():
+                try:
+                    back += d.recv(4096)
+                except BlockingIOError:
+                    pass
+    assert back == b"hi\n", back
+    print("ok reused %s" % (d.fileno() == first))
+    d.close()
+    os.close(second)
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "banner-server":
@@ -118,3 +207,7 @@ if __name__ == "__main__":
         echo_server(int(sys.argv[2]), int(sys.argv[3]))
     elif cmd == "echo-client":
         echo_client(int(sys.argv[2]), sys.argv[3])
+    elif cmd == "epoll-client":
+        epoll_client(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "epoll-dup-client":
+        epoll_dup_client(int(sys.argv[2]), int(sys.argv[3]))
