@@ -494,22 +494,14 @@ impl Stream {
         }
     }
 
-    /// What a failed half close reports once the peer had closed its own side first: as a
-    /// TCP socket's `shutdown` after the peer's FIN does not fail when the peer's process is
-    /// gone by then, a peer that closed and went away before acknowledging this side's close
-    /// is `NotConnected` (what hyper and others take for "already closed"), not a reset.
+    /// Whether a failed half close (`err`) only met a peer that had closed its own side first
+    /// and then went away before acknowledging this side's close: a TCP socket's `shutdown`
+    /// after the peer's FIN succeeds in that case, whether or not the peer's process is still
+    /// there, and so does the tokio driver's (see `AsyncWrite::poll_shutdown` there).
     #[cfg(feature = "tokio")]
-    pub(crate) fn after_peer_closed(&self, err: io::Error) -> io::Error {
+    pub(crate) fn close_met_a_closed_peer(&self, err: &io::Error) -> bool {
         let reset = matches!(err.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
-        match &self.backend {
-            Backend::Rdma(conn) if reset && conn.peer_closed_its_side() => io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!(
-                    "lightpath: the peer closed its side and went away before acknowledging ours ({err})"
-                ),
-            ),
-            _ => err,
-        }
+        matches!(&self.backend, Backend::Rdma(conn) if reset && conn.peer_closed_its_side())
     }
 
     /// Hands everything written to the transport without waiting for the peer: posts corked

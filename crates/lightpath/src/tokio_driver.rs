@@ -49,7 +49,9 @@
 //! Closing: dropping a stream never blocks the runtime. The clean close (everything written
 //! is sent and acknowledged, then the goodbye) finishes on Lightpath's background thread, so
 //! the bytes still reach a live peer. A program that needs to know they did — or that exits
-//! right after — awaits [`Stream::close`] (or `AsyncWriteExt::shutdown`) first.
+//! right after — awaits [`Stream::close`] (or `AsyncWriteExt::shutdown`) first. (`shutdown`,
+//! like a socket's, does not fail when the peer had closed its side and then went away before
+//! acknowledging; `close` reports that too.)
 
 use std::future::poll_fn;
 use std::io::{self, Read, Write};
@@ -524,16 +526,21 @@ impl AsyncWrite for Stream {
         self.get_mut().poll_io(cx, Side::Writer, |s| s.hand_over())
     }
 
-    /// A peer that had closed its side and then went away (its process exited before
-    /// acknowledging this close) gives `NotConnected`, as a socket's would: hyper's server
-    /// logged "error shutting down connection" for every client process that exited.
+    /// Waits, as [`Stream::close`] does, until the peer has acknowledged everything — except
+    /// that a peer which had closed its side and then went away (its process exited before
+    /// acknowledging this close) ends the shutdown without an error, as a socket's
+    /// `shutdown` after the peer's FIN does: hyper's server logged "error shutting down
+    /// connection" for every client process that exited. [`Stream::close`] still reports it.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let result = match ready!(this.poll_io(cx, Side::Writer, |s| s.shutdown(std::net::Shutdown::Write))) {
             Ok(()) => ready!(this.poll_io(cx, Side::Writer, |s| s.flush())),
             Err(err) => Err(err),
         };
-        Poll::Ready(result.map_err(|err| this.inner.after_peer_closed(err)))
+        match result {
+            Err(err) if this.inner.close_met_a_closed_peer(&err) => Poll::Ready(Ok(())),
+            other => Poll::Ready(other),
+        }
     }
 }
 

@@ -320,8 +320,8 @@ fn child_quitter() {
 
 /// A client process closes its side and exits without finishing its close; the server,
 /// having read the end of the stream, shuts its own side down (what hyper does): that is
-/// `Ok` or `NotConnected`, as over a TCP socket, never a reset the server would log as an
-/// error for every client that exited.
+/// `Ok`, as over a TCP socket, not a reset the server would log as an error for every client
+/// that exited.
 async fn shutdown_after_the_peer_closed_and_exited(options: Options, provider: &str) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = Listener::bind_with("127.0.0.1:0", options).await.unwrap();
@@ -343,10 +343,8 @@ async fn shutdown_after_the_peer_closed_and_exited(options: Options, provider: &
     assert!(status.success(), "the child's test failed: {status:?}");
     // The child's process is gone: whatever this side still waits for will never come.
     let guard = std::time::Duration::from_secs(60);
-    match tokio::time::timeout(guard, stream.shutdown()).await.expect("shutdown hung") {
-        Ok(()) => {}
-        Err(err) => assert_eq!(err.kind(), std::io::ErrorKind::NotConnected, "{err}"),
-    }
+    let shutdown = tokio::time::timeout(guard, stream.shutdown()).await.expect("shutdown hung");
+    assert!(shutdown.is_ok(), "{shutdown:?}");
 }
 
 #[tokio::test(flavor = "current_thread")]
