@@ -328,14 +328,24 @@ impl Mesh {
         }
         self.check_aborted(op, seq)?;
         let mut result = self.run(sched, group, input, output, op, seq);
-        if let Err(Error::PeerFailed { .. }) = &result {
+        if let Err(Error::PeerFailed { rank: broken, .. }) = &result {
             // A peer whose data stream broke may have aborted first (and then exited because
             // of another rank's failure): its abort names the rank really at fault. Give the
-            // control connections a moment to deliver it.
+            // control connections a moment to deliver it. When this rank saw the blamed rank
+            // die itself, `check_control` reports that death first-hand (`PeerFailed` naming
+            // it), which is the better answer too.
+            let broken = *broken;
             for _ in 0..10 {
-                if let Err(e @ Error::Aborted { .. }) = self.check_control(op, seq) {
-                    result = Err(e);
-                    break;
+                match self.check_control(op, seq) {
+                    Err(e @ Error::Aborted { .. }) => {
+                        result = Err(e);
+                        break;
+                    }
+                    Err(e @ Error::PeerFailed { .. }) if e.rank() != Some(broken) => {
+                        result = Err(e);
+                        break;
+                    }
+                    _ => {}
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
