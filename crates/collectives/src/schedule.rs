@@ -325,13 +325,18 @@ pub fn build(what: &Collective, dtype: DType, rank: usize, size: usize) -> Sched
         Collective::ReduceScatter { count, op: o } => {
             op = *o;
             let n = count * size;
-            scratch = n * dtype.size();
-            b.push(Step::Copy { from: b.r(Buf::Input, 0, n), into: b.r(Buf::Scratch, 0, n) });
-            b.end_round();
             let displ: Vec<usize> = (0..=size).map(|i| i * count).collect();
-            ring_reduce_scatter(&mut b, rank, size, &displ, Buf::Scratch, 1, Buf::Scratch);
             let (s, e) = (displ[rank], displ[rank + 1]);
-            b.push(Step::Copy { from: b.r(Buf::Scratch, s, e), into: b.r(Buf::Output, 0, *count) });
+            // Blocks in transit are reduced into scratch from the input as they arrive; the
+            // last one, this rank's, straight into the output (no copy of the input first,
+            // none of the result after).
+            let own = b.r(Buf::Output, 0, *count);
+            if size == 1 {
+                b.push(Step::Copy { from: b.r(Buf::Input, s, e), into: own });
+            } else {
+                scratch = n * dtype.size();
+            }
+            ring_reduce_scatter(&mut b, rank, size, &displ, Buf::Scratch, 1, Buf::Input, Some(own));
             if op == ReduceOp::Avg {
                 b.push(Step::Divide { region: b.r(Buf::Output, 0, *count), by: size });
             }
@@ -398,6 +403,8 @@ fn prefix(counts: &[usize]) -> Vec<usize> {
 ///
 /// `src` holds the rank's own contribution (`buf` itself in place): every block is first
 /// read from it (sent at step 0, or combined with what arrives), so `buf` need not hold it.
+/// `last`, if given, is where the last block reduced goes instead of `buf` (it is not sent on).
+#[allow(clippy::too_many_arguments)]
 fn ring_reduce_scatter(
     b: &mut Builder,
     rank: usize,
@@ -406,6 +413,7 @@ fn ring_reduce_scatter(
     buf: Buf,
     end_offset: usize,
     src: Buf,
+    last: Option<Region>,
 ) {
     let next = (rank + 1) % p;
     let prev = (rank + p - 1) % p;
@@ -416,7 +424,10 @@ fn ring_reduce_scatter(
         // block is touched for the first time.
         let from = if s == 0 { src } else { buf };
         b.send(next, b.r(from, displ[send_block], displ[send_block + 1]));
-        let into = b.r(buf, displ[recv_block], displ[recv_block + 1]);
+        let into = match last {
+            Some(last) if s + 2 == p => last,
+            _ => b.r(buf, displ[recv_block], displ[recv_block + 1]),
+        };
         b.recv_combine(prev, b.r(src, displ[recv_block], displ[recv_block + 1]), into);
         b.end_round();
     }
@@ -439,7 +450,7 @@ fn ring_allgather(b: &mut Builder, rank: usize, p: usize, displ: &[usize], buf: 
 fn ring_allreduce(b: &mut Builder, rank: usize, p: usize, n: usize, src: Buf) {
     let displ: Vec<usize> = (0..=p).map(|i| n * i / p).collect();
     // After reduce-scatter with end_offset 0, rank r holds block (r + 1) % p.
-    ring_reduce_scatter(b, rank, p, &displ, Buf::Output, 0, src);
+    ring_reduce_scatter(b, rank, p, &displ, Buf::Output, 0, src, None);
     ring_allgather(b, rank, p, &displ, Buf::Output, 1);
 }
 
