@@ -116,14 +116,17 @@ const DEFAULT_CHAIN_SEGMENT: usize = 256 << 10;
 /// The allreduce algorithm for `bytes` among `size` ranks when none is forced.
 ///
 /// From `lightpath perf allreduce` with each algorithm forced (`LIGHTPATH_COLL_ALLREDUCE`) on
-/// this project's 2-core machine, over shm, under heavy load from other jobs (so coarse): at
-/// 2 ranks recursive doubling (one exchange of the whole vector, the same bytes as ring or
-/// Rabenseifner, in one round instead of two) won up to 1 MiB (64 KiB: 60 us against 91-111;
-/// 1 MiB: 354 against 390-397 min) and Rabenseifner at 16 MiB (26 against 35 ms average).
-/// Above 2 ranks: recursive doubling below 16 KiB (latency-bound, `lg p` rounds),
-/// Rabenseifner for powers of two above, ring otherwise.
+/// this project's 2-core machine, over shm, under load from other jobs (so coarse). At 2 ranks
+/// recursive doubling (one exchange of the whole vector, in one round instead of two) wins
+/// while latency counts (64 KiB p50 10-12 us against 12-14); from 128 KiB on Rabenseifner
+/// does (128 KiB about even; 256 KiB p50 32-37 against 41-46 us, 512 KiB 56-60 against 82-89,
+/// 1 MiB 87-115 against 130-160): it moves the same bytes but reduces only half of them,
+/// and in place it needs no scratch copy. (Before the combining receives and the 1 MiB
+/// rings, recursive doubling won up to 1 MiB there.) Above 2 ranks: recursive doubling below
+/// 16 KiB (latency-bound, `lg p` rounds), Rabenseifner for powers of two above, ring
+/// otherwise.
 pub fn choose_allreduce(bytes: usize, size: usize) -> AllreduceAlgo {
-    let small = if size == 2 { 4 << 20 } else { 16 << 10 };
+    let small = if size == 2 { 128 << 10 } else { 16 << 10 };
     if bytes < small || size <= 1 {
         AllreduceAlgo::RecursiveDoubling
     } else if size.is_power_of_two() {
