@@ -8,6 +8,7 @@
 #
 #   scripts/coll_compare.sh [TEST...]        default: allreduce bcast
 #   RANKS=2 MIN=8 MAX=64M MPI_ARGS="" ROUNDS=1 scripts/coll_compare.sh allreduce
+#   LP=/tmp/lightpath-old scripts/coll_compare.sh allreduce    # another build, same table
 #   SIZES="8 65536 1048576" LP_ENV="LIGHTPATH_PROVIDERS=soft" \
 #     MPI_ARGS="--mca btl tcp,self --mca btl_tcp_if_include lo" scripts/coll_compare.sh allreduce
 #
@@ -28,11 +29,14 @@ SIZES=${SIZES:-}
 to_bytes() { python3 -c "import sys; t=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(t[:-1])*m[t[-1]] if t[-1] in m else int(t))" "$1"; }
 MINB=$(to_bytes "$MIN"); MAXB=$(to_bytes "$MAX")
 command -v mpicc >/dev/null || { echo "coll_compare: mpicc missing (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; }
-cargo build --release -q -p lightpath-cli
+# LP=/path/to/lightpath: measure that binary (say, an older build) instead of building this tree.
+if [ -z "${LP:-}" ]; then
+  cargo build --release -q -p lightpath-cli
+  LP=target/release/lightpath
+fi
 mkdir -p target/coll_compare
 mpicc -O2 -o target/coll_compare/mpi_coll crates/collectives/bench/mpi_coll.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-LP=target/release/lightpath
 OUT=target/coll_compare/results.jsonl
 : > "$OUT"
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); ranks=$RANKS; lightpath env: ${LP_ENV:-default}; Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') args: ${MPI_ARGS:-default}"

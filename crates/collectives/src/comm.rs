@@ -29,12 +29,21 @@ pub struct Config {
     /// Checks before every collective that all ranks call the same thing with the same
     /// counts, type and root (`LIGHTPATH_COLL_DEBUG=1`); costs one small allgather per call.
     pub check_fingerprints: bool,
-    /// Stream options (providers, ring size); `LIGHTPATH_PROVIDERS` applies as for streams.
+    /// Stream options (providers, ring size: [`MESH_RING`] by default); `LIGHTPATH_PROVIDERS`
+    /// applies as for streams.
     pub stream: lightpath::Options,
     /// The address this rank's listeners bind and advertise (`LIGHTPATH_COLL_ADDR`); by
     /// default the local address of the route towards the store.
     pub addr: Option<IpAddr>,
 }
+
+/// The receive ring of the mesh's streams: 1 MiB, four times a stream's default. A sender
+/// then runs up to 1 MiB (2 MiB over shm, whose rings are doubled) ahead of its receiver
+/// before it waits for credits, which on a loaded machine is often a descheduled peer away.
+/// Measured, 2 ranks over shm, allreduce (fastest call of 2 runs, load 10): 1 MiB 147 ->
+/// 96 us, 4 MiB 573 -> 343 us, 16 MiB 3.4 -> 2.7 ms against 256 KiB; 512 KiB was in between,
+/// 2 and 4 MiB no better (4 MiB worse at 1 and 4 MiB: the rings leave the caches).
+pub const MESH_RING: u32 = 1 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -44,7 +53,7 @@ impl Default for Config {
             allreduce: None,
             broadcast: None,
             check_fingerprints: false,
-            stream: lightpath::Options::default(),
+            stream: lightpath::Options::default().with_ring_size(MESH_RING),
             addr: None,
         }
     }
@@ -107,14 +116,17 @@ const DEFAULT_CHAIN_SEGMENT: usize = 256 << 10;
 /// The allreduce algorithm for `bytes` among `size` ranks when none is forced.
 ///
 /// From `lightpath perf allreduce` with each algorithm forced (`LIGHTPATH_COLL_ALLREDUCE`) on
-/// this project's 2-core machine, over shm, under heavy load from other jobs (so coarse): at
-/// 2 ranks recursive doubling (one exchange of the whole vector, the same bytes as ring or
-/// Rabenseifner, in one round instead of two) won up to 1 MiB (64 KiB: 60 us against 91-111;
-/// 1 MiB: 354 against 390-397 min) and Rabenseifner at 16 MiB (26 against 35 ms average).
-/// Above 2 ranks: recursive doubling below 16 KiB (latency-bound, `lg p` rounds),
-/// Rabenseifner for powers of two above, ring otherwise.
+/// this project's 2-core machine, over shm, under load from other jobs (so coarse). At 2 ranks
+/// recursive doubling (one exchange of the whole vector, in one round instead of two) wins
+/// while latency counts (64 KiB p50 10-12 us against 12-14); from 128 KiB on Rabenseifner
+/// does (128 KiB about even; 256 KiB p50 32-37 against 41-46 us, 512 KiB 56-60 against 82-89,
+/// 1 MiB 87-115 against 130-160): it moves the same bytes but reduces only half of them,
+/// and in place it needs no scratch copy. (Before the combining receives and the 1 MiB
+/// rings, recursive doubling won up to 1 MiB there.) Above 2 ranks: recursive doubling below
+/// 16 KiB (latency-bound, `lg p` rounds), Rabenseifner for powers of two above, ring
+/// otherwise.
 pub fn choose_allreduce(bytes: usize, size: usize) -> AllreduceAlgo {
-    let small = if size == 2 { 4 << 20 } else { 16 << 10 };
+    let small = if size == 2 { 128 << 10 } else { 16 << 10 };
     if bytes < small || size <= 1 {
         AllreduceAlgo::RecursiveDoubling
     } else if size.is_power_of_two() {

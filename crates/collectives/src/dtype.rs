@@ -215,6 +215,39 @@ fn reduce_typed<T: Arith>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
     }
 }
 
+#[inline(always)]
+fn zip3<T: Copy>(d: &mut [T], l: &[T], r: &[T], f: impl Fn(T, T) -> T) {
+    d.iter_mut().zip(l.iter().zip(r)).for_each(|(d, (a, b))| *d = f(*a, *b));
+}
+
+fn combine_typed<T: Arith>(op: ReduceOp, dst: &mut [u8], left: &[u8], right: &[u8]) {
+    match (
+        bytemuck::try_cast_slice_mut::<u8, T>(dst),
+        bytemuck::try_cast_slice::<u8, T>(left),
+        bytemuck::try_cast_slice::<u8, T>(right),
+    ) {
+        (Ok(d), Ok(l), Ok(r)) => {
+            // One loop per operator so the compiler vectorizes each.
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => zip3(d, l, r, |a, b| T::combine(ReduceOp::Sum, a, b)),
+                ReduceOp::Prod => zip3(d, l, r, |a, b| T::combine(ReduceOp::Prod, a, b)),
+                ReduceOp::Min => zip3(d, l, r, |a, b| T::combine(ReduceOp::Min, a, b)),
+                ReduceOp::Max => zip3(d, l, r, |a, b| T::combine(ReduceOp::Max, a, b)),
+            }
+        }
+        _ => {
+            let size = std::mem::size_of::<T>();
+            for ((d, a), b) in
+                dst.chunks_exact_mut(size).zip(left.chunks_exact(size)).zip(right.chunks_exact(size))
+            {
+                let a: T = bytemuck::pod_read_unaligned(a);
+                let b: T = bytemuck::pod_read_unaligned(b);
+                d.copy_from_slice(bytemuck::bytes_of(&T::combine(op, a, b)));
+            }
+        }
+    }
+}
+
 fn divide_typed<T: Arith>(buf: &mut [u8], n: usize) {
     match bytemuck::try_cast_slice_mut::<u8, T>(buf) {
         Ok(v) => v.iter_mut().for_each(|a| *a = a.divide(n)),
@@ -243,6 +276,24 @@ pub fn reduce(dtype: DType, op: ReduceOp, dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// `dst[i] = left[i] op right[i]` for every element: [`reduce`] with the left operand read
+/// from another buffer (the same result as copying `left` into `dst` and reducing `right` into
+/// it, without the copy). Lengths must be equal multiples of the element size.
+pub fn combine(dtype: DType, op: ReduceOp, dst: &mut [u8], left: &[u8], right: &[u8]) {
+    debug_assert_eq!(dst.len(), left.len());
+    debug_assert_eq!(dst.len(), right.len());
+    debug_assert_eq!(dst.len() % dtype.size(), 0);
+    match dtype {
+        DType::F32 => combine_typed::<f32>(op, dst, left, right),
+        DType::F64 => combine_typed::<f64>(op, dst, left, right),
+        DType::F16 => combine_typed::<f16>(op, dst, left, right),
+        DType::BF16 => combine_typed::<bf16>(op, dst, left, right),
+        DType::I32 => combine_typed::<i32>(op, dst, left, right),
+        DType::I64 => combine_typed::<i64>(op, dst, left, right),
+        DType::U8 => combine_typed::<u8>(op, dst, left, right),
+    }
+}
+
 /// Divides every element by `n` (the last step of `Avg`).
 pub fn divide(dtype: DType, buf: &mut [u8], n: usize) {
     match dtype {
@@ -259,6 +310,13 @@ pub fn divide(dtype: DType, buf: &mut [u8], n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `a`'s bytes one byte into a buffer (misaligned for i32).
+    fn unaligned(a: &[i32]) -> [u8; 17] {
+        let mut out = [0u8; 17];
+        out[1..].copy_from_slice(bytemuck::cast_slice(a));
+        out
+    }
 
     #[test]
     fn kernels_match_scalar_arithmetic_aligned_and_not() {
@@ -278,5 +336,16 @@ mod tests {
         reduce(DType::F16, ReduceOp::Prod, &mut h, bytemuck::cast_slice(&[f16::from_f32(-2.0)]));
         divide(DType::F16, &mut h, 4);
         assert_eq!(bytemuck::pod_read_unaligned::<f16>(&h).to_f32(), -1.5);
+        // combine = copy + reduce, aligned and not, every operator.
+        for op in ReduceOp::ALL {
+            let mut want = bytemuck::cast_slice::<i32, u8>(&a).to_vec();
+            reduce(DType::I32, op, &mut want, bytemuck::cast_slice(&b));
+            let mut got = vec![0u8; want.len()];
+            combine(DType::I32, op, &mut got, bytemuck::cast_slice(&a), bytemuck::cast_slice(&b));
+            assert_eq!(got, want);
+            let mut got = [0u8; 17];
+            combine(DType::I32, op, &mut got[1..], &unaligned(&a)[1..], &unaligned(&b)[1..]);
+            assert_eq!(&got[1..], &want[..]);
+        }
     }
 }

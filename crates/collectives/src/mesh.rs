@@ -98,7 +98,9 @@ pub(crate) struct Mesh {
 struct Pending {
     peer: usize,
     region: Region,
-    kind: u8, // 0 send, 1 recv, 2 recv-reduce
+    kind: u8, // 0 send, 1 recv, 2 recv-reduce (or recv-combine, with `with`)
+    /// A recv-combine's left operand (`region = with op received`).
+    with: Option<Region>,
     done: usize,
     stage: usize,
     fill: usize,
@@ -328,15 +330,24 @@ impl Mesh {
         }
         self.check_aborted(op, seq)?;
         let mut result = self.run(sched, group, input, output, op, seq);
-        if let Err(Error::PeerFailed { .. }) = &result {
+        if let Err(Error::PeerFailed { rank: broken, .. }) = &result {
             // A peer whose data stream broke may have aborted first (and then exited because
             // of another rank's failure): its abort names the rank really at fault. Give the
-            // control connections a moment to deliver it.
-            // (An abort blaming a rank this one saw die comes back as that rank's PeerFailed.)
+            // control connections a moment to deliver it. When this rank saw the blamed rank
+            // die itself, `check_control` reports that death first-hand (`PeerFailed` naming
+            // it), which is the better answer too.
+            let broken = *broken;
             for _ in 0..10 {
-                if let Err(e) = self.check_control(op, seq) {
-                    result = Err(e);
-                    break;
+                match self.check_control(op, seq) {
+                    Err(e @ Error::Aborted { .. }) => {
+                        result = Err(e);
+                        break;
+                    }
+                    Err(e @ Error::PeerFailed { .. }) if e.rank() != Some(broken) => {
+                        result = Err(e);
+                        break;
+                    }
+                    _ => {}
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -388,19 +399,14 @@ impl Mesh {
                             let buf: &mut [u8] = if into.buf == Buf::Output { output } else { scratch };
                             buf.copy_within(from.offset..from.offset + from.len, into.offset);
                         } else {
-                            let src = slice(input, output, scratch, from).to_vec();
-                            slice_mut(output, scratch, into).copy_from_slice(&src);
+                            let (src, dst) = two(input, output, scratch, from, into);
+                            dst.copy_from_slice(src);
                         }
                     }
                     Step::Reduce { from, into } => {
-                        // Only scratch into output occurs; copy otherwise.
-                        if from.buf == Buf::Scratch && into.buf == Buf::Output {
-                            dtype::reduce(
-                                sched.dtype,
-                                sched.op,
-                                &mut output[into.offset..into.offset + into.len],
-                                &scratch[from.offset..from.offset + from.len],
-                            );
+                        if from.buf != into.buf {
+                            let (src, dst) = two(input, output, scratch, from, into);
+                            dtype::reduce(sched.dtype, sched.op, dst, src);
                         } else {
                             let src = slice(input, output, scratch, from).to_vec();
                             dtype::reduce(sched.dtype, sched.op, slice_mut(output, scratch, into), &src);
@@ -431,10 +437,11 @@ impl Mesh {
         let mut pending: Vec<Pending> = Vec::new();
         let mut stage_count = 0;
         for step in steps {
-            let (peer, region, kind) = match *step {
-                Step::Send { peer, from } => (peer, from, 0),
-                Step::Recv { peer, into } => (peer, into, 1),
-                Step::RecvReduce { peer, into } => (peer, into, 2),
+            let (peer, region, kind, with) = match *step {
+                Step::Send { peer, from } => (peer, from, 0, None),
+                Step::Recv { peer, into } => (peer, into, 1, None),
+                Step::RecvReduce { peer, into } => (peer, into, 2, None),
+                Step::RecvCombine { peer, with, into } => (peer, into, 2, Some(with)),
                 _ => continue,
             };
             let stage = if kind == 2 {
@@ -447,6 +454,7 @@ impl Mesh {
                 peer: group[peer],
                 region,
                 kind,
+                with,
                 done: 0,
                 stage,
                 fill: 0,
@@ -537,9 +545,16 @@ impl Mesh {
                                 let whole = p.fill / es * es;
                                 if whole > 0 {
                                     let stage = &mut self.stages[p.stage];
-                                    let dst = &mut slice_mut(output, &mut self.scratch, region)
-                                        [p.done..p.done + whole];
-                                    dtype::reduce(sched.dtype, sched.op, dst, &stage[..whole]);
+                                    let part =
+                                        |r: Region| Region { offset: r.offset + p.done, len: whole, ..r };
+                                    if let Some(with) = p.with {
+                                        let (left, dst) =
+                                            two(input, output, &mut self.scratch, part(with), part(region));
+                                        dtype::combine(sched.dtype, sched.op, dst, left, &stage[..whole]);
+                                    } else {
+                                        let dst = slice_mut(output, &mut self.scratch, part(region));
+                                        dtype::reduce(sched.dtype, sched.op, dst, &stage[..whole]);
+                                    }
                                     stage.copy_within(whole..p.fill, 0);
                                     p.done += whole;
                                     p.fill -= whole;
@@ -899,6 +914,25 @@ fn slice_mut<'a>(output: &'a mut [u8], scratch: &'a mut [u8], r: Region) -> &'a 
         Buf::Scratch => scratch,
     };
     &mut buf[r.offset..r.offset + r.len]
+}
+
+/// The bytes of `from` and of `into`, two regions of different buffers (the input is never
+/// written).
+fn two<'a>(
+    input: &'a [u8],
+    output: &'a mut [u8],
+    scratch: &'a mut [u8],
+    from: Region,
+    into: Region,
+) -> (&'a [u8], &'a mut [u8]) {
+    let (src, dst): (&[u8], &mut [u8]) = match (from.buf, into.buf) {
+        (Buf::Input, Buf::Output) => (input, output),
+        (Buf::Input, Buf::Scratch) => (input, scratch),
+        (Buf::Output, Buf::Scratch) => (output, scratch),
+        (Buf::Scratch, Buf::Output) => (scratch, output),
+        _ => unreachable!("schedules never write their input, and these two buffers differ"),
+    };
+    (&src[from.offset..from.offset + from.len], &mut dst[into.offset..into.offset + into.len])
 }
 
 impl std::fmt::Debug for Mesh {

@@ -58,6 +58,10 @@ pub enum Step {
     Recv { peer: usize, into: Region },
     /// Receive exactly `into.len` bytes from `peer` and reduce them into the region.
     RecvReduce { peer: usize, into: Region },
+    /// Receive exactly `into.len` bytes from `peer` and store `with op received` into `into`
+    /// (`with` has the same length, in another buffer): a `RecvReduce` whose left operand is
+    /// read from elsewhere, so that nothing has to copy it into `into` first.
+    RecvCombine { peer: usize, with: Region, into: Region },
     /// Local copy (after the round's communication).
     Copy { from: Region, into: Region },
     /// Local reduction `into = into op from` (after the round's communication).
@@ -69,7 +73,10 @@ pub enum Step {
 impl Step {
     /// Whether the step is communication (runs concurrently in its round).
     pub fn is_comm(&self) -> bool {
-        matches!(self, Step::Send { .. } | Step::Recv { .. } | Step::RecvReduce { .. })
+        matches!(
+            self,
+            Step::Send { .. } | Step::Recv { .. } | Step::RecvReduce { .. } | Step::RecvCombine { .. }
+        )
     }
 }
 
@@ -210,7 +217,9 @@ impl Builder {
     fn push(&mut self, step: Step) {
         let len = match step {
             Step::Send { from, .. } => from.len,
-            Step::Recv { into, .. } | Step::RecvReduce { into, .. } => into.len,
+            Step::Recv { into, .. } | Step::RecvReduce { into, .. } | Step::RecvCombine { into, .. } => {
+                into.len
+            }
             Step::Copy { from, into } => {
                 if from == into {
                     0
@@ -240,6 +249,16 @@ impl Builder {
     fn recv_reduce(&mut self, peer: usize, into: Region) {
         self.push(Step::RecvReduce { peer, into });
     }
+    /// Receive from `peer` and store `with op received` into `into`: a `RecvReduce` when `with`
+    /// is `into`, else a `RecvCombine` (the two never share a buffer otherwise).
+    fn recv_combine(&mut self, peer: usize, with: Region, into: Region) {
+        if with == into {
+            self.recv_reduce(peer, into);
+        } else {
+            debug_assert_ne!(with.buf, into.buf);
+            self.push(Step::RecvCombine { peer, with, into });
+        }
+    }
     fn end_round(&mut self) {
         if !self.current.is_empty() {
             self.rounds.push(Round { steps: std::mem::take(&mut self.current) });
@@ -264,14 +283,17 @@ pub fn build(what: &Collective, dtype: DType, rank: usize, size: usize) -> Sched
         Collective::Allreduce { count, op: o, algo, in_place } => {
             op = *o;
             let n = *count;
-            if !in_place {
-                b.push(Step::Copy { from: b.r(Buf::Input, 0, n), into: b.r(Buf::Output, 0, n) });
-                b.end_round();
+            // Out of place, the first step that reads a block reads it from the input and
+            // the first reduction into it combines the input with what arrives: no copy of
+            // the input into the output first (one pass over the vector less).
+            let src = if *in_place { Buf::Output } else { Buf::Input };
+            if size == 1 {
+                b.push(Step::Copy { from: b.r(src, 0, n), into: b.r(Buf::Output, 0, n) });
             }
             match algo {
-                AllreduceAlgo::Ring => ring_allreduce(&mut b, rank, size, n),
-                AllreduceAlgo::RecursiveDoubling => scratch = recursive_doubling(&mut b, rank, size, n),
-                AllreduceAlgo::Rabenseifner => rabenseifner(&mut b, rank, size, n),
+                AllreduceAlgo::Ring => ring_allreduce(&mut b, rank, size, n, src),
+                AllreduceAlgo::RecursiveDoubling => scratch = recursive_doubling(&mut b, rank, size, n, src),
+                AllreduceAlgo::Rabenseifner => rabenseifner(&mut b, rank, size, n, src),
             }
             if op == ReduceOp::Avg {
                 b.push(Step::Divide { region: b.r(Buf::Output, 0, n), by: size });
@@ -303,13 +325,18 @@ pub fn build(what: &Collective, dtype: DType, rank: usize, size: usize) -> Sched
         Collective::ReduceScatter { count, op: o } => {
             op = *o;
             let n = count * size;
-            scratch = n * dtype.size();
-            b.push(Step::Copy { from: b.r(Buf::Input, 0, n), into: b.r(Buf::Scratch, 0, n) });
-            b.end_round();
             let displ: Vec<usize> = (0..=size).map(|i| i * count).collect();
-            ring_reduce_scatter(&mut b, rank, size, &displ, Buf::Scratch, 1);
             let (s, e) = (displ[rank], displ[rank + 1]);
-            b.push(Step::Copy { from: b.r(Buf::Scratch, s, e), into: b.r(Buf::Output, 0, *count) });
+            // Blocks in transit are reduced into scratch from the input as they arrive; the
+            // last one, this rank's, straight into the output (no copy of the input first,
+            // none of the result after).
+            let own = b.r(Buf::Output, 0, *count);
+            if size == 1 {
+                b.push(Step::Copy { from: b.r(Buf::Input, s, e), into: own });
+            } else {
+                scratch = n * dtype.size();
+            }
+            ring_reduce_scatter(&mut b, rank, size, &displ, Buf::Scratch, 1, Buf::Input, Some(own));
             if op == ReduceOp::Avg {
                 b.push(Step::Divide { region: b.r(Buf::Output, 0, *count), by: size });
             }
@@ -373,14 +400,35 @@ fn prefix(counts: &[usize]) -> Vec<usize> {
 /// `r - s - e` and reduces block `r - s - e - 1` from its predecessor, so that it ends holding
 /// the fully reduced block `r + 1 - e` (mod p): `e = 0` for allreduce's first phase, `e = 1`
 /// to end on one's own block.
-fn ring_reduce_scatter(b: &mut Builder, rank: usize, p: usize, displ: &[usize], buf: Buf, end_offset: usize) {
+///
+/// `src` holds the rank's own contribution (`buf` itself in place): every block is first
+/// read from it (sent at step 0, or combined with what arrives), so `buf` need not hold it.
+/// `last`, if given, is where the last block reduced goes instead of `buf` (it is not sent on).
+#[allow(clippy::too_many_arguments)]
+fn ring_reduce_scatter(
+    b: &mut Builder,
+    rank: usize,
+    p: usize,
+    displ: &[usize],
+    buf: Buf,
+    end_offset: usize,
+    src: Buf,
+    last: Option<Region>,
+) {
     let next = (rank + 1) % p;
     let prev = (rank + p - 1) % p;
     for s in 0..p.saturating_sub(1) {
         let send_block = (rank + 2 * p - s - end_offset) % p;
         let recv_block = (rank + 2 * p - s - end_offset - 1) % p;
-        b.send(next, b.r(buf, displ[send_block], displ[send_block + 1]));
-        b.recv_reduce(prev, b.r(buf, displ[recv_block], displ[recv_block + 1]));
+        // The block sent at step s > 0 is the one reduced at step s - 1; every received
+        // block is touched for the first time.
+        let from = if s == 0 { src } else { buf };
+        b.send(next, b.r(from, displ[send_block], displ[send_block + 1]));
+        let into = match last {
+            Some(last) if s + 2 == p => last,
+            _ => b.r(buf, displ[recv_block], displ[recv_block + 1]),
+        };
+        b.recv_combine(prev, b.r(src, displ[recv_block], displ[recv_block + 1]), into);
         b.end_round();
     }
 }
@@ -399,10 +447,10 @@ fn ring_allgather(b: &mut Builder, rank: usize, p: usize, displ: &[usize], buf: 
     }
 }
 
-fn ring_allreduce(b: &mut Builder, rank: usize, p: usize, n: usize) {
+fn ring_allreduce(b: &mut Builder, rank: usize, p: usize, n: usize, src: Buf) {
     let displ: Vec<usize> = (0..=p).map(|i| n * i / p).collect();
     // After reduce-scatter with end_offset 0, rank r holds block (r + 1) % p.
-    ring_reduce_scatter(b, rank, p, &displ, Buf::Output, 0);
+    ring_reduce_scatter(b, rank, p, &displ, Buf::Output, 0, src, None);
     ring_allgather(b, rank, p, &displ, Buf::Output, 1);
 }
 
@@ -436,15 +484,19 @@ impl Fold {
             new_rank + self.rem
         }
     }
-    /// Before: the sitting-out ranks send their whole vector up.
-    fn fold_in(&self, b: &mut Builder, rank: usize, n: usize) {
+    /// Before: the sitting-out ranks send their whole vector (in `src`) up. Returns where the
+    /// rank's vector is afterwards (`Output` for the ranks that folded).
+    fn fold_in(&self, b: &mut Builder, rank: usize, n: usize, src: Buf) -> Buf {
         if rank < 2 * self.rem {
             if rank.is_multiple_of(2) {
-                b.send(rank + 1, b.r(Buf::Output, 0, n));
+                b.send(rank + 1, b.r(src, 0, n));
             } else {
-                b.recv_reduce(rank - 1, b.r(Buf::Output, 0, n));
+                b.recv_combine(rank - 1, b.r(src, 0, n), b.r(Buf::Output, 0, n));
             }
             b.end_round();
+            Buf::Output
+        } else {
+            src
         }
     }
     /// After: they get the result back.
@@ -460,28 +512,41 @@ impl Fold {
     }
 }
 
-fn recursive_doubling(b: &mut Builder, rank: usize, p: usize, n: usize) -> usize {
+/// Each exchange sends the whole vector from where it is and combines it with what arrives
+/// into another buffer (a round never receives into what it sends): input into output,
+/// output into scratch, scratch into output; a result left in scratch is copied out.
+fn recursive_doubling(b: &mut Builder, rank: usize, p: usize, n: usize, src: Buf) -> usize {
     let fold = Fold::new(p);
-    fold.fold_in(b, rank, n);
+    let mut cur = fold.fold_in(b, rank, n, src);
+    let mut scratch = 0;
     if let Some(me) = fold.new_rank(rank) {
         let mut mask = 1;
         while mask < fold.pof2 {
             let partner = fold.real_rank(me ^ mask);
-            b.send(partner, b.r(Buf::Output, 0, n));
-            b.recv(partner, b.r(Buf::Scratch, 0, n));
+            let next = if cur == Buf::Output { Buf::Scratch } else { Buf::Output };
+            if next == Buf::Scratch {
+                scratch = n * b.es;
+            }
+            b.send(partner, b.r(cur, 0, n));
+            b.recv_combine(partner, b.r(cur, 0, n), b.r(next, 0, n));
             b.end_round();
-            b.push(Step::Reduce { from: b.r(Buf::Scratch, 0, n), into: b.r(Buf::Output, 0, n) });
-            b.end_round();
+            cur = next;
             mask *= 2;
+        }
+        if cur == Buf::Scratch {
+            b.push(Step::Copy { from: b.r(Buf::Scratch, 0, n), into: b.r(Buf::Output, 0, n) });
+            b.end_round();
         }
     }
     fold.fold_out(b, rank, n);
-    n * b.es
+    scratch
 }
 
-fn rabenseifner(b: &mut Builder, rank: usize, p: usize, n: usize) {
+fn rabenseifner(b: &mut Builder, rank: usize, p: usize, n: usize, src: Buf) {
     let fold = Fold::new(p);
-    fold.fold_in(b, rank, n);
+    // Where the blocks of this rank's vector are until it first reduces them: the halving's
+    // first exchange sends from there and combines from there into the output.
+    let mut src = fold.fold_in(b, rank, n, src);
     if let Some(me) = fold.new_rank(rank) {
         let q = fold.pof2;
         let edge = |blk: usize| n * blk / q;
@@ -492,9 +557,11 @@ fn rabenseifner(b: &mut Builder, rank: usize, p: usize, n: usize) {
             let partner = fold.real_rank(me ^ mask);
             let mid = (lo + hi) / 2;
             let (keep, give) = if me & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-            b.send(partner, b.r(Buf::Output, edge(give.0), edge(give.1)));
-            b.recv_reduce(partner, b.r(Buf::Output, edge(keep.0), edge(keep.1)));
+            b.send(partner, b.r(src, edge(give.0), edge(give.1)));
+            let into = b.r(Buf::Output, edge(keep.0), edge(keep.1));
+            b.recv_combine(partner, b.r(src, edge(keep.0), edge(keep.1)), into);
             b.end_round();
+            src = Buf::Output;
             (lo, hi) = keep;
             mask /= 2;
         }

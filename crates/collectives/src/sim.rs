@@ -123,9 +123,10 @@ pub fn run(schedules: &[Schedule], buffers: &mut [Buffers], seed: u64) -> Result
             // Receives: for each peer, only the first unfinished receive from it may match.
             let mut blocked = vec![false; p];
             for (idx, step) in steps.iter().enumerate() {
-                let (peer, into, reduce) = match *step {
-                    Step::Recv { peer, into } => (peer, into, false),
-                    Step::RecvReduce { peer, into } => (peer, into, true),
+                let (peer, into, reduce, with) = match *step {
+                    Step::Recv { peer, into } => (peer, into, false, None),
+                    Step::RecvReduce { peer, into } => (peer, into, true, None),
+                    Step::RecvCombine { peer, with, into } => (peer, into, true, Some(with)),
                     _ => continue,
                 };
                 let bad = || SimError::BadStep { rank, step: format!("{step:?}") };
@@ -147,8 +148,17 @@ pub fn run(schedules: &[Schedule], buffers: &mut [Buffers], seed: u64) -> Result
                     });
                 }
                 let msg = q.pop_front().expect("front exists");
+                let left = match with {
+                    Some(with) if with.buf != into.buf && with.len == into.len => {
+                        Some(region(&buffers[rank], &st.scratch, with).ok_or_else(bad)?.to_vec())
+                    }
+                    Some(_) => return Err(bad()),
+                    None => None,
+                };
                 let dst = region_mut(&mut buffers[rank], &mut st.scratch, into).ok_or_else(bad)?;
-                if reduce {
+                if let Some(left) = left {
+                    dtype::combine(sched.dtype, sched.op, dst, &left, &msg.bytes);
+                } else if reduce {
                     dtype::reduce(sched.dtype, sched.op, dst, &msg.bytes);
                 } else {
                     dst.copy_from_slice(&msg.bytes);
