@@ -109,6 +109,13 @@ struct Pending {
     finished: bool,
 }
 
+impl Peer {
+    /// A peer just connected: nothing said on its control connection yet.
+    fn new(data: lightpath::Stream, ctl: TcpStream) -> Peer {
+        Peer { data, ctl, left: false, said_bye: false, died: false, pong: None, ctl_buf: Vec::new() }
+    }
+}
+
 fn hello(rank: usize, size: usize) -> [u8; 12] {
     let mut h = [0u8; 12];
     h[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
@@ -186,15 +193,7 @@ impl Mesh {
             let mut ctl = TcpStream::connect_timeout(&ctl_addr, left())
                 .map_err(|e| fail("connecting control to", e))?;
             ctl.write_all(&hello(rank, size)).map_err(|e| fail("hello to", e))?;
-            *slot = Some(Peer {
-                data,
-                ctl,
-                left: false,
-                said_bye: false,
-                died: false,
-                pong: None,
-                ctl_buf: Vec::new(),
-            });
+            *slot = Some(Peer::new(data, ctl));
         }
         // Accept the higher ranks, data and control, in any order.
         let expected = size - 1 - rank;
@@ -249,15 +248,7 @@ impl Mesh {
                     )))
                 }
             };
-            peers[peer] = Some(Peer {
-                data,
-                ctl,
-                left: false,
-                said_bye: false,
-                died: false,
-                pong: None,
-                ctl_buf: Vec::new(),
-            });
+            peers[peer] = Some(Peer::new(data, ctl));
         }
         for p in peers.iter_mut().flatten() {
             p.ctl.set_nonblocking(true).map_err(Error::bootstrap)?;
