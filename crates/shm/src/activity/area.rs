@@ -251,7 +251,7 @@ impl PeerArea {
         }
     }
 
-    /// The first half of [`PeerArea::signal`] (see [`mark`](super::mark)): marks `slot`;
+    /// The first half of [`signal`](super::signal) for this area (see [`mark`](super::mark)): marks `slot`;
     /// false if there is nothing to ring for.
     pub(crate) fn mark(&self, slot: u32) -> bool {
         if !self.has_slot(slot) {
@@ -261,7 +261,8 @@ impl PeerArea {
         super::mark(&self.word(BITS_OFFSET + index * 8), slot, &self.word(OFF_STATE))
     }
 
-    /// The second half of [`PeerArea::signal`] (see [`ring_needed`](super::ring_needed)).
+    /// The second half of [`signal`](super::signal) for this area (see
+    /// [`ring_needed`](super::ring_needed)).
     pub(crate) fn ring_needed(&self) -> bool {
         super::ring_needed(&self.word(OFF_STATE), &self.word(OFF_RUNG))
     }

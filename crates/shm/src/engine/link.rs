@@ -85,10 +85,10 @@ pub(crate) struct PeerSide {
 
 impl PeerSide {
     /// Tells the peer's device its queue pair has news (after publishing it), ringing the
-    /// doorbell if the device sleeps and no one rang for this sleep yet, and the queue pair's
-    /// own doorbell if a thread waits for it alone and the news is for it (`arrival`: records,
-    /// a NAK or a state change; else only acknowledgements or freed ring space).
-    /// Not both (see `PeerArea::notify`).
+    /// doorbell if the device sleeps and no one rang for this sleep yet, or rather the queue
+    /// pair's own doorbell if a thread waits for it alone and the news is for it (`arrival`:
+    /// records, a NAK or a state change; else only acknowledgements or freed ring space); never
+    /// both (see `PeerArea::notify`).
     pub(crate) fn signal(&self, arrival: bool) {
         self.area.notify(self.slot, self.waiter.as_ref(), arrival);
     }

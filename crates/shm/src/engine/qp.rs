@@ -14,13 +14,13 @@ use super::responder::Responder;
 use super::sge::{Regions, SgeList};
 use super::wqe::{Payload, RecvWqe, SendWqe, Stage};
 use super::DeviceContext;
+use crate::address::is_shm_gid;
+use crate::cq::CqShared;
+use crate::segment::PeerStatus;
 
 /// Most rounds of taking in what a peer that hung up had published (each reads up to the
 /// responder's batch of records): more than a ring holds.
 const DRAIN_ROUNDS_AT_HANG_UP: usize = 1 << 12;
-use crate::address::is_shm_gid;
-use crate::cq::CqShared;
-use crate::segment::PeerStatus;
 
 /// Largest message (as RC: 2^31 bytes).
 pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
