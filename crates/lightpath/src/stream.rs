@@ -523,16 +523,19 @@ impl Stream {
 
     /// How many bytes a read should offer room for (at least 1): an RDMA stream's readable
     /// bytes as last seen, or [`RDMA_READ_PROBE`] when none were (the read looks for more
-    /// first, and a later read takes whatever did not fit, sized exactly); a TCP stream's
-    /// [`TCP_READ_SIZE`]. Lets the tokio driver zero only what a read can fill.
+    /// first, and a later read takes whatever did not fit, sized exactly); over the TCP
+    /// fallback the rest of the current record, its header read first (`WouldBlock` if it has
+    /// not arrived: the read would fail the same way), else [`TCP_READ_SIZE`]. Lets the tokio
+    /// driver zero only what a read can fill.
     #[cfg(feature = "tokio")]
-    pub(crate) fn read_size_hint(&self) -> usize {
-        match &self.backend {
-            Backend::Rdma(conn) => match conn.readable_bytes() {
+    pub(crate) fn read_size_hint(&mut self) -> io::Result<usize> {
+        match &mut self.backend {
+            Backend::Rdma(conn) => Ok(match conn.readable_bytes() {
                 0 => RDMA_READ_PROBE,
                 n => n,
-            },
-            _ => TCP_READ_SIZE,
+            }),
+            Backend::Tcp(conn) => conn.read_size_hint(TCP_READ_SIZE),
+            Backend::Closed => Ok(1),
         }
     }
 
@@ -567,7 +570,9 @@ impl Stream {
 #[cfg(feature = "tokio")]
 const RDMA_READ_PROBE: usize = 1 << 10;
 
-/// Room a TCP stream's read offers (tried only once tokio saw the socket readable).
+/// Room a TCP stream's read offers when it cannot tell how much the next read returns (a raw
+/// stream, a message record); a data record's read offers the rest of the record. Zeroing
+/// 64 KiB for every read was about 2 us of a 100-byte request's cost over the fallback.
 #[cfg(feature = "tokio")]
 const TCP_READ_SIZE: usize = 64 << 10;
 

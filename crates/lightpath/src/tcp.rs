@@ -116,6 +116,33 @@ impl TcpConn {
         !self.prefix.is_empty() || self.read_shut || self.reader.need() == FrameNeed::Closed
     }
 
+    /// How many bytes the next read can return at most, so an event loop offers (and zeroes)
+    /// no more of its buffer than that: the buffered prefix, or the rest of the current data
+    /// record, whose header is read first if it is not yet (the read would begin with it
+    /// anyway; `WouldBlock` if it has not arrived). Raw streams and other records: `fallback`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn read_size_hint(&mut self, fallback: usize) -> io::Result<usize> {
+        if !self.prefix.is_empty() {
+            return Ok(self.prefix.len());
+        }
+        if !self.framed || self.read_shut {
+            return Ok(fallback);
+        }
+        loop {
+            match self.reader.need() {
+                FrameNeed::Header => {
+                    let n = self.tcp.read(self.reader.header_space())?;
+                    if n == 0 {
+                        return Err(Self::vanished());
+                    }
+                    self.reader.header_filled(n).map_err(invalid)?;
+                }
+                FrameNeed::Payload(RecordKind::Data, left) => return Ok((left as usize).max(1)),
+                FrameNeed::Payload(..) | FrameNeed::Closed => return Ok(fallback),
+            }
+        }
+    }
+
     /// Whether a read would not block (buffered prefix, or the socket has bytes or EOF).
     pub(crate) fn readable_now(&self, nonblocking: bool) -> io::Result<bool> {
         if !self.prefix.is_empty() || self.read_shut {

@@ -488,7 +488,7 @@ impl AsyncRead for Stream {
         // fill is asked for (hyper offers hundreds of KiB of spare capacity; zeroing all of it
         // on every read was a fifth of a server's CPU with 64 KiB bodies over shm).
         let n = ready!(this.poll_io(cx, Side::Reader, |s| {
-            let want = s.read_size_hint().min(buf.remaining());
+            let want = s.read_size_hint()?.min(buf.remaining());
             s.read(buf.initialize_unfilled_to(want))
         }))?;
         buf.advance(n);
