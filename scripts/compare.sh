@@ -47,25 +47,9 @@ port=$((20000 + RANDOM % 20000))
 NS_A=lp-a-$$
 NS_B=lp-b-$$
 
-netns_down() {
-    ip netns del "$NS_A" 2> /dev/null || true
-    ip netns del "$NS_B" 2> /dev/null || true
-}
-
-netns_up() {
-    ip netns add "$NS_A"
-    ip netns add "$NS_B"
-    ip link add "lpv-a-$$" type veth peer name "lpv-b-$$"
-    ip link set "lpv-a-$$" netns "$NS_A"
-    ip link set "lpv-b-$$" netns "$NS_B"
-    ip -n "$NS_A" addr add 10.77.0.1/24 dev "lpv-a-$$"
-    ip -n "$NS_B" addr add 10.77.0.2/24 dev "lpv-b-$$"
-    for ns in "$NS_A" "$NS_B"; do
-        ip -n "$ns" link set lo up
-    done
-    ip -n "$NS_A" link set "lpv-a-$$" mtu 1500 up
-    ip -n "$NS_B" link set "lpv-b-$$" mtu 1500 up
-}
+NS_VETH=lpv NS_NET=10.77.0
+# netns_up / netns_down
+. scripts/netns.sh
 
 # run PLACE ROW TEST SIZE PROVIDER ITERS [extra client/server args]
 run() {

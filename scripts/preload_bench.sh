@@ -31,10 +31,9 @@ NETNS=${NETNS:-0}
 WORK=$(mktemp -d)
 NS_A=lp-pa-$$
 NS_B=lp-pb-$$
-netns_down() {
-  ip netns del "$NS_A" 2>/dev/null || true
-  ip netns del "$NS_B" 2>/dev/null || true
-}
+NS_VETH=lpp NS_NET=10.77.1
+# netns_up / netns_down
+. scripts/netns.sh
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; netns_down; rm -rf "$WORK"' EXIT
 port=17800
 # Where the servers and clients run: `place loopback` (this namespace, 127.0.0.1) or
@@ -46,18 +45,6 @@ place() {
   else
     SRV=() CLI=() HOST=127.0.0.1
   fi
-}
-netns_up() {
-  ip netns add "$NS_A"
-  ip netns add "$NS_B"
-  ip link add "lpp-a-$$" type veth peer name "lpp-b-$$"
-  ip link set "lpp-a-$$" netns "$NS_A"
-  ip link set "lpp-b-$$" netns "$NS_B"
-  ip -n "$NS_A" addr add 10.77.1.1/24 dev "lpp-a-$$"
-  ip -n "$NS_B" addr add 10.77.1.2/24 dev "lpp-b-$$"
-  for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
-  ip -n "$NS_A" link set "lpp-a-$$" mtu 1500 up
-  ip -n "$NS_B" link set "lpp-b-$$" mtu 1500 up
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) {print "nan"} else {print a[int((NR+1)/2)]}}'; }
