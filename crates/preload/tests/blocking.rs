@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{command, curl_download, report, require, run, scratch, serve, shm_bytes, wait_for_lines, Mode};
-
-fn peers() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py")
-}
+use common::{
+    command, curl_download, peers, report, require, run, scratch, serve, shm_bytes, wait_for_lines, Mode,
+};
 
 /// The transcript of a banner-first exchange (server speaks first, client waits to read).
 fn banner_exchange(name: &str, server_mode: Mode, client_mode: Mode) -> (String, Vec<common::Line>) {

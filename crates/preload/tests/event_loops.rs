@@ -270,7 +270,7 @@ fn epoll_client_that_deletes_and_re_adds_its_connection_sees_every_echo_and_the_
     let dir = scratch("epoll-re-add");
     let report_path = dir.join("report");
     let port = common::free_port();
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py");
+    let script = common::peers();
     let script = script.to_str().unwrap();
     let _server = serve(
         command("python3", &[script, "echo-server", &port.to_string(), "1"], Mode::Preloaded, &report_path),
@@ -309,7 +309,7 @@ fn a_deleted_dup_s_old_number_reused_by_another_connection_keeps_that_one_report
     }
     let dir = scratch("epoll-dup");
     let report_path = dir.join("report");
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py");
+    let script = common::peers();
     let script = script.to_str().unwrap();
     let ports = [common::free_port(), common::free_port()];
     let _servers: Vec<_> = ports

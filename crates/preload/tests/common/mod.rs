@@ -31,6 +31,11 @@ pub fn library() -> PathBuf {
 }
 
 /// The path of `program` if installed; prints SKIPPED with the reason otherwise.
+/// The Python peers the tests drive (`tests/helpers/peers.py`).
+pub fn peers() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/peers.py")
+}
+
 pub fn require(test: &str, programs: &[&str]) -> bool {
     for program in programs {
         let found = std::env::var_os("PATH")
