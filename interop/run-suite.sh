@@ -195,14 +195,32 @@ note() { echo "$*" > "$case_dir/note"; }
 next_port=20000
 take_port() { next_port=$((next_port + 1)); port=$next_port; }
 
+# A case that fails in the VM is run once more (LIGHTPATH_INTEROP_RETRIES, default 1): under
+# TCG the guest can stall for seconds when the host is loaded, and a timing-bound case (a
+# perftest latency run waiting on its peer, say) then fails for the machine, not for Lightpath.
+# A case that passes on a later try is recorded as PASS with the first failure in its note and
+# listed under "passed on a retry" at the end, so a flake stays visible; one that fails every
+# try is a FAIL. The first try's log is kept as case.log.try1.
+retries=${LIGHTPATH_INTEROP_RETRIES:-1}
+retried=()
+
 run_case() {
-    local id=$1 direction=$2 fn=$3 rc=0 t0 seconds result
+    local id=$1 direction=$2 fn=$3 rc=0 t0 seconds result tries=0 first=""
     shift 3
     case_dir=$results/cases/$id
     mkdir -p "$case_dir"
-    rm -f "$case_dir/note"
     t0=$(lpvm_now)
-    "$fn" "$@" > "$case_dir/case.log" 2>&1 || rc=$?
+    while :; do
+        rm -f "$case_dir/note"
+        rc=0
+        "$fn" "$@" > "$case_dir/case.log" 2>&1 || rc=$?
+        tries=$((tries + 1))
+        [ "$rc" != 0 ] && [ "$rc" != "$NOT_RUN" ] && [ "${retry_case:-0}" = 1 ] && [ "$tries" -le "$retries" ] \
+            && lpvm_alive || break
+        first="try $tries failed: $(head -n 1 "$case_dir/note" 2> /dev/null || true)"
+        mv "$case_dir/case.log" "$case_dir/case.log.try$tries"
+        printf '  %-36s %-6s %6s   %s\n' "$id" retry "" "$first"
+    done
     seconds=$(lpvm_elapsed "$t0")
     case $rc in
         0) result=PASS ;;
@@ -212,6 +230,10 @@ run_case() {
     local text=""
     [ -s "$case_dir/note" ] && text=$(head -n 1 "$case_dir/note")
     [ "$result" = FAIL ] && [ -z "$text" ] && text="see $case_dir/case.log"
+    if [ -n "$first" ]; then
+        text="$text [$first]"
+        [ "$result" = PASS ] && retried+=("$id: $first")
+    fi
     record "$id" "$direction" "$result" "$seconds" "$text"
 }
 
@@ -999,7 +1021,7 @@ if [ "$needs_vm" = 1 ]; then
             record "$id" "$dir" FAIL 0 "not started: the suite passed its ${deadline}s deadline"
             continue
         fi
-        run_case "$id" "$dir" $fn
+        retry_case=1 run_case "$id" "$dir" $fn
     done
     lpvm_job counters "grep -H . /sys/class/infiniband/rxe0/ports/1/hw_counters/* | sed 's|.*/||'" 30 \
         > "$results/rxe-counters.txt" 2>&1
@@ -1024,5 +1046,18 @@ total=$((SECONDS - suite_start))
     echo
     echo "image ${image_seconds}s, VM boot ${boot_seconds}s, total ${total}s; results: $results"
 } | tee "$results/summary.txt"
+# CI shows only the end of the output: name each failure here, with the end of its log.
+if [ "${#retried[@]}" -gt 0 ]; then
+    echo "interop: passed on a retry (a flake to look into, not a failure):"
+    printf '  %s\n' "${retried[@]}"
+fi
+if [ "$n_fail" != 0 ]; then
+    echo "interop: failed:"
+    while IFS=$'\t' read -r id _ result _ text; do
+        [ "$result" = FAIL ] || continue
+        echo "--- $id: $text"
+        tail -n 12 "$results/cases/$id/case.log" 2> /dev/null | sed 's/^/    /'
+    done < "$summary"
+fi
 echo "interop: $n_pass passed, $n_fail failed, $n_notrun skipped"
 [ "$n_fail" = 0 ]
