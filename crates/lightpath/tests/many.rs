@@ -1,8 +1,9 @@
 //! Many concurrent RDMA connections in one process: a thousand over soft and hundreds over shm
 //! (tokio driver), and a hundred blocking threads each on a connection of its own, over both;
-//! all open at once, each carrying verified request/response traffic. A device's connections
-//! share its completion queues, so these also check that every completion reaches its
-//! connection.
+//! all open at once, each carrying verified request/response traffic. A soft device's
+//! connections share its completion queues, so these also check that every completion reaches
+//! its connection; shm connections get queues of their own by default, and run once more
+//! sharing them (`Options::shared_completion_queues`).
 #![cfg(feature = "tokio")]
 
 mod common;
@@ -111,11 +112,12 @@ async fn concurrent_connections(provider: ProviderId, conns: usize) {
 
 /// A thread per connection on both sides, every thread blocked in a read most of the time:
 /// the blocked threads of a device take turns watching its shared completion queue.
-fn hundred_blocking_threads(provider: ProviderId) {
+fn hundred_blocking_threads(provider: ProviderId, shared_completion_queues: Option<bool>) {
     use std::io::{Read, Write};
     const THREADS: usize = 100;
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let listener = lightpath::Listener::bind_with("127.0.0.1:0", small(provider)).unwrap();
+    let options = Options { shared_completion_queues, ..small(provider) };
+    let listener = lightpath::Listener::bind_with("127.0.0.1:0", options.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
         let mut threads = Vec::new();
@@ -137,7 +139,7 @@ fn hundred_blocking_threads(provider: ProviderId) {
     });
     let clients: Vec<_> = (0..THREADS)
         .map(|c| {
-            let mut stream = lightpath::Stream::connect_with(addr, &small(provider)).unwrap();
+            let mut stream = lightpath::Stream::connect_with(addr, &options).unwrap();
             std::thread::spawn(move || {
                 for round in 0..20u32 {
                     let request = pattern(64, (c as u32) << 8 | round);
@@ -158,10 +160,15 @@ fn hundred_blocking_threads(provider: ProviderId) {
 
 #[test]
 fn hundred_blocking_threads_over_soft() {
-    hundred_blocking_threads(ProviderId::Soft);
+    hundred_blocking_threads(ProviderId::Soft, None);
 }
 
 #[test]
 fn hundred_blocking_threads_over_shm() {
-    hundred_blocking_threads(ProviderId::Shm);
+    hundred_blocking_threads(ProviderId::Shm, None);
+}
+
+#[test]
+fn hundred_blocking_threads_over_shm_sharing_completion_queues() {
+    hundred_blocking_threads(ProviderId::Shm, Some(true));
 }

@@ -47,18 +47,29 @@ pub(crate) struct HubPool<D: Device> {
     hubs: Mutex<Vec<Arc<Hub<D>>>>,
     /// Entries of the first queue (later ones double, up to the device's limit).
     first_entries: u32,
+    /// Whether connections share this device's queues unless their options say otherwise
+    /// (see `Options::shared_completion_queues`).
+    shared_by_default: bool,
 }
 
 impl<D: Device> HubPool<D> {
-    /// A pool whose first queue holds `first_entries` completions.
+    /// A pool whose first queue holds `first_entries` completions, whose connections share its
+    /// queues by default.
     pub(crate) fn new(first_entries: u32) -> Self {
-        Self { hubs: Mutex::new(Vec::new()), first_entries }
+        Self { hubs: Mutex::new(Vec::new()), first_entries, shared_by_default: true }
+    }
+
+    /// A pool whose connections each get a queue of their own unless their options ask to
+    /// share (the shm provider's: its peers ring each queue pair's own doorbell).
+    pub(crate) fn own_queues_by_default(first_entries: u32) -> Self {
+        Self { shared_by_default: false, ..Self::new(first_entries) }
     }
 
     /// A hub of `device` with room for `entries` more outstanding completions, reserved;
-    /// with `shared` false, a hub of its own (not kept in the pool).
-    pub(crate) fn reserve(&self, device: &D, entries: u32, shared: bool) -> io::Result<Arc<Hub<D>>> {
-        if !shared {
+    /// with `shared` false (or `None` where the pool's connections get queues of their own by
+    /// default), a hub of its own (not kept in the pool).
+    pub(crate) fn reserve(&self, device: &D, entries: u32, shared: Option<bool>) -> io::Result<Arc<Hub<D>>> {
+        if !shared.unwrap_or(self.shared_by_default) {
             let cq = device.create_cq(entries).map_err(from_verbs)?;
             let hub = Arc::new(Hub::new(cq, entries));
             let reserved = hub.reserve(entries);

@@ -35,7 +35,7 @@ struct End {
 fn end(device: &SoftDevice, pd: &Pd, hubs: &HubPool<SoftDevice>) -> End {
     let entries = 64;
     let mut completions =
-        ConnCompletions::new(hubs.reserve(device, entries, true).unwrap(), entries).unwrap();
+        ConnCompletions::new(hubs.reserve(device, entries, Some(true)).unwrap(), entries).unwrap();
     let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
     let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
     completions.attach(&qp).unwrap();
@@ -141,19 +141,19 @@ fn completions_of_a_detached_queue_pair_go_nowhere() {
 fn a_full_queue_makes_the_pool_open_a_larger_one() {
     let device = device(ProgressMode::polling());
     let hubs = HubPool::<SoftDevice>::new(100);
-    let first = hubs.reserve(&device, 60, true).unwrap();
+    let first = hubs.reserve(&device, 60, Some(true)).unwrap();
     assert_eq!(first.capacity(), 100);
-    let second = hubs.reserve(&device, 60, true).unwrap();
+    let second = hubs.reserve(&device, 60, Some(true)).unwrap();
     assert_eq!(second.capacity(), 200, "doubled");
-    let third = hubs.reserve(&device, 60, true).unwrap();
+    let third = hubs.reserve(&device, 60, Some(true)).unwrap();
     assert!(Arc::ptr_eq(&second, &third), "the second queue still had room");
     assert_eq!(hubs.len(), 2);
     first.release(60);
-    let again = hubs.reserve(&device, 60, true).unwrap();
+    let again = hubs.reserve(&device, 60, Some(true)).unwrap();
     assert!(Arc::ptr_eq(&first, &again), "released room is used again");
     assert_eq!(hubs.len(), 2);
     let max = device.query().unwrap().max_cqe;
-    let refused = hubs.reserve(&device, max + 1, true).map(|_| ()).unwrap_err();
+    let refused = hubs.reserve(&device, max + 1, Some(true)).map(|_| ()).unwrap_err();
     assert_eq!(refused.kind(), std::io::ErrorKind::OutOfMemory);
 }
 
@@ -248,8 +248,8 @@ fn an_armed_inbox_fd_fires_through_the_notifier() {
 fn a_private_queue_is_not_shared_or_kept() {
     let device = device(ProgressMode::polling());
     let hubs = HubPool::<SoftDevice>::new(4096);
-    let a = hubs.reserve(&device, 60, false).unwrap();
-    let b = hubs.reserve(&device, 60, false).unwrap();
+    let a = hubs.reserve(&device, 60, Some(false)).unwrap();
+    let b = hubs.reserve(&device, 60, Some(false)).unwrap();
     assert!(!Arc::ptr_eq(&a, &b));
     assert_eq!((a.capacity(), b.capacity()), (60, 60), "sized for its one connection");
     assert_eq!(hubs.len(), 0, "private queues are not offered to later connections");

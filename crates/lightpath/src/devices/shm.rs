@@ -20,7 +20,9 @@ const NOTICE_RING: usize = 64 << 10;
 /// A device and the completion queues its connections share.
 type Entry = (ShmDevice, Arc<HubPool<ShmDevice>>);
 
-/// Completion entries of the first shared queue: shm queues are plain memory.
+/// Completion entries of the first shared queue (when options ask for one: shm connections get
+/// queues of their own by default, see `Options::shared_completion_queues`): shm queues are
+/// plain memory.
 const SHARED_CQ_ENTRIES: u32 = 1 << 20;
 
 fn device() -> io::Result<Entry> {
@@ -36,7 +38,7 @@ fn device() -> io::Result<Entry> {
         ..ShmConfig::default()
     };
     let device = ShmDevice::open(config).map_err(crate::error::from_verbs)?;
-    let entry = (device, Arc::new(HubPool::new(SHARED_CQ_ENTRIES)));
+    let entry = (device, Arc::new(HubPool::own_queues_by_default(SHARED_CQ_ENTRIES)));
     *slot = Some(entry.clone());
     Ok(entry)
 }
