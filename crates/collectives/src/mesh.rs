@@ -97,6 +97,8 @@ pub(crate) struct Mesh {
     /// (a drive reaps the device's completions: ~150 ns over shm, the larger part of a small
     /// call's time when an exchange drove its stream three times).
     looked: Vec<Option<lightpath::Driven>>,
+    /// The steps of the round being run (kept to reuse its allocation).
+    pending: Vec<Pending>,
 }
 
 /// One send or receive step of the round being run.
@@ -275,6 +277,7 @@ impl Mesh {
             aborted: Default::default(),
             spin: Duration::ZERO,
             looked: vec![None; size],
+            pending: Vec::new(),
         })
     }
 
@@ -433,7 +436,27 @@ impl Mesh {
         seq: u64,
         es: usize,
     ) -> Result<(), Error> {
-        let mut pending: Vec<Pending> = Vec::new();
+        // The steps' state lives in a vector kept across rounds (no allocation per round).
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.clear();
+        let result = self.run_steps(&mut pending, steps, sched, group, input, output, op, seq, es);
+        self.pending = pending;
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_steps(
+        &mut self,
+        pending: &mut Vec<Pending>,
+        steps: &[Step],
+        sched: &Schedule,
+        group: &[usize],
+        input: &[u8],
+        output: &mut [u8],
+        op: &'static str,
+        seq: u64,
+        es: usize,
+    ) -> Result<(), Error> {
         let mut stage_count = 0;
         for step in steps {
             let (peer, region, kind, with) = match *step {
@@ -468,7 +491,7 @@ impl Mesh {
         while self.stages.len() < stage_count {
             self.stages.push(Vec::new());
         }
-        for p in &pending {
+        for p in pending.iter() {
             if p.kind == 2 {
                 let want = p.region.len.min(STAGE);
                 let st = &mut self.stages[p.stage];
@@ -484,7 +507,7 @@ impl Mesh {
             let mut progressed = false;
             // Each stream is driven at most once per look, and its `Driven` serves every step
             // on it (see `Mesh::looked`).
-            for p in &pending {
+            for p in pending.iter() {
                 self.looked[p.peer] = None;
             }
             for i in 0..pending.len() {
