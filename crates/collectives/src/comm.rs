@@ -558,9 +558,10 @@ impl Communicator {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             // A loop of identical calls (a training step's allreduce, a benchmark) reuses the
             // last schedule: building one allocates, which a small call notices.
-            let cached = st.last.as_ref().is_some_and(|(w, d, r, n, _)| {
-                w == what && *d == dtype && *r == rank && *n == p
-            });
+            let cached = st
+                .last
+                .as_ref()
+                .is_some_and(|(w, d, r, n, _)| w == what && *d == dtype && *r == rank && *n == p);
             if !cached {
                 st.last = Some((what.clone(), dtype, rank, p, schedule::build(what, dtype, rank, p)));
             }
@@ -576,7 +577,7 @@ impl Communicator {
                     rank,
                     p,
                 );
-                mesh.execute(&fp, &group, &mine, &mut all, what.name(), seq)?;
+                mesh.execute(&fp, group, &mine, &mut all, what.name(), seq)?;
                 if let Some((other, theirs)) = all.chunks_exact(32).enumerate().find(|(_, f)| *f != mine) {
                     let e = Error::Mismatch {
                         rank: group[other],
