@@ -505,7 +505,9 @@ impl Mesh {
                 }
             }
         }
-        let mut last_progress = Instant::now();
+        // When the current stretch of looks that moved nothing began: read from the clock at
+        // its first look, not at every move (a round that moves at once reads no clock).
+        let mut idle_since: Option<Instant> = None;
         let mut idle_looks = 0u32;
         let mut remaining = pending.len();
         loop {
@@ -659,7 +661,7 @@ impl Mesh {
                 return Ok(());
             }
             if progressed {
-                last_progress = Instant::now();
+                idle_since = None;
                 idle_looks = 0;
                 continue;
             }
@@ -674,7 +676,13 @@ impl Mesh {
             // us of spin against 5-11 us yielding at once (medians ~1 us throughout). After
             // `YIELD`, sleep on the streams' readiness descriptors.
             idle_looks += 1;
-            let idle = last_progress.elapsed();
+            let idle = match idle_since {
+                Some(since) => since.elapsed(),
+                None => {
+                    idle_since = Some(Instant::now());
+                    Duration::ZERO
+                }
+            };
             if idle < self.spin {
                 std::hint::spin_loop();
                 continue;
