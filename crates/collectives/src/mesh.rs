@@ -11,13 +11,15 @@
 //!
 //! The driver is single-threaded and nonblocking. For each round of a schedule it moves every
 //! step as far as the streams allow, looking at each stream with [`lightpath::Stream::drive`]
-//! (reap completions, post queued records; no system call) and reading or writing only the
-//! streams that can move. A look drives each stream once, whatever the number of steps on it,
-//! and a send's first write goes without one (a full stream says `WouldBlock`): a drive reaps
-//! the shm device's completions, and a small exchange (a send and a receive on one stream)
-//! drove its stream three times per call, which was most of its time (2 ranks, 8 B
-//! allreduce: the send step alone p50 550-720 ns of a ~880 ns round). A receive is done with
-//! its last byte. A send is done once the stream
+//! (reap completions, post queued records; no system call) at most once per look, whatever
+//! the number of steps on it. A send's first write goes without a look (a full stream says
+//! `WouldBlock`), and so does its hand-over when the stream knows it
+//! ([`lightpath::Stream::handed_over_now`]); a receive reads without a look of its own (a
+//! read reaps completions itself). A drive reaps the shm device's completions, and a small
+//! exchange (a send and a receive on one stream) used to drive its stream three times per
+//! call, which was most of its time (2 ranks, 8 B allreduce: the send step alone p50 550-720
+//! ns of a ~880 ns round); it is now a write and a read. A receive is done with its last
+//! byte. A send is done once the stream
 //! has accepted all its bytes *and handed them to the transport* (no bytes kept, no records
 //! waiting for send-queue room or receive credits): from then on they reach the peer without
 //! this rank calling again, and the stream copied them, so the caller may reuse the buffer.
