@@ -148,6 +148,9 @@ pub fn choose_broadcast(bytes: usize, size: usize) -> BroadcastAlgo {
 
 struct State {
     mesh: Mesh,
+    /// The schedule of the last blocking call, with what it was built for (collective, type,
+    /// rank, group size): a loop of identical calls builds it once (see `Communicator::execute`).
+    last: Option<(Collective, DType, usize, usize, schedule::Schedule)>,
     next_ticket: u64,
     serving: u64,
     /// Calls waiting for their turn: the finishing call wakes them only if there are any
@@ -176,13 +179,30 @@ impl Shared {
     }
 
     fn run<R>(&self, ticket: u64, f: impl FnOnce(&mut Mesh) -> R) -> R {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.run_locked(st, ticket, |st| f(&mut st.mesh))
+    }
+
+    /// Issues a ticket and runs `f` in its turn, taking the lock once (a blocking call).
+    fn issue_and_run<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.next_ticket += 1;
+        let ticket = st.next_ticket - 1;
+        self.run_locked(st, ticket, f)
+    }
+
+    fn run_locked<R>(
+        &self,
+        mut st: std::sync::MutexGuard<'_, State>,
+        ticket: u64,
+        f: impl FnOnce(&mut State) -> R,
+    ) -> R {
         while st.serving != ticket {
             st.waiting += 1;
             st = self.turn.wait(st).unwrap_or_else(|e| e.into_inner());
             st.waiting -= 1;
         }
-        let r = f(&mut st.mesh);
+        let r = f(&mut st);
         st.serving += 1;
         let wake = st.waiting > 0;
         drop(st);
@@ -317,7 +337,7 @@ impl Communicator {
         let shared = Arc::new(Shared {
             abort_lines,
             aborted,
-            state: Mutex::new(State { mesh, next_ticket: 0, serving: 0, waiting: 0 }),
+            state: Mutex::new(State { mesh, last: None, next_ticket: 0, serving: 0, waiting: 0 }),
             turn: Condvar::new(),
             config,
             _store: server,
@@ -397,6 +417,12 @@ impl Communicator {
         input: usize,
         output: usize,
     ) -> Result<schedule::Schedule, Error> {
+        self.check(what, dtype, input, output)?;
+        Ok(schedule::build(what, dtype, self.rank, self.size()))
+    }
+
+    /// Checks `what` against the buffers and this group.
+    fn check(&self, what: &Collective, dtype: DType, input: usize, output: usize) -> Result<(), Error> {
         let op = what.name();
         let (p, r, es) = (self.size(), self.rank, dtype.size());
         let bytes = |n: usize| n.checked_mul(es).ok_or_else(|| invalid(op, format!("{n} elements overflow")));
@@ -466,7 +492,7 @@ impl Communicator {
                 expect(name, len, bytes(*count)?)?;
             }
         }
-        Ok(schedule::build(what, dtype, r, p))
+        Ok(())
     }
 
     /// A 32-byte description of a call, compared across ranks in debug mode.
@@ -523,14 +549,24 @@ impl Communicator {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<(), Error> {
-        let sched = self.prepare(what, dtype, input.len(), output.len())?;
-        let ticket = self.shared.issue();
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.check(what, dtype, input.len(), output.len())?;
         let check = self.shared.config.check_fingerprints
             && !matches!(what, Collective::Send { .. } | Collective::Recv { .. });
-        let group = self.group.clone();
-        let rank = self.rank;
-        self.shared.run(ticket, |mesh| {
+        let group = &self.group;
+        let (rank, p) = (self.rank, self.size());
+        self.shared.issue_and_run(|st| {
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            // A loop of identical calls (a training step's allreduce, a benchmark) reuses the
+            // last schedule: building one allocates, which a small call notices.
+            let cached = st
+                .last
+                .as_ref()
+                .is_some_and(|(w, d, r, n, _)| w == what && *d == dtype && *r == rank && *n == p);
+            if !cached {
+                st.last = Some((what.clone(), dtype, rank, p, schedule::build(what, dtype, rank, p)));
+            }
+            let State { mesh, last, .. } = st;
+            let sched = &last.as_ref().expect("just stored").4;
             if check {
                 let mine = Self::fingerprint(what, dtype, seq);
                 let p = group.len();
@@ -541,7 +577,7 @@ impl Communicator {
                     rank,
                     p,
                 );
-                mesh.execute(&fp, &group, &mine, &mut all, what.name(), seq)?;
+                mesh.execute(&fp, group, &mine, &mut all, what.name(), seq)?;
                 if let Some((other, theirs)) = all.chunks_exact(32).enumerate().find(|(_, f)| *f != mine) {
                     let e = Error::Mismatch {
                         rank: group[other],
@@ -560,7 +596,7 @@ impl Communicator {
                     return Err(e);
                 }
             }
-            mesh.execute(&sched, &group, input, output, what.name(), seq)
+            mesh.execute(sched, group, input, output, what.name(), seq)
         })
     }
 

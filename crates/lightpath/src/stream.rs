@@ -494,6 +494,19 @@ impl Stream {
         }
     }
 
+    /// Whether everything written so far is in the transport's hands (as [`Stream::drive`]'s
+    /// `handed_over` says), from what the stream knows without looking at the transport: no
+    /// completions reaped, nothing posted, no system call. For a busy-polling driver that has
+    /// just written: a write posts what fits at once, so this is usually `true` right after
+    /// it; `false` means a look is needed (`drive`), not that something is held back. Always
+    /// `false` on a TCP stream.
+    pub fn handed_over_now(&self) -> bool {
+        match &self.backend {
+            Backend::Rdma(conn) => conn.handed_over_now(),
+            Backend::Tcp(_) | Backend::Closed => false,
+        }
+    }
+
     /// Whether a failed half close (`err`) only met a peer that had closed its own side first
     /// and then went away before acknowledging this side's close: a TCP socket's `shutdown`
     /// after the peer's FIN succeeds in that case, whether or not the peer's process is still

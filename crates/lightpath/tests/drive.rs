@@ -65,6 +65,11 @@ fn handed_over_bytes_arrive_without_further_calls(options: Options, rdma: bool) 
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => panic!("write: {e}"),
             }
+            // What the stream knows without a look never contradicts the look.
+            if stream.handed_over_now() {
+                assert!(stream.drive().unwrap().handed_over, "handed_over_now without handed_over");
+            }
+            assert!(rdma || !stream.handed_over_now(), "a TCP stream never knows without a look");
         }
         assert!(start.elapsed() < HANG_GUARD, "the peer never made room ({sent} bytes sent)");
     }
@@ -100,4 +105,39 @@ fn drive_over_shm() {
 #[test]
 fn drive_over_tcp() {
     handed_over_bytes_arrive_without_further_calls(Options::tcp_only(), false);
+}
+
+/// `handed_over_now` right after a small write: the write posted its record at once, so the
+/// stream knows it without a look (what the collectives' mesh relies on to skip a drive per
+/// send); a TCP stream always says `false` (a look tells).
+fn handed_over_now_after_a_small_write(options: Options, rdma: bool) {
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
+        let mut buf = [0u8; 8];
+        stream.read_exact(&mut buf).unwrap();
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).unwrap();
+        buf
+    });
+    let mut stream = Stream::connect_with(addr, &options).unwrap();
+    stream.set_nonblocking(true).unwrap();
+    assert_eq!(stream.write(b"8 bytes!").unwrap(), 8);
+    assert_eq!(stream.handed_over_now(), rdma);
+    drive_until(&mut stream, "handed_over", |d| d.handed_over);
+    stream.set_nonblocking(false).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(&server.join().unwrap(), b"8 bytes!");
+}
+
+#[test]
+fn handed_over_now_over_shm() {
+    handed_over_now_after_a_small_write(shm(), true);
+}
+
+#[test]
+fn handed_over_now_over_tcp() {
+    handed_over_now_after_a_small_write(Options::tcp_only(), false);
 }

@@ -38,6 +38,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
     fn take_notify(&mut self);
     fn readable_now(&self) -> bool;
+    /// Whether everything written is in the transport's hands, from what is known without a
+    /// look (see `Stream::handed_over_now`).
+    fn handed_over_now(&self) -> bool;
     fn writable_now(&mut self) -> bool;
     fn poll_tcp(&mut self);
     /// Completions and credit returns handled so far (see `RdmaConn::events`).
@@ -197,6 +200,9 @@ where
     }
     fn readable_now(&self) -> bool {
         RdmaConn::readable_now(self)
+    }
+    fn handed_over_now(&self) -> bool {
+        RdmaConn::handed_over_now(self)
     }
     fn writable_now(&mut self) -> bool {
         RdmaConn::writable_now(self)

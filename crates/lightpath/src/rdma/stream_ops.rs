@@ -355,6 +355,13 @@ impl<D: Device> RdmaConn<D> {
         })
     }
 
+    /// Whether everything written is in the transport's hands, from what this side knows
+    /// without a look (no completions reaped, nothing posted): when this says so, `drive`'s
+    /// `handed_over` would too. `false` on a failed connection (`drive` then tells).
+    pub(crate) fn handed_over_now(&self) -> bool {
+        self.failed.is_none() && self.send_state.kept.is_empty() && !self.core.has_pending()
+    }
+
     /// Posts corked records and pushes kept bytes without waiting: whether everything
     /// written is now in the transport's hands (see `Stream::hand_over`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
