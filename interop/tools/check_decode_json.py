@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Checks the output of `lightpath decode --pcap FILE --json` for the interop suite.
 
-    check_decode_json.py DECODE.json EXPECTED_PACKETS
+    check_decode_json.py DECODE.json|- EXPECTED_PACKETS [--sample FILE]
+
+`-` reads the decode output from standard input, so the suite pipes `lightpath decode` into
+this check instead of writing gigabytes of JSON first; one JSON object per line is read as it
+comes (other shapes are read whole). `--sample FILE` keeps the first 200 lines for the record.
 
 Accepted shapes: a JSON array of packet objects, an object with a "packets" array, or one
 JSON object per line. Each packet must carry an ICRC verdict, as `"icrc_ok": true|false` or
@@ -51,26 +55,77 @@ def icrc_verdict(packet):
     return None
 
 
+def stream_packets(lines, sample):
+    """Packets from `lines`: one JSON object per line, read as they come; any other shape
+    (an array, an object with "packets", pretty-printed JSON) is read whole."""
+    first = ""
+    for line in lines:
+        if sample is not None and sample["left"] > 0:
+            sample["out"].write(line)
+            sample["left"] -= 1
+        if not line.strip():
+            continue
+        if not first:
+            first = line
+            try:
+                packet = json.loads(line)
+            except json.JSONDecodeError:
+                packet = None
+            if not isinstance(packet, dict):
+                yield from load_packets(line + "".join(lines))
+                return
+            yield packet
+            continue
+        yield json.loads(line)
+
+
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    sample_path = None
+    if "--sample" in args:
+        at = args.index("--sample")
+        if at + 1 >= len(args):
+            sys.exit(__doc__)
+        sample_path = args[at + 1]
+        del args[at:at + 2]
+    if len(args) != 2:
         sys.exit(__doc__)
+    expected = int(args[1])
+    sample = None
+    if sample_path:
+        sample = {"out": open(sample_path, "w"), "left": 200}
+    good = count = bad_total = missing_total = 0
+    bad = []
+    missing = []
     try:
-        packets = load_packets(open(sys.argv[1]).read())
+        source = sys.stdin if args[0] == "-" else open(args[0])
+        with source:
+            for index, packet in enumerate(stream_packets(source, sample)):
+                count += 1
+                verdict = icrc_verdict(packet)
+                if verdict is True:
+                    good += 1
+                elif verdict is False:
+                    bad_total += 1
+                    if len(bad) < 20:
+                        bad.append(index)
+                else:
+                    missing_total += 1
+                    if len(missing) < 20:
+                        missing.append(index)
     except (ValueError, OSError) as err:
         print(f"cannot read the decode output: {err}")
         return 1
-    expected = int(sys.argv[2])
-    verdicts = [icrc_verdict(p) for p in packets]
-    good = verdicts.count(True)
-    bad = [i for i, v in enumerate(verdicts) if v is False]
-    missing = [i for i, v in enumerate(verdicts) if v is None]
+    finally:
+        if sample:
+            sample["out"].close()
     if bad:
-        print(f"packets with a bad ICRC (indexes): {bad[:20]}")
+        print(f"packets with a bad ICRC (first indexes): {bad}")
     if missing:
-        print(f"packets without an ICRC verdict (indexes): {missing[:20]}")
-    ok = not bad and not missing and len(packets) == expected
-    print(f"lightpath decode: {len(packets)} packets (independent count {expected}), "
-          f"{good} ICRC ok, {len(bad)} bad, {len(missing)} without verdict: {'ok' if ok else 'FAIL'}")
+        print(f"packets without an ICRC verdict (first indexes): {missing}")
+    ok = not bad_total and not missing_total and count == expected
+    print(f"lightpath decode: {count} packets (independent count {expected}), "
+          f"{good} ICRC ok, {bad_total} bad, {missing_total} without verdict: {'ok' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

@@ -6,7 +6,7 @@ IPv4 UDP/4791 packet, and optionally writes a few packets of each kind as text v
 It is deliberately separate from `lightpath decode`: the suite runs both and requires them to
 agree, so a bug in Lightpath's ICRC code cannot hide behind itself.
 
-    pcap_roce.py CAPTURE.pcap [--json] [--vectors DIR] [--per-kind N]
+    pcap_roce.py CAPTURE.pcap [--json] [--json-out FILE] [--vectors DIR] [--per-kind N]
     pcap_roce.py --self-test
 
 ICRC (RoCE v2, IBA annex A17): CRC-32 (zlib) over 8 bytes of 0xFF, then the IPv4 header with
@@ -184,6 +184,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pcap", nargs="?")
     ap.add_argument("--json", action="store_true", help="print a JSON summary")
+    ap.add_argument("--json-out", metavar="FILE",
+                    help="also write the JSON summary to FILE (one pass gives both forms)")
     ap.add_argument("--vectors", metavar="DIR", help="write text vectors to DIR")
     ap.add_argument("--per-kind", type=int, default=3, help="vectors per (source, opcode)")
     ap.add_argument("--self-test", action="store_true")
@@ -210,6 +212,9 @@ def main():
             writer.offer(p)
     if writer:
         summary["vectors"] = writer.names
+    if args.json_out:
+        with open(args.json_out, "w") as out:
+            json.dump(summary, out, indent=1, sort_keys=True)
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
     else:
