@@ -221,6 +221,10 @@ pub struct StreamResult {
     /// Both processes' CPU time over the measured iterations.
     #[serde(flatten)]
     pub cpu: Option<CpuUse>,
+    /// stream_rr: connections set up per second, one after another (connect, negotiation,
+    /// and the server's accept and answer to the opening message), over all `conns`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setup_per_s: Option<f64>,
 }
 
 fn options(args: &StreamArgs) -> Result<Options> {
@@ -486,6 +490,7 @@ fn measure(
             msg_rate_mpps,
             verified: true,
             cpu,
+            setup_per_s: None,
         };
         match args.test {
             StreamTest::Lat | StreamTest::Rr => {
@@ -605,6 +610,7 @@ async fn probe_async(stream: &mut impl AsyncConn) -> Result<(Duration, Duration)
 fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) -> Result<Vec<StreamResult>> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
+        let started = Instant::now();
         if is_kernel_tcp(&args.provider) {
             let mut streams = Vec::with_capacity(plan.conns);
             for _ in 0..plan.conns {
@@ -613,7 +619,7 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
                 streams.push(tokio::net::TcpStream::from_std(tcp)?);
             }
             let transport = streams[0].transport_name();
-            return rr_measure(args, plan, streams, &transport).await;
+            return rr_measure(args, plan, streams, &transport, started).await;
         }
         let mut streams = Vec::with_capacity(plan.conns);
         for _ in 0..plan.conns {
@@ -621,7 +627,7 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
             streams.push(stream);
         }
         let transport = check_transport(streams[0].get_ref(), args)?;
-        rr_measure(args, plan, streams, &transport).await
+        rr_measure(args, plan, streams, &transport, started).await
     })
 }
 
@@ -631,6 +637,7 @@ async fn rr_measure<S: AsyncConn>(
     plan: &Plan,
     mut streams: Vec<S>,
     transport: &str,
+    connecting_since: Instant,
 ) -> Result<Vec<StreamResult>> {
     {
         let mut shape = ServerShape::Threads;
@@ -641,6 +648,7 @@ async fn rr_measure<S: AsyncConn>(
             let reply = stream.recv_msg().await?.context(NO_ANSWER)?;
             shape = check_info(&reply, args)?;
         }
+        let setup_per_s = Some(plan.conns as f64 / connecting_since.elapsed().as_secs_f64().max(1e-9));
         let mut results = Vec::new();
         for &(size, iters) in &plan.sizes {
             all_round_trips(&mut streams, size, 0, warmup(iters), false).await?;
@@ -664,6 +672,7 @@ async fn rr_measure<S: AsyncConn>(
                 msg_rate_mpps: Some(total as f64 / elapsed.as_secs_f64() / 1e6),
                 verified: true,
                 cpu: Some(CpuUse::per_op(client_cpu, server_cpu, total)),
+                setup_per_s,
             });
         }
         // Close each connection cleanly (a dropped tokio stream closes in the background, which

@@ -76,6 +76,7 @@ pub(super) fn client(
             msg_rate_mpps,
             verified: true,
             cpu: None,
+            setup_per_s: None,
         };
         match args.test {
             StreamTest::Lat | StreamTest::Rr => {
