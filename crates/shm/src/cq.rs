@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use lightpath_verbs::{CompletionQueue, Result, WorkCompletion};
@@ -96,8 +96,11 @@ pub(crate) struct CqShared {
     queue: Mutex<VecDeque<WorkCompletion>>,
     /// Entries in `queue` (updated under its lock), so an empty poll takes no lock.
     len: AtomicUsize,
-    /// Readable after `request_notify` once a completion is added.
-    pub(crate) notify: EventFd,
+    /// Readable after `request_notify` once a completion is added. Made when first asked for
+    /// (`notify_fd`): a connection whose thread blocks in `wait`, or that waits through its
+    /// queue pair's own doorbell, never needs it, and an eventfd per connection is a
+    /// descriptor per connection (issue 15).
+    notify: OnceLock<EventFd>,
     armed: AtomicBool,
     /// Semaphore eventfd for blocked waiters; each takes one unit when it wakes.
     pub(crate) wake: EventFd,
@@ -110,11 +113,20 @@ impl CqShared {
             capacity,
             queue: Mutex::new(VecDeque::with_capacity(capacity.min(4096) as usize)),
             len: AtomicUsize::new(0),
-            notify: EventFd::new(false)?,
+            notify: OnceLock::new(),
             armed: AtomicBool::new(false),
             wake: EventFd::new(true)?,
             waiters: AtomicU32::new(0),
         })
+    }
+
+    /// The notification fd, made on first use (`None` if it cannot be: no descriptor left).
+    fn notify(&self) -> Option<&EventFd> {
+        if self.notify.get().is_none() {
+            // Two threads may both make one; the one that loses closes its own.
+            let _ = self.notify.set(EventFd::new(false).ok()?);
+        }
+        self.notify.get()
     }
 
     fn queue(&self) -> MutexGuard<'_, VecDeque<WorkCompletion>> {
@@ -131,7 +143,9 @@ impl CqShared {
             self.len.store(queue.len(), Ordering::Release);
         }
         if self.armed.swap(false, Ordering::AcqRel) {
-            self.notify.signal(1);
+            if let Some(notify) = self.notify.get() {
+                notify.signal(1);
+            }
         }
         // Waiters register before they last look at the queue, so a waiter either sees this
         // entry or is counted here.
@@ -263,7 +277,7 @@ impl CompletionQueue for ShmCq {
     }
 
     fn notify_fd(&self) -> Option<RawFd> {
-        Some(self.shared.notify.as_fd().as_raw_fd())
+        Some(self.shared.notify()?.as_fd().as_raw_fd())
     }
 
     /// Arms the queue and tells the device's driver thread that the application is about to
@@ -271,13 +285,18 @@ impl CompletionQueue for ShmCq {
     /// keeps polling), so arrivals become completions and the fd fires without the application
     /// polling.
     fn request_notify(&self) -> Result<()> {
+        // The fd exists before the queue is armed: a completion after the arming signals it,
+        // whenever the caller asks for the fd.
+        if self.shared.notify().is_none() {
+            return Err(lightpath_verbs::Error::Io(std::io::Error::last_os_error()));
+        }
         self.shared.armed.store(true, Ordering::Release);
         self.device.shared.kick.signal(1);
         Ok(())
     }
 
     fn take_notify(&self) -> Result<bool> {
-        Ok(self.shared.notify.take() > 0)
+        Ok(self.shared.notify.get().is_some_and(|notify| notify.take() > 0))
     }
 }
 

@@ -1,6 +1,6 @@
 //! [`SoftCq`]: a completion queue, with blocking waits and a pollable notification fd.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -214,10 +214,15 @@ impl CompletionQueue for SoftCq {
     /// `poll`/`wait` (or the helper, after `assist_after`) processes the arrival; programs
     /// built around epoll should use [`ProgressMode::Thread`].
     fn notify_fd(&self) -> Option<RawFd> {
-        Some(self.inner.signal.notify.as_raw_fd())
+        self.inner.signal.notify_fd()
     }
 
     fn request_notify(&self) -> Result<()> {
+        // The fd exists before the queue is armed: a completion after the arming signals it,
+        // whenever the caller asks for the fd.
+        if self.inner.signal.notify_fd().is_none() {
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
         self.inner.signal.arm();
         Ok(())
     }

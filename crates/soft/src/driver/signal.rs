@@ -1,6 +1,7 @@
 //! Per-completion-queue wake-up state: the user-visible notification fd (armed by
 //! `request_notify`, one shot) and the internal fd blocked `wait` callers sleep on.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
@@ -11,7 +12,9 @@ use crate::sys::EventFd;
 /// How completions on one queue wake whoever waits for them.
 pub(crate) struct CqSignal {
     /// Readable after `request_notify` once a completion is added (what `notify_fd` returns).
-    pub(crate) notify: EventFd,
+    /// Made when first asked for: a queue whose waiters block in `wait` never needs it, and an
+    /// eventfd per queue is a descriptor per connection (issue 15).
+    notify: OnceLock<EventFd>,
     armed: AtomicBool,
     /// Semaphore eventfd blocked waiters sleep on; each waiter takes one unit when it wakes.
     pub(crate) wake: EventFd,
@@ -34,7 +37,7 @@ impl std::fmt::Debug for CqSignal {
 impl CqSignal {
     pub(crate) fn new() -> std::io::Result<Self> {
         Ok(Self {
-            notify: EventFd::new(false)?,
+            notify: OnceLock::new(),
             armed: AtomicBool::new(false),
             wake: EventFd::new(true)?,
             waiters: AtomicU32::new(0),
@@ -57,7 +60,9 @@ impl CqSignal {
     /// of its own when it is the only one).
     pub(crate) fn completion_added(&self, by_waiter: bool) {
         if self.armed.swap(false, Ordering::AcqRel) {
-            self.notify.signal(1);
+            if let Some(notify) = self.notify.get() {
+                notify.signal(1);
+            }
         }
         // The waiter count is raised before a waiter checks the queue (both under the engine
         // lock for the check), so a waiter either sees the entries or is counted here.
@@ -68,13 +73,22 @@ impl CqSignal {
         }
     }
 
+    /// The notification fd, made on first use (`None` if it cannot be: no descriptor left).
+    pub(crate) fn notify_fd(&self) -> Option<RawFd> {
+        if self.notify.get().is_none() {
+            // Two threads may both make one; the one that loses closes its own.
+            let _ = self.notify.set(EventFd::new(false).ok()?);
+        }
+        self.notify.get().map(|notify| notify.as_raw_fd())
+    }
+
     pub(crate) fn arm(&self) {
         self.armed.store(true, Ordering::Release);
     }
 
     /// Consumes a pending user notification.
     pub(crate) fn take_notify(&self) -> bool {
-        self.notify.take() > 0
+        self.notify.get().is_some_and(|notify| notify.take() > 0)
     }
 
     /// Registers a blocked waiter until the guard is dropped.
