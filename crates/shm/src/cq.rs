@@ -102,8 +102,10 @@ pub(crate) struct CqShared {
     /// descriptor per connection (issue 15).
     notify: OnceLock<EventFd>,
     armed: AtomicBool,
-    /// Semaphore eventfd for blocked waiters; each takes one unit when it wakes.
-    pub(crate) wake: EventFd,
+    /// Semaphore eventfd for blocked waiters; each takes one unit when it wakes. Made by the
+    /// first waiter, before it counts itself (see [`CqShared::wake`]): an event loop's queue
+    /// never has one (a descriptor per connection less, issue 15).
+    wake: OnceLock<EventFd>,
     waiters: AtomicU32,
 }
 
@@ -115,9 +117,20 @@ impl CqShared {
             len: AtomicUsize::new(0),
             notify: OnceLock::new(),
             armed: AtomicBool::new(false),
-            wake: EventFd::new(true)?,
+            wake: OnceLock::new(),
             waiters: AtomicU32::new(0),
         })
+    }
+
+    /// The wake-up fd blocked waiters sleep on, made on first use. A waiter makes it before it
+    /// registers, so a completion added once the waiter is counted signals it.
+    pub(crate) fn wake(&self) -> std::io::Result<&EventFd> {
+        if let Some(wake) = self.wake.get() {
+            return Ok(wake);
+        }
+        // Two threads may both make one; the one that loses closes its own.
+        let _ = self.wake.set(EventFd::new(true)?);
+        Ok(self.wake.get().expect("set above or by another thread"))
     }
 
     /// The notification fd, made on first use (`None` if it cannot be: no descriptor left).
@@ -149,9 +162,10 @@ impl CqShared {
         }
         // Waiters register before they last look at the queue, so a waiter either sees this
         // entry or is counted here.
+        // A waiter made the wake-up fd before it counted itself.
         let waiters = self.waiters.load(Ordering::SeqCst);
-        if waiters > 0 {
-            self.wake.signal(u64::from(waiters));
+        if let Some(wake) = self.wake.get().filter(|_| waiters > 0) {
+            wake.signal(u64::from(waiters));
         }
     }
 
@@ -268,6 +282,7 @@ impl CompletionQueue for ShmCq {
                 policy.spin_ran_out();
             }
             let remaining = deadline.map(|d| d.saturating_duration_since(now));
+            self.shared.wake().map_err(lightpath_verbs::Error::Io)?;
             let _waiter = self.shared.register_waiter();
             let count = self.device.shared.sleep_until_rung(&self.shared, out, remaining)?;
             if count > 0 {

@@ -217,10 +217,11 @@ impl DeviceShared {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let mut fds = [PollFd::new(&self.ctx.doorbell, PollFlags::IN), PollFd::new(&cq.wake, PollFlags::IN)];
+        let wake = cq.wake().map_err(Error::Io)?;
+        let mut fds = [PollFd::new(&self.ctx.doorbell, PollFlags::IN), PollFd::new(wake, PollFlags::IN)];
         let result = poll_fds(&mut fds, timeout);
         self.ctx.doorbell.take();
-        cq.wake.take();
+        wake.take();
         let mut core = self.lock_core();
         core.disarm();
         self.apply_events(&mut core);
@@ -257,9 +258,10 @@ impl DeviceShared {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let mut fds = [PollFd::new(&cq.wake, PollFlags::IN)];
+        let wake = cq.wake().map_err(Error::Io)?;
+        let mut fds = [PollFd::new(wake, PollFlags::IN)];
         let result = poll_fds(&mut fds, timeout);
-        cq.wake.take();
+        wake.take();
         result?;
         Ok(cq.pop(out))
     }
