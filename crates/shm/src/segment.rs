@@ -78,7 +78,7 @@ impl OwnSegment {
     /// at most `max_payload` bytes.
     pub(crate) fn create(capacity: usize, max_payload: u32) -> io::Result<Self> {
         let memfd = Memfd::create("lightpath-shm-qp", (RING_OFFSET + capacity) as u64)?;
-        let map = Mapping::new_populated(&memfd, true)?;
+        let map = Mapping::new(&memfd, true)?;
         let header = [
             (OFF_MAGIC, MAGIC),
             (OFF_VERSION, VERSION),

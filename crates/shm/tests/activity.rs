@@ -124,16 +124,28 @@ fn news_for_one_queue_pair_among_many_costs_one_look() {
 fn a_lost_mark_is_found_by_the_look_at_every_queue_pair() {
     let (a, b) = connected();
     let k = 23;
-    send(&a, &b, k, 7);
-    // As a hostile peer could: the mark for the SEND disappears before the receiver sees it.
-    fault::clear_activity(&b.device);
-    let before = counters(&b);
-    let (wc, empty_polls) = poll_one(&b.cqs[k]);
-    check_received(&b, k, &wc, 7);
-    let after = counters(&b);
-    assert!(after.full_scans > before.full_scans, "found without a look at every queue pair");
-    assert!(empty_polls > 0, "found at once although its mark was gone");
-    assert_success(&poll_one(&a.cqs[k]).0, 1000 + k as u64, WcOpcode::Send);
+    // The receiver's driver thread may take the mark before the test clears it (it runs on
+    // its own, and how soon depends on timing, such as the page faults of a fresh segment):
+    // then nothing was lost and the round says nothing. A lost mark must be found, by a look at
+    // every queue pair, in some round; every round's message must arrive.
+    let mut lost_and_found = 0;
+    for round in 0..20u8 {
+        send(&a, &b, k, round);
+        // As a hostile peer could: the mark for the SEND disappears before the receiver sees it.
+        fault::clear_activity(&b.device);
+        let before = counters(&b);
+        let (wc, empty_polls) = poll_one(&b.cqs[k]);
+        check_received(&b, k, &wc, round);
+        let after = counters(&b);
+        if after.full_scans > before.full_scans && empty_polls > 0 {
+            lost_and_found += 1;
+        }
+        assert_success(&poll_one(&a.cqs[k]).0, 1000 + k as u64, WcOpcode::Send);
+        if lost_and_found >= 3 {
+            break;
+        }
+    }
+    assert!(lost_and_found >= 3, "a lost mark was found by a full look in {lost_and_found} of 20 rounds");
 }
 
 #[test]

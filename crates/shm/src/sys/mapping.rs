@@ -52,14 +52,6 @@ impl Mapping {
         Self::map(memfd, memfd.len(), writable, MapFlags::empty())
     }
 
-    /// Like [`Mapping::new`], with every page faulted in at once: for a queue pair's segment
-    /// (its ring of records, which every message crosses). Left lazy, the activity test
-    /// `a_lost_mark_is_found_by_the_look_at_every_queue_pair` failed 10-13 runs in 30 (a
-    /// SEND whose mark was cleared was found without the full look); why is not understood.
-    pub(crate) fn new_populated(memfd: &Memfd, writable: bool) -> io::Result<Self> {
-        Self::map(memfd, memfd.len(), writable, MapFlags::POPULATE)
-    }
-
     /// Maps the first `len` bytes of a peer's `memfd` without pre-faulting: a peer decides the
     /// sizes, so only pages this process actually touches may cost it memory.
     pub(crate) fn peer(memfd: &Memfd, len: u64, writable: bool) -> io::Result<Self> {
