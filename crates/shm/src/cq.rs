@@ -89,6 +89,16 @@ impl SpinPolicy {
     }
 }
 
+/// The eventfd in `cell`, made now if it is not yet (in semaphore mode if `semaphore`).
+fn made_on_first_use(cell: &OnceLock<EventFd>, semaphore: bool) -> std::io::Result<&EventFd> {
+    if let Some(fd) = cell.get() {
+        return Ok(fd);
+    }
+    // Two threads may both make one; the one that loses closes its own.
+    let _ = cell.set(EventFd::new(semaphore)?);
+    Ok(cell.get().expect("set above or by another thread"))
+}
+
 /// The part of a completion queue that queue pairs hold.
 #[derive(Debug)]
 pub(crate) struct CqShared {
@@ -125,21 +135,12 @@ impl CqShared {
     /// The wake-up fd blocked waiters sleep on, made on first use. A waiter makes it before it
     /// registers, so a completion added once the waiter is counted signals it.
     pub(crate) fn wake(&self) -> std::io::Result<&EventFd> {
-        if let Some(wake) = self.wake.get() {
-            return Ok(wake);
-        }
-        // Two threads may both make one; the one that loses closes its own.
-        let _ = self.wake.set(EventFd::new(true)?);
-        Ok(self.wake.get().expect("set above or by another thread"))
+        made_on_first_use(&self.wake, true)
     }
 
-    /// The notification fd, made on first use (`None` if it cannot be: no descriptor left).
-    fn notify(&self) -> Option<&EventFd> {
-        if self.notify.get().is_none() {
-            // Two threads may both make one; the one that loses closes its own.
-            let _ = self.notify.set(EventFd::new(false).ok()?);
-        }
-        self.notify.get()
+    /// The notification fd, made on first use.
+    fn notify(&self) -> std::io::Result<&EventFd> {
+        made_on_first_use(&self.notify, false)
     }
 
     fn queue(&self) -> MutexGuard<'_, VecDeque<WorkCompletion>> {
@@ -292,7 +293,7 @@ impl CompletionQueue for ShmCq {
     }
 
     fn notify_fd(&self) -> Option<RawFd> {
-        Some(self.shared.notify()?.as_fd().as_raw_fd())
+        Some(self.shared.notify().ok()?.as_fd().as_raw_fd())
     }
 
     /// Arms the queue and tells the device's driver thread that the application is about to
@@ -302,9 +303,7 @@ impl CompletionQueue for ShmCq {
     fn request_notify(&self) -> Result<()> {
         // The fd exists before the queue is armed: a completion after the arming signals it,
         // whenever the caller asks for the fd.
-        if self.shared.notify().is_none() {
-            return Err(lightpath_verbs::Error::Io(std::io::Error::last_os_error()));
-        }
+        self.shared.notify().map_err(lightpath_verbs::Error::Io)?;
         self.shared.armed.store(true, Ordering::Release);
         self.device.shared.kick.signal(1);
         Ok(())

@@ -214,15 +214,13 @@ impl CompletionQueue for SoftCq {
     /// `poll`/`wait` (or the helper, after `assist_after`) processes the arrival; programs
     /// built around epoll should use [`ProgressMode::Thread`].
     fn notify_fd(&self) -> Option<RawFd> {
-        self.inner.signal.notify_fd()
+        self.inner.signal.notify_fd().ok()
     }
 
     fn request_notify(&self) -> Result<()> {
         // The fd exists before the queue is armed: a completion after the arming signals it,
         // whenever the caller asks for the fd.
-        if self.inner.signal.notify_fd().is_none() {
-            return Err(Error::Io(std::io::Error::last_os_error()));
-        }
+        self.inner.signal.notify_fd().map_err(Error::Io)?;
         self.inner.signal.arm();
         Ok(())
     }

@@ -73,13 +73,14 @@ impl CqSignal {
         }
     }
 
-    /// The notification fd, made on first use (`None` if it cannot be: no descriptor left).
-    pub(crate) fn notify_fd(&self) -> Option<RawFd> {
-        if self.notify.get().is_none() {
-            // Two threads may both make one; the one that loses closes its own.
-            let _ = self.notify.set(EventFd::new(false).ok()?);
+    /// The notification fd, made on first use.
+    pub(crate) fn notify_fd(&self) -> std::io::Result<RawFd> {
+        if let Some(notify) = self.notify.get() {
+            return Ok(notify.as_raw_fd());
         }
-        self.notify.get().map(|notify| notify.as_raw_fd())
+        // Two threads may both make one; the one that loses closes its own.
+        let _ = self.notify.set(EventFd::new(false)?);
+        Ok(self.notify.get().expect("set above or by another thread").as_raw_fd())
     }
 
     pub(crate) fn arm(&self) {
