@@ -43,7 +43,9 @@ fi
 [ "$RR_1000" = 1 ] && { ulimit -n 65536 2> /dev/null || ulimit -n "$(ulimit -Hn)" 2> /dev/null || true; }
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
-port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
+# was given could not be listened on.
+port=$((20000 + RANDOM % 10000))
 NS_A=lp-a-$$
 NS_B=lp-b-$$
 

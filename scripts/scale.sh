@@ -34,7 +34,9 @@ mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
+# was given could not be listened on.
+port=$((20000 + RANDOM % 10000))
 
 # The first child of PID (the program /usr/bin/time runs), waited for up to 5 s.
 child_of() {

@@ -24,7 +24,9 @@ iters=()
 jsonl=${out%.svg}.jsonl
 mkdir -p "$(dirname "$out")"
 : > "$jsonl"
-port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
+# was given could not be listened on.
+port=$((20000 + RANDOM % 10000))
 for provider in $PROVIDERS; do
     port=$((port + 1))
     args=(--provider "$provider" -p "$port" "${extra[@]}")

@@ -18,7 +18,9 @@ WITHOUT=$(realpath target/no-tracing/release/lightpath)
 OUT=${OUT:-target/tracing_overhead.jsonl}
 : > "$OUT"
 unset LIGHTPATH_LOG
-port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
+# was given could not be listened on.
+port=$((20000 + RANDOM % 10000))
 
 # row BIN NAME TEST SIZE ITERS [args]: one server and one client run; appends a JSON line.
 row() {
