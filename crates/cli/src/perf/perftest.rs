@@ -165,6 +165,14 @@ pub fn run(args: &Args) -> Result<()> {
     outcome.map_err(|err| explain(err, &side))
 }
 
+/// Whether the device has dropped packets of a transport it lacks (a UC or UD perftest
+/// peer): then a wait without progress will not end, and `explain` says why. (NAKs are not
+/// taken as a sign: a lost packet's sequence NAK is part of a healthy run's recovery.)
+fn peer_unservable(side: &Side<SoftDevice>) -> impl FnMut() -> bool + 'static {
+    let device = side._device.clone();
+    move || device.stats().engine.drops_unsupported > 0
+}
+
 /// Adds what the counters say to an error.
 fn explain(err: anyhow::Error, side: &Side<SoftDevice>) -> anyhow::Error {
     let qp = side.qp.stats().unwrap_or_default();
@@ -651,7 +659,8 @@ fn read_lat_client(
         let sge = [side.mr.sge(rx, size as u32)];
         let wr = SendWr::new(SEND_WR, op, &sge);
         let mut samples = Vec::with_capacity(iters as usize);
-        let mut watchdog = Watchdog::new("waiting for a READ response");
+        let mut watchdog =
+            Watchdog::new("waiting for a READ response").give_up_early_if(peer_unservable(side));
         for _ in 0..iters {
             let start = Instant::now();
             side.post_send(&wr)?;
@@ -681,7 +690,8 @@ fn write_lat(side: &mut Side<SoftDevice>, role: Role, peer: &Keys, plan: &[(usiz
         let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
         let mut tx = vec![0u8; size];
         let mut watchdog =
-            Watchdog::new("waiting for the peer's write (does it run the same -s / -a and -n?)");
+            Watchdog::new("waiting for the peer's write (does it run the same -s / -a and -n?)")
+                .give_up_early_if(peer_unservable(side));
         while scnt < iters || ccnt < iters || rcnt < iters {
             if rcnt < iters && !(scnt < 1 && role == Role::Server) {
                 rcnt += 1;
@@ -805,7 +815,8 @@ fn send_lat(
         let mut posted_at = Vec::with_capacity(iters as usize);
         let (mut scnt, mut rcnt, mut arrived) = (0u64, 0u64, 0u64);
         let mut watchdog =
-            Watchdog::new("waiting for the peer's SEND (does it run the same -s / -a and -n?)");
+            Watchdog::new("waiting for the peer's SEND (does it run the same -s / -a and -n?)")
+                .give_up_early_if(peer_unservable(side));
         let sge = [side.tx(0, size as u32)];
         while scnt < iters || rcnt < iters {
             if rcnt < iters && !(scnt < 1 && role == Role::Client) {
@@ -889,7 +900,8 @@ fn send_bw_server(
         let mut recvs = Receives::post(side, size, iters)?;
         oob.exchange_keys(ours)?;
         let mut watchdog =
-            Watchdog::new("waiting for the peer's SENDs (does it run the same -s / -a and -n?)");
+            Watchdog::new("waiting for the peer's SENDs (does it run the same -s / -a and -n?)")
+                .give_up_early_if(peer_unservable(side));
         let (mut arrived, mut spins) = (0u64, 0u32);
         let mut first = None;
         while arrived < iters {

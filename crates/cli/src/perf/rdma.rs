@@ -49,6 +49,9 @@ const SERVER_SALT: u32 = 0x005E_4E45;
 const RECV_DEPTH: u32 = 512;
 /// How long any single wait may take before the run is declared stuck.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
+/// How long a wait without progress goes on once the device says the peer cannot be served
+/// (see [`Watchdog::give_up_early_if`]).
+const HOPELESS_LIMIT: Duration = Duration::from_secs(1);
 
 /// What one side tells the other about its queue pair and region.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -315,11 +318,21 @@ struct Watchdog {
     last_check: Instant,
     progressed: bool,
     what: &'static str,
+    /// Asked after [`HOPELESS_LIMIT`] without progress: whether waiting longer is pointless.
+    hopeless: Option<Box<dyn FnMut() -> bool>>,
 }
 
 impl Watchdog {
     fn new(what: &'static str) -> Self {
-        Self { last_check: Instant::now(), progressed: false, what }
+        Self { last_check: Instant::now(), progressed: false, what, hopeless: None }
+    }
+
+    /// Gives up after [`HOPELESS_LIMIT`] instead of [`STALL_LIMIT`] when `hopeless` says so
+    /// (a perftest peer whose every packet the device drops: a user waited ten seconds for an
+    /// error the counters gave after the first packet).
+    fn give_up_early_if(mut self, hopeless: impl FnMut() -> bool + 'static) -> Self {
+        self.hopeless = Some(Box::new(hopeless));
+        self
     }
 
     #[inline]
@@ -336,8 +349,14 @@ impl Watchdog {
         let now = Instant::now();
         if std::mem::take(&mut self.progressed) {
             self.last_check = now;
-        } else if now.duration_since(self.last_check) > STALL_LIMIT {
+            return Ok(());
+        }
+        let idle = now.duration_since(self.last_check);
+        if idle > STALL_LIMIT {
             bail!("no progress for {} s while {}", STALL_LIMIT.as_secs(), self.what);
+        }
+        if idle > HOPELESS_LIMIT && self.hopeless.as_mut().is_some_and(|hopeless| hopeless()) {
+            bail!("no progress for {} s while {}", HOPELESS_LIMIT.as_secs(), self.what);
         }
         Ok(())
     }
