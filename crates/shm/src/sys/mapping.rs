@@ -46,10 +46,10 @@ impl Mapping {
     /// pre-faulted: a page of a memfd costs memory only once this process or the peer touches
     /// it, so an idle connection's memory regions (its stream ring) cost the few pages used,
     /// not their full size (with `MAP_POPULATE` every region was resident from the start:
-    /// about 0.6 MB per shm stream connection). The first pass over a page costs one fault,
-    /// once per page for the mapping's life.
+    /// about 0.6 MB per shm stream connection, and queue-pair segments another 0.12 MB). The
+    /// first pass over a page costs one fault, once per page for the mapping's life.
     pub(crate) fn new(memfd: &Memfd, writable: bool) -> io::Result<Self> {
-        Self::map(memfd, memfd.len(), writable, MapFlags::empty())
+        Self::map(memfd, memfd.len(), writable)
     }
 
     /// Maps the first `len` bytes of a peer's `memfd` without pre-faulting: a peer decides the
@@ -58,10 +58,10 @@ impl Mapping {
         if len > memfd.len() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "mapping larger than the memfd"));
         }
-        Self::map(memfd, len, writable, MapFlags::empty())
+        Self::map(memfd, len, writable)
     }
 
-    fn map(memfd: &Memfd, len: u64, writable: bool, extra: MapFlags) -> io::Result<Self> {
+    fn map(memfd: &Memfd, len: u64, writable: bool) -> io::Result<Self> {
         let len = usize::try_from(len)
             .ok()
             .filter(|&len| len > 0)
@@ -70,8 +70,7 @@ impl Mapping {
         // SAFETY: a null hint lets the kernel choose a fresh address range, so no existing
         // memory is replaced; `len` is at most the file's size (checked by `peer`, equal in
         // `new`), which is sealed against shrinking, so every page of the range stays backed.
-        let ptr =
-            unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED | extra, memfd.as_fd(), 0)? };
+        let ptr = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, memfd.as_fd(), 0)? };
         let base =
             NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned a null address"))?;
         Ok(Self { base, len, writable })
