@@ -15,6 +15,7 @@ are EXPECTED_PACKETS packets (what interop/tools/pcap_roce.py counted) and every
 good. The last line printed is the one-line verdict.
 """
 
+import argparse
 import json
 import sys
 
@@ -57,16 +58,17 @@ def icrc_verdict(packet):
 
 def stream_packets(lines, sample):
     """Packets from `lines`: one JSON object per line, read as they come; any other shape
-    (an array, an object with "packets", pretty-printed JSON) is read whole."""
-    first = ""
+    (an array, an object with "packets", pretty-printed JSON) is read whole. The first
+    `sample["left"]` lines are copied to `sample["out"]`."""
+    first = True
     for line in lines:
         if sample is not None and sample["left"] > 0:
             sample["out"].write(line)
             sample["left"] -= 1
         if not line.strip():
             continue
-        if not first:
-            first = line
+        if first:
+            first = False
             try:
                 packet = json.loads(line)
             except json.JSONDecodeError:
@@ -80,25 +82,17 @@ def stream_packets(lines, sample):
 
 
 def main():
-    args = sys.argv[1:]
-    sample_path = None
-    if "--sample" in args:
-        at = args.index("--sample")
-        if at + 1 >= len(args):
-            sys.exit(__doc__)
-        sample_path = args[at + 1]
-        del args[at:at + 2]
-    if len(args) != 2:
-        sys.exit(__doc__)
-    expected = int(args[1])
-    sample = None
-    if sample_path:
-        sample = {"out": open(sample_path, "w"), "left": 200}
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("decode", help="the output of `lightpath decode --json`, or - for stdin")
+    ap.add_argument("expected", type=int, help="the packet count pcap_roce.py found")
+    ap.add_argument("--sample", metavar="FILE", help="keep the first 200 lines of the output")
+    args = ap.parse_args()
+    sample = {"out": open(args.sample, "w"), "left": 200} if args.sample else None
     good = count = bad_total = missing_total = 0
     bad = []
     missing = []
     try:
-        source = sys.stdin if args[0] == "-" else open(args[0])
+        source = sys.stdin if args.decode == "-" else open(args.decode)
         with source:
             for index, packet in enumerate(stream_packets(source, sample)):
                 count += 1
@@ -123,8 +117,8 @@ def main():
         print(f"packets with a bad ICRC (first indexes): {bad}")
     if missing:
         print(f"packets without an ICRC verdict (first indexes): {missing}")
-    ok = not bad_total and not missing_total and count == expected
-    print(f"lightpath decode: {count} packets (independent count {expected}), "
+    ok = not bad_total and not missing_total and count == args.expected
+    print(f"lightpath decode: {count} packets (independent count {args.expected}), "
           f"{good} ICRC ok, {bad_total} bad, {missing_total} without verdict: {'ok' if ok else 'FAIL'}")
     return 0 if ok else 1
 

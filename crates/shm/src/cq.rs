@@ -162,8 +162,7 @@ impl CqShared {
             }
         }
         // Waiters register before they last look at the queue, so a waiter either sees this
-        // entry or is counted here.
-        // A waiter made the wake-up fd before it counted itself.
+        // entry or is counted here; and each made the wake-up fd before it counted itself.
         let waiters = self.waiters.load(Ordering::SeqCst);
         if let Some(wake) = self.wake.get().filter(|_| waiters > 0) {
             wake.signal(u64::from(waiters));
