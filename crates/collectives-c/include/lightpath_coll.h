@@ -1,0 +1,110 @@
+/*
+ * lightpath_coll.h: collectives of Lightpath (lightpath-collectives) for C and C++.
+ *
+ * Link with -llightpath_coll (target/release/liblightpath_coll.so, built by
+ * `cargo build --release -p lightpath-collectives-c`). Every rank of a job calls
+ * lp_comm_init(), which joins the job from the launcher's environment: `lightpath launch`,
+ * torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI's mpirun or Slurm's srun,
+ * exactly as the Rust and Python APIs do. Ranks on one host talk over shared memory, ranks on
+ * different hosts over RDMA (ibverbs) or Lightpath's soft RoCE.
+ *
+ * Every call returns LP_OK or an error status; a failed call leaves a description in
+ * lp_last_error() (per thread), naming the rank at fault, the operation and its sequence
+ * number (lp_last_error_rank(), lp_last_error_seq()). A rank that dies or stops makes the
+ * others' calls fail within the timeout (LIGHTPATH_COLL_TIMEOUT_MS), never hang.
+ *
+ * Counts are in elements of the call's data type. All calls are blocking and collective
+ * (every rank of the communicator makes the same calls in the same order), except
+ * lp_send / lp_recv. A communicator may be used by one thread at a time.
+ */
+#ifndef LIGHTPATH_COLL_H
+#define LIGHTPATH_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. */
+#define LP_OK 0
+#define LP_ERR_INVALID_ARGUMENT 1 /* nothing was sent: a bad pointer, count, type, op or rank */
+#define LP_ERR_PEER_FAILED 2      /* a peer's process ended or its connection broke */
+#define LP_ERR_TIMEOUT 3          /* a peer made no progress within the timeout */
+#define LP_ERR_ABORTED 4          /* another rank aborted the job */
+#define LP_ERR_MISMATCH 5         /* ranks made different calls (LIGHTPATH_COLL_DEBUG=1) */
+#define LP_ERR_BOOTSTRAP 6        /* joining the job failed */
+#define LP_ERR_INTERNAL 7         /* a bug in Lightpath (reported, never a crash) */
+
+/* Element types. */
+#define LP_F32 0
+#define LP_F64 1
+#define LP_F16 2  /* IEEE binary16 */
+#define LP_BF16 3 /* bfloat16 */
+#define LP_I32 4
+#define LP_I64 5
+#define LP_U8 6
+
+/* Reduction operators. Integer sums wrap on overflow; LP_AVG divides the sum by the size. */
+#define LP_SUM 0
+#define LP_PROD 1
+#define LP_MIN 2
+#define LP_MAX 3
+#define LP_AVG 4
+
+/* A communicator (opaque). */
+typedef struct lp_comm lp_comm;
+
+/* Joins the job described by the environment; *comm receives the world communicator. */
+int lp_comm_init(lp_comm **comm);
+/* This rank in the communicator, and the number of ranks (-1 for a NULL comm). */
+int lp_comm_rank(const lp_comm *comm);
+int lp_comm_size(const lp_comm *comm);
+/* Splits by color (ranks with equal colors form a communicator, ordered by key, then by rank);
+ * a negative color takes no part: *out is then NULL. Collective. */
+int lp_comm_split(const lp_comm *comm, int color, int64_t key, lp_comm **out);
+/* Makes every rank's current and next call fail with LP_ERR_ABORTED, naming this rank. */
+void lp_comm_abort(const lp_comm *comm, const char *reason);
+/* Frees a communicator (NULL is ignored). */
+void lp_comm_destroy(lp_comm *comm);
+
+/* recvbuf = op over every rank's sendbuf; in place when sendbuf is NULL or equals recvbuf. */
+int lp_allreduce(const lp_comm *comm, const void *sendbuf, void *recvbuf, size_t count, int dtype, int op);
+/* The root's buf = op over every rank's buf; the other ranks' buf is left unchanged. */
+int lp_reduce(const lp_comm *comm, void *buf, size_t count, int dtype, int op, int root);
+/* Every rank's buf = the root's. */
+int lp_broadcast(const lp_comm *comm, void *buf, size_t count, int dtype, int root);
+/* recvbuf (size * count elements) = every rank's sendbuf (count elements), in rank order; in
+ * place when sendbuf is NULL (this rank's block is already in recvbuf). */
+int lp_allgather(const lp_comm *comm, const void *sendbuf, void *recvbuf, size_t count, int dtype);
+/* As lp_allgather with counts[r] elements from rank r (counts has size entries). */
+int lp_allgatherv(const lp_comm *comm, const void *sendbuf, void *recvbuf, const size_t *counts, int dtype);
+/* sendbuf holds size blocks of recvcount elements; recvbuf = op over every rank's block number
+ * `rank`. */
+int lp_reduce_scatter(const lp_comm *comm, const void *sendbuf, void *recvbuf, size_t recvcount, int dtype,
+                      int op);
+/* Block r of sendbuf (count elements) goes to rank r; block r of recvbuf comes from rank r. */
+int lp_alltoall(const lp_comm *comm, const void *sendbuf, void *recvbuf, size_t count, int dtype);
+/* As lp_alltoall with sendcounts[r] elements to and recvcounts[r] from rank r. */
+int lp_alltoallv(const lp_comm *comm, const void *sendbuf, const size_t *sendcounts, void *recvbuf,
+                 const size_t *recvcounts, int dtype);
+/* Returns once every rank has entered. */
+int lp_barrier(const lp_comm *comm);
+/* Point to point, matched in order per pair of ranks. */
+int lp_send(const lp_comm *comm, const void *buf, size_t count, int dtype, int peer);
+int lp_recv(const lp_comm *comm, void *buf, size_t count, int dtype, int peer);
+
+/* The last failed call on this thread: its description ("" if none; valid until the next failed
+ * call on this thread), the rank it names (-1 if none) and its sequence number (-1 if none). */
+const char *lp_last_error(void);
+int lp_last_error_rank(void);
+int64_t lp_last_error_seq(void);
+/* A status code's name, e.g. "LP_ERR_TIMEOUT". */
+const char *lp_status_name(int status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIGHTPATH_COLL_H */
