@@ -464,6 +464,10 @@ impl Handshake {
         if !providers.contains(&provider) {
             return Ok(fallback(self, FallbackReason::NoCommonProvider, String::new()));
         }
+        if devices::short_of_descriptors(tcp) {
+            let detail = "the client keeps its last file descriptors for its established connections";
+            return Ok(fallback(self, FallbackReason::Resources, detail.into()));
+        }
         let setup = match devices::setup(provider, tcp, &self.options) {
             Ok(setup) => setup,
             Err(err) => return Ok(fallback(self, FallbackReason::NoDevice, err.to_string())),
@@ -707,6 +711,9 @@ fn choose_provider(
     }
     if candidates.is_empty() {
         return Err(FallbackReason::NoCommonProvider);
+    }
+    if devices::short_of_descriptors(tcp) {
+        return Err(FallbackReason::Resources);
     }
     candidates
         .into_iter()

@@ -25,6 +25,39 @@ pub(crate) fn usable(provider: ProviderId, tcp: &TcpStream) -> bool {
     }
 }
 
+/// Whether this process is too short of file descriptors to give `tcp` an RDMA transport.
+///
+/// An RDMA connection holds several descriptors (shm: its queue pair's segment and doorbell,
+/// its completion queue's wake-up fds, made as they are needed; soft: a notification fd), and
+/// some of them only once it is busy. Run out of descriptors and an established connection
+/// can fail the first time it needs one, and `accept` fails for everyone. So a connection
+/// whose set-up would leave fewer than [`descriptor_reserve`] descriptors free carries its
+/// data over its TCP socket instead (`FallbackReason::Resources`), which needs no more; the
+/// reserve keeps serving the connections already established, and TCP fallbacks continue
+/// until the limit itself.
+///
+/// How many are free is read cheaply, not counted: the kernel gives out the lowest free
+/// number, so a duplicate of `tcp` lands just above the last descriptor of a densely used
+/// table. (After many closes the table has holes and this overestimates what is free; a set-up
+/// that then fails for want of a descriptor still falls back, as any set-up failure does.)
+pub(crate) fn short_of_descriptors(tcp: &TcpStream) -> bool {
+    let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current else {
+        return false;
+    };
+    let lowest_free = match rustix::io::fcntl_dupfd_cloexec(tcp, 0) {
+        Ok(probe) => std::os::fd::AsRawFd::as_raw_fd(&probe) as u64,
+        // Not even one left.
+        Err(_) => return true,
+    };
+    lowest_free.saturating_add(descriptor_reserve(limit)) > limit
+}
+
+/// Descriptors kept free for the established connections (see [`short_of_descriptors`]): an
+/// eighth of the limit, at least 64.
+pub(crate) fn descriptor_reserve(limit: u64) -> u64 {
+    (limit / 8).max(64)
+}
+
 /// This side's verbs objects for the connection `tcp` over `provider`.
 pub(crate) fn setup(
     provider: ProviderId,

@@ -62,6 +62,9 @@ pub enum FallbackReason {
     VersionMismatch,
     /// A side was configured to use TCP.
     Disabled,
+    /// A side is short of file descriptors: the queue pair, its memory and its wake-up fds
+    /// would leave it too few for the connections it already serves.
+    Resources,
     /// A reason this version does not know.
     Other(u8),
 }
@@ -76,6 +79,7 @@ impl FallbackReason {
             FallbackReason::PathFailed => 4,
             FallbackReason::VersionMismatch => 5,
             FallbackReason::Disabled => 6,
+            FallbackReason::Resources => 7,
             FallbackReason::Other(code) => code,
         }
     }
@@ -89,6 +93,7 @@ impl FallbackReason {
             4 => FallbackReason::PathFailed,
             5 => FallbackReason::VersionMismatch,
             6 => FallbackReason::Disabled,
+            7 => FallbackReason::Resources,
             other => FallbackReason::Other(other),
         }
     }
@@ -102,6 +107,7 @@ impl FallbackReason {
             FallbackReason::PathFailed => "the RDMA path did not carry a probe (blocked?)",
             FallbackReason::VersionMismatch => "no common protocol version",
             FallbackReason::Disabled => "RDMA disabled by configuration",
+            FallbackReason::Resources => "short of file descriptors",
             FallbackReason::Other(_) => "a reason this version does not know",
         }
     }
