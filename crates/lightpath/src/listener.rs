@@ -105,6 +105,43 @@ fn wake_addr(local: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, local.port())
 }
 
+/// A descriptor a listener holds back for the moment the process runs out of them.
+///
+/// Out of descriptors, `accept(2)` fails and the client at the head of the backlog stays
+/// there: it connected (the kernel completed the handshake), sent its hello and waits for an
+/// answer that never comes — a Lightpath client gives up after the negotiation timeout (5 s)
+/// with "the server is not a Lightpath listener (or is stuck)", a plain one hangs. So the
+/// listener gives this spare back, takes that client and closes its connection at once (the
+/// client reads the end of the stream during the negotiation and says so), then takes the
+/// spare again. (libuv does the same for its servers.)
+pub(crate) struct SpareDescriptor(Option<std::fs::File>);
+
+impl SpareDescriptor {
+    pub(crate) fn new() -> Self {
+        Self(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// Whether `err` says the process (or the system) is out of descriptors.
+    pub(crate) fn exhausted(err: &io::Error) -> bool {
+        let code = err.raw_os_error();
+        code == Some(rustix::io::Errno::MFILE.raw_os_error())
+            || code == Some(rustix::io::Errno::NFILE.raw_os_error())
+    }
+
+    /// Gives the spare back (if held), so that one `accept` can succeed; returns whether it was
+    /// held.
+    pub(crate) fn release(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+
+    /// Takes a spare again (if one can be had).
+    pub(crate) fn restore(&mut self) {
+        if self.0.is_none() {
+            *self = Self::new();
+        }
+    }
+}
+
 fn accept_loop(
     tcp: TcpListener,
     options: Options,
@@ -113,6 +150,7 @@ fn accept_loop(
 ) {
     let options = Arc::new(options);
     let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut spare = SpareDescriptor::new();
     loop {
         let accepted = tcp.accept();
         if stop.load(Ordering::SeqCst) {
@@ -127,6 +165,12 @@ fn accept_loop(
                 continue
             }
             Err(err) => {
+                if SpareDescriptor::exhausted(&err) && spare.release() {
+                    // Turn the client away now rather than leave it waiting (see
+                    // `SpareDescriptor`).
+                    drop(tcp.accept());
+                    spare.restore();
+                }
                 // Out of file descriptors and the like: report it and keep serving.
                 if ready.send(Err(err)).is_err() {
                     return;

@@ -610,7 +610,8 @@ impl Handshake {
 fn not_lightpath_closed() -> io::Error {
     io::Error::new(
         io::ErrorKind::ConnectionRefused,
-        "lightpath: the server closed the connection without answering: it is not a Lightpath listener",
+        "lightpath: the server closed the connection without answering: it is not a Lightpath listener, \
+         or one out of file descriptors (which turns new clients away so)",
     )
 }
 

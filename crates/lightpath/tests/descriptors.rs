@@ -26,20 +26,37 @@ fn connections(provider: &str) -> usize {
 }
 
 /// The server: echoes every connection until EOF, each on a thread; reports accept errors and
-/// keeps serving. Prints its port first. Returns after `connections()` connections ended.
+/// keeps serving. Prints its port first. Returns after `connections()` connections ended, or
+/// (provider `tcp`, the overflow test) once its standard input closes.
 #[test]
 fn server_role() {
     let Ok(provider) = std::env::var("LP_DESCRIPTORS_SERVER") else { return };
     let options = match provider.as_str() {
         "shm" => common::shm(),
-        _ => common::soft(),
+        "soft" => common::soft(),
+        _ => Options::default().with_providers(&[]),
     };
     let listener = Listener::bind_with("127.0.0.1:0", options).expect("bind");
     // The harness may have started the line ("test server_role ... "): a marker, not a prefix.
     println!("listening-port={}", listener.local_addr().expect("address").port());
+    let stdin_closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if provider == "tcp" {
+        let closed = std::sync::Arc::clone(&stdin_closed);
+        std::thread::spawn(move || {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
     let mut served = Vec::new();
-    while served.len() < connections(&provider) {
-        match listener.accept() {
+    loop {
+        if provider == "tcp" {
+            if stdin_closed.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+        } else if served.len() >= connections(&provider) {
+            break;
+        }
+        match listener.accept_timeout(std::time::Duration::from_millis(100)) {
             Ok((mut stream, _)) => served.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; 1 << 16];
                 loop {
@@ -50,6 +67,7 @@ fn server_role() {
                     }
                 }
             })),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
             Err(e) => {
                 eprintln!("server: accept failed: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(20));
@@ -72,7 +90,8 @@ fn round_trip(stream: &mut Stream, len: usize, salt: u32) {
     assert!(back == data, "connection {salt}: the echo differs");
 }
 
-fn run(provider: &str) {
+/// Starts the server role under the descriptor limit; returns it and its port.
+fn start_server(provider: &str) -> (std::process::Child, u16) {
     let exe = std::env::current_exe().expect("test binary");
     let mut server = Command::new("sh")
         .arg("-c")
@@ -81,6 +100,7 @@ fn run(provider: &str) {
         ))
         .arg(&exe)
         .env("LP_DESCRIPTORS_SERVER", provider)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -92,6 +112,13 @@ fn run(provider: &str) {
             break port.trim().parse().expect("a port number");
         }
     };
+    // Keep reading what it prints (the harness's last lines), or it dies of a broken pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (server, port)
+}
+
+fn run(provider: &str) {
+    let (mut server, port) = start_server(provider);
     let options = match provider {
         "shm" => Options::default().with_providers(&[ProviderId::Shm]),
         _ => Options::default().with_providers(&[ProviderId::Soft]),
@@ -132,4 +159,63 @@ fn an_shm_server_short_of_descriptors_falls_back_to_tcp() {
 #[test]
 fn a_soft_server_short_of_descriptors_falls_back_to_tcp() {
     run("soft");
+}
+
+/// Past the limit itself: clients the server has no descriptor for are turned away at once
+/// (not left waiting for the 5 s negotiation timeout), the established connections keep
+/// working, and once some close, new clients get in again.
+#[test]
+fn clients_past_the_limit_are_turned_away_at_once() {
+    let (mut server, port) = start_server("tcp");
+    let options = Options::default().with_providers(&[]);
+    let mut streams = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..(SERVER_LIMIT as usize + 40) {
+        let started = std::time::Instant::now();
+        match Stream::connect_with(("127.0.0.1", port), &options) {
+            Ok(mut stream) => {
+                round_trip(&mut stream, 100, i as u32);
+                streams.push(stream);
+            }
+            Err(e) => refused.push((started.elapsed(), e.to_string())),
+        }
+    }
+    eprintln!(
+        "{} connected, {} turned away; first refusal: {:?}",
+        streams.len(),
+        refused.len(),
+        refused.first()
+    );
+    assert!(streams.len() > SERVER_LIMIT as usize / 2, "only {} connections got in", streams.len());
+    assert!(!refused.is_empty(), "the server never ran out");
+    for (took, error) in &refused {
+        assert!(*took < std::time::Duration::from_secs(3), "a refusal took {took:?}: {error}");
+        assert!(error.contains("out of file descriptors"), "the refusal does not say why it may be: {error}");
+    }
+    for (i, stream) in streams.iter_mut().enumerate() {
+        round_trip(stream, 1000, 5000 + i as u32);
+    }
+    // Closing some makes room again.
+    streams.truncate(streams.len() - 20);
+    let closed = std::time::Instant::now();
+    let mut again = loop {
+        match Stream::connect_with(("127.0.0.1", port), &options) {
+            Ok(stream) => break stream,
+            Err(e) if closed.elapsed() < std::time::Duration::from_secs(10) => {
+                eprintln!("after {:?}: {e}", closed.elapsed());
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Err(e) => panic!("no client got in within 10 s of 20 closing: {e}"),
+        }
+    };
+    eprintln!("a new client got in {:?} after 20 closed", closed.elapsed());
+    round_trip(&mut again, 100, 9999);
+    drop(again);
+    drop(streams);
+    drop(server.stdin.take());
+    let status = server.wait().expect("waiting for the server");
+    let mut errors = String::new();
+    server.stderr.take().expect("stderr").read_to_string(&mut errors).expect("server stderr");
+    assert!(status.success(), "the server failed ({status}):\n{errors}");
+    assert!(!errors.contains("panicked"), "the server panicked:\n{errors}");
 }
