@@ -99,6 +99,14 @@ impl Driver<'_> {
             Some(LOCK_RETRY)
         } else if active {
             Some(self.config().idle_after)
+        } else if !self.armed {
+            // The application went idle since the last round, which left the work to it and
+            // did not arm: arm (and look) now. Sleeping unarmed without a timeout would wait
+            // for a ring no peer sends — a peer rings only sleepers — while what the peers
+            // published sits unprocessed (seen: a WRITE with immediate never acknowledged,
+            // its requester blocked for good, about once in a hundred runs of `many_links`
+            // on a loaded machine).
+            Some(Duration::ZERO)
         } else {
             self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
         }
@@ -195,5 +203,43 @@ impl Driver<'_> {
         core.arm();
         self.armed = true;
         self.deadline = core.progress();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::ShmDevice;
+
+    fn driver(shared: &DeviceShared) -> Driver<'_> {
+        Driver {
+            shared,
+            armed: false,
+            rung: false,
+            retry_lock: false,
+            deadline: None,
+            drives_seen: shared.drives(),
+            last_activity: None,
+            kicked_at: None,
+        }
+    }
+
+    #[test]
+    fn an_idle_application_makes_the_thread_arm_before_it_sleeps() {
+        let device = ShmDevice::open(ShmConfig::default()).expect("device");
+        let shared = &device.inner.shared;
+        let idle_after = shared.ctx.config.idle_after;
+        // The last round saw the application active (so it neither armed nor set a deadline);
+        // it has been idle since.
+        let mut driver = driver(shared);
+        driver.last_activity = Some(Instant::now() - idle_after * 2);
+        assert_eq!(driver.timeout(), Some(Duration::ZERO), "an unarmed idle thread would sleep for good");
+        // Armed with nothing due: it sleeps until rung.
+        driver.armed = true;
+        assert_eq!(driver.timeout(), None);
+        // While the application drives the device the thread naps for idle_after.
+        driver.armed = false;
+        shared.touch();
+        assert_eq!(driver.timeout(), Some(idle_after));
     }
 }
