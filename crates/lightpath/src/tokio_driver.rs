@@ -717,7 +717,6 @@ async fn accept_loop(
 ) {
     let places = Arc::new(Semaphore::new(MAX_PENDING));
     let mut negotiations = JoinSet::new();
-    let mut spare = crate::listener::SpareDescriptor::new();
     loop {
         let Ok(place) = Arc::clone(&places).acquire_owned().await else { return };
         // Reap finished negotiations while waiting for the next connection.
@@ -745,14 +744,6 @@ async fn accept_loop(
             Err(err)
                 if matches!(err.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
             Err(err) => {
-                if crate::listener::SpareDescriptor::exhausted(&err) && spare.release() {
-                    // Turn the client away now rather than leave it waiting (see
-                    // `SpareDescriptor`).
-                    let turned_away =
-                        ::tokio::time::timeout(std::time::Duration::from_millis(10), tcp.accept());
-                    drop(turned_away.await);
-                    spare.restore();
-                }
                 // Out of file descriptors and the like: report it and keep serving.
                 if ready.send(Err(err)).is_err() {
                     return;
