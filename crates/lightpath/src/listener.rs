@@ -114,15 +114,15 @@ fn wake_addr(local: SocketAddr) -> SocketAddr {
 /// listener gives this spare back, takes that client and closes its connection at once (the
 /// client reads the end of the stream during the negotiation and says so), then takes the
 /// spare again. (libuv does the same for its servers.)
-pub(crate) struct SpareDescriptor(Option<std::fs::File>);
+struct SpareDescriptor(Option<std::fs::File>);
 
 impl SpareDescriptor {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         Self(std::fs::File::open("/dev/null").ok())
     }
 
     /// Whether `err` says the process (or the system) is out of descriptors.
-    pub(crate) fn exhausted(err: &io::Error) -> bool {
+    fn exhausted(err: &io::Error) -> bool {
         let code = err.raw_os_error();
         code == Some(rustix::io::Errno::MFILE.raw_os_error())
             || code == Some(rustix::io::Errno::NFILE.raw_os_error())
@@ -130,12 +130,12 @@ impl SpareDescriptor {
 
     /// Gives the spare back (if held), so that one `accept` can succeed; returns whether it was
     /// held.
-    pub(crate) fn release(&mut self) -> bool {
+    fn release(&mut self) -> bool {
         self.0.take().is_some()
     }
 
     /// Takes a spare again (if one can be had).
-    pub(crate) fn restore(&mut self) {
+    fn restore(&mut self) {
         if self.0.is_none() {
             *self = Self::new();
         }

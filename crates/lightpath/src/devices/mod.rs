@@ -54,7 +54,7 @@ pub(crate) fn short_of_descriptors(tcp: &TcpStream) -> bool {
 
 /// Descriptors kept free for the established connections (see [`short_of_descriptors`]): an
 /// eighth of the limit, at least 64.
-pub(crate) fn descriptor_reserve(limit: u64) -> u64 {
+fn descriptor_reserve(limit: u64) -> u64 {
     (limit / 8).max(64)
 }
 
