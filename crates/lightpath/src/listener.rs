@@ -4,6 +4,9 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use rustix::event::{PollFd, PollFlags};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -107,38 +110,50 @@ fn wake_addr(local: SocketAddr) -> SocketAddr {
 
 /// A descriptor a listener holds back for the moment the process runs out of them.
 ///
-/// Out of descriptors, `accept(2)` fails and the client at the head of the backlog stays
-/// there: it connected (the kernel completed the handshake), sent its hello and waits for an
-/// answer that never comes — a Lightpath client gives up after the negotiation timeout (5 s)
-/// with "the server is not a Lightpath listener (or is stuck)", a plain one hangs. So the
-/// listener gives this spare back, takes that client and closes its connection at once (the
-/// client reads the end of the stream during the negotiation and says so), then takes the
-/// spare again. (libuv does the same for its servers.)
-struct SpareDescriptor(Option<std::fs::File>);
+/// Out of descriptors, `accept(2)` fails and a client in the backlog stays there: it connected
+/// (the kernel completed the handshake), sent its hello and waits for an answer that never
+/// comes — a Lightpath client gives up after the negotiation timeout (5 s) with "the server is
+/// not a Lightpath listener (or is stuck)", a plain one hangs. So, when a client is waiting,
+/// the listener gives this spare back, takes that client and closes its connection at once (the
+/// client reads the end of the stream during the negotiation and says so), then takes the spare
+/// again, all in one go: `accept` fails for want of a descriptor even with nobody waiting, and
+/// a spare given back then is soon taken by whatever opens a descriptor next (measured with
+/// the tokio listener: the registration of the connection accepted last took it, and the next
+/// client waited the 5 s). (libuv's servers do the same.)
+pub(crate) struct SpareDescriptor(Option<std::fs::File>);
 
 impl SpareDescriptor {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(std::fs::File::open("/dev/null").ok())
     }
 
     /// Whether `err` says the process (or the system) is out of descriptors.
-    fn exhausted(err: &io::Error) -> bool {
+    pub(crate) fn exhausted(err: &io::Error) -> bool {
         let code = err.raw_os_error();
         code == Some(rustix::io::Errno::MFILE.raw_os_error())
             || code == Some(rustix::io::Errno::NFILE.raw_os_error())
     }
 
-    /// Gives the spare back (if held), so that one `accept` can succeed; returns whether it was
-    /// held.
-    fn release(&mut self) -> bool {
-        self.0.take().is_some()
-    }
-
-    /// Takes a spare again (if one can be had).
-    fn restore(&mut self) {
+    /// If a client waits in `listener`'s backlog and the spare is held: closes the spare,
+    /// accepts that client, closes its connection and takes a spare again. Returns whether a
+    /// client was turned away.
+    pub(crate) fn turn_away_waiting_client(&mut self, listener: BorrowedFd<'_>) -> bool {
         if self.0.is_none() {
             *self = Self::new();
         }
+        if self.0.is_none() {
+            return false;
+        }
+        let mut fds = [PollFd::new(&listener, PollFlags::IN)];
+        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        if !matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(1)) {
+            return false;
+        }
+        self.0 = None;
+        // Readable: a connection is queued, so this does not block (a blocking listener's).
+        let turned_away = rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC).is_ok();
+        *self = Self::new();
+        turned_away
     }
 }
 
@@ -165,11 +180,10 @@ fn accept_loop(
                 continue
             }
             Err(err) => {
-                if SpareDescriptor::exhausted(&err) && spare.release() {
-                    // Turn the client away now rather than leave it waiting (see
+                if SpareDescriptor::exhausted(&err) {
+                    // Turn a waiting client away now rather than leave it waiting (see
                     // `SpareDescriptor`).
-                    drop(tcp.accept());
-                    spare.restore();
+                    spare.turn_away_waiting_client(tcp.as_fd());
                 }
                 // Out of file descriptors and the like: report it and keep serving.
                 if ready.send(Err(err)).is_err() {

@@ -717,6 +717,7 @@ async fn accept_loop(
 ) {
     let places = Arc::new(Semaphore::new(MAX_PENDING));
     let mut negotiations = JoinSet::new();
+    let mut spare = crate::listener::SpareDescriptor::new();
     loop {
         let Ok(place) = Arc::clone(&places).acquire_owned().await else { return };
         // Reap finished negotiations while waiting for the next connection.
@@ -744,6 +745,11 @@ async fn accept_loop(
             Err(err)
                 if matches!(err.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
             Err(err) => {
+                if crate::listener::SpareDescriptor::exhausted(&err) {
+                    // Turn a waiting client away now rather than leave it waiting (see
+                    // `SpareDescriptor`; synchronous, so no other task takes the spare).
+                    spare.turn_away_waiting_client(tcp.as_fd());
+                }
                 // Out of file descriptors and the like: report it and keep serving.
                 if ready.send(Err(err)).is_err() {
                     return;

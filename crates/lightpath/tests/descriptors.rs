@@ -31,6 +31,10 @@ fn connections(provider: &str) -> usize {
 #[test]
 fn server_role() {
     let Ok(provider) = std::env::var("LP_DESCRIPTORS_SERVER") else { return };
+    #[cfg(feature = "tokio")]
+    if provider == "tcp-tokio" {
+        return tokio_server();
+    }
     let options = match provider.as_str() {
         "shm" => common::shm(),
         "soft" => common::soft(),
@@ -166,28 +170,58 @@ fn a_soft_server_short_of_descriptors_falls_back_to_tcp() {
 /// working, and once some close, new clients get in again.
 #[test]
 fn clients_past_the_limit_are_turned_away_at_once() {
-    let (mut server, port) = start_server("tcp");
+    turned_away("tcp");
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn clients_past_the_limit_of_a_tokio_listener_are_turned_away_at_once() {
+    turned_away("tcp-tokio");
+}
+
+/// The body of the two tests above, against the server role `server_kind`.
+fn turned_away(server_kind: &str) {
+    let (mut server, port) = start_server(server_kind);
     let options = Options::default().with_providers(&[]);
     let mut streams = Vec::new();
     let mut refused = Vec::new();
+    // Connections the server negotiated and then dropped (it could not set them up).
+    let mut dropped = 0;
     for i in 0..(SERVER_LIMIT as usize + 40) {
         let started = std::time::Instant::now();
         match Stream::connect_with(("127.0.0.1", port), &options) {
             Ok(mut stream) => {
-                round_trip(&mut stream, 100, i as u32);
-                streams.push(stream);
+                let data = common::pattern(100, i as u32);
+                let mut back = vec![0u8; data.len()];
+                match stream.write_all(&data).and_then(|()| stream.read_exact(&mut back)) {
+                    Ok(()) => {
+                        assert!(back == data, "connection {i}: the echo differs");
+                        streams.push(stream);
+                    }
+                    Err(e) => {
+                        assert!(
+                            started.elapsed() < std::time::Duration::from_secs(3),
+                            "a drop took long: {e}"
+                        );
+                        dropped += 1;
+                    }
+                }
             }
             Err(e) => refused.push((started.elapsed(), e.to_string())),
         }
     }
     eprintln!(
-        "{} connected, {} turned away; first refusal: {:?}",
+        "{server_kind}: {} connected, {} turned away, {dropped} dropped after the negotiation; first refusal: {:?}",
         streams.len(),
         refused.len(),
         refused.first()
     );
-    assert!(streams.len() > SERVER_LIMIT as usize / 2, "only {} connections got in", streams.len());
-    assert!(!refused.is_empty(), "the server never ran out");
+    if server_kind == "tcp" {
+        assert_eq!(dropped, 0, "the blocking listener dropped negotiated connections");
+    }
+    // A tokio stream registers a duplicate of its socket: two descriptors per connection.
+    assert!(streams.len() > SERVER_LIMIT as usize / 3, "only {} connections got in", streams.len());
+    assert!(!refused.is_empty() || dropped > 0, "the server never ran out");
     for (took, error) in &refused {
         assert!(*took < std::time::Duration::from_secs(3), "a refusal took {took:?}: {error}");
         assert!(error.contains("out of file descriptors"), "the refusal does not say why it may be: {error}");
@@ -218,4 +252,46 @@ fn clients_past_the_limit_are_turned_away_at_once() {
     server.stderr.take().expect("stderr").read_to_string(&mut errors).expect("server stderr");
     assert!(status.success(), "the server failed ({status}):\n{errors}");
     assert!(!errors.contains("panicked"), "the server panicked:\n{errors}");
+}
+
+/// The server role with the tokio listener: echoes each connection in a task until standard
+/// input closes.
+#[cfg(feature = "tokio")]
+fn tokio_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let options = Options::default().with_providers(&[]);
+        let listener = lightpath::tokio::Listener::bind_with("127.0.0.1:0", options).await.expect("bind");
+        println!("listening-port={}", listener.local_addr().expect("address").port());
+        let (closed_tx, mut closed) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            let _ = closed_tx.send(());
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = &mut closed => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((mut stream, _)) => {
+                        tasks.spawn(async move {
+                            let mut buf = vec![0u8; 1 << 16];
+                            loop {
+                                let n = stream.read(&mut buf).await?;
+                                if n == 0 {
+                                    return Ok::<(), std::io::Error>(());
+                                }
+                                stream.write_all(&buf[..n]).await?;
+                            }
+                        });
+                    }
+                    Err(e) => eprintln!("server: accept failed: {e}"),
+                },
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("a server task panicked").expect("a server connection failed");
+        }
+    });
 }
