@@ -156,12 +156,17 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
             "allgather" | "reduce_scatter" | "alltoall" => (p as f64 - 1.0) / p as f64,
             _ => 1.0,
         };
+        let algorithm = match args.test.as_str() {
+            "allreduce" => comm.allreduce_algorithm(total).name(),
+            "bcast" | "broadcast" => comm.broadcast_algorithm(total).name(),
+            _ => "",
+        };
         if rank == 0 {
             if args.json {
                 outln!(
                     "{}",
                     serde_json::json!({"test": args.test, "impl": "lightpath", "ranks": p, "dtype": dtype.name(), "size": total,
-                        "iters": iters, "avg_us": avg[0], "p50_us": median[0], "min_us": mins[0], "max_us": maxs[0], "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "verified": true})
+                        "iters": iters, "algorithm": algorithm, "avg_us": avg[0], "p50_us": median[0], "min_us": mins[0], "max_us": maxs[0], "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "verified": true})
                 );
             } else {
                 outln!(

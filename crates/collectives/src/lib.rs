@@ -28,9 +28,11 @@ pub mod schedule;
 pub mod sim;
 pub mod store;
 
-pub use comm::{choose_allreduce, choose_broadcast, Communicator, Config, Request, MESH_RING};
+pub use comm::{
+    choose_allreduce, choose_allreduce_on, choose_broadcast, Communicator, Config, Request, MESH_RING,
+};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::Error;
 /// `half`'s 16-bit float types, re-exported for [`Element`] buffers.
 pub use half::{bf16, f16};
-pub use schedule::{AllreduceAlgo, BroadcastAlgo, Collective};
+pub use schedule::{AllreduceAlgo, BroadcastAlgo, Collective, Topology};

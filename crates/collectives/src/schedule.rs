@@ -21,6 +21,77 @@
 
 use crate::dtype::{DType, ReduceOp};
 
+/// From this many bytes on, a hierarchical allreduce over hosts with equal numbers of ranks
+/// splits the vector among each host's ranks (reduce-scatter, allreduce of the blocks across
+/// hosts, allgather); below it, it goes through one leader per host (fewer, larger messages,
+/// as small calls want).
+pub const HIERARCHICAL_SPLIT_MIN: usize = 64 << 10;
+
+/// Which host each rank of a group runs on: what [`AllreduceAlgo::Hierarchical`] follows.
+/// Hosts are numbered in the order of their first rank; each host lists its ranks in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    host_of: Vec<usize>,
+    hosts: Vec<Vec<usize>>,
+}
+
+impl Topology {
+    /// `size` ranks on one host.
+    pub fn one_host(size: usize) -> Topology {
+        Topology {
+            host_of: vec![0; size],
+            hosts: if size == 0 { Vec::new() } else { vec![(0..size).collect()] },
+        }
+    }
+
+    /// The topology of ranks whose hosts are named by `keys` (one per rank; equal keys, same
+    /// host).
+    pub fn from_keys<K: PartialEq>(keys: &[K]) -> Topology {
+        let mut firsts: Vec<&K> = Vec::new();
+        let mut host_of = Vec::with_capacity(keys.len());
+        let mut hosts: Vec<Vec<usize>> = Vec::new();
+        for (rank, key) in keys.iter().enumerate() {
+            let host = match firsts.iter().position(|k| *k == key) {
+                Some(host) => host,
+                None => {
+                    firsts.push(key);
+                    hosts.push(Vec::new());
+                    hosts.len() - 1
+                }
+            };
+            host_of.push(host);
+            hosts[host].push(rank);
+        }
+        Topology { host_of, hosts }
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.host_of.len()
+    }
+
+    /// The ranks of each host.
+    pub fn hosts(&self) -> &[Vec<usize>] {
+        &self.hosts
+    }
+
+    /// The host of `rank`.
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.host_of[rank]
+    }
+
+    /// Whether a hierarchical plan differs from a flat one: several hosts, and more than one
+    /// rank on at least one of them.
+    pub fn is_multi_level(&self) -> bool {
+        self.hosts.len() > 1 && self.hosts.iter().any(|h| h.len() > 1)
+    }
+
+    /// Whether every host has as many ranks.
+    pub fn is_uniform(&self) -> bool {
+        self.hosts.windows(2).all(|w| w[0].len() == w[1].len())
+    }
+}
+
 /// Which of a call's buffers a region lies in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buf {
@@ -111,12 +182,26 @@ pub enum AllreduceAlgo {
     /// Rabenseifner: recursive-halving reduce-scatter, recursive-doubling allgather
     /// (non-powers of two fold first).
     Rabenseifner,
+    /// Hierarchical, over the group's [`Topology`]: the ranks of each host first combine
+    /// among themselves (shared memory), then only what crosses hosts goes over the network,
+    /// then each host spreads the result. With the same number of ranks on every host and at
+    /// least [`HIERARCHICAL_SPLIT_MIN`] bytes: a ring reduce-scatter inside each host, an
+    /// allreduce of each block among the ranks holding it on every host (each rank carries
+    /// `1/L` of the vector across hosts, all `L` of a host at once), a ring allgather inside
+    /// each host. Otherwise: a binomial reduce to each host's first rank, an allreduce among
+    /// those leaders, a binomial broadcast inside each host. On one host it is a ring (or a
+    /// reduce and a broadcast); with one rank per host, the network allreduce alone.
+    Hierarchical,
 }
 
 impl AllreduceAlgo {
     /// Every algorithm.
-    pub const ALL: [AllreduceAlgo; 3] =
-        [AllreduceAlgo::Ring, AllreduceAlgo::RecursiveDoubling, AllreduceAlgo::Rabenseifner];
+    pub const ALL: [AllreduceAlgo; 4] = [
+        AllreduceAlgo::Ring,
+        AllreduceAlgo::RecursiveDoubling,
+        AllreduceAlgo::Rabenseifner,
+        AllreduceAlgo::Hierarchical,
+    ];
 
     /// Name used by `LIGHTPATH_COLL_ALLREDUCE` and in tables.
     pub fn name(self) -> &'static str {
@@ -124,6 +209,7 @@ impl AllreduceAlgo {
             AllreduceAlgo::Ring => "ring",
             AllreduceAlgo::RecursiveDoubling => "rd",
             AllreduceAlgo::Rabenseifner => "rabenseifner",
+            AllreduceAlgo::Hierarchical => "hierarchical",
         }
     }
 
@@ -200,21 +286,47 @@ impl Collective {
 }
 
 /// Collects steps, dropping empty ones.
+///
+/// The algorithms below are written for ranks `0..p` of a whole vector. A hierarchical
+/// schedule runs them on a subgroup (the ranks of one host, one rank per host) and on a block
+/// of the vector: while `members` is set, a step's peer `i` is `members[i]`, and while `base`
+/// is set, element `e` of the input and output is element `base + e` (scratch is unaffected:
+/// each phase uses it from offset 0, and no phase leaves anything in it for the next).
 struct Builder {
     rounds: Vec<Round>,
     current: Vec<Step>,
     es: usize,
+    members: Option<Vec<usize>>,
+    base: usize,
 }
 
 impl Builder {
     fn new(dtype: DType) -> Self {
-        Builder { rounds: Vec::new(), current: Vec::new(), es: dtype.size() }
+        Builder { rounds: Vec::new(), current: Vec::new(), es: dtype.size(), members: None, base: 0 }
     }
     /// Region of elements `[start, end)` of `buf`.
     fn r(&self, buf: Buf, start: usize, end: usize) -> Region {
-        Region::new(buf, start * self.es, (end - start) * self.es)
+        let base = if buf == Buf::Scratch { 0 } else { self.base };
+        Region::new(buf, (base + start) * self.es, (end - start) * self.es)
     }
-    fn push(&mut self, step: Step) {
+    /// Runs `phase` with peers numbered within `members` and elements counted from `base`.
+    fn within<R>(&mut self, members: Vec<usize>, base: usize, phase: impl FnOnce(&mut Builder) -> R) -> R {
+        let saved = (self.members.replace(members), std::mem::replace(&mut self.base, base));
+        let r = phase(self);
+        self.end_round();
+        (self.members, self.base) = saved;
+        r
+    }
+    fn push(&mut self, mut step: Step) {
+        if let Some(members) = &self.members {
+            match &mut step {
+                Step::Send { peer, .. }
+                | Step::Recv { peer, .. }
+                | Step::RecvReduce { peer, .. }
+                | Step::RecvCombine { peer, .. } => *peer = members[*peer],
+                Step::Copy { .. } | Step::Reduce { .. } | Step::Divide { .. } => {}
+            }
+        }
         let len = match step {
             Step::Send { from, .. } => from.len,
             Step::Recv { into, .. } | Step::RecvReduce { into, .. } | Step::RecvCombine { into, .. } => {
@@ -270,11 +382,20 @@ impl Builder {
     }
 }
 
-/// Builds rank `rank`'s schedule of `what` among `size` ranks. Counts are elements of `dtype`.
+/// Builds rank `rank`'s schedule of `what` among `size` ranks of one host. Counts are
+/// elements of `dtype`.
 ///
 /// Panics if `rank >= size`, a root or peer is out of range, or a counts vector's length is
 /// not `size` (the [`crate::Communicator`] checks these and returns errors first).
 pub fn build(what: &Collective, dtype: DType, rank: usize, size: usize) -> Schedule {
+    build_on(what, dtype, rank, &Topology::one_host(size))
+}
+
+/// Builds rank `rank`'s schedule of `what` among the ranks of `topology` (only
+/// [`AllreduceAlgo::Hierarchical`] looks at the hosts; every other plan depends on the
+/// group size alone). Panics as [`build`] does.
+pub fn build_on(what: &Collective, dtype: DType, rank: usize, topology: &Topology) -> Schedule {
+    let size = topology.size();
     assert!(rank < size, "rank {rank} out of range for size {size}");
     let mut b = Builder::new(dtype);
     let mut op = ReduceOp::Sum;
@@ -294,6 +415,9 @@ pub fn build(what: &Collective, dtype: DType, rank: usize, size: usize) -> Sched
                 AllreduceAlgo::Ring => ring_allreduce(&mut b, rank, size, n, src),
                 AllreduceAlgo::RecursiveDoubling => scratch = recursive_doubling(&mut b, rank, size, n, src),
                 AllreduceAlgo::Rabenseifner => rabenseifner(&mut b, rank, size, n, src),
+                AllreduceAlgo::Hierarchical => {
+                    scratch = hierarchical_allreduce(&mut b, topology, rank, n, src)
+                }
             }
             if op == ReduceOp::Avg {
                 b.push(Step::Divide { region: b.r(Buf::Output, 0, n), by: size });
@@ -579,6 +703,66 @@ fn rabenseifner(b: &mut Builder, rank: usize, p: usize, n: usize, src: Buf) {
         }
     }
     fold.fold_out(b, rank, n);
+}
+
+/// A flat allreduce of `n` elements among `p` ranks (`Hierarchical` is not one); returns
+/// the scratch bytes used.
+fn flat_allreduce(b: &mut Builder, algo: AllreduceAlgo, rank: usize, p: usize, n: usize, src: Buf) -> usize {
+    match algo {
+        AllreduceAlgo::Ring | AllreduceAlgo::Hierarchical => {
+            ring_allreduce(b, rank, p, n, src);
+            0
+        }
+        AllreduceAlgo::RecursiveDoubling => recursive_doubling(b, rank, p, n, src),
+        AllreduceAlgo::Rabenseifner => {
+            rabenseifner(b, rank, p, n, src);
+            0
+        }
+    }
+}
+
+/// See [`AllreduceAlgo::Hierarchical`]; returns the scratch bytes used. Every phase ends its
+/// last round, and a pair of ranks talks in one phase only or (same host) in the first and
+/// the last, so messages between two ranks stay in the same order on both sides.
+fn hierarchical_allreduce(b: &mut Builder, topology: &Topology, rank: usize, n: usize, src: Buf) -> usize {
+    let host = topology.host_of(rank);
+    let members = topology.hosts()[host].clone();
+    let local = members.iter().position(|&r| r == rank).expect("a rank is on its host");
+    let l = members.len();
+    let h = topology.hosts().len();
+    let es = b.es;
+    if topology.is_uniform() && n * es >= HIERARCHICAL_SPLIT_MIN {
+        // Inside the host: rank `local` ends holding block `(local + 1) % l`, reduced over
+        // the host (nothing to do alone: the whole vector, still where it was).
+        let displ: Vec<usize> = (0..=l).map(|i| n * i / l).collect();
+        b.within(members.clone(), 0, |b| ring_reduce_scatter(b, local, l, &displ, Buf::Output, 0, src, None));
+        let block = (local + 1) % l;
+        let (start, len) = (displ[block], displ[block + 1] - displ[block]);
+        let block_src = if l > 1 { Buf::Output } else { src };
+        // Across hosts: the ranks holding the same block (the same local index everywhere).
+        let column: Vec<usize> = topology.hosts().iter().map(|ranks| ranks[local]).collect();
+        let algo = crate::comm::choose_allreduce(len * es, h);
+        let scratch = b.within(column, start, |b| flat_allreduce(b, algo, host, h, len, block_src));
+        b.within(members, 0, |b| ring_allgather(b, local, l, &displ, Buf::Output, 1));
+        scratch
+    } else {
+        // Through each host's first rank. The binomial reduce combines the output buffers.
+        let mut block_src = src;
+        if l > 1 && src == Buf::Input {
+            b.push(Step::Copy { from: b.r(Buf::Input, 0, n), into: b.r(Buf::Output, 0, n) });
+            b.end_round();
+            block_src = Buf::Output;
+        }
+        let mut scratch = b.within(members.clone(), 0, |b| binomial_reduce(b, local, l, n, 0));
+        if local == 0 {
+            let leaders: Vec<usize> = topology.hosts().iter().map(|ranks| ranks[0]).collect();
+            let algo = crate::comm::choose_allreduce(n * es, h);
+            let s = b.within(leaders, 0, |b| flat_allreduce(b, algo, host, h, n, block_src));
+            scratch = scratch.max(s);
+        }
+        b.within(members, 0, |b| binomial_broadcast(b, local, l, n, 0));
+        scratch
+    }
 }
 
 fn binomial_broadcast(b: &mut Builder, rank: usize, p: usize, n: usize, root: usize) {

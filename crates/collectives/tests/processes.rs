@@ -8,7 +8,7 @@
 //! normal run the `worker` test returns at once.
 
 use lightpath_collectives::launch::{launch, LaunchOptions};
-use lightpath_collectives::{bf16, f16, Communicator, DType, Error, ReduceOp};
+use lightpath_collectives::{bf16, f16, AllreduceAlgo, Communicator, DType, Error, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn value(rank: usize, i: usize) -> i64 {
@@ -34,6 +34,14 @@ macro_rules! check {
 
 fn role_all(comm: &Communicator) {
     let (r, p) = (comm.rank(), comm.size());
+    // The hosts the job was started on, when the test says (see `LPCOLL_HOSTS`).
+    if let Ok(expect) = std::env::var("LPCOLL_EXPECT_HOSTS") {
+        let hosts = format!("{:?}", comm.topology().hosts());
+        check!(hosts == expect, "hosts {hosts}, expected {expect}");
+        let algo = comm.allreduce_algorithm(1 << 20);
+        check!(algo == AllreduceAlgo::Hierarchical, "1 MiB allreduce over {hosts} uses {algo:?}");
+        check!(comm.allreduce_algorithm(8) == AllreduceAlgo::Hierarchical, "8 B over {hosts}");
+    }
     for n in [0usize, 1, 7, 1000, 70_000, 600_000] {
         let want = expect_sum(p, n);
         // f32 in place, every algorithm via the default table and sizes.
@@ -270,6 +278,13 @@ fn role_abort(comm: &Communicator) {
 #[test]
 fn worker() {
     let Ok(role) = std::env::var("LPCOLL_ROLE") else { return };
+    // `LPCOLL_HOSTS=a,a,b,b`: rank r says it runs on host `a`, `a`, `b`, ... (one machine
+    // standing in for several, through `LIGHTPATH_COLL_HOST`).
+    if let Ok(hosts) = std::env::var("LPCOLL_HOSTS") {
+        let env = lightpath_collectives::bootstrap::detect().expect("a launcher's environment");
+        let host = hosts.split(',').nth(env.rank).expect("a host per rank").to_string();
+        std::env::set_var("LIGHTPATH_COLL_HOST", host);
+    }
     let comm = match Communicator::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -327,6 +342,25 @@ fn every_collective_on_8_ranks_with_forced_algorithms() {
             &[(var, value), ("LIGHTPATH_COLL_TIMEOUT_MS", "20000")],
         );
         assert_eq!(out.first_failure, None, "{var}={value}: {:?}", out.statuses);
+    }
+}
+
+/// Ranks that say they run on different hosts (`LIGHTPATH_COLL_HOST`) allreduce
+/// hierarchically: every collective, with hosts round-robin and uneven.
+#[test]
+fn every_collective_over_hosts_with_hierarchical_allreduce() {
+    for (hosts, expect) in [("x,y,x,y", "[[0, 2], [1, 3]]"), ("a,a,a,b,b", "[[0, 1, 2], [3, 4]]")] {
+        let ranks = hosts.split(',').count();
+        let out = run(
+            ranks,
+            "all",
+            &[
+                ("LPCOLL_HOSTS", hosts),
+                ("LPCOLL_EXPECT_HOSTS", expect),
+                ("LIGHTPATH_COLL_TIMEOUT_MS", "20000"),
+            ],
+        );
+        assert_eq!(out.first_failure, None, "hosts {hosts}: {:?}", out.statuses);
     }
 }
 
@@ -622,6 +656,7 @@ fn hosts_as_network_namespaces_soft_between_shm_inside() {
                 .arg(&exe)
                 .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
                 .env("LPCOLL_ROLE", "all")
+                .env("LPCOLL_EXPECT_HOSTS", "[[0, 1], [2, 3]]")
                 .env("LIGHTPATH_COLL_TIMEOUT_MS", "30000")
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", "4")

@@ -3,7 +3,9 @@
 //! sizes 1..=16, every dtype × operator, plus proptest over random shapes and seeds.
 
 use lightpath_collectives::dtype::{self, DType, ReduceOp};
-use lightpath_collectives::schedule::{build, AllreduceAlgo, BroadcastAlgo, Collective};
+use lightpath_collectives::schedule::{
+    build, build_on, AllreduceAlgo, BroadcastAlgo, Collective, Topology, HIERARCHICAL_SPLIT_MIN,
+};
 use lightpath_collectives::sim::{run, Buffers};
 use proptest::prelude::*;
 
@@ -66,6 +68,19 @@ fn check_allreduce(
     in_place: bool,
     seed: u64,
 ) {
+    check_allreduce_on(algo, n, &Topology::one_host(p), dtype, op, in_place, seed)
+}
+
+fn check_allreduce_on(
+    algo: AllreduceAlgo,
+    n: usize,
+    topology: &Topology,
+    dtype: DType,
+    op: ReduceOp,
+    in_place: bool,
+    seed: u64,
+) {
+    let p = topology.size();
     let inputs: Vec<Vec<u8>> = (0..p).map(|r| data(dtype, r, n, seed)).collect();
     let expect = reference(dtype, op, &inputs);
     let bufs = inputs
@@ -79,9 +94,11 @@ fn check_allreduce(
         })
         .collect();
     let what = Collective::Allreduce { count: n, op, algo, in_place };
-    let out = simulate(&what, dtype, p, bufs, seed);
+    let mut out: Vec<Buffers> = bufs;
+    let schedules: Vec<_> = (0..p).map(|r| build_on(&what, dtype, r, topology)).collect();
+    run(&schedules, &mut out, seed).unwrap_or_else(|e| panic!("{what:?} {dtype} {topology:?}: {e:?}"));
     for (r, b) in out.iter().enumerate() {
-        assert_eq!(b.output, expect, "{what:?} {dtype} p={p} rank {r}");
+        assert_eq!(b.output, expect, "{what:?} {dtype} {topology:?} rank {r}");
         if !in_place {
             assert_eq!(b.input, inputs[r], "input changed");
         }
@@ -98,6 +115,86 @@ fn allreduce_every_algorithm_size_and_world_size() {
             }
         }
     }
+}
+
+/// Hosts as rank -> host lists: blocks, round-robin, uneven, one rank alone, many hosts.
+const LAYOUTS: [&[u8]; 12] = [
+    &[0, 0, 1, 1],
+    &[0, 1, 0, 1],
+    &[0, 0, 0, 1],
+    &[1, 0, 0, 0],
+    &[0, 1, 2],
+    &[0, 0, 1, 1, 2, 2],
+    &[0, 1, 2, 0, 1, 2],
+    &[0, 0, 0, 1, 1, 2],
+    &[0, 0, 0, 0, 1, 1, 1, 1],
+    &[0, 1, 1, 1, 1, 1, 1, 0, 2],
+    &[0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
+    &[3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0],
+];
+
+#[test]
+fn hierarchical_allreduce_on_every_layout() {
+    // Both plans: through leaders (small, or uneven hosts) and split among each host's
+    // ranks (from HIERARCHICAL_SPLIT_MIN bytes with equal hosts), at sizes that leave some
+    // ranks' blocks empty.
+    let split = HIERARCHICAL_SPLIT_MIN / 4;
+    for layout in LAYOUTS {
+        let topology = Topology::from_keys(layout);
+        for n in SIZES.into_iter().chain([split - 1, split, split + 5]) {
+            check_allreduce_on(
+                AllreduceAlgo::Hierarchical,
+                n,
+                &topology,
+                DType::F32,
+                ReduceOp::Sum,
+                n % 2 == 0,
+                3,
+            );
+            check_allreduce_on(
+                AllreduceAlgo::Hierarchical,
+                n,
+                &topology,
+                DType::I32,
+                ReduceOp::Avg,
+                n % 2 == 1,
+                4,
+            );
+        }
+    }
+}
+
+#[test]
+fn hierarchical_allreduce_every_dtype_and_operator() {
+    for layout in [&[0u8, 0, 1, 1][..], &[0, 1, 0, 1, 1]] {
+        let topology = Topology::from_keys(layout);
+        for n in [37, HIERARCHICAL_SPLIT_MIN / 2 + 3] {
+            for dtype in DType::ALL {
+                for op in ReduceOp::ALL {
+                    check_allreduce_on(
+                        AllreduceAlgo::Hierarchical,
+                        n,
+                        &topology,
+                        dtype,
+                        op,
+                        (op as u8).is_multiple_of(2),
+                        7,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn topologies_group_ranks_by_host() {
+    let t = Topology::from_keys(&["b", "a", "b", "c", "a"]);
+    assert_eq!(t.hosts(), &[vec![0, 2], vec![1, 4], vec![3]]);
+    assert_eq!((t.host_of(3), t.size()), (2, 5));
+    assert!(t.is_multi_level() && !t.is_uniform());
+    assert!(Topology::from_keys(&[1, 1, 2, 2]).is_uniform());
+    assert!(!Topology::one_host(4).is_multi_level());
+    assert!(!Topology::from_keys(&[1, 2, 3]).is_multi_level(), "one rank per host is flat");
 }
 
 #[test]
@@ -320,8 +417,13 @@ fn the_simulator_catches_mismatched_and_deadlocked_plans() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test]
-    fn allreduce_random_shapes(p in 1usize..=16, n in 0usize..300, algo in 0usize..3, op in 0usize..5, dt in 0usize..7, seed in any::<u64>(), in_place in any::<bool>()) {
+    fn allreduce_random_shapes(p in 1usize..=16, n in 0usize..300, algo in 0usize..4, op in 0usize..5, dt in 0usize..7, seed in any::<u64>(), in_place in any::<bool>()) {
         check_allreduce(AllreduceAlgo::ALL[algo], n, p, DType::ALL[dt], ReduceOp::ALL[op], in_place, seed);
+    }
+
+    #[test]
+    fn hierarchical_allreduce_random_layouts(hosts in proptest::collection::vec(0u8..4, 1..=12), n in 0usize..300, op in 0usize..5, seed in any::<u64>(), in_place in any::<bool>()) {
+        check_allreduce_on(AllreduceAlgo::Hierarchical, n, &Topology::from_keys(&hosts), DType::I64, ReduceOp::ALL[op], in_place, seed);
     }
 
     #[test]
