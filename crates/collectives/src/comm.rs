@@ -88,7 +88,9 @@ impl Config {
         }
         if let Some(v) = var("LIGHTPATH_COLL_BCAST") {
             c.broadcast = Some(parse_bcast(&v).ok_or_else(|| {
-                Error::bootstrap(format!("LIGHTPATH_COLL_BCAST={v:?}: use binomial or chain[:BYTES]"))
+                Error::bootstrap(format!(
+                    "LIGHTPATH_COLL_BCAST={v:?}: use binomial, chain[:BYTES] or hierarchical"
+                ))
             })?);
         }
         c.check_fingerprints = var("LIGHTPATH_COLL_DEBUG").is_some_and(|v| v != "0");
@@ -105,6 +107,7 @@ impl Config {
 fn parse_bcast(v: &str) -> Option<BroadcastAlgo> {
     match v.split_once(':') {
         None if v == "binomial" => Some(BroadcastAlgo::Binomial),
+        None if v == "hierarchical" => Some(BroadcastAlgo::Hierarchical),
         None if v == "chain" => Some(BroadcastAlgo::Chain { segment: DEFAULT_CHAIN_SEGMENT }),
         Some(("chain", n)) => {
             n.parse().ok().filter(|n| *n > 0).map(|segment| BroadcastAlgo::Chain { segment })
@@ -153,6 +156,17 @@ pub fn choose_allreduce_on(bytes: usize, topology: &Topology) -> AllreduceAlgo {
         AllreduceAlgo::Hierarchical
     } else {
         choose_allreduce(bytes, topology.size())
+    }
+}
+
+/// The broadcast algorithm for `bytes` among the ranks of `topology` when none is forced:
+/// [`BroadcastAlgo::Hierarchical`] when the group spans hosts with more than one rank on some
+/// host (one message per host crosses the network), else [`choose_broadcast`].
+pub fn choose_broadcast_on(bytes: usize, topology: &Topology) -> BroadcastAlgo {
+    if topology.is_multi_level() {
+        BroadcastAlgo::Hierarchical
+    } else {
+        choose_broadcast(bytes, topology.size())
     }
 }
 
@@ -700,7 +714,7 @@ impl Communicator {
 
     /// The broadcast algorithm this communicator uses for `bytes` (forced or from the table).
     pub fn broadcast_algorithm(&self, bytes: usize) -> BroadcastAlgo {
-        self.shared.config.broadcast.unwrap_or_else(|| choose_broadcast(bytes, self.size()))
+        self.shared.config.broadcast.unwrap_or_else(|| choose_broadcast_on(bytes, &self.topology))
     }
 
     /// `buf` = op over every rank's `buf`.

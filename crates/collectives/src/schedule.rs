@@ -230,6 +230,11 @@ pub enum BroadcastAlgo {
         /// Segment size in bytes (rounded down to whole elements, at least one).
         segment: usize,
     },
+    /// Hierarchical, over the group's [`Topology`]: a broadcast among one rank per host (the
+    /// root on its own host, the first rank on the others), then one inside each host from
+    /// that rank; each level picks binomial or chain for its own size. One message per host
+    /// crosses the network.
+    Hierarchical,
 }
 
 impl BroadcastAlgo {
@@ -238,6 +243,7 @@ impl BroadcastAlgo {
         match self {
             BroadcastAlgo::Binomial => "binomial",
             BroadcastAlgo::Chain { .. } => "chain",
+            BroadcastAlgo::Hierarchical => "hierarchical",
         }
     }
 }
@@ -431,8 +437,8 @@ pub fn build_on(what: &Collective, dtype: DType, rank: usize, topology: &Topolog
             }
         }
         Collective::Broadcast { count, root, algo } => match algo {
-            BroadcastAlgo::Binomial => binomial_broadcast(&mut b, rank, size, *count, *root),
-            BroadcastAlgo::Chain { segment } => chain_broadcast(&mut b, rank, size, *count, *root, *segment),
+            BroadcastAlgo::Hierarchical => hierarchical_broadcast(&mut b, topology, rank, *count, *root),
+            flat => flat_broadcast(&mut b, *flat, rank, size, *count, *root),
         },
         Collective::Allgather { counts, in_place } => {
             assert_eq!(counts.len(), size);
@@ -763,6 +769,34 @@ fn hierarchical_allreduce(b: &mut Builder, topology: &Topology, rank: usize, n: 
         b.within(members, 0, |b| binomial_broadcast(b, local, l, n, 0));
         scratch
     }
+}
+
+/// A flat broadcast (`Hierarchical` is not one: binomial stands in).
+fn flat_broadcast(b: &mut Builder, algo: BroadcastAlgo, rank: usize, p: usize, n: usize, root: usize) {
+    match algo {
+        BroadcastAlgo::Binomial | BroadcastAlgo::Hierarchical => binomial_broadcast(b, rank, p, n, root),
+        BroadcastAlgo::Chain { segment } => chain_broadcast(b, rank, p, n, root, segment),
+    }
+}
+
+/// See [`BroadcastAlgo::Hierarchical`]. Leaders of different hosts talk in the first phase
+/// only, ranks of one host in the second only.
+fn hierarchical_broadcast(b: &mut Builder, topology: &Topology, rank: usize, n: usize, root: usize) {
+    let hosts = topology.hosts();
+    let (host, root_host) = (topology.host_of(rank), topology.host_of(root));
+    let leaders: Vec<usize> =
+        hosts.iter().enumerate().map(|(h, ranks)| if h == root_host { root } else { ranks[0] }).collect();
+    let bytes = n * b.es;
+    if rank == leaders[host] {
+        let algo = crate::comm::choose_broadcast(bytes, hosts.len());
+        b.within(leaders.clone(), 0, |b| flat_broadcast(b, algo, host, hosts.len(), n, root_host));
+    }
+    let members = hosts[host].clone();
+    let local = members.iter().position(|&r| r == rank).expect("a rank is on its host");
+    let local_root = members.iter().position(|&r| r == leaders[host]).expect("a leader is on its host");
+    let algo = crate::comm::choose_broadcast(bytes, members.len());
+    let l = members.len();
+    b.within(members, 0, |b| flat_broadcast(b, algo, local, l, n, local_root));
 }
 
 fn binomial_broadcast(b: &mut Builder, rank: usize, p: usize, n: usize, root: usize) {

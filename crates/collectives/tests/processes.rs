@@ -8,7 +8,7 @@
 //! normal run the `worker` test returns at once.
 
 use lightpath_collectives::launch::{launch, LaunchOptions};
-use lightpath_collectives::{bf16, f16, AllreduceAlgo, Communicator, DType, Error, ReduceOp};
+use lightpath_collectives::{bf16, f16, AllreduceAlgo, BroadcastAlgo, Communicator, DType, Error, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn value(rank: usize, i: usize) -> i64 {
@@ -41,6 +41,7 @@ fn role_all(comm: &Communicator) {
         let algo = comm.allreduce_algorithm(1 << 20);
         check!(algo == AllreduceAlgo::Hierarchical, "1 MiB allreduce over {hosts} uses {algo:?}");
         check!(comm.allreduce_algorithm(8) == AllreduceAlgo::Hierarchical, "8 B over {hosts}");
+        check!(comm.broadcast_algorithm(8) == BroadcastAlgo::Hierarchical, "broadcast over {hosts}");
     }
     for n in [0usize, 1, 7, 1000, 70_000, 600_000] {
         let want = expect_sum(p, n);

@@ -187,6 +187,33 @@ fn hierarchical_allreduce_every_dtype_and_operator() {
 }
 
 #[test]
+fn hierarchical_broadcast_on_every_layout_from_every_root() {
+    // Small and large (each level may pick a chain: 256 KiB segments from 256 KiB on).
+    for layout in LAYOUTS {
+        let topology = Topology::from_keys(layout);
+        let p = topology.size();
+        for n in [0, 1, 33, 1031, 70_000] {
+            for root in 0..p {
+                let src = data(DType::F32, root, n, 6);
+                let mut bufs: Vec<Buffers> = (0..p)
+                    .map(|r| Buffers {
+                        input: Vec::new(),
+                        output: if r == root { src.clone() } else { vec![0; src.len()] },
+                    })
+                    .collect();
+                let what = Collective::Broadcast { count: n, root, algo: BroadcastAlgo::Hierarchical };
+                let schedules: Vec<_> = (0..p).map(|r| build_on(&what, DType::F32, r, &topology)).collect();
+                run(&schedules, &mut bufs, root as u64)
+                    .unwrap_or_else(|e| panic!("{what:?} {topology:?}: {e:?}"));
+                for (r, b) in bufs.iter().enumerate() {
+                    assert_eq!(b.output, src, "{what:?} {topology:?} rank {r}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn topologies_group_ranks_by_host() {
     let t = Topology::from_keys(&["b", "a", "b", "c", "a"]);
     assert_eq!(t.hosts(), &[vec![0, 2], vec![1, 4], vec![3]]);
@@ -240,6 +267,7 @@ fn broadcast_every_algorithm_root_size_and_world_size() {
         BroadcastAlgo::Binomial,
         BroadcastAlgo::Chain { segment: 64 },
         BroadcastAlgo::Chain { segment: 1 << 20 },
+        BroadcastAlgo::Hierarchical,
     ] {
         for p in 1..=16 {
             for n in SIZES {
