@@ -291,20 +291,22 @@ impl Mesh {
     /// Chooses how long an idle rank busy-polls before yielding (see `run_round`), for
     /// `local_size` ranks on this host: `LIGHTPATH_COLL_SPIN_US` if set, else [`SPIN`] when
     /// this thread is bound to one CPU, the host has a CPU for every local rank and every peer
-    /// is reached over shm (no peer can then be waiting for this rank's CPU, and nothing this
-    /// rank waits for needs it: shm moves while the ranks poll), else 0. Open MPI decides the
-    /// same way (it yields when oversubscribed). Only shm was measured to gain from it; soft
-    /// needs its progress thread (which receives the peer's datagrams) to run, on the rank's
-    /// CPU when the rank is bound, so there the rank yields (over soft, 2 ranks, 8 B
+    /// is reached over shm or over soft driven by the rank itself (no peer can then be waiting
+    /// for this rank's CPU, and nothing this rank waits for needs it: shm moves while the
+    /// ranks poll, and a soft device in polling mode receives in the rank's own looks), else
+    /// 0. Open MPI decides the same way (it yields when oversubscribed). With soft's progress
+    /// thread (`Config::stream` set to `ProgressMode::Thread`) the rank yields: that thread
+    /// receives the peer's datagrams, on the rank's CPU when the rank is bound (2 ranks, 8 B
     /// allreduce: median ~74 us either way).
-    pub(crate) fn choose_spin(&mut self, local_size: usize) {
-        let all_shm =
-            self.peers.iter().flatten().all(|p| {
-                matches!(p.data.transport(), lightpath::Transport::Rdma(lightpath::ProviderId::Shm))
-            });
+    pub(crate) fn choose_spin(&mut self, local_size: usize, soft_polled: bool) {
+        let polled = self.peers.iter().flatten().all(|p| match p.data.transport() {
+            lightpath::Transport::Rdma(lightpath::ProviderId::Shm) => true,
+            lightpath::Transport::Rdma(lightpath::ProviderId::Soft) => soft_polled,
+            _ => false,
+        });
         self.spin = match std::env::var("LIGHTPATH_COLL_SPIN_US").ok().and_then(|v| v.parse().ok()) {
             Some(us) => Duration::from_micros(us),
-            None if all_shm && bound_to_one_cpu() && local_size <= online_cpus() => SPIN,
+            None if polled && bound_to_one_cpu() && local_size <= online_cpus() => SPIN,
             None => Duration::ZERO,
         };
     }

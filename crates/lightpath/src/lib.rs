@@ -55,7 +55,7 @@ mod tcp;
 pub mod tokio;
 
 pub use counters::{soft_device_stats, SoftDeviceStats};
-pub use lightpath_soft::{QpStats, SoftStats};
+pub use lightpath_soft::{ProgressMode, QpStats, SoftStats};
 pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 pub use listener::Listener;
 pub use options::Options;
