@@ -28,7 +28,7 @@ pub mod schedule;
 pub mod sim;
 pub mod store;
 
-pub use comm::{choose_allreduce, choose_broadcast, Communicator, Config, Request, MESH_RING};
+pub use comm::{choose_allreduce, choose_broadcast, CallBuffers, Communicator, Config, Request, MESH_RING};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::Error;
 /// `half`'s 16-bit float types, re-exported for [`Element`] buffers.

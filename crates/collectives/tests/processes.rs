@@ -8,7 +8,7 @@
 //! normal run the `worker` test returns at once.
 
 use lightpath_collectives::launch::{launch, LaunchOptions};
-use lightpath_collectives::{bf16, f16, Communicator, DType, Error, ReduceOp};
+use lightpath_collectives::{bf16, f16, CallBuffers, Collective, Communicator, DType, Error, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn value(rank: usize, i: usize) -> i64 {
@@ -110,6 +110,36 @@ fn role_all(comm: &Communicator) {
     check!(a.wait().unwrap().iter().all(|x| *x == p as i64), "iallreduce");
     check!(b.wait().unwrap().iter().all(|x| *x == (p - 1) as f64), "iallreduce max");
     c.wait().unwrap();
+    // The generic nonblocking form over buffers the caller provides (what bindings use):
+    // out of place, two outstanding, waited in reverse order; an inconsistent call is
+    // refused at once and issues nothing.
+    #[derive(Debug)]
+    struct Pair(Vec<u8>, Vec<u8>);
+    impl CallBuffers for Pair {
+        fn buffers(&mut self) -> (&[u8], &mut [u8]) {
+            (&self.0, &mut self.1)
+        }
+    }
+    let n = 1001;
+    let bytes = |v: Vec<i32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let ints =
+        |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+    let scatter = Collective::ReduceScatter { count: n, op: ReduceOp::Sum };
+    let rs =
+        comm.iexecute(scatter.clone(), DType::I32, Pair(bytes(fill(r, n * p, |x| x as i32)), vec![0; 4 * n]));
+    let gather = Collective::Allgather { counts: vec![4 * n; p], in_place: false };
+    let ag = comm.iexecute(gather, DType::U8, Pair(bytes(fill(r, n, |x| x as i32)), vec![0; 4 * n * p]));
+    let refused = comm.iexecute(scatter, DType::I32, Pair(vec![0; 4], vec![0; 4 * n]));
+    check!(matches!(refused, Err(Error::InvalidArgument { .. })), "iexecute took a short input: {refused:?}");
+    let gathered = ints(&ag.unwrap().wait().unwrap().1);
+    check!(
+        (0..p).all(|q| gathered[q * n..(q + 1) * n] == fill(q, n, |x| x as i32)[..]),
+        "iexecute allgather"
+    );
+    let scattered = ints(&rs.unwrap().wait().unwrap().1);
+    let want: Vec<i32> = (0..n).map(|i| (0..p).map(|q| value(q, r * n + i) as i32).sum()).collect();
+    check!(scattered == want, "iexecute reduce_scatter");
+    comm.wait_issued();
     // Split into even and odd ranks, reversed order; allreduce the world ranks.
     let sub = comm.split(Some((r % 2) as u32), -(r as i64)).unwrap().unwrap();
     let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
