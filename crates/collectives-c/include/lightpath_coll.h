@@ -113,7 +113,8 @@ int lp_recv(const lp_comm *comm, void *buf, size_t count, int dtype, int peer);
  *   request completes, they must stay valid, recvbuf (and an in-place or lp_ibroadcast buf)
  *   must be neither read nor written, and sendbuf must not be written.
  * - Order: calls on a process run one at a time, in the order they were issued, blocking and
- *   nonblocking alike (each nonblocking call runs on a thread of its own, in its turn). So every
+ *   nonblocking alike (nonblocking calls run on one thread of Lightpath's per process, started by the
+ *   first of them, each in its turn). So every
  *   rank must issue the same calls in the same order, as for blocking calls; requests may be
  *   completed in any order, and a blocking call made while requests are pending runs after them.
  * - Errors: arguments are checked when the call is made. A bad one makes the call return

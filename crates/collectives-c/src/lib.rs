@@ -18,10 +18,11 @@
 //! `lp_iallreduce`, `lp_ibroadcast`, `lp_iallgather`, `lp_ireduce_scatter`, `lp_ialltoall`
 //! and `lp_ibarrier` check their arguments exactly as the blocking forms do (same code), then
 //! start the call with [`Communicator::iexecute`], the Rust side's one nonblocking machinery:
-//! each call runs on a thread of its own in the turn it took when it was issued, so calls
+//! each call runs on the communicator's call thread in the turn it took when it was issued
+//! (one thread per process, started by the first nonblocking call), so calls
 //! run in the order of issue, blocking ones included. The caller's buffers are lent to the
 //! call without a copy: a private [`CallBuffers`] value holds their pointers and lengths and
-//! rebuilds the slices on the call's thread; the header's contract (buffers valid and
+//! rebuilds the slices on the call thread; the header's contract (buffers valid and
 //! untouched until the request completes) is what makes that sound.
 //!
 //! An `lp_request *` is a handle, not an address: a slot of a process-wide table and that

@@ -9,7 +9,6 @@ use crate::store::{StoreClient, StoreServer};
 use std::net::{IpAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How a communicator behaves. [`Config::from_env`] reads the environment variables.
@@ -165,6 +164,11 @@ struct Shared {
     turn: Condvar,
     config: Config,
     _store: Option<StoreServer>,
+    /// The queue of the thread that runs nonblocking calls, started by the first one. Calls
+    /// go in in the order of their tickets (taken under this lock), so the thread, running
+    /// them one after the other, never waits for a call queued behind the one it runs. It
+    /// ends when this is dropped.
+    worker: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     /// Clones of the control connections, for [`Communicator::abort`].
     abort_lines: Mutex<Vec<std::net::TcpStream>>,
     /// Set by [`Communicator::abort`]; the mesh's calls fail once they see it.
@@ -258,10 +262,11 @@ impl std::fmt::Debug for Communicator {
 
 /// A nonblocking call's handle; [`Request::wait`] returns the buffer it was given.
 ///
-/// The call runs on a thread of its own, in its turn: calls of a process run one at a time in
-/// the order they were issued, blocking and nonblocking alike (so every rank runs them in the
-/// same order). Dropping a request without waiting detaches the call: it still runs, and its
-/// buffers are dropped when it ends.
+/// The call runs on the communicator's call thread (one per process, shared by the
+/// communicators split from one world, started by the first nonblocking call), in its turn:
+/// calls of a process run one at a time in the order they were issued, blocking and
+/// nonblocking alike (so every rank runs them in the same order). Dropping a request without
+/// waiting detaches the call: it still runs, and its buffers are dropped when it ends.
 #[derive(Debug)]
 pub struct Request<T> {
     state: Option<Pending<T>>,
@@ -269,30 +274,51 @@ pub struct Request<T> {
 
 #[derive(Debug)]
 enum Pending<T> {
-    Running(JoinHandle<Result<T, Error>>),
+    Running(Arc<Completion<T>>),
     /// Refused before it was issued.
     Failed(Error),
 }
+
+/// A nonblocking call's outcome, filled in by the call thread.
+#[derive(Debug)]
+struct Completion<T> {
+    outcome: Mutex<Option<Result<T, Error>>>,
+    ready: Condvar,
+}
+
+impl<T> Completion<T> {
+    fn complete(&self, outcome: Result<T, Error>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        self.ready.notify_all();
+    }
+}
+
+/// A nonblocking call, queued for the call thread.
+type Job = Box<dyn FnOnce() + Send>;
 
 impl<T> Request<T> {
     /// Waits for the call and returns its buffer (or the call's error).
     pub fn wait(mut self) -> Result<T, Error> {
         match self.state.take() {
-            Some(Pending::Running(thread)) => thread.join().unwrap_or_else(|_| {
-                Err(Error::Internal {
-                    op: "wait",
-                    detail: "the call's thread panicked (a bug in Lightpath)".into(),
-                })
-            }),
+            Some(Pending::Running(done)) => {
+                let mut outcome = done.outcome.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(r) = outcome.take() {
+                        return r;
+                    }
+                    outcome = done.ready.wait(outcome).unwrap_or_else(|e| e.into_inner());
+                }
+            }
             Some(Pending::Failed(e)) => Err(e),
             None => Err(Error::Internal { op: "wait", detail: "the request was already waited".into() }),
         }
     }
 
-    /// Whether the call has finished (then [`Request::wait`] returns at once). Never blocks.
+    /// Whether the call has finished (then [`Request::wait`] returns at once). Never blocks
+    /// for longer than a lock the call thread holds only to store the outcome.
     pub fn is_finished(&self) -> bool {
         match &self.state {
-            Some(Pending::Running(thread)) => thread.is_finished(),
+            Some(Pending::Running(done)) => done.outcome.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
             _ => true,
         }
     }
@@ -302,7 +328,7 @@ impl<T> Request<T> {
 /// while it runs and handed back by [`Request::wait`].
 ///
 /// The call asks for the bytes once, when it is started (to check their lengths), and once
-/// more when its turn comes, on its own thread; both times must give the same lengths (and,
+/// more when its turn comes, on the call thread; both times must give the same lengths (and,
 /// for the same call, the same memory). An implementation over memory the value does not own
 /// (a C caller's buffers, say) is how a binding lends buffers to a call without copying them:
 /// the value then stands for the promise that the memory stays valid, and is used by nobody
@@ -385,6 +411,7 @@ impl Communicator {
             turn: Condvar::new(),
             config,
             _store: server,
+            worker: Mutex::new(None),
         });
         let comm = Communicator {
             shared,
@@ -650,10 +677,10 @@ impl Communicator {
 
     /// Starts a nonblocking call over buffers the call owns until [`Request::wait`] hands
     /// them back: checks the call against the buffers' lengths and this group now (an
-    /// inconsistent call is refused here, before anything is issued), then runs it on a
-    /// thread of its own in the turn it takes now. Calls of a process run one at a time in the
-    /// order they were issued, blocking and nonblocking alike, so every rank must issue the
-    /// same calls in the same order; waiting for requests in any order is fine.
+    /// inconsistent call is refused here, before anything is issued), then runs it on the
+    /// call thread (see [`Request`]) in the turn it takes now. Calls of a process run one at a
+    /// time in the order they were issued, blocking and nonblocking alike, so every rank must
+    /// issue the same calls in the same order; waiting for requests in any order is fine.
     ///
     /// [`Communicator::iallreduce`] and friends are this over a `Vec`; bindings use it to
     /// lend their callers' buffers to a call without copying them (see [`CallBuffers`]).
@@ -674,8 +701,8 @@ impl Communicator {
         self.shared.issue_and_run(|_| ());
     }
 
-    /// Another handle on this communicator (the same group and call counter), for a call's
-    /// thread.
+    /// Another handle on this communicator (the same group and call counter), for a call
+    /// queued for the call thread.
     fn handle(&self) -> Communicator {
         Communicator {
             shared: self.shared.clone(),
@@ -697,33 +724,51 @@ impl Communicator {
             self.check(&what, dtype, input.len(), output.len())?;
         }
         let op = what.name();
-        // The thread is started before the call takes its turn: a thread the system refuses
-        // then leaves nothing issued (a turn nobody takes would stall every later call).
-        let (turn_tx, turn_rx) = std::sync::mpsc::sync_channel::<(u64, u64)>(1);
-        let comm = self.handle();
-        let thread = std::thread::Builder::new()
-            .name(format!("lp-{op}"))
-            .spawn(move || {
-                let Ok((ticket, seq)) = turn_rx.recv() else {
-                    return Err(Error::Internal { op, detail: "the call was never issued".into() });
-                };
-                comm.shared.run(ticket, |st| {
-                    let (input, output) = bytes(&mut buf);
-                    comm.run_call(st, &what, dtype, seq, input, output)
-                })?;
-                Ok(buf)
-            })
-            .map_err(|e| Error::Internal { op, detail: format!("starting the call's thread: {e}") })?;
+        let mut worker = self.shared.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if worker.is_none() {
+            // Started before any call takes its turn: a thread the system refuses leaves
+            // nothing issued (a turn nobody takes would stall every later call).
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("lightpath-coll".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })
+                .map_err(|e| Error::Internal { op, detail: format!("starting the call thread: {e}") })?;
+            *worker = Some(tx);
+        }
+        let done = Arc::new(Completion { outcome: Mutex::new(None), ready: Condvar::new() });
         let ticket = self.shared.issue();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        if turn_tx.send((ticket, seq)).is_err() {
-            // The thread ended before its turn came (it waits for it first thing, so this
-            // does not happen); take the turn here so that later calls are not stalled.
-            self.shared.run(ticket, |st| {
-                st.mesh.fail(Error::Internal { op, detail: "the call's thread ended before its turn".into() })
+        let comm = self.handle();
+        let completion = done.clone();
+        let job: Job = Box::new(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                let r = comm.shared.run(ticket, |st| {
+                    let (input, output) = bytes(&mut buf);
+                    comm.run_call(st, &what, dtype, seq, input, output)
+                });
+                // The last handle on the connections closes them (flushing, saying goodbye):
+                // that happens before the request completes, so that a process that exits
+                // once its requests are complete leaves cleanly.
+                drop(comm);
+                r.map(|()| buf)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::Internal { op, detail: "the call panicked (a bug in Lightpath)".into() })
             });
+            completion.complete(outcome);
+        });
+        if let Err(std::sync::mpsc::SendError(job)) = worker.as_ref().expect("started above").send(job) {
+            // The call thread has gone (it does not while the connections live): run the
+            // call here, blocking, rather than leave its turn untaken.
+            *worker = None;
+            drop(worker);
+            job();
         }
-        Ok(Request { state: Some(Pending::Running(thread)) })
+        Ok(Request { state: Some(Pending::Running(done)) })
     }
 
     /// [`Communicator::launch`] for the in-place calls of the typed API, whose argument errors
