@@ -113,19 +113,22 @@ int lp_recv(const lp_comm *comm, void *buf, size_t count, int dtype, int peer);
  *   request completes, they must stay valid, recvbuf (and an in-place or lp_ibroadcast buf)
  *   must be neither read nor written, and sendbuf must not be written.
  * - Order: calls on a process run one at a time, in the order they were issued, blocking and
- *   nonblocking alike (nonblocking calls run on one thread of Lightpath's per process, started by the
- *   first of them, each in its turn). So every
- *   rank must issue the same calls in the same order, as for blocking calls; requests may be
- *   completed in any order, and a blocking call made while requests are pending runs after them.
+ *   nonblocking alike; nonblocking calls run on one thread of Lightpath's per process (started
+ *   by the first of them), each in its turn. So every rank must issue the same calls in the same
+ *   order, as for blocking calls; requests may be completed in any order, and a blocking call
+ *   made while requests are pending runs after them. The hand-off to that thread and back costs
+ *   a few microseconds per call (8 bytes: lp_iallreduce + lp_wait 7-9 us against 1.7 us for
+ *   lp_allreduce, 2 ranks on a loaded 2-CPU machine); overlapping compute with a call pays when
+ *   a core is free to run the call meanwhile.
  * - Errors: arguments are checked when the call is made. A bad one makes the call return
  *   LP_ERR_INVALID_ARGUMENT with *req set to NULL (when req itself is not NULL); nothing is
  *   issued. A failure of the operation itself (a dead rank, a timeout, an abort) is the status
  *   lp_wait / lp_test return, described by lp_last_error() & co. on the thread that called them.
  * - Requests are handles, not pointers, valid until completed; lp_wait and lp_test may be
  *   called from any thread. A NULL request, or one already completed (a "double free"; a bug of
- *   the caller's), is refused with LP_ERR_INVALID_ARGUMENT, never dereferenced. (A handle is
- *   reused only after about 2^40 requests of one table slot, after which a stale one could name
- *   a new request.) Every request must be completed before the process exits. There is no
+ *   the caller's), is refused with LP_ERR_INVALID_ARGUMENT, never dereferenced. (On 64-bit systems a
+ *   handle comes back only after 2^40 requests of its table slot; only then could a stale one
+ *   name a new request.) Every request must be completed before the process exits. There is no
  *   lp_request_free: after a failure or lp_comm_abort, pending requests complete quickly, with
  *   an error.
  */

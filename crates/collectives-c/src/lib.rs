@@ -467,9 +467,8 @@ const GENERATION_MASK: usize = usize::MAX >> SLOT_BITS;
 #[derive(Debug, Default)]
 struct Slot {
     generation: usize,
-    /// `None` while reserved but not yet filled, or free.
+    /// `None` while free, or reserved for a call being started.
     request: Option<Request<Lent>>,
-    in_use: bool,
 }
 
 /// The outstanding requests of this process.
@@ -496,7 +495,6 @@ impl Requests {
             }
             None => return Err(invalid(op, format!("{SLOT_MASK} requests are outstanding already"))),
         };
-        self.slots[index].in_use = true;
         Ok(index)
     }
 
@@ -511,7 +509,6 @@ impl Requests {
     fn release(&mut self, index: usize) {
         let slot = &mut self.slots[index];
         slot.generation = slot.generation.wrapping_add(1);
-        slot.in_use = false;
         slot.request = None;
         self.free.push(index);
     }
@@ -524,11 +521,7 @@ impl Requests {
         let h = handle as usize;
         let index = (h & SLOT_MASK).wrapping_sub(1);
         match self.slots.get(index) {
-            Some(slot)
-                if slot.in_use
-                    && slot.request.is_some()
-                    && (slot.generation & GENERATION_MASK) == h >> SLOT_BITS =>
-            {
+            Some(slot) if slot.request.is_some() && (slot.generation & GENERATION_MASK) == h >> SLOT_BITS => {
                 Ok(index)
             }
             _ => Err(invalid(

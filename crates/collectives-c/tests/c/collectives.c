@@ -300,6 +300,15 @@ static void check_nonblocking(lp_comm *comm) {
         expect_invalid(lp_wait(req[0]), "waiting a completed request");
         expect_invalid(lp_test(req[6], &done), "testing a completed request");
         CHECK(done == 1, "lp_test of a completed request set done to %d", done);
+        /* The next request takes the table slot the last one freed (req[0]'s): the old handle
+         * still names nothing, and using it leaves the new request alone. */
+        lp_request *fresh;
+        long one = 1;
+        OK(lp_iallreduce(comm, NULL, &one, 1, LP_I64, LP_SUM, &fresh));
+        CHECK(fresh != req[0], "a new request got the handle of a completed one");
+        expect_invalid(lp_wait(req[0]), "waiting a completed request whose slot was reused");
+        OK(lp_wait(fresh));
+        CHECK(one == size_, "the request after a stale wait gave %ld", one);
 
         free(f), free(in), free(out), free(d), free(bytes), free(gathered);
         free(scatter_in), free(scatter_out), free(a2a_in), free(a2a_out);
@@ -337,17 +346,19 @@ static void check_nonblocking(lp_comm *comm) {
         CHECK(a == (long)size_ * (size_ - 1) / 2, "iallreduce before a blocking call gave %ld", a);
     }
 
-    /* Destroying a communicator with a request pending: the request still completes. */
+    /* Destroying a communicator with a request pending (rank 0 joins it 300 ms late): the call
+     * has finished when lp_comm_destroy returns, and the request is still completed after. */
     {
         lp_comm *dup = NULL;
         OK(lp_comm_split(comm, 0, rank_, &dup));
         long v[5] = {1, 2, 3, 4, rank_};
         lp_request *r;
+        if (rank_ == 0) sleep_us(300000);
         OK(lp_iallreduce(dup, NULL, v, 5, LP_I64, LP_SUM, &r));
         lp_comm_destroy(dup);
-        OK(lp_wait(r));
         CHECK(v[0] == size_ && v[3] == 4L * size_ && v[4] == (long)size_ * (size_ - 1) / 2,
               "iallreduce on a destroyed communicator gave %ld %ld %ld", v[0], v[3], v[4]);
+        OK(lp_wait(r));
     }
 }
 
