@@ -329,7 +329,8 @@ impl<T> Request<T> {
 ///
 /// The call asks for the bytes once, when it is started (to check their lengths), and once
 /// more when its turn comes, on the call thread; both times must give the same lengths (and,
-/// for the same call, the same memory). An implementation over memory the value does not own
+/// for the same call, the same memory): buffers whose lengths changed fail the call and the
+/// communicator. An implementation over memory the value does not own
 /// (a C caller's buffers, say) is how a binding lends buffers to a call without copying them:
 /// the value then stands for the promise that the memory stays valid, and is used by nobody
 /// else, until the request is waited.
@@ -748,6 +749,12 @@ impl Communicator {
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
                 let r = comm.shared.run(ticket, |st| {
                     let (input, output) = bytes(&mut buf);
+                    // Buffers whose lengths changed since the call was issued (a `CallBuffers`
+                    // breaking its contract) cannot take part: the peers then learn of it.
+                    if let Err(e) = comm.check(&what, dtype, input.len(), output.len()) {
+                        st.mesh.fail(e.clone());
+                        return Err(e);
+                    }
                     comm.run_call(st, &what, dtype, seq, input, output)
                 });
                 // The last handle on the connections closes them (flushing, saying goodbye):

@@ -296,6 +296,42 @@ fn role_abort(comm: &Communicator) {
     std::process::exit(0);
 }
 
+fn role_buffers_change(comm: &Communicator) {
+    // Rank 0 starts an allreduce over buffers that shrink before the call's turn (a
+    // `CallBuffers` breaking its contract): its request fails, and so do the peers' calls
+    // (they are told, naming rank 0) and rank 0's next call; nothing panics or hangs.
+    #[derive(Debug)]
+    struct Shrinking(Vec<u8>, usize);
+    impl CallBuffers for Shrinking {
+        fn buffers(&mut self) -> (&[u8], &mut [u8]) {
+            self.1 += 1;
+            let len = if self.1 == 1 { self.0.len() } else { self.0.len() / 2 };
+            (&[], &mut self.0[..len])
+        }
+    }
+    let r = comm.rank();
+    comm.barrier().unwrap();
+    let what = |count| Collective::Allreduce {
+        count,
+        op: ReduceOp::Sum,
+        algo: lightpath_collectives::AllreduceAlgo::Ring,
+        in_place: true,
+    };
+    if r == 0 {
+        let req = comm.iexecute(what(64), DType::U8, Shrinking(vec![1; 64], 0)).unwrap();
+        let err = req.wait().unwrap_err();
+        println!("rank {r}: {err}");
+        check!(matches!(err, Error::InvalidArgument { .. }), "expected an argument error: {err}");
+        check!(comm.barrier().is_err(), "the communicator still works after the failed call");
+    } else {
+        let mut v = vec![1u8; 64];
+        let err = comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+        println!("rank {r}: {err}");
+        check!(err.rank() == Some(0), "expected an error naming rank 0: {err}");
+    }
+    std::process::exit(0);
+}
+
 /// The rank side: runs only when started by one of the tests below.
 #[test]
 fn worker() {
@@ -314,6 +350,7 @@ fn worker() {
         "stop" => role_stop(&comm),
         "mismatch" => return role_mismatch(comm),
         "abort" => role_abort(&comm),
+        "buffers_change" => role_buffers_change(&comm),
         other => panic!("unknown role {other}"),
     }
     drop(comm);
@@ -388,6 +425,14 @@ fn a_rank_that_crashes_right_after_a_call_fails_the_others_naming_it() {
 #[test]
 fn a_stopped_rank_times_out_every_other_rank_naming_it() {
     let out = run(4, "stop", &[]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn buffers_that_change_under_a_nonblocking_call_fail_it_and_the_peers() {
+    let out = run(2, "buffers_change", &[]);
     for (r, s) in out.statuses.iter().enumerate() {
         assert!(s.success(), "rank {r} {s:?}");
     }
