@@ -1,7 +1,7 @@
 //! The C ABI from C: `tests/c/collectives.c` is compiled against `include/lightpath_coll.h`
 //! and `liblightpath_coll.so` with the system's C compiler (warnings are errors), then run as
 //! the ranks of a job by the collectives' launcher (`lightpath launch` does the same). The
-//! header is also compiled as C++.
+//! header is also compiled as C++, and the examples are compiled and run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,9 +15,9 @@ fn profile_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
 }
 
-/// Builds the shared library (integration tests do not make cargo build a cdylib) and the C
-/// program; returns the program's path.
-fn program() -> PathBuf {
+/// Builds the shared library (integration tests do not make cargo build a cdylib), once;
+/// returns the directory it is in.
+fn library() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -37,36 +37,61 @@ fn program() -> PathBuf {
                 "no liblightpath_coll.so in {}",
                 dir.display()
             );
-            let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lightpath_coll_c_test");
-            let output = Command::new("cc")
-                .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-                .arg(crate_dir.join("include"))
-                .arg(crate_dir.join("tests/c/collectives.c"))
-                .arg("-L")
-                .arg(&dir)
-                .arg("-llightpath_coll")
-                .arg(format!("-Wl,-rpath,{}", dir.display()))
-                .arg("-o")
-                .arg(&out)
-                .output()
-                .expect("running cc (a C compiler is needed to test the C ABI)");
-            assert!(output.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&output.stderr));
-            out
+            dir
         })
         .clone()
 }
 
+/// Compiles the C file `source` of this crate into `name` with the system's C compiler
+/// (warnings are errors), linked with the library; returns its path.
+fn compile(source: &str, name: &str) -> PathBuf {
+    let dir = library();
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let output = Command::new("cc")
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join(source))
+        .arg("-L")
+        .arg(&dir)
+        .arg("-llightpath_coll")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .expect("running cc (a C compiler is needed to test the C ABI)");
+    assert!(output.status.success(), "cc {source} failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    out
+}
+
+/// The test program, `tests/c/collectives.c`, compiled once.
+fn program() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| compile("tests/c/collectives.c", "lightpath_coll_c_test")).clone()
+}
+
 /// Runs the program as `ranks` ranks in `mode`; returns whether every rank succeeded.
 fn run(ranks: usize, mode: &str, env: &[(&str, &str)]) -> bool {
+    run_program(&program(), ranks, &[mode], env)
+}
+
+fn run_program(program: &Path, ranks: usize, args: &[&str], env: &[(&str, &str)]) -> bool {
     let mut opts = LaunchOptions::new(ranks);
     opts.grace = Duration::from_secs(20);
     opts.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let program = program();
-    let outcome =
-        launch(program.to_str().expect("a UTF-8 path"), &[mode.to_string()], &opts).expect("launch");
-    eprintln!("{mode} x{ranks}: {:?}", outcome.statuses);
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let outcome = launch(program.to_str().expect("a UTF-8 path"), &args, &opts).expect("launch");
+    eprintln!("{} {args:?} x{ranks}: {:?}", program.display(), outcome.statuses);
     outcome.statuses.iter().all(|s| s.success())
+}
+
+#[test]
+fn the_examples_compile_and_run() {
+    let allreduce = compile("examples/allreduce.c", "example_allreduce");
+    assert!(run_program(&allreduce, 2, &[], &[]), "examples/allreduce.c failed (its message is above)");
+    // The overlap example checks its sum itself; a smaller buffer keeps the test short.
+    let overlap = compile("examples/overlap.c", "example_overlap");
+    assert!(run_program(&overlap, 2, &["100003"], &[]), "examples/overlap.c failed (its message is above)");
 }
 
 #[test]
@@ -84,6 +109,14 @@ fn bad_arguments_are_refused_with_a_message_and_nothing_is_sent() {
 #[test]
 fn a_rank_that_leaves_makes_the_others_fail_naming_it() {
     assert!(run(3, "die", &[("LIGHTPATH_COLL_TIMEOUT_MS", "2000")]), "a rank failed (its message is above)");
+}
+
+#[test]
+fn a_rank_that_leaves_fails_the_others_pending_requests_naming_it() {
+    assert!(
+        run(3, "die-nonblocking", &[("LIGHTPATH_COLL_TIMEOUT_MS", "2000")]),
+        "a rank failed (its message is above)"
+    );
 }
 
 #[test]

@@ -9,7 +9,6 @@ use crate::store::{StoreClient, StoreServer};
 use std::net::{IpAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How a communicator behaves. [`Config::from_env`] reads the environment variables.
@@ -229,6 +228,11 @@ struct Shared {
     turn: Condvar,
     config: Config,
     _store: Option<StoreServer>,
+    /// The queue of the thread that runs nonblocking calls, started by the first one. Calls
+    /// go in in the order of their tickets (taken under this lock), so the thread, running
+    /// them one after the other, never waits for a call queued behind the one it runs. It
+    /// ends when this is dropped.
+    worker: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     /// Clones of the control connections, for [`Communicator::abort`].
     abort_lines: Mutex<Vec<std::net::TcpStream>>,
     /// Set by [`Communicator::abort`]; the mesh's calls fail once they see it.
@@ -244,9 +248,9 @@ impl Shared {
         st.next_ticket - 1
     }
 
-    fn run<R>(&self, ticket: u64, f: impl FnOnce(&mut Mesh) -> R) -> R {
+    fn run<R>(&self, ticket: u64, f: impl FnOnce(&mut State) -> R) -> R {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.run_locked(st, ticket, |st| f(&mut st.mesh))
+        self.run_locked(st, ticket, f)
     }
 
     /// Issues a ticket and runs `f` in its turn, taking the lock once (a blocking call).
@@ -268,14 +272,22 @@ impl Shared {
             st = self.turn.wait(st).unwrap_or_else(|e| e.into_inner());
             st.waiting -= 1;
         }
-        let r = f(&mut st);
+        // A call that panics (a bug) still ends its turn, or every later call would wait for
+        // it forever; the mesh is in an unknown state then, so it fails every later call.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut st)));
+        if r.is_err() && st.mesh.poisoned.is_none() {
+            st.mesh.poisoned = Some(Error::Internal {
+                op: "call",
+                detail: "an earlier call panicked (a bug in Lightpath)".into(),
+            });
+        }
         st.serving += 1;
         let wake = st.waiting > 0;
         drop(st);
         if wake {
             self.turn.notify_all();
         }
-        r
+        r.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
 
@@ -317,24 +329,83 @@ impl std::fmt::Debug for Communicator {
 }
 
 /// A nonblocking call's handle; [`Request::wait`] returns the buffer it was given.
+///
+/// The call runs on the communicator's call thread (one per process, shared by the
+/// communicators split from one world, started by the first nonblocking call), in its turn:
+/// calls of a process run one at a time in the order they were issued, blocking and
+/// nonblocking alike (so every rank runs them in the same order). Dropping a request without
+/// waiting detaches the call: it still runs, and its buffers are dropped when it ends.
 #[derive(Debug)]
 pub struct Request<T> {
-    thread: Option<JoinHandle<Result<T, Error>>>,
+    state: Option<Pending<T>>,
 }
+
+#[derive(Debug)]
+enum Pending<T> {
+    Running(Arc<Completion<T>>),
+    /// Refused before it was issued.
+    Failed(Error),
+}
+
+/// A nonblocking call's outcome, filled in by the call thread.
+#[derive(Debug)]
+struct Completion<T> {
+    outcome: Mutex<Option<Result<T, Error>>>,
+    ready: Condvar,
+}
+
+impl<T> Completion<T> {
+    fn complete(&self, outcome: Result<T, Error>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        self.ready.notify_all();
+    }
+}
+
+/// A nonblocking call, queued for the call thread.
+type Job = Box<dyn FnOnce() + Send>;
 
 impl<T> Request<T> {
     /// Waits for the call and returns its buffer (or the call's error).
     pub fn wait(mut self) -> Result<T, Error> {
-        match self.thread.take().expect("a request is waited once").join() {
-            Ok(r) => r,
-            Err(_) => Err(Error::InvalidArgument { op: "wait", detail: "the call's thread panicked".into() }),
+        match self.state.take() {
+            Some(Pending::Running(done)) => {
+                let mut outcome = done.outcome.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(r) = outcome.take() {
+                        return r;
+                    }
+                    outcome = done.ready.wait(outcome).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            Some(Pending::Failed(e)) => Err(e),
+            None => Err(Error::Internal { op: "wait", detail: "the request was already waited".into() }),
         }
     }
 
-    /// Whether the call has finished (then [`Request::wait`] returns at once).
+    /// Whether the call has finished (then [`Request::wait`] returns at once). Never blocks
+    /// for longer than a lock the call thread holds only to store the outcome.
     pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
+        match &self.state {
+            Some(Pending::Running(done)) => done.outcome.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
+            _ => true,
+        }
     }
+}
+
+/// The buffers of a nonblocking call started with [`Communicator::iexecute`], owned by the call
+/// while it runs and handed back by [`Request::wait`].
+///
+/// The call asks for the bytes once, when it is started (to check their lengths), and once
+/// more when its turn comes, on the call thread; both times must give the same lengths (and,
+/// for the same call, the same memory): buffers whose lengths changed fail the call and the
+/// communicator. An implementation over memory the value does not own
+/// (a C caller's buffers, say) is how a binding lends buffers to a call without copying them:
+/// the value then stands for the promise that the memory stays valid, and is used by nobody
+/// else, until the request is waited.
+pub trait CallBuffers: Send + 'static {
+    /// The call's input (empty for in-place forms and calls that read nothing) and output
+    /// (empty for calls that write nothing), as [`Communicator::execute`] takes them.
+    fn buffers(&mut self) -> (&[u8], &mut [u8]);
 }
 
 fn invalid(op: &'static str, detail: String) -> Error {
@@ -411,6 +482,7 @@ impl Communicator {
             config,
             _store: server,
             host_keys: OnceLock::new(),
+            worker: Mutex::new(None),
         });
         let mut comm = Communicator {
             shared,
@@ -499,18 +571,6 @@ impl Communicator {
         for ctl in self.shared.abort_lines.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
             let _ = std::io::Write::write(ctl, line.as_bytes());
         }
-    }
-
-    /// Checks `what` against the buffers and this group, builds this rank's schedule.
-    fn prepare(
-        &self,
-        what: &Collective,
-        dtype: DType,
-        input: usize,
-        output: usize,
-    ) -> Result<schedule::Schedule, Error> {
-        self.check(what, dtype, input, output)?;
-        Ok(schedule::build_on(what, dtype, self.rank, &self.topology))
     }
 
     /// Checks `what` against the buffers and this group.
@@ -642,12 +702,28 @@ impl Communicator {
         output: &mut [u8],
     ) -> Result<(), Error> {
         self.check(what, dtype, input.len(), output.len())?;
+        self.shared.issue_and_run(|st| {
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            self.run_call(st, what, dtype, seq, input, output)
+        })
+    }
+
+    /// Runs a call in its turn (`st` locked): the schedule (the last one if it fits), the
+    /// fingerprint check in debug mode, then the schedule itself.
+    fn run_call(
+        &self,
+        st: &mut State,
+        what: &Collective,
+        dtype: DType,
+        seq: u64,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
         let check = self.shared.config.check_fingerprints
             && !matches!(what, Collective::Send { .. } | Collective::Recv { .. });
         let group = &self.group;
         let (rank, topology) = (self.rank, &self.topology);
-        self.shared.issue_and_run(|st| {
-            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        {
             // A loop of identical calls (a training step's allreduce, a benchmark) reuses the
             // last schedule: building one allocates, which a small call notices.
             let cached = st.last.as_ref().is_some_and(|(w, d, r, t, _)| {
@@ -689,31 +765,123 @@ impl Communicator {
                 }
             }
             mesh.execute(sched, group, input, output, what.name(), seq)
-        })
+        }
     }
 
-    fn spawn<T: Send + 'static>(
+    /// Starts a nonblocking call over buffers the call owns until [`Request::wait`] hands
+    /// them back: checks the call against the buffers' lengths and this group now (an
+    /// inconsistent call is refused here, before anything is issued), then runs it on the
+    /// call thread (see [`Request`]) in the turn it takes now. Calls of a process run one at a
+    /// time in the order they were issued, blocking and nonblocking alike, so every rank must
+    /// issue the same calls in the same order; waiting for requests in any order is fine.
+    ///
+    /// [`Communicator::iallreduce`] and friends are this over a `Vec`; bindings use it to
+    /// lend their callers' buffers to a call without copying them (see [`CallBuffers`]).
+    pub fn iexecute<B: CallBuffers>(
+        &self,
+        what: Collective,
+        dtype: DType,
+        bufs: B,
+    ) -> Result<Request<B>, Error> {
+        self.launch(what, dtype, bufs, |b| b.buffers())
+    }
+
+    /// Returns once every call issued before it on this process's connections has finished:
+    /// this communicator's, and those of the communicators split from the same world,
+    /// nonblocking ones included (whose requests then complete at once). Sends nothing; each
+    /// of those calls finishes or fails within the timeout, so this does not hang either.
+    pub fn wait_issued(&self) {
+        self.shared.issue_and_run(|_| ());
+    }
+
+    /// Another handle on this communicator (the same group and call counter), for a call
+    /// queued for the call thread.
+    fn handle(&self) -> Communicator {
+        Communicator {
+            shared: self.shared.clone(),
+            group: self.group.clone(),
+            rank: self.rank,
+            seq: self.seq.clone(),
+            topology: self.topology.clone(),
+        }
+    }
+
+    fn launch<T: Send + 'static>(
         &self,
         what: Collective,
         dtype: DType,
         mut buf: T,
-        bytes: impl Fn(&mut T) -> &mut [u8] + Send + 'static,
-    ) -> Request<T> {
-        let len = bytes(&mut buf).len();
-        let sched = match self.prepare(&what, dtype, 0, len) {
-            Ok(s) => s,
-            Err(e) => return Request { thread: Some(std::thread::spawn(move || Err(e))) },
-        };
+        bytes: impl for<'a> Fn(&'a mut T) -> (&'a [u8], &'a mut [u8]) + Send + 'static,
+    ) -> Result<Request<T>, Error> {
+        {
+            let (input, output) = bytes(&mut buf);
+            self.check(&what, dtype, input.len(), output.len())?;
+        }
+        let op = what.name();
+        let mut worker = self.shared.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if worker.is_none() {
+            // Started before any call takes its turn: a thread the system refuses leaves
+            // nothing issued (a turn nobody takes would stall every later call).
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("lightpath-coll".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })
+                .map_err(|e| Error::Internal { op, detail: format!("starting the call thread: {e}") })?;
+            *worker = Some(tx);
+        }
+        let done = Arc::new(Completion { outcome: Mutex::new(None), ready: Condvar::new() });
         let ticket = self.shared.issue();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let shared = self.shared.clone();
-        let group = self.group.clone();
-        let thread = std::thread::spawn(move || {
-            shared
-                .run(ticket, |mesh| mesh.execute(&sched, &group, &[], bytes(&mut buf), what.name(), seq))?;
-            Ok(buf)
+        let comm = self.handle();
+        let completion = done.clone();
+        let job: Job = Box::new(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                let r = comm.shared.run(ticket, |st| {
+                    let (input, output) = bytes(&mut buf);
+                    // Buffers whose lengths changed since the call was issued (a `CallBuffers`
+                    // breaking its contract) cannot take part: the peers then learn of it.
+                    if let Err(e) = comm.check(&what, dtype, input.len(), output.len()) {
+                        st.mesh.fail(e.clone());
+                        return Err(e);
+                    }
+                    comm.run_call(st, &what, dtype, seq, input, output)
+                });
+                // The last handle on the connections closes them (flushing, saying goodbye):
+                // that happens before the request completes, so that a process that exits
+                // once its requests are complete leaves cleanly.
+                drop(comm);
+                r.map(|()| buf)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::Internal { op, detail: "the call panicked (a bug in Lightpath)".into() })
+            });
+            completion.complete(outcome);
         });
-        Request { thread: Some(thread) }
+        if let Err(std::sync::mpsc::SendError(job)) = worker.as_ref().expect("started above").send(job) {
+            // The call thread has gone (it does not while the connections live): run the
+            // call here, blocking, rather than leave its turn untaken.
+            *worker = None;
+            drop(worker);
+            job();
+        }
+        Ok(Request { state: Some(Pending::Running(done)) })
+    }
+
+    /// [`Communicator::launch`] for the in-place calls of the typed API, whose argument errors
+    /// come back from [`Request::wait`].
+    fn spawn<T: Send + 'static>(
+        &self,
+        what: Collective,
+        dtype: DType,
+        buf: T,
+        bytes: impl Fn(&mut T) -> &mut [u8] + Send + 'static,
+    ) -> Request<T> {
+        self.launch(what, dtype, buf, move |b| (&[][..], bytes(b)))
+            .unwrap_or_else(|e| Request { state: Some(Pending::Failed(e)) })
     }
 
     /// The allreduce algorithm this communicator uses for `bytes` (forced or from the table).

@@ -67,6 +67,15 @@ pub enum Error {
         /// What failed.
         detail: String,
     },
+    /// A failure inside this process: a call panicked (a bug in Lightpath; the communicator
+    /// fails every later call), or the system refused a nonblocking call its thread (nothing
+    /// was sent then).
+    Internal {
+        /// The operation.
+        op: &'static str,
+        /// What happened.
+        detail: String,
+    },
 }
 
 impl Error {
@@ -88,7 +97,8 @@ impl Error {
             | Error::Timeout { op, .. }
             | Error::Aborted { op, .. }
             | Error::Mismatch { op, .. }
-            | Error::InvalidArgument { op, .. } => Some(op),
+            | Error::InvalidArgument { op, .. }
+            | Error::Internal { op, .. } => Some(op),
             Error::Bootstrap { .. } => None,
         }
     }
@@ -126,6 +136,7 @@ impl std::fmt::Display for Error {
             }
             Error::InvalidArgument { op, detail } => write!(f, "{op}: invalid argument: {detail}"),
             Error::Bootstrap { detail } => write!(f, "joining the job failed: {detail}"),
+            Error::Internal { op, detail } => write!(f, "{op}: internal error: {detail}"),
         }
     }
 }

@@ -29,8 +29,8 @@ pub mod sim;
 pub mod store;
 
 pub use comm::{
-    choose_allreduce, choose_allreduce_on, choose_broadcast, choose_broadcast_on, Communicator, Config,
-    Request, MESH_RING,
+    choose_allreduce, choose_allreduce_on, choose_broadcast, choose_broadcast_on, CallBuffers, Communicator,
+    Config, Request, MESH_RING,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::Error;

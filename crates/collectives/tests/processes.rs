@@ -8,7 +8,9 @@
 //! normal run the `worker` test returns at once.
 
 use lightpath_collectives::launch::{launch, LaunchOptions};
-use lightpath_collectives::{bf16, f16, AllreduceAlgo, BroadcastAlgo, Communicator, DType, Error, ReduceOp};
+use lightpath_collectives::{
+    bf16, f16, AllreduceAlgo, BroadcastAlgo, CallBuffers, Collective, Communicator, DType, Error, ReduceOp,
+};
 use std::time::{Duration, Instant};
 
 fn value(rank: usize, i: usize) -> i64 {
@@ -119,6 +121,36 @@ fn role_all(comm: &Communicator) {
     check!(a.wait().unwrap().iter().all(|x| *x == p as i64), "iallreduce");
     check!(b.wait().unwrap().iter().all(|x| *x == (p - 1) as f64), "iallreduce max");
     c.wait().unwrap();
+    // The generic nonblocking form over buffers the caller provides (what bindings use):
+    // out of place, two outstanding, waited in reverse order; an inconsistent call is
+    // refused at once and issues nothing.
+    #[derive(Debug)]
+    struct Pair(Vec<u8>, Vec<u8>);
+    impl CallBuffers for Pair {
+        fn buffers(&mut self) -> (&[u8], &mut [u8]) {
+            (&self.0, &mut self.1)
+        }
+    }
+    let n = 1001;
+    let bytes = |v: Vec<i32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let ints =
+        |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+    let scatter = Collective::ReduceScatter { count: n, op: ReduceOp::Sum };
+    let rs =
+        comm.iexecute(scatter.clone(), DType::I32, Pair(bytes(fill(r, n * p, |x| x as i32)), vec![0; 4 * n]));
+    let gather = Collective::Allgather { counts: vec![4 * n; p], in_place: false };
+    let ag = comm.iexecute(gather, DType::U8, Pair(bytes(fill(r, n, |x| x as i32)), vec![0; 4 * n * p]));
+    let refused = comm.iexecute(scatter, DType::I32, Pair(vec![0; 4], vec![0; 4 * n]));
+    check!(matches!(refused, Err(Error::InvalidArgument { .. })), "iexecute took a short input: {refused:?}");
+    let gathered = ints(&ag.unwrap().wait().unwrap().1);
+    check!(
+        (0..p).all(|q| gathered[q * n..(q + 1) * n] == fill(q, n, |x| x as i32)[..]),
+        "iexecute allgather"
+    );
+    let scattered = ints(&rs.unwrap().wait().unwrap().1);
+    let want: Vec<i32> = (0..n).map(|i| (0..p).map(|q| value(q, r * n + i) as i32).sum()).collect();
+    check!(scattered == want, "iexecute reduce_scatter");
+    comm.wait_issued();
     // Split into even and odd ranks, reversed order; allreduce the world ranks.
     let sub = comm.split(Some((r % 2) as u32), -(r as i64)).unwrap().unwrap();
     let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
@@ -275,6 +307,42 @@ fn role_abort(comm: &Communicator) {
     std::process::exit(0);
 }
 
+fn role_buffers_change(comm: &Communicator) {
+    // Rank 0 starts an allreduce over buffers that shrink before the call's turn (a
+    // `CallBuffers` breaking its contract): its request fails, and so do the peers' calls
+    // (they are told, naming rank 0) and rank 0's next call; nothing panics or hangs.
+    #[derive(Debug)]
+    struct Shrinking(Vec<u8>, usize);
+    impl CallBuffers for Shrinking {
+        fn buffers(&mut self) -> (&[u8], &mut [u8]) {
+            self.1 += 1;
+            let len = if self.1 == 1 { self.0.len() } else { self.0.len() / 2 };
+            (&[], &mut self.0[..len])
+        }
+    }
+    let r = comm.rank();
+    comm.barrier().unwrap();
+    let what = |count| Collective::Allreduce {
+        count,
+        op: ReduceOp::Sum,
+        algo: lightpath_collectives::AllreduceAlgo::Ring,
+        in_place: true,
+    };
+    if r == 0 {
+        let req = comm.iexecute(what(64), DType::U8, Shrinking(vec![1; 64], 0)).unwrap();
+        let err = req.wait().unwrap_err();
+        println!("rank {r}: {err}");
+        check!(matches!(err, Error::InvalidArgument { .. }), "expected an argument error: {err}");
+        check!(comm.barrier().is_err(), "the communicator still works after the failed call");
+    } else {
+        let mut v = vec![1u8; 64];
+        let err = comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+        println!("rank {r}: {err}");
+        check!(err.rank() == Some(0), "expected an error naming rank 0: {err}");
+    }
+    std::process::exit(0);
+}
+
 /// The rank side: runs only when started by one of the tests below.
 #[test]
 fn worker() {
@@ -300,6 +368,7 @@ fn worker() {
         "stop" => role_stop(&comm),
         "mismatch" => return role_mismatch(comm),
         "abort" => role_abort(&comm),
+        "buffers_change" => role_buffers_change(&comm),
         other => panic!("unknown role {other}"),
     }
     drop(comm);
@@ -393,6 +462,14 @@ fn a_rank_that_crashes_right_after_a_call_fails_the_others_naming_it() {
 #[test]
 fn a_stopped_rank_times_out_every_other_rank_naming_it() {
     let out = run(4, "stop", &[]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn buffers_that_change_under_a_nonblocking_call_fail_it_and_the_peers() {
+    let out = run(2, "buffers_change", &[]);
     for (r, s) in out.statuses.iter().enumerate() {
         assert!(s.success(), "rank {r} {s:?}");
     }
