@@ -522,7 +522,8 @@ impl Communicator {
         &self.topology
     }
 
-    /// How this rank reaches each world rank (`None` for itself), e.g. `rdma/shm`.
+    /// How this rank reaches each world rank (`None` for itself), e.g. `rdma/soft`, or
+    /// `rdma/shm+pipe` for a same-host rank whose small messages go through a pipe.
     pub fn transports(&self) -> Vec<Option<String>> {
         let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         st.mesh.transports()

@@ -65,6 +65,17 @@ const SPIN: Duration = Duration::from_micros(50);
 /// How long a rank whose streams show nothing keeps looking, yielding the core between looks,
 /// before it sleeps in `poll`.
 const YIELD: Duration = Duration::from_millis(2);
+/// Bytes of each same-host pipe's ring (messages of up to a quarter of it, less 32 bytes).
+const PIPE_CAPACITY: usize = 64 << 10;
+/// Messages up to this many bytes go through a same-host peer's pipe instead of its stream
+/// (`LIGHTPATH_COLL_PIPE_MAX`, 0 turns pipes off; each pair uses the smaller of its two
+/// ranks' settings).
+const PIPE_MAX: usize = 8 << 10;
+/// How long a rank waiting for a pipe message sleeps at most before looking again (a pipe has
+/// no wake-up).
+const PIPE_NAP: Duration = Duration::from_millis(1);
+/// Starts a pipe offer: "LPPI".
+const PIPE_MAGIC: u32 = 0x4C50_5049;
 
 struct Peer {
     data: lightpath::Stream,
@@ -80,6 +91,15 @@ struct Peer {
     /// for nobody.
     pong: Option<Option<usize>>,
     ctl_buf: Vec<u8>,
+    /// Both ways of a same-host pipe, when both ranks set one up (see `Mesh::setup_pipes`).
+    pipe: Option<Pipe>,
+}
+
+/// A same-host peer's pipes, and the largest message they carry for this pair.
+struct Pipe {
+    tx: lightpath_shm::pipe::PipeSender,
+    rx: lightpath_shm::pipe::PipeReceiver,
+    max: usize,
 }
 
 /// The connections of one process to every other rank of the job.
@@ -106,6 +126,8 @@ pub(crate) struct Mesh {
     looked: Vec<Option<lightpath::Driven>>,
     /// The steps of the round being run (kept to reuse its allocation).
     pending: Vec<Pending>,
+    /// Where a pipe message is received before it is copied or reduced into place.
+    pipe_buf: Vec<u8>,
 }
 
 /// One send or receive step of the round being run.
@@ -121,6 +143,8 @@ struct Pending {
     /// Finished: a receive has all its bytes; a send has had all of them accepted and
     /// handed over to the transport.
     finished: bool,
+    /// The message goes through the peer's pipe (whole), not its stream.
+    piped: bool,
     /// A send's bytes were offered to the stream at least once.
     tried: bool,
 }
@@ -128,7 +152,16 @@ struct Pending {
 impl Peer {
     /// A peer just connected: nothing said on its control connection yet.
     fn new(data: lightpath::Stream, ctl: TcpStream) -> Peer {
-        Peer { data, ctl, left: false, said_bye: false, died: false, pong: None, ctl_buf: Vec::new() }
+        Peer {
+            data,
+            ctl,
+            left: false,
+            said_bye: false,
+            died: false,
+            pong: None,
+            ctl_buf: Vec::new(),
+            pipe: None,
+        }
     }
 }
 
@@ -266,6 +299,7 @@ impl Mesh {
             };
             peers[peer] = Some(Peer::new(data, ctl));
         }
+        Self::setup_pipes(rank, &mut peers, deadline)?;
         for p in peers.iter_mut().flatten() {
             p.ctl.set_nonblocking(true).map_err(Error::bootstrap)?;
             p.ctl.set_nodelay(true).map_err(Error::bootstrap)?;
@@ -285,7 +319,88 @@ impl Mesh {
             spin: Duration::ZERO,
             looked: vec![None; size],
             pending: Vec::new(),
+            pipe_buf: Vec::new(),
         })
+    }
+
+    /// Sets up a pipe each way with every peer reached over shm (a same-host process), over
+    /// its data stream, before any call: each side offers a pipe it made (`LPPI`, whether it
+    /// offers one, its largest pipe message, the ring's size, `pid:fd`), then says whether it
+    /// could open the peer's; the pair uses pipes only if both offered and both opened (a
+    /// peer whose `/proc/<pid>/fd` this process may not open, or pipes turned off on either
+    /// side, keeps the stream alone). All offers are written before any is read, and they fit
+    /// in the streams' buffers, so no pair waits on the other.
+    fn setup_pipes(rank: usize, peers: &mut [Option<Peer>], deadline: Instant) -> Result<(), Error> {
+        use lightpath_shm::pipe::{PipeReceiver, PipeSender};
+        let max =
+            std::env::var("LIGHTPATH_COLL_PIPE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(PIPE_MAX);
+        let fail = |j: usize, what: &str, e: io::Error| {
+            Error::bootstrap(format!("rank {rank}: setting up the pipe with rank {j}: {what}: {e}"))
+        };
+        let left = || Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+        let shm =
+            |p: &Peer| matches!(p.data.transport(), lightpath::Transport::Rdma(lightpath::ProviderId::Shm));
+        let mut senders: Vec<Option<PipeSender>> = Vec::new();
+        for (j, slot) in peers.iter_mut().enumerate() {
+            let sender = match slot {
+                Some(p) if shm(p) => {
+                    let sender = if max > 0 { PipeSender::create(PIPE_CAPACITY).ok() } else { None };
+                    let mut offer = [0u8; 64];
+                    offer[..4].copy_from_slice(&PIPE_MAGIC.to_le_bytes());
+                    if let Some(s) = &sender {
+                        offer[4] = 1;
+                        let largest = max.min(s.max_message()) as u32;
+                        offer[8..12].copy_from_slice(&largest.to_le_bytes());
+                        offer[12..16].copy_from_slice(&(s.capacity() as u32).to_le_bytes());
+                        let address = s.address();
+                        offer[16..16 + address.len()].copy_from_slice(address.as_bytes());
+                    }
+                    p.data.write_all(&offer).map_err(|e| fail(j, "offer", e))?;
+                    p.data.flush().map_err(|e| fail(j, "offer", e))?;
+                    sender
+                }
+                _ => None,
+            };
+            senders.push(sender);
+        }
+        let mut opened: Vec<Option<(PipeReceiver, usize)>> = Vec::new();
+        for (j, slot) in peers.iter_mut().enumerate() {
+            let receiver = match slot {
+                Some(p) if shm(p) => {
+                    p.data.set_read_timeout(left()).map_err(|e| fail(j, "timeout", e))?;
+                    let mut offer = [0u8; 64];
+                    p.data.read_exact(&mut offer).map_err(|e| fail(j, "reading the offer", e))?;
+                    if offer[..4] != PIPE_MAGIC.to_le_bytes() {
+                        return Err(Error::bootstrap(format!("rank {rank}: rank {j} sent no pipe offer")));
+                    }
+                    let word =
+                        |i: usize| u32::from_le_bytes(offer[i..i + 4].try_into().expect("4 bytes")) as usize;
+                    let address = String::from_utf8_lossy(&offer[16..]).trim_end_matches('\0').to_string();
+                    let receiver = (offer[4] == 1 && senders[j].is_some())
+                        .then(|| PipeReceiver::open(&address, word(12)).ok())
+                        .flatten();
+                    p.data.write_all(&[receiver.is_some() as u8]).map_err(|e| fail(j, "answer", e))?;
+                    p.data.flush().map_err(|e| fail(j, "answer", e))?;
+                    receiver.map(|r| (r, word(8)))
+                }
+                _ => None,
+            };
+            opened.push(receiver);
+        }
+        for (j, slot) in peers.iter_mut().enumerate() {
+            let Some(p) = slot else { continue };
+            if !shm(p) {
+                continue;
+            }
+            let mut ack = [0u8; 1];
+            p.data.read_exact(&mut ack).map_err(|e| fail(j, "reading the answer", e))?;
+            p.data.set_read_timeout(None).map_err(|e| fail(j, "timeout", e))?;
+            if let (1, Some(tx), Some((rx, theirs))) = (ack[0], senders[j].take(), opened[j].take()) {
+                let mine = max.min(tx.max_message());
+                p.pipe = Some(Pipe { tx, rx, max: mine.min(theirs) });
+            }
+        }
+        Ok(())
     }
 
     /// Chooses how long an idle rank busy-polls before yielding (see `run_round`), for
@@ -323,7 +438,15 @@ impl Mesh {
 
     /// How each peer is reached (`None` for this rank).
     pub(crate) fn transports(&self) -> Vec<Option<String>> {
-        self.peers.iter().map(|p| p.as_ref().map(|p| p.data.transport().to_string())).collect()
+        let name = |p: &Peer| {
+            let transport = p.data.transport().to_string();
+            if p.pipe.is_some() {
+                transport + "+pipe"
+            } else {
+                transport
+            }
+        };
+        self.peers.iter().map(|p| p.as_ref().map(name)).collect()
     }
 
     /// Runs `sched`; `group[i]` is the world rank of the schedule's rank `i`.
@@ -481,8 +604,13 @@ impl Mesh {
             } else {
                 0
             };
+            let peer = group[peer];
+            let piped = self.peers[peer]
+                .as_ref()
+                .and_then(|p| p.pipe.as_ref())
+                .is_some_and(|pipe| region.len <= pipe.max);
             pending.push(Pending {
-                peer: group[peer],
+                peer,
                 region,
                 kind,
                 with,
@@ -491,6 +619,7 @@ impl Mesh {
                 fill: 0,
                 finished: false,
                 tried: false,
+                piped,
             });
         }
         self.waiting_on = None;
@@ -501,7 +630,10 @@ impl Mesh {
             self.stages.push(Vec::new());
         }
         for p in pending.iter() {
-            if p.kind == 2 {
+            if p.piped && p.kind != 0 && self.pipe_buf.len() < p.region.len {
+                self.pipe_buf.resize(p.region.len, 0);
+            }
+            if p.kind == 2 && !p.piped {
                 let want = p.region.len.min(STAGE);
                 let st = &mut self.stages[p.stage];
                 if st.len() < want {
@@ -525,13 +657,17 @@ impl Mesh {
                 if pending[i].finished {
                     continue;
                 }
-                let (peer_rank, kind, region) = (pending[i].peer, pending[i].kind, pending[i].region);
-                // Steps on one stream and direction go in order: a receive after the earlier
-                // receives from that peer, a send once the earlier sends' bytes were accepted
-                // (the stream keeps them in order from then on).
+                let (peer_rank, kind, region, piped) =
+                    (pending[i].peer, pending[i].kind, pending[i].region, pending[i].piped);
+                // Steps on one stream (or pipe) and direction go in order: a receive after the
+                // earlier receives from that peer, a send once the earlier sends' bytes were
+                // accepted (the stream keeps them in order from then on). A pipe and a stream
+                // are two channels, each in order: both ranks put a message on the same one
+                // (by its length).
                 if pending[..i].iter().any(|q| {
                     q.peer == peer_rank
                         && (q.kind == 0) == (kind == 0)
+                        && q.piped == piped
                         && !q.finished
                         && (kind != 0 || q.done < q.region.len)
                 }) {
@@ -546,6 +682,45 @@ impl Mesh {
                 let fail =
                     |e: io::Error| Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() };
                 let p = &mut pending[i];
+                if piped {
+                    // A pipe message moves whole, with no look at the stream.
+                    let pipe = peer.pipe.as_mut().expect("piped steps have a pipe");
+                    let broken = |detail: String| Error::PeerFailed { rank: peer_rank, op, seq, detail };
+                    let moved = if kind == 0 {
+                        let bytes = slice(input, output, &self.scratch, region);
+                        pipe.tx.try_send(bytes).map_err(|e| broken(e.to_string()))?
+                    } else {
+                        match pipe.rx.try_recv(&mut self.pipe_buf).map_err(|e| broken(e.to_string()))? {
+                            None => false,
+                            Some(n) if n != region.len => {
+                                return Err(broken(format!(
+                                    "a {n}-byte message where the call expects {}",
+                                    region.len
+                                )))
+                            }
+                            Some(n) => {
+                                let got = &self.pipe_buf[..n];
+                                if kind == 1 {
+                                    slice_mut(output, &mut self.scratch, region).copy_from_slice(got);
+                                } else if let Some(with) = p.with {
+                                    let (left, dst) = two(input, output, &mut self.scratch, with, region);
+                                    dtype::combine(sched.dtype, sched.op, dst, left, got);
+                                } else {
+                                    let dst = slice_mut(output, &mut self.scratch, region);
+                                    dtype::reduce(sched.dtype, sched.op, dst, got);
+                                }
+                                true
+                            }
+                        }
+                    };
+                    if moved {
+                        p.done = region.len;
+                        p.finished = true;
+                        remaining -= 1;
+                        progressed = true;
+                    }
+                    continue;
+                }
                 // A send's first write goes without looking first: a write that finds no room
                 // says so (`WouldBlock`) at the cost of a look, and at the start of a round the
                 // stream nearly always has room. A receive reads without a look of its own
@@ -717,9 +892,11 @@ impl Mesh {
                 let rank = self.blame(waiting, op, seq)?;
                 return Err(Error::Timeout { rank, op, seq, after: self.timeout });
             }
+            // A pipe has no wake-up: a rank waiting on one naps instead.
+            let limit = if pending.iter().any(|p| p.piped && !p.finished) { PIPE_NAP } else { self.timeout };
             self.wait(
                 &pending.iter().filter(|p| !p.finished).map(|p| (p.peer, p.kind == 0)).collect::<Vec<_>>(),
-                self.timeout - idle,
+                limit.min(self.timeout - idle),
             )?;
         }
     }

@@ -99,6 +99,14 @@ fn role_all(comm: &Communicator) {
             "alltoall n={n}"
         );
     }
+    // Same-host peers carry small messages in pipes, unless turned off.
+    let pipes_off = std::env::var("LIGHTPATH_COLL_PIPE_MAX").is_ok_and(|v| v == "0");
+    let transports: Vec<String> = comm.transports().into_iter().flatten().collect();
+    check!(
+        transports.iter().all(|t| !t.starts_with("rdma/shm") || t.ends_with("+pipe") != pipes_off),
+        "pipes {} expected: {transports:?}",
+        if pipes_off { "not" } else { "" }
+    );
     // send/recv around a ring.
     let next = (r + 1) % p;
     let prev = (r + p - 1) % p;
@@ -405,6 +413,8 @@ fn every_collective_on_8_ranks_with_forced_algorithms() {
         ("LIGHTPATH_COLL_ALLREDUCE", "ring"),
         ("LIGHTPATH_COLL_ALLREDUCE", "rabenseifner"),
         ("LIGHTPATH_COLL_BCAST", "chain:4096"),
+        ("LIGHTPATH_COLL_PIPE_MAX", "0"),
+        ("LIGHTPATH_COLL_PIPE_MAX", "1000000"),
     ] {
         let out = run(
             if value == "ring" { 5 } else { 8 },

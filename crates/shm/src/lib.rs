@@ -75,6 +75,7 @@ mod helper;
 mod host;
 mod mr;
 mod pd;
+pub mod pipe;
 mod provider;
 mod qp;
 mod region;
