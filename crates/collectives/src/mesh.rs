@@ -70,7 +70,7 @@ const PIPE_CAPACITY: usize = 64 << 10;
 /// Messages up to this many bytes go through a same-host peer's pipe instead of its stream
 /// (`LIGHTPATH_COLL_PIPE_MAX`, 0 turns pipes off; each pair uses the smaller of its two
 /// ranks' settings).
-const PIPE_MAX: usize = 8 << 10;
+const PIPE_MAX: usize = 4 << 10;
 /// How long a rank waiting for a pipe message sleeps at most before looking again (a pipe has
 /// no wake-up).
 const PIPE_NAP: Duration = Duration::from_millis(1);
