@@ -523,7 +523,8 @@ impl Communicator {
     }
 
     /// How this rank reaches each world rank (`None` for itself), e.g. `rdma/soft`, or
-    /// `rdma/shm+pipe` for a same-host rank whose small messages go through a pipe.
+    /// `rdma/shm+pipe` for a same-host rank whose small messages go through a pipe
+    /// (`+pipe+cma` when large ones are read straight from the sender's memory).
     pub fn transports(&self) -> Vec<Option<String>> {
         let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         st.mesh.transports()

@@ -103,9 +103,17 @@ fn role_all(comm: &Communicator) {
     let pipes_off = std::env::var("LIGHTPATH_COLL_PIPE_MAX").is_ok_and(|v| v == "0");
     let transports: Vec<String> = comm.transports().into_iter().flatten().collect();
     check!(
-        transports.iter().all(|t| !t.starts_with("rdma/shm") || t.ends_with("+pipe") != pipes_off),
+        transports.iter().all(|t| !t.starts_with("rdma/shm") || t.contains("+pipe") != pipes_off),
         "pipes {} expected: {transports:?}",
         if pipes_off { "not" } else { "" }
+    );
+    // Large messages between same-host ranks are read from the sender's memory, unless
+    // turned off (root may always read another process's memory here).
+    let cma_off = std::env::var("LIGHTPATH_COLL_CMA_MIN").is_ok_and(|v| v == "0");
+    check!(
+        transports.iter().all(|t| !t.contains("+pipe") || t.ends_with("+cma") != cma_off),
+        "descriptors {} expected: {transports:?}",
+        if cma_off { "not" } else { "" }
     );
     // send/recv around a ring.
     let next = (r + 1) % p;
@@ -415,6 +423,8 @@ fn every_collective_on_8_ranks_with_forced_algorithms() {
         ("LIGHTPATH_COLL_BCAST", "chain:4096"),
         ("LIGHTPATH_COLL_PIPE_MAX", "0"),
         ("LIGHTPATH_COLL_PIPE_MAX", "1000000"),
+        ("LIGHTPATH_COLL_CMA_MIN", "0"),
+        ("LIGHTPATH_COLL_CMA_MIN", "5000"),
     ] {
         let out = run(
             if value == "ring" { 5 } else { 8 },

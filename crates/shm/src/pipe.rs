@@ -22,6 +22,17 @@
 //! receiver polls, and a caller that sleeps must wake itself now and then. Everything read from
 //! the shared memory is validated (the ring's own checks); a peer that writes garbage makes
 //! the receiver's calls fail with [`PipeError`], never read out of bounds.
+//!
+//! # Large messages: one copy
+//!
+//! A message through the ring is copied twice (in, then out). For large ones the sender can
+//! instead send where the bytes are in its own memory, and the receiver copies them straight
+//! into place with one `process_vm_readv` ([`PipeReceiver::read_sender_memory`], Linux's
+//! cross-memory attach, as Open MPI's CMA), then counts one [`PipeReceiver::acknowledge`]; the
+//! sender keeps the bytes untouched until [`PipeSender::acknowledged`] has counted past its
+//! message. The kernel allows that read only to a process that may trace the sender (same
+//! user, no stricter Yama setting, or root): [`PipeReceiver::can_read_sender_memory`] tries
+//! it on a word whose address the sender gives ([`PipeSender::probe_address`]).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -30,8 +41,13 @@ use std::sync::atomic::Ordering;
 use crate::ring::{self, Consumer, Producer, RecordHeader, RingError, RingMemory, Word};
 use crate::sys::{Mapping, Memfd};
 
-/// Where the ring starts in the file (the receiver's position has the first line).
+/// Where the ring starts in the file (the receiver's position and acknowledgement count have
+/// the first line).
 const RING_OFFSET: usize = 64;
+/// The word counting the receiver's acknowledgements of messages read from sender memory.
+const ACK_OFFSET: usize = 8;
+/// What [`PipeSender::probe_address`] points at.
+static PROBE: u64 = 0x4C50_434D_4150_5242; // "LPCMAPRB"
 /// The record kind of a message.
 const KIND_MESSAGE: u8 = 1;
 
@@ -158,6 +174,18 @@ impl PipeSender {
         })?)
     }
 
+    /// How many messages the receiver has acknowledged ([`PipeReceiver::acknowledge`]).
+    pub fn acknowledged(&self) -> u64 {
+        self.map.load_u64(ACK_OFFSET, Ordering::Acquire).unwrap_or(0)
+    }
+
+    /// The address, in this process, of a word a receiver may read with
+    /// [`PipeReceiver::can_read_sender_memory`] to learn whether it may read this process's
+    /// memory.
+    pub fn probe_address() -> u64 {
+        std::ptr::addr_of!(PROBE) as u64
+    }
+
     /// Whether everything sent has been taken by the receiver.
     pub fn is_drained(&self) -> bool {
         HeadWord(&self.map).load(Ordering::Acquire) == self.producer.tail()
@@ -169,6 +197,9 @@ impl PipeSender {
 pub struct PipeReceiver {
     map: Mapping,
     consumer: Consumer,
+    /// The sender's process id (whose memory `read_sender_memory` reads).
+    pid: u32,
+    acks: u64,
 }
 
 impl PipeReceiver {
@@ -188,7 +219,54 @@ impl PipeReceiver {
         let memfd = Memfd::from_peer(OwnedFd::from(file), (RING_OFFSET + capacity) as u64)
             .map_err(|e| bad(&e.to_string()))?;
         let map = Mapping::peer(&memfd, (RING_OFFSET + capacity) as u64, true)?;
-        Ok(PipeReceiver { map, consumer })
+        Ok(PipeReceiver { map, consumer, pid, acks: 0 })
+    }
+
+    /// Whether this process may read the sender's memory: reads the word at `probe` (the
+    /// sender's [`PipeSender::probe_address`]) and checks it.
+    pub fn can_read_sender_memory(&self, probe: u64) -> bool {
+        let mut word = [0u8; 8];
+        self.read_sender_memory(probe, &mut word).is_ok() && u64::from_ne_bytes(word) == PROBE
+    }
+
+    /// Copies `dst.len()` bytes at address `addr` of the sender's process into `dst`, with one
+    /// copy by the kernel (`process_vm_readv`). An address the sender does not have mapped, or
+    /// a sender that has exited, is an error; nothing of this process other than `dst` is
+    /// written.
+    pub fn read_sender_memory(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < dst.len() {
+            let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
+            let remote = libc::iovec {
+                iov_base: addr
+                    .checked_add(done as u64)
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
+                    as usize as *mut libc::c_void,
+                iov_len: dst.len() - done,
+            };
+            // SAFETY: `local` describes `dst[done..]`, memory this call borrows mutably, so the
+            // kernel writes only there; `remote` is an address in the other process, which the
+            // kernel checks (and faults on) itself: it is never dereferenced here. One iovec
+            // each, as the counts say.
+            let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the sender that one more message read from its memory is done with.
+    pub fn acknowledge(&mut self) {
+        self.acks += 1;
+        let _ = self.map.store_u64(ACK_OFFSET, self.acks, Ordering::Release);
     }
 
     /// Copies the next message into `dst` and returns its length, or `None` if none has
@@ -235,6 +313,23 @@ mod tests {
             assert_eq!(rx.try_recv(&mut buf).expect("recv"), Some(100));
         }
         assert!(tx.try_send(&[1]).expect("send"), "room again once taken");
+    }
+
+    #[test]
+    fn the_receiver_reads_sender_memory_with_one_copy_and_acknowledges() {
+        let tx = PipeSender::create(1024).expect("pipe");
+        let mut rx = PipeReceiver::open(&tx.address(), tx.capacity()).expect("open");
+        assert!(rx.can_read_sender_memory(PipeSender::probe_address()));
+        assert!(!rx.can_read_sender_memory(PipeSender::probe_address() + 8), "a different word");
+        let source: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let mut dst = vec![0u8; source.len()];
+        rx.read_sender_memory(source.as_ptr() as u64, &mut dst).expect("read");
+        assert_eq!(dst, source);
+        assert!(rx.read_sender_memory(8, &mut dst[..8]).is_err(), "an unmapped address");
+        assert_eq!(tx.acknowledged(), 0);
+        rx.acknowledge();
+        rx.acknowledge();
+        assert_eq!(tx.acknowledged(), 2);
     }
 
     #[test]
