@@ -11,7 +11,7 @@
 //! # How
 //!
 //! The sender makes a memfd (sealed against shrinking and growing) holding a 64-byte line for
-//! the receiver's position and a [`ring`](crate::ring) of records, and tells the receiver where
+//! the receiver's position and a [`ring`](crate::ring::Producer) of records, and tells the receiver where
 //! it is as text, `pid:fd` ([`PipeSender::address`]), over any channel; the receiver opens
 //! `/proc/<pid>/fd/<fd>` (the kernel checks that it may: same user, or root), checks the file
 //! as it checks every memfd a peer hands over, and maps it. Nothing is left in a file system:
