@@ -159,8 +159,8 @@ struct Pending {
     finished: bool,
     /// The message goes through the peer's pipe (whole, or as a descriptor), not its stream.
     piped: bool,
-    /// It goes as a descriptor of where its bytes are; for a send, the number the peer
-    /// acknowledges it by.
+    /// It goes as a descriptor of where its bytes are: `Some(0)` until a send's descriptor is
+    /// in the pipe, then the number the peer acknowledges it by.
     cma: Option<u64>,
     /// A send's bytes were offered to the stream at least once.
     tried: bool,
@@ -719,7 +719,7 @@ impl Mesh {
                 let fail =
                     |e: io::Error| Error::PeerFailed { rank: peer_rank, op, seq, detail: e.to_string() };
                 let p = &mut pending[i];
-                if let (true, Some(number)) = (piped, p.cma) {
+                if piped && p.cma.is_some() {
                     let pipe = peer.pipe.as_mut().expect("piped steps have a pipe");
                     let broken = |detail: String| Error::PeerFailed { rank: peer_rank, op, seq, detail };
                     if kind == 0 {
@@ -738,7 +738,9 @@ impl Mesh {
                                 progressed = true;
                             }
                         }
-                        if p.done == region.len && pipe.tx.acknowledged() >= p.cma.unwrap_or(number) {
+                        if p.done == region.len
+                            && p.cma.is_some_and(|number| pipe.tx.acknowledged() >= number)
+                        {
                             p.finished = true;
                             remaining -= 1;
                             progressed = true;
@@ -767,7 +769,8 @@ impl Mesh {
                         // In stages, each reduced into place as it arrives.
                         let mut at = 0;
                         while at < region.len {
-                            let n = (region.len - at).min(self.pipe_buf.len());
+                            // Whole stages (a multiple of every element size) or the rest.
+                            let n = (region.len - at).min(STAGE);
                             let stage = &mut self.pipe_buf[..n];
                             pipe.rx.read_sender_memory(addr + at as u64, stage).map_err(unreadable)?;
                             let part = |r: Region| Region { offset: r.offset + at, len: n, ..r };
