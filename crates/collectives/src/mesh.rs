@@ -970,7 +970,9 @@ impl Mesh {
             // us of spin against 5-11 us yielding at once (medians ~1 us throughout). After
             // `YIELD`, sleep on the streams' readiness descriptors.
             // The clock is read every few idle looks, not at each: in a VM a read costs about
-            // as much as a look (it was 16% of a 2-rank 8 B allreduce loop's time).
+            // as much as a look (clock reads were 16-19% of the samples of a 2-rank 8 B
+            // allreduce or broadcast loop, the benchmark's own two per call included; no
+            // difference in call time was measurable either way).
             idle_looks += 1;
             idle = match idle_since {
                 Some(since) if idle_looks.is_multiple_of(CLOCK_EVERY) || idle >= self.spin => since.elapsed(),
