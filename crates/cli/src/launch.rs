@@ -1,5 +1,6 @@
-//! `lightpath launch -n N -- CMD [ARGS...]`: runs N copies of CMD on this host as the ranks
-//! of one collectives job (see `lightpath_collectives::launch`).
+//! `lightpath launch -n N [--hosts A:2,B:2 [--agent ...] [--store-addr ...]] -- CMD [ARGS...]`:
+//! runs N copies of CMD as the ranks of one collectives job, on this host or spread over
+//! hosts (see `lightpath_collectives::launch`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,9 +18,21 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     grace: u64,
     /// Do not bind each rank to a CPU (by default rank i runs on the (i mod n)-th of the n
-    /// CPUs this launcher may use).
+    /// CPUs this launcher may use; never with --hosts).
     #[arg(long)]
     no_bind: bool,
+    /// Spread the ranks over these hosts, by block: HOST[:SLOTS],... (SLOTS ranks each,
+    /// default 1). Each rank starts through --agent; rank 0 serves the rendezvous store.
+    #[arg(long)]
+    hosts: Option<String>,
+    /// How a rank starts on a host (with --hosts): words, with {host} replaced by the host
+    /// (or the host appended), then the rank's command as one shell string. E.g. `ip netns
+    /// exec {host} sh -c` for network namespaces.
+    #[arg(long, default_value = "ssh -o BatchMode=yes")]
+    agent: String,
+    /// Address the ranks reach rank 0's store at (with --hosts; default the first host).
+    #[arg(long)]
+    store_addr: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -33,6 +46,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut opts = LaunchOptions::new(args.ranks);
     opts.grace = Duration::from_secs(args.grace);
     opts.bind = !args.no_bind;
+    if let Some(hosts) = &args.hosts {
+        opts.hosts =
+            lightpath_collectives::launch::parse_hosts(hosts).map_err(|e| anyhow::anyhow!("--hosts {e}"))?;
+        if opts.hosts.is_empty() {
+            bail!("--hosts names no host");
+        }
+        opts.agent = args.agent.split_whitespace().map(String::from).collect();
+        opts.store_addr = args.store_addr.clone();
+    }
     let outcome = launch(&args.command[0], &args.command[1..], &opts)?;
     if let Some(rank) = outcome.first_failure {
         eprintln!("lightpath launch: rank {rank} failed ({:?})", outcome.statuses[rank]);

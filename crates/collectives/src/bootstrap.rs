@@ -125,7 +125,9 @@ pub fn detect_from(get: &dyn Fn(&str) -> Option<String>) -> Result<JobEnv, Strin
             local_rank: parse(get, "LIGHTPATH_LOCAL_RANK")?.unwrap_or(rank),
             local_size: parse(get, "LIGHTPATH_LOCAL_SIZE")?.unwrap_or(size),
             store,
-            serve_store: false,
+            // `lightpath launch --hosts`: rank 0 serves the store (the launcher may be on
+            // no host of the job).
+            serve_store: rank == 0 && get("LIGHTPATH_STORE_SERVE").is_some_and(|v| v == "1"),
             key_prefix: format!("lightpath/{}/", get("LIGHTPATH_JOB_ID").unwrap_or_default()),
         });
     }

@@ -710,40 +710,55 @@ fn ip(args: &[&str]) {
     assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// Two network namespaces joined by a veth pair (`NET.1` in `a`, `NET.2` in `b`), removed
+/// when dropped. `None` (and SKIPPED printed) without root or iproute2.
+struct Namespaces {
+    a: String,
+    b: String,
+}
+
+impl Namespaces {
+    fn create(prefix: &str, net: &str) -> Option<Namespaces> {
+        let is_root = std::fs::read_to_string("/proc/self/status")
+            .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+            .unwrap_or(false);
+        if !is_root || which("ip").is_err() {
+            eprintln!("SKIPPED: needs root and iproute2's ip to create network namespaces");
+            return None;
+        }
+        let tag = std::process::id() % 100_000;
+        let (a, b) = (format!("{prefix}{tag}a"), format!("{prefix}{tag}b"));
+        let (va, vb) = (format!("{prefix}v{tag}a"), format!("{prefix}v{tag}b"));
+        ip(&["netns", "add", &a]);
+        let mut made = Namespaces { a: a.clone(), b: String::new() };
+        ip(&["netns", "add", &b]);
+        made.b = b.clone();
+        ip(&["link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b]);
+        for (ns, dev, host) in [(&a, &va, 1), (&b, &vb, 2)] {
+            ip(&["-n", ns, "addr", "add", &format!("{net}.{host}/24"), "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        Some(made)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b].into_iter().filter(|ns| !ns.is_empty()) {
+            let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
 /// Two "hosts" as network namespaces joined by a veth pair, two ranks in each: shm inside a
 /// namespace, soft (RoCE v2 over UDP) between them, in one job (torchrun's environment, rank 0
 /// serving the store).
 #[test]
 fn hosts_as_network_namespaces_soft_between_shm_inside() {
-    let is_root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false);
-    if !is_root || which("ip").is_err() {
-        eprintln!("SKIPPED: needs root and iproute2's ip to create network namespaces");
-        return;
-    }
+    let Some(net) = Namespaces::create("lpc", "10.231.0") else { return };
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
-    let tag = std::process::id() % 100_000;
-    let (a, b) = (format!("lpc{tag}a"), format!("lpc{tag}b"));
-    let (va, vb) = (format!("lpv{tag}a"), format!("lpv{tag}b"));
-    struct Cleanup(Vec<String>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            for ns in &self.0 {
-                let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
-            }
-        }
-    }
-    ip(&["netns", "add", &a]);
-    let _cleanup_a = Cleanup(vec![a.clone()]);
-    ip(&["netns", "add", &b]);
-    let _cleanup_b = Cleanup(vec![b.clone()]);
-    ip(&["link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b]);
-    for (ns, dev, addr) in [(&a, &va, "10.231.0.1/24"), (&b, &vb, "10.231.0.2/24")] {
-        ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
-        ip(&["-n", ns, "link", "set", dev, "up"]);
-        ip(&["-n", ns, "link", "set", "lo", "up"]);
-    }
+    let (a, b) = (&net.a, &net.b);
     let exe = std::env::current_exe().unwrap();
     let port = "29517";
     let mut children: Vec<std::process::Child> = (0..4)
@@ -791,6 +806,32 @@ fn hosts_as_network_namespaces_soft_between_shm_inside() {
             "rank {r} should reach its namespace peer over shm and the others over soft: {text}"
         );
     }
+}
+
+/// `lightpath launch --hosts` with network namespaces as the hosts (`ip netns exec {host} sh
+/// -c` as the agent), 2 ranks in each: rank 0 serves the store in the first namespace, the
+/// ranks see two hosts and run every collective.
+#[test]
+fn launch_over_hosts_as_network_namespaces() {
+    let Some(net) = Namespaces::create("lph", "10.232.0") else { return };
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let mut opts = LaunchOptions::new(4);
+    opts.grace = Duration::from_secs(20);
+    opts.hosts = vec![(net.a.clone(), 2), (net.b.clone(), 2)];
+    opts.agent = ["ip", "netns", "exec", "{host}", "sh", "-c"].map(String::from).to_vec();
+    opts.store_addr = Some("10.232.0.1".into());
+    for (k, v) in [
+        ("LPCOLL_ROLE", "all"),
+        ("LPCOLL_EXPECT_HOSTS", "[[0, 1], [2, 3]]"),
+        ("LIGHTPATH_COLL_TIMEOUT_MS", "30000"),
+    ] {
+        opts.env.push((k.into(), v.into()));
+    }
+    let args: Vec<String> =
+        ["--exact", "worker", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
+    let out = launch(exe.to_str().unwrap(), &args, &opts).unwrap();
+    assert_eq!(out.first_failure, None, "{:?}", out.statuses);
 }
 
 #[test]
