@@ -251,6 +251,22 @@ mod tests {
     }
 
     #[test]
+    fn lightpath_launch_over_hosts_has_rank_0_serve_the_store() {
+        let vars = |rank: &'static str, serve: &'static str| {
+            env(&[
+                ("LIGHTPATH_RANK", rank),
+                ("LIGHTPATH_SIZE", "4"),
+                ("LIGHTPATH_STORE", "10.0.0.1:29501"),
+                ("LIGHTPATH_STORE_SERVE", serve),
+            ])
+        };
+        let serves = |rank, serve| detect_from(&vars(rank, serve)).unwrap().serve_store;
+        assert!(serves("0", "1"));
+        assert!(!serves("1", "1"), "only rank 0");
+        assert!(!serves("0", "0"), "the local launcher serves it itself");
+    }
+
+    #[test]
     fn launchers_are_told_apart() {
         let e = detect_from(&env(&[
             ("RANK", "1"),
