@@ -76,6 +76,9 @@ const PIPE_MAX: usize = 4 << 10;
 const PIPE_NAP: Duration = Duration::from_millis(1);
 /// Starts a pipe offer: "LPPI".
 const PIPE_MAGIC: u32 = 0x4C50_5049;
+/// Bytes of a pipe offer: magic, offered, largest message, ring size, the pipe's address
+/// (bytes 16..72), the probe word's address, the descriptor threshold.
+const OFFER_LEN: usize = 88;
 /// Messages from this many bytes on go to a same-host peer as a descriptor through the pipe,
 /// and the peer copies them straight out of this process's memory (`LIGHTPATH_COLL_CMA_MIN`,
 /// 0 turns it off; each pair uses the larger of its two settings). Below it the stream wins:
@@ -365,7 +368,7 @@ impl Mesh {
             let sender = match slot {
                 Some(p) if shm(p) => {
                     let sender = if max > 0 { PipeSender::create(PIPE_CAPACITY).ok() } else { None };
-                    let mut offer = [0u8; 64];
+                    let mut offer = [0u8; OFFER_LEN];
                     offer[..4].copy_from_slice(&PIPE_MAGIC.to_le_bytes());
                     if let Some(s) = &sender {
                         offer[4] = 1;
@@ -374,8 +377,8 @@ impl Mesh {
                         offer[12..16].copy_from_slice(&(s.capacity() as u32).to_le_bytes());
                         let address = s.address();
                         offer[16..16 + address.len()].copy_from_slice(address.as_bytes());
-                        offer[40..48].copy_from_slice(&PipeSender::probe_address().to_le_bytes());
-                        offer[48..56].copy_from_slice(&(cma_min as u64).to_le_bytes());
+                        offer[72..80].copy_from_slice(&PipeSender::probe_address().to_le_bytes());
+                        offer[80..88].copy_from_slice(&(cma_min as u64).to_le_bytes());
                     }
                     p.data.write_all(&offer).map_err(|e| fail(j, "offer", e))?;
                     p.data.flush().map_err(|e| fail(j, "offer", e))?;
@@ -390,7 +393,7 @@ impl Mesh {
             let receiver = match slot {
                 Some(p) if shm(p) => {
                     p.data.set_read_timeout(left()).map_err(|e| fail(j, "timeout", e))?;
-                    let mut offer = [0u8; 64];
+                    let mut offer = [0u8; OFFER_LEN];
                     p.data.read_exact(&mut offer).map_err(|e| fail(j, "reading the offer", e))?;
                     if offer[..4] != PIPE_MAGIC.to_le_bytes() {
                         return Err(Error::bootstrap(format!("rank {rank}: rank {j} sent no pipe offer")));
@@ -398,16 +401,16 @@ impl Mesh {
                     let word =
                         |i: usize| u32::from_le_bytes(offer[i..i + 4].try_into().expect("4 bytes")) as usize;
                     let long = |i: usize| u64::from_le_bytes(offer[i..i + 8].try_into().expect("8 bytes"));
-                    let address = String::from_utf8_lossy(&offer[16..40]).trim_end_matches('\0').to_string();
+                    let address = String::from_utf8_lossy(&offer[16..72]).trim_end_matches('\0').to_string();
                     let receiver = (offer[4] == 1 && senders[j].is_some())
                         .then(|| PipeReceiver::open(&address, word(12)).ok())
                         .flatten();
                     // Descriptors only if both want them and this side may read the peer's
                     // memory (tried on the word the peer pointed at).
-                    let theirs = usize::try_from(long(48)).unwrap_or(0);
+                    let theirs = usize::try_from(long(80)).unwrap_or(0);
                     let cma = receiver
                         .as_ref()
-                        .filter(|r| cma_min > 0 && theirs > 0 && r.can_read_sender_memory(long(40)))
+                        .filter(|r| cma_min > 0 && theirs > 0 && r.can_read_sender_memory(long(72)))
                         .map(|_| cma_min.max(theirs));
                     let answer = u8::from(receiver.is_some()) | u8::from(cma.is_some()) << 1;
                     p.data.write_all(&[answer]).map_err(|e| fail(j, "answer", e))?;

@@ -12,9 +12,10 @@
 //!
 //! The sender makes a memfd (sealed against shrinking and growing) holding a 64-byte line for
 //! the receiver's position and a [`ring`](crate::ring::Producer) of records, and tells the receiver where
-//! it is as text, `pid:fd` ([`PipeSender::address`]), over any channel; the receiver opens
-//! `/proc/<pid>/fd/<fd>` (the kernel checks that it may: same user, or root), checks the file
-//! as it checks every memfd a peer hands over, and maps it. Nothing is left in a file system:
+//! it is as text, `pid:fd:nonce` ([`PipeSender::address`]), over any channel; the receiver
+//! opens `/proc/<pid>/fd/<fd>` (the kernel checks that it may: same user, or root), checks the
+//! file as it checks every memfd a peer hands over, maps it, and checks that it holds the
+//! nonce (a pid of another PID namespace names some other process). Nothing is left in a file system:
 //! the memory goes when both processes have dropped their ends (or died).
 //!
 //! A message is one record ([`PipeSender::try_send`] copies it in, `false` when the ring is
@@ -46,6 +47,9 @@ use crate::sys::{Mapping, Memfd};
 const RING_OFFSET: usize = 64;
 /// The word counting the receiver's acknowledgements of messages read from sender memory.
 const ACK_OFFSET: usize = 8;
+/// A random word the sender writes and names in its address, so that a receiver that opened
+/// some other file (a pid of another PID namespace, a reused descriptor) finds out.
+const NONCE_OFFSET: usize = 16;
 /// What [`PipeSender::probe_address`] points at.
 static PROBE: u64 = 0x4C50_434D_4150_5242; // "LPCMAPRB"
 /// The record kind of a message.
@@ -129,6 +133,7 @@ pub struct PipeSender {
     map: Mapping,
     producer: Producer,
     capacity: usize,
+    nonce: u64,
 }
 
 impl PipeSender {
@@ -143,12 +148,17 @@ impl PipeSender {
         let producer = Producer::new(capacity, ring::max_payload_for(capacity)).ok_or_else(invalid)?;
         let memfd = Memfd::create("lightpath-pipe", (RING_OFFSET + capacity) as u64)?;
         let map = Mapping::new(&memfd, true)?;
-        Ok(PipeSender { memfd, map, producer, capacity })
+        let nonce = crate::sys::random_u64() | 1;
+        if !map.store_u64(NONCE_OFFSET, nonce, Ordering::Release) {
+            return Err(io::Error::other("pipe: the nonce does not fit"));
+        }
+        Ok(PipeSender { memfd, map, producer, capacity, nonce })
     }
 
-    /// Where a receiver finds the pipe ([`PipeReceiver::open`]): `pid:fd`.
+    /// Where a receiver finds the pipe ([`PipeReceiver::open`]): `pid:fd:nonce` (at most 38
+    /// characters).
     pub fn address(&self) -> String {
-        format!("{}:{}", std::process::id(), self.memfd.as_fd().as_raw_fd())
+        format!("{}:{}:{:x}", std::process::id(), self.memfd.as_fd().as_raw_fd(), self.nonce)
     }
 
     /// The ring's size in bytes (what a receiver opens the pipe with).
@@ -209,9 +219,15 @@ impl PipeReceiver {
         let bad = |what: &str| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("pipe address {address:?}: {what}"))
         };
-        let (pid, fd) = address.split_once(':').ok_or_else(|| bad("not pid:fd"))?;
+        let mut parts = address.split(':');
+        let (Some(pid), Some(fd), Some(nonce), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("not pid:fd:nonce"));
+        };
         let pid: u32 = pid.parse().map_err(|_| bad("bad pid"))?;
         let fd: u32 = fd.parse().map_err(|_| bad("bad fd"))?;
+        let nonce = u64::from_str_radix(nonce, 16).map_err(|_| bad("bad nonce"))?;
         let consumer = Consumer::new(capacity, ring::max_payload_for(capacity))
             .filter(|_| capacity <= 64 << 20)
             .ok_or_else(|| bad("bad capacity"))?;
@@ -219,6 +235,9 @@ impl PipeReceiver {
         let memfd = Memfd::from_peer(OwnedFd::from(file), (RING_OFFSET + capacity) as u64)
             .map_err(|e| bad(&e.to_string()))?;
         let map = Mapping::peer(&memfd, (RING_OFFSET + capacity) as u64, true)?;
+        if map.load_u64(NONCE_OFFSET, Ordering::Acquire) != Some(nonce) {
+            return Err(bad("the file there is not that pipe"));
+        }
         Ok(PipeReceiver { map, consumer, pid, acks: 0 })
     }
 
@@ -344,11 +363,22 @@ mod tests {
         assert_eq!(rx.try_recv(&mut big).expect("still there"), Some(40));
         assert!(PipeSender::create(1000).is_err(), "not a power of two");
         assert!(PipeReceiver::open("nonsense", 1024).is_err());
-        assert!(PipeReceiver::open(&format!("{}:999999", std::process::id()), 1024).is_err());
+        assert!(PipeReceiver::open(&format!("{}:999999:1", std::process::id()), 1024).is_err());
+        let (pid, rest) =
+            tx.address().split_once(':').map(|(p, r)| (p.to_string(), r.to_string())).expect("pid:");
+        let fd = rest.split(':').next().expect("fd");
+        assert!(PipeReceiver::open(&format!("{pid}:{fd}:2"), 1024).is_err(), "another nonce: another file");
+        let other = PipeSender::create(1024).expect("pipe");
+        let other_fd = other.address().split(':').nth(1).expect("fd").to_string();
+        let nonce = tx.address().rsplit(':').next().expect("nonce").to_string();
+        assert!(
+            PipeReceiver::open(&format!("{pid}:{other_fd}:{nonce}"), 1024).is_err(),
+            "the same size, not that pipe"
+        );
         assert!(PipeReceiver::open(&tx.address(), 1 << 20).is_err(), "larger than the file");
         // An ordinary file is not a sealed memfd.
         let file = std::fs::File::open("/proc/self/status").expect("a file");
-        let address = format!("{}:{}", std::process::id(), file.as_raw_fd());
+        let address = format!("{}:{}:1", std::process::id(), file.as_raw_fd());
         assert!(PipeReceiver::open(&address, 256).is_err());
     }
 }
