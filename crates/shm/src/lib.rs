@@ -5,6 +5,10 @@
 //! written against those traits (the perf tool, the stream layer, applications) runs over it
 //! unchanged, and it passes the provider conformance suite.
 //!
+//! Beside the verbs, [`pipe`] offers a one-way message ring between two processes with no
+//! verbs objects at all (the collectives carry their small same-host messages in it, and
+//! large ones as descriptors the receiver reads straight out of the sender's memory).
+//!
 //! # How it works
 //!
 //! - **Memory regions are memfds** mapped into the owner and, on first use, into each peer
