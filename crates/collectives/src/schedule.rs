@@ -417,14 +417,10 @@ pub fn build_on(what: &Collective, dtype: DType, rank: usize, topology: &Topolog
             if size == 1 {
                 b.push(Step::Copy { from: b.r(src, 0, n), into: b.r(Buf::Output, 0, n) });
             }
-            match algo {
-                AllreduceAlgo::Ring => ring_allreduce(&mut b, rank, size, n, src),
-                AllreduceAlgo::RecursiveDoubling => scratch = recursive_doubling(&mut b, rank, size, n, src),
-                AllreduceAlgo::Rabenseifner => rabenseifner(&mut b, rank, size, n, src),
-                AllreduceAlgo::Hierarchical => {
-                    scratch = hierarchical_allreduce(&mut b, topology, rank, n, src)
-                }
-            }
+            scratch = match algo {
+                AllreduceAlgo::Hierarchical => hierarchical_allreduce(&mut b, topology, rank, n, src),
+                flat => flat_allreduce(&mut b, *flat, rank, size, n, src),
+            };
             if op == ReduceOp::Avg {
                 b.push(Step::Divide { region: b.r(Buf::Output, 0, n), by: size });
             }
