@@ -76,6 +76,9 @@ pub fn named_counters(stats: &SoftStats) -> Vec<(&'static str, u64)> {
         ("rx_errors", d.rx_errors),
         ("rx_batches", d.rx_batches),
         ("tx_batches", d.tx_batches),
+        ("rx_coalesced", d.rx_coalesced),
+        ("tx_segmented", d.tx_segmented),
+        ("segmentation_failures", d.segmentation_failures),
     ]
 }
 

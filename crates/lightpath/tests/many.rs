@@ -25,10 +25,9 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn small(provider: ProviderId) -> Options {
     Options {
-        ring_size: 16 << 10,
         recv_depth: 16,
         send_depth: 16,
-        ..Options::default().with_providers(&[provider])
+        ..Options::default().with_providers(&[provider]).with_ring_size(16 << 10)
     }
 }
 

@@ -90,7 +90,8 @@ pub(crate) fn setup(tcp: &std::net::TcpStream, options: &Options) -> io::Result<
     let port = device.local_addr().port();
     let mtu = device.config().mtu.min(Mtu::Mtu4096);
     let lightpath_pmtu = Some(device.max_lightpath_pmtu());
-    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, options)?))
+    let options = Options { ring_size: options.soft_ring_size.max(4096) & !63, ..options.clone() };
+    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, &options)?))
 }
 
 fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice> {
