@@ -137,6 +137,10 @@ pub struct StreamArgs {
     /// How long a blocked call busy-polls before it sleeps, in µs (default: the library's).
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// Bytes of each connection's receive ring, over every provider (default: the library's,
+    /// `Options::ring_size` and `Options::soft_ring_size`). Each side uses its own.
+    #[arg(long)]
+    pub ring_size: Option<u32>,
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -239,6 +243,9 @@ fn options(args: &StreamArgs) -> Result<Options> {
         // sleep between messages (liveness is still checked after each 100 ms of spinning).
         options.soft_progress = ProgressMode::polling();
         options.spin = Duration::from_millis(100);
+    }
+    if let Some(bytes) = args.ring_size {
+        options = options.with_ring_size(bytes);
     }
     if let Some(spin) = args.spin_us {
         options.spin = Duration::from_micros(spin);
