@@ -28,11 +28,13 @@ use rustix::event::epoll;
 pub(crate) struct ReadinessEpoll(OnceLock<OwnedFd>);
 
 impl ReadinessEpoll {
-    /// The epoll fd watching `notify` (the connection's completion notification fd) and `tcp` (the
-    /// liveness connection) for readability; made on the first call.
+    /// The epoll fd watching `notify` (the connection's completion notification fd), `own`
+    /// (its queue pair's own descriptor, if it has one: `QueuePair::waiter_poll_fd`) and `tcp`
+    /// (the liveness connection) for readability; made on the first call.
     pub(crate) fn get_or_create(
         &self,
         notify: Option<RawFd>,
+        own: Option<RawFd>,
         tcp: BorrowedFd<'_>,
     ) -> io::Result<BorrowedFd<'_>> {
         if let Some(fd) = self.0.get() {
@@ -52,6 +54,12 @@ impl ReadinessEpoll {
         let notify = unsafe { BorrowedFd::borrow_raw(notify) };
         epoll::add(&epoll_fd, notify, epoll::EventData::new_u64(0), epoll::EventFlags::IN)?;
         epoll::add(&epoll_fd, tcp, epoll::EventData::new_u64(1), epoll::EventFlags::IN)?;
+        if let Some(own) = own {
+            // SAFETY: as for `notify`: the queue pair's descriptor lives in the connection the
+            // caller borrows, for this whole call; epoll keeps its own reference to the file.
+            let own = unsafe { BorrowedFd::borrow_raw(own) };
+            epoll::add(&epoll_fd, own, epoll::EventData::new_u64(2), epoll::EventFlags::IN)?;
+        }
         Ok(self.0.get_or_init(|| epoll_fd).as_fd())
     }
 }

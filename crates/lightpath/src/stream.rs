@@ -371,7 +371,9 @@ impl Stream {
     pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         match &self.backend {
-            Backend::Rdma(conn) => self.readiness.get_or_create(conn.notify_fd(), conn.tcp().as_fd()),
+            Backend::Rdma(conn) => {
+                self.readiness.get_or_create(conn.notify_fd(), conn.poll_fd(), conn.tcp().as_fd())
+            }
             Backend::Tcp(conn) => Ok(conn.tcp().as_fd()),
             Backend::Closed => Err(closed()),
         }
@@ -386,7 +388,9 @@ impl Stream {
     pub fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match &self.backend {
-            Backend::Rdma(conn) => conn.notify_fd().into_iter().chain([conn.tcp().as_raw_fd()]).collect(),
+            Backend::Rdma(conn) => {
+                conn.notify_fd().into_iter().chain(conn.poll_fd()).chain([conn.tcp().as_raw_fd()]).collect()
+            }
             Backend::Tcp(conn) => vec![conn.tcp().as_raw_fd()],
             Backend::Closed => Vec::new(),
         }

@@ -168,6 +168,7 @@ impl Stream {
     /// runtime's reactor (no thread is taken); dropping the future at any point closes
     /// whatever it had opened. Host names are resolved as `tokio::net::lookup_host` does.
     pub async fn connect_with(addr: impl ToSocketAddrs, options: &Options) -> io::Result<Stream> {
+        let options = &event_loop_options(options);
         let mut last_err = None;
         for addr in ::tokio::net::lookup_host(addr).await? {
             match ::tokio::net::TcpStream::connect(addr).await {
@@ -622,17 +623,41 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
     }
 }
 
-/// Waits for the probe's acknowledgement on the connection's notification fd.
+/// `options` as an event loop's streams use them: a soft connection receives on a UDP port of
+/// its own unless the caller said otherwise (`Options::soft_qp_port`), so the runtime's
+/// reactor is woken by the kernel itself, not by the soft device's progress thread.
+fn event_loop_options(options: &Options) -> Options {
+    Options { soft_qp_port: Some(options.soft_qp_port.unwrap_or(true)), ..options.clone() }
+}
+
+/// Waits for the probe's acknowledgement on the connection's notification fds.
 async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
-    let notify = register(conn.notification_fd()?, Interest::READABLE)?;
+    let fds = conn
+        .notification_fds()?
+        .into_iter()
+        .map(|fd| register(fd, Interest::READABLE))
+        .collect::<io::Result<Vec<_>>>()?;
     loop {
-        // Armed before the look: a completion after it makes the fd readable.
+        // Armed before the look: a completion after it makes an fd readable.
         conn.request_notify()?;
         if let Some(outcome) = conn.probe_outcome() {
             return outcome;
         }
-        let mut guard = notify.readable().await?;
-        guard.clear_ready();
+        poll_fn(|cx| {
+            let mut any = false;
+            for fd in &fds {
+                if let Poll::Ready(guard) = fd.poll_read_ready(cx) {
+                    guard?.clear_ready();
+                    any = true;
+                }
+            }
+            if any {
+                Poll::Ready(Ok::<(), io::Error>(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await?;
         conn.take_notify();
     }
 }
@@ -684,6 +709,7 @@ impl Listener {
         let tcp = ::tokio::net::TcpListener::bind(addr).await?;
         let local = tcp.local_addr()?;
         let (sender, receiver) = mpsc::unbounded_channel();
+        let options = event_loop_options(&options);
         let acceptor = ::tokio::spawn(accept_loop(tcp, Arc::new(options), sender)).abort_handle();
         Ok(Listener {
             shared: Arc::new(Shared { local, ready: ::tokio::sync::Mutex::new(receiver), acceptor }),

@@ -39,6 +39,8 @@ pub struct Engine {
     /// (deadline, QPN); entries may be stale (see `reschedule_timer`).
     timers: BinaryHeap<Reverse<(Time, u32)>>,
     events: VecDeque<EngineEvent>,
+    /// Every completion also queues an [`EngineEvent::QpNews`] ([`Engine::set_qp_news`]).
+    qp_news: bool,
     /// The last IPv4 datagram verified came with the IP header an `IP_PMTUDISC_DO` socket
     /// sends (ID 0, DF), so the next one is checked against that header first.
     expect_socket_default_ip_header: bool,
@@ -66,6 +68,7 @@ impl Engine {
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
+            qp_news: false,
             expect_socket_default_ip_header: true,
             config,
         }
@@ -100,8 +103,16 @@ impl Engine {
                 cqs: &mut self.cqs,
                 stats: &mut self.stats,
                 events: &mut self.events,
+                qp_news: self.qp_news,
             },
         )
+    }
+
+    /// Whether every completion also queues an [`EngineEvent::QpNews`] naming its queue pair
+    /// (off by default: a driver that wakes waiters per completion queue needs only
+    /// [`EngineEvent::Completion`]).
+    pub fn set_qp_news(&mut self, on: bool) {
+        self.qp_news = on;
     }
 
     // ---- memory regions ----
@@ -435,6 +446,7 @@ impl Engine {
                     qp.error_event_pending = false;
                 }
             }
+            EngineEvent::QpNews { .. } => {}
         }
         Some(event)
     }

@@ -64,6 +64,16 @@ pub enum EngineEvent {
         /// The queue pair.
         qpn: u32,
     },
+    /// A queue pair made a completion (one event per completion, only while
+    /// [`Engine::set_qp_news`](crate::Engine::set_qp_news) is on): a driver that gives queue
+    /// pairs waiters of their own wakes exactly the one whose queue pair it is.
+    QpNews {
+        /// The queue pair.
+        qpn: u32,
+        /// Something the peer sent (a receive, a READ's or atomic's result) or an error, as
+        /// opposed to the acknowledgement of this side's SEND or WRITE.
+        arrival: bool,
+    },
 }
 
 /// The engine-wide state a queue pair touches while it works.
@@ -74,15 +84,31 @@ pub(crate) struct Ctx<'a> {
     pub(crate) cqs: &'a mut CqTable,
     pub(crate) stats: &'a mut EngineStats,
     pub(crate) events: &'a mut VecDeque<EngineEvent>,
+    /// Queue [`EngineEvent::QpNews`] for every completion.
+    pub(crate) qp_news: bool,
 }
 
 impl Ctx<'_> {
     /// Posts a completion to `cq` and queues a notification if the CQ had none pending.
     pub(crate) fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
+        let (qpn, arrival) = (wc.qp_num, is_arrival(&wc));
         match self.cqs.push(cq, wc) {
             Pushed::StoredNotify => self.events.push_back(EngineEvent::Completion(cq)),
             Pushed::Stored => {}
             Pushed::Overflow | Pushed::Missing => self.stats.cq_overflows += 1,
         }
+        // After the queue's own event (queued now, or still waiting from before): a driver
+        // that marks the queue non-empty on that event, then looks whether the queue pair's
+        // waiter is armed, never misses a waiter that armed and then found the queue empty.
+        if self.qp_news {
+            self.events.push_back(EngineEvent::QpNews { qpn, arrival });
+        }
     }
+}
+
+/// Whether `wc` is something the peer sent (a receive, a READ's or atomic's result) or an
+/// error, as opposed to the acknowledgement of a SEND or WRITE (see [`EngineEvent::QpNews`]).
+fn is_arrival(wc: &WorkCompletion) -> bool {
+    !wc.status.is_success()
+        || !matches!(wc.opcode, lightpath_verbs::WcOpcode::Send | lightpath_verbs::WcOpcode::RdmaWrite)
 }

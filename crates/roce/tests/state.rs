@@ -216,3 +216,50 @@ fn qp_numbers_look_like_rxe_and_are_not_reused_at_once() {
     assert_ne!(second, first);
     assert!(e.qp_state(first).is_err());
 }
+
+/// With `set_qp_news` on, every completion also queues a `QpNews` naming its queue pair (an
+/// arrival for a receive, not for the acknowledgement of a SEND), after the queue's own
+/// `Completion` event; with it off (the default), none.
+#[test]
+fn qp_news_follow_each_completion_when_asked_for() {
+    let mut net = Net::new(2);
+    let opts = Opts::default();
+    let c = connect(&mut net, 0, 1, &opts);
+    let src = reg(&mut net, 0, pattern(64, 1), 0x1000, rw());
+    let dst = reg(&mut net, 1, vec![0; 64], 0x2000, rw());
+    // Off: only the queue events.
+    post_recv(&mut net, c.b, 1, &[dst.all()]);
+    post_send(&mut net, c.a, &send_wr(1, SendOp::Send, &[src.all()]));
+    net.run();
+    for engine in 0..2 {
+        let events: Vec<_> = std::iter::from_fn(|| net.engines[engine].poll_event()).collect();
+        assert!(events.iter().all(|e| matches!(e, EngineEvent::Completion(_))), "{events:?}");
+    }
+    poll_all(&mut net, 0, c.a.send_cq);
+    poll_all(&mut net, 1, c.b.recv_cq);
+    // On: each completion is followed by its news.
+    net.engines[0].set_qp_news(true);
+    net.engines[1].set_qp_news(true);
+    post_recv(&mut net, c.b, 2, &[dst.all()]);
+    post_send(&mut net, c.a, &send_wr(2, SendOp::Send, &[src.all()]));
+    net.run();
+    let sender: Vec<_> = std::iter::from_fn(|| net.engines[0].poll_event()).collect();
+    assert_eq!(
+        sender,
+        [EngineEvent::Completion(c.a.send_cq), EngineEvent::QpNews { qpn: c.a.qpn, arrival: false }]
+    );
+    let receiver: Vec<_> = std::iter::from_fn(|| net.engines[1].poll_event()).collect();
+    assert_eq!(
+        receiver,
+        [EngineEvent::Completion(c.b.recv_cq), EngineEvent::QpNews { qpn: c.b.qpn, arrival: true }]
+    );
+    // A completion added while the queue's event is still pending queues its news only.
+    for id in [3, 4] {
+        post_recv(&mut net, c.b, id, &[dst.all()]);
+        post_send(&mut net, c.a, &send_wr(id, SendOp::Send, &[src.all()]));
+    }
+    net.run();
+    let news = EngineEvent::QpNews { qpn: c.b.qpn, arrival: true };
+    let receiver: Vec<_> = std::iter::from_fn(|| net.engines[1].poll_event()).collect();
+    assert_eq!(receiver, [EngineEvent::Completion(c.b.recv_cq), news, news]);
+}

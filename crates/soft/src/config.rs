@@ -99,6 +99,20 @@ pub struct SoftConfig {
     pub max_cqs: u32,
     /// Largest completion queue.
     pub max_cqe: u32,
+    /// [`ProgressMode::Thread`]: how many queue pairs may receive on a UDP port of their own
+    /// (default 2048, or `LIGHTPATH_SOFT_QP_PORTS`; 0 turns ports off). A queue pair gets one
+    /// when a waiter gives it a doorbell (`QueuePair::set_waiter_fd`, as Lightpath streams do)
+    /// and its peer is told to send to it (`QueuePair::own_udp_port`); the kernel then wakes
+    /// that waiter itself, once per message, instead of waking a thread that runs the engine
+    /// and wakes the waiter in turn. Each costs a descriptor; past the limit queue pairs share
+    /// the device socket as before.
+    pub max_qp_ports: usize,
+}
+
+/// [`SoftConfig::max_qp_ports`]' default: 2048, or `LIGHTPATH_SOFT_QP_PORTS` when that
+/// environment variable holds a number.
+pub fn default_max_qp_ports() -> usize {
+    std::env::var("LIGHTPATH_SOFT_QP_PORTS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(2048)
 }
 
 /// [`SoftConfig::wait_spin`]'s default: 50 µs, or `LIGHTPATH_SOFT_SPIN_US` µs when that
@@ -133,6 +147,7 @@ impl SoftConfig {
             max_mrs: 65536,
             max_cqs: 4096,
             max_cqe: 65536,
+            max_qp_ports: default_max_qp_ports(),
         }
     }
 

@@ -52,6 +52,16 @@
 //! they block, and a helper thread steps in only when the application has not driven the
 //! device for a while; answers are held back the same way.
 //!
+//! A queue pair whose waiter gives it a doorbell (`QueuePair::set_waiter_fd`; Lightpath's
+//! tokio streams do) receives on a UDP port of its own instead
+//! ([`SoftConfig::max_qp_ports`]): the peer is told to send there (`QueuePair::own_udp_port`),
+//! the waiter sleeps on that socket beside its doorbell (`QueuePair::waiter_poll_fd`), and
+//! the kernel wakes exactly it; it then runs the engine itself (`QueuePair::arm_waiter`). An
+//! event loop so wakes once per message instead of twice (the progress thread, then the loop).
+//! The progress thread still drains a port its owner leaves unread (at once after a quiet
+//! spell; while ports are busy, a port found unread on two of its 1 ms looks in a row), so the
+//! peer's requests are always acknowledged.
+//!
 //! # Memory
 //!
 //! Regions are allocated by the provider (page aligned, zero-filled, `mlock`ed best effort) or
@@ -79,7 +89,7 @@ mod provider;
 mod qp;
 mod sys;
 
-pub use config::{ProgressMode, SoftConfig, ROCE_PORT};
+pub use config::{default_max_qp_ports, ProgressMode, SoftConfig, ROCE_PORT};
 pub use cq::SoftCq;
 pub use device::SoftDevice;
 pub use driver::{DriverStats, SoftStats};

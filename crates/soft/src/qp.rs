@@ -1,14 +1,16 @@
 //! [`SoftQp`]: a reliable-connected queue pair of the engine.
 
-use std::sync::Arc;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
 
 use lightpath_verbs::{
-    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr,
+    BatchError, Error, QpAttr, QpCaps, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr, WakeFor,
 };
 
 use lightpath_roce::QpStats;
 
 use crate::cq::{CqInner, SoftCq};
+use crate::driver::QpPort;
 use crate::pd::SoftPd;
 
 /// A queue pair of a [`SoftDevice`](crate::SoftDevice). It holds its protection domain and both
@@ -21,6 +23,8 @@ pub struct SoftQp {
     _recv_cq: Arc<CqInner>,
     qpn: u32,
     caps: QpCaps,
+    /// The UDP port of its own its waiter sleeps on (see the driver's `ports`), once given.
+    port: OnceLock<Arc<QpPort>>,
 }
 
 impl SoftQp {
@@ -30,7 +34,14 @@ impl SoftQp {
             return Err(Error::InvalidAttribute("completion queue belongs to another device"));
         }
         let qpn = pd.device.lock().engine.create_qp(send_cq.inner.handle, recv_cq.inner.handle, caps)?;
-        Ok(Self { pd, _send_cq: Arc::clone(&send_cq.inner), _recv_cq: Arc::clone(&recv_cq.inner), qpn, caps })
+        Ok(Self {
+            pd,
+            _send_cq: Arc::clone(&send_cq.inner),
+            _recv_cq: Arc::clone(&recv_cq.inner),
+            qpn,
+            caps,
+            port: OnceLock::new(),
+        })
     }
 }
 
@@ -121,6 +132,48 @@ impl QueuePair for SoftQp {
         self.post_batch(wrs, true, |engine, now, wr| engine.post_send(now, self.qpn, wr))
     }
 
+    /// With the progress thread (not in polling mode) and below
+    /// [`SoftConfig::max_qp_ports`](crate::SoftConfig::max_qp_ports), gives the queue pair a
+    /// UDP port of its own ([`QueuePair::own_udp_port`], for the peer's address vector) that
+    /// its waiter sleeps on ([`QueuePair::waiter_poll_fd`]) beside `fd`; `fd` is written when
+    /// a thread other than the waiter makes news for it. `Ok(false)` past RESET and INIT, or
+    /// when no port is used.
+    fn set_waiter_fd(&self, fd: &Arc<OwnedFd>) -> Result<bool> {
+        if self.port.get().is_some() {
+            return Ok(true);
+        }
+        let device = &self.pd.device;
+        if !matches!(device.lock().engine.qp_state(self.qpn)?, QpState::Reset | QpState::Init) {
+            return Ok(false);
+        }
+        match device.open_port(self.qpn, fd) {
+            Some(port) => {
+                let _ = self.port.set(port);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Takes in what waits in the queue pair's port (its completions are in the completion
+    /// queue when this returns; answers are held for the caller's reply) and arms the
+    /// doorbell for `wake`. `Ok(false)` without a port.
+    fn arm_waiter(&self, wake: WakeFor) -> Result<bool> {
+        let Some(port) = self.port.get() else { return Ok(false) };
+        self.pd.device.arm_port(port, wake);
+        Ok(true)
+    }
+
+    fn waiter_poll_fd(&self) -> Option<Arc<dyn AsFd + Send + Sync>> {
+        let port = self.port.get()?;
+        let socket: Arc<dyn AsFd + Send + Sync> = Arc::clone(&port.socket) as _;
+        Some(socket)
+    }
+
+    fn own_udp_port(&self) -> Option<u16> {
+        self.port.get().map(|port| port.udp_port())
+    }
+
     fn post_recv_batch(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), BatchError> {
         self.post_batch(wrs, false, |engine, _, wr| engine.post_recv(self.qpn, wr))
     }
@@ -163,6 +216,9 @@ impl Drop for SoftQp {
         // retries into the void and ends with retry-exceeded (as a NIC would have ACKed it).
         let now = device.now();
         device.after_call(&mut core, now);
+        if let Some(port) = self.port.get() {
+            device.close_port(&mut core, port);
+        }
         let _ = core.engine.destroy_qp(self.qpn);
     }
 }

@@ -318,6 +318,24 @@ pub trait QueuePair: Send + Sync {
         Ok(false)
     }
 
+    /// A second descriptor a waiter on this queue pair's doorbell must sleep on besides the
+    /// doorbell fd (and an event loop watch with it): readable when news for this queue pair
+    /// waits that only a look ([`QueuePair::arm_waiter`]) turns into completions. The soft
+    /// provider's queue pairs towards Lightpath peers receive on a UDP socket of their own, so
+    /// the kernel wakes exactly the thread that waits for them, with nobody in between. Shared,
+    /// not duplicated: it stays open while any holder keeps it. `None` (the default): the
+    /// doorbell fd alone.
+    fn waiter_poll_fd(&self) -> Option<std::sync::Arc<dyn std::os::fd::AsFd + Send + Sync>> {
+        None
+    }
+
+    /// The UDP port a peer should address this queue pair's datagrams to (its
+    /// `AddressVector::udp_dport`), when the queue pair receives on a port of its own (see
+    /// [`QueuePair::waiter_poll_fd`]); `None` (the default): the device's port.
+    fn own_udp_port(&self) -> Option<u16> {
+        None
+    }
+
     /// Posts a receive work request. Refused with [`Error::InvalidState`] in RESET and with
     /// [`Error::QueueFull`] when `max_recv_wr` receives are posted.
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;

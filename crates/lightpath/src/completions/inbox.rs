@@ -3,16 +3,15 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use lightpath_verbs::{WcOpcode, WorkCompletion};
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 /// Completions waiting for one connection, in the order the queue produced them.
-#[derive(Debug)]
 pub(crate) struct Inbox {
     queue: Mutex<VecDeque<WorkCompletion>>,
     /// Entries in `queue` (updated under its lock), so an empty look takes no lock.
@@ -28,6 +27,20 @@ pub(crate) struct Inbox {
     arrivals_only: AtomicBool,
     /// The inbox is in its hub's list of sleepers (see `Hub::hand_off`).
     pub(super) listed: AtomicBool,
+    /// A descriptor of the queue pair's that sleepers watch beside `event`
+    /// (`QueuePair::waiter_poll_fd`).
+    poll_fd: OnceLock<Arc<dyn AsFd + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("len", &self.len)
+            .field("armed", &self.armed)
+            .field("sleeping", &self.sleeping)
+            .field("poll_fd", &self.poll_fd().map(|fd| fd.as_raw_fd()))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Inbox {
@@ -41,6 +54,7 @@ impl Inbox {
             sleeping: AtomicBool::new(false),
             arrivals_only: AtomicBool::new(false),
             listed: AtomicBool::new(false),
+            poll_fd: OnceLock::new(),
         })
     }
 
@@ -125,6 +139,17 @@ impl Inbox {
         &self.event
     }
 
+    /// Has sleepers watch `fd` too (readable when the queue pair has news that its next arming
+    /// takes in).
+    pub(super) fn set_poll_fd(&self, fd: Arc<dyn AsFd + Send + Sync>) {
+        let _ = self.poll_fd.set(fd);
+    }
+
+    /// The queue pair's descriptor sleepers watch beside the eventfd, if any.
+    pub(crate) fn poll_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.poll_fd.get().map(|fd| fd.as_fd())
+    }
+
     /// Whether a thread sleeps on the eventfd right now.
     pub(super) fn is_sleeping(&self) -> bool {
         self.sleeping.load(Ordering::SeqCst)
@@ -138,13 +163,26 @@ impl Inbox {
         self.sleeping.store(true, Ordering::SeqCst);
         let mut woken = !self.is_empty();
         if !woken && still_needed() {
-            let mut fds = [PollFd::new(&*self.event, PollFlags::IN)];
             let timeout = Timespec {
                 tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),
             };
             // EINTR or a failure both just end this sleep; the caller looks again.
-            let _ = rustix::event::poll(&mut fds, Some(&timeout));
+            match self.poll_fd.get() {
+                Some(extra) => {
+                    let mut fds = [
+                        PollFd::new(&*self.event, PollFlags::IN),
+                        PollFd::from_borrowed_fd(extra.as_fd(), PollFlags::IN),
+                    ];
+                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
+                    // News on the queue pair's own descriptor: the caller's next arming takes it.
+                    woken |= !fds[1].revents().is_empty();
+                }
+                None => {
+                    let mut fds = [PollFd::new(&*self.event, PollFlags::IN)];
+                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
+                }
+            }
         }
         self.sleeping.store(false, Ordering::SeqCst);
         woken |= self.take_wake();

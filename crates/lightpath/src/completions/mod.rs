@@ -20,7 +20,11 @@
 //! and the hub writes when another thread routes a completion here. One wake-up per message,
 //! of exactly the thread (or event loop) that waits, as kernel TCP does. Event loops always
 //! wait so; a blocked thread alone on its hub keeps the leader's path (the provider's own wait,
-//! which spins before it sleeps, and is as direct with nobody to route for).
+//! which spins before it sleeps, and is as direct with nobody to route for). A soft queue pair
+//! with a port of its own (tokio streams, `Options::soft_qp_port`) hands the waiter a second
+//! descriptor to sleep on beside the eventfd (`QueuePair::waiter_poll_fd`): its news arrives
+//! there, and the waiter's next arming takes it in; such a connection always waits on its
+//! doorbell.
 //!
 //! Capacity: a hub's queue must hold every completion its connections can have outstanding,
 //! so each connection reserves its send plus receive depth when it attaches, and a full hub
@@ -116,13 +120,23 @@ pub(crate) struct ConnCompletions<D: Device> {
     qpn: Option<u32>,
     /// The queue pair's own doorbell is the inbox's eventfd (see the module docs).
     waiter: bool,
+    /// Waiters also sleep on a descriptor of the queue pair's (`QueuePair::waiter_poll_fd`):
+    /// the doorbell is the direct path even alone on the hub.
+    doorbell_only: bool,
 }
 
 impl<D: Device> ConnCompletions<D> {
     /// Takes a reservation of `entries` in `hub` (made by [`HubPool::reserve`]).
     pub(crate) fn new(hub: Arc<Hub<D>>, entries: u32) -> io::Result<Self> {
         match Inbox::new() {
-            Ok(inbox) => Ok(Self { hub, inbox: Arc::new(inbox), entries, qpn: None, waiter: false }),
+            Ok(inbox) => Ok(Self {
+                hub,
+                inbox: Arc::new(inbox),
+                entries,
+                qpn: None,
+                waiter: false,
+                doorbell_only: false,
+            }),
             Err(err) => {
                 hub.release(entries);
                 Err(err)
@@ -135,22 +149,30 @@ impl<D: Device> ConnCompletions<D> {
         self.hub.cq()
     }
 
-    /// Routes the completions of `qp` here, and gives it the inbox's eventfd as its own
-    /// doorbell if the provider takes one (call before RTR).
-    pub(crate) fn attach(&mut self, qp: &QpOf<D>) -> io::Result<()> {
+    /// Routes the completions of `qp` here, and (with `doorbell`) gives it the inbox's eventfd
+    /// as its own doorbell if the provider takes one (call before RTR).
+    pub(crate) fn attach(&mut self, qp: &QpOf<D>, doorbell: bool) -> io::Result<()> {
         let qpn = qp.qpn();
         if let Some(old) = self.qpn.replace(qpn) {
             self.hub.detach(old);
         }
         self.hub.attach(qpn, Arc::clone(&self.inbox));
-        self.waiter = qp.set_waiter_fd(self.inbox.shared_event()).map_err(from_verbs)?;
+        self.waiter = doorbell && qp.set_waiter_fd(self.inbox.shared_event()).map_err(from_verbs)?;
+        if self.waiter {
+            if let Some(fd) = qp.waiter_poll_fd() {
+                self.inbox.set_poll_fd(fd);
+                self.doorbell_only = true;
+            }
+        }
         Ok(())
     }
 
     /// Whether a wait goes straight to the queue pair's doorbell: it has one, and other
-    /// connections share the hub (alone, the leader's path is as direct and spins first).
+    /// connections share the hub (alone, the leader's path is as direct and spins first) or
+    /// the queue pair's news arrives on a descriptor of its own, which only its doorbell
+    /// waiters watch.
     fn waits_alone(&self) -> bool {
-        self.waiter && self.hub.attached() > 1
+        self.waiter && (self.doorbell_only || self.hub.attached() > 1)
     }
 
     /// Moves up to `out.len()` of this connection's completions into `out`, routing what
@@ -211,8 +233,10 @@ impl<D: Device> ConnCompletions<D> {
             if n > 0 {
                 return Ok(Some(n));
             }
-            if woken {
-                // Rung: the news is most likely there; take it without arming first.
+            if woken && !self.doorbell_only {
+                // Rung: the news is most likely there; take it without arming first. (With a
+                // descriptor of its own, the news is usually still in it: the arming below
+                // takes it in.)
                 let n = self.hub.poll_for(&self.inbox, qpn, out)?;
                 if n > 0 {
                     return Ok(Some(n));
@@ -288,10 +312,22 @@ impl<D: Device> ConnCompletions<D> {
         Some(self.inbox.event_fd().as_raw_fd())
     }
 
-    /// A descriptor of its own for the notification fd (see `notify_fd`).
+    /// The queue pair's own descriptor an event loop must watch beside `notify_fd`, if it has
+    /// one (`QueuePair::waiter_poll_fd`): readable when news waits that the next
+    /// `request_notify` takes in.
+    pub(crate) fn poll_fd(&self) -> Option<RawFd> {
+        self.inbox.poll_fd().map(|fd| fd.as_raw_fd())
+    }
+
+    /// Descriptors of their own for the notification fd and the queue pair's own descriptor
+    /// (see `notify_fd` and `poll_fd`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
-    pub(crate) fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
-        self.inbox.event_fd().try_clone_to_owned()
+    pub(crate) fn notification_fds(&self) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+        let mut fds = vec![self.inbox.event_fd().try_clone_to_owned()?];
+        if let Some(fd) = self.inbox.poll_fd() {
+            fds.push(fd.try_clone_to_owned()?);
+        }
+        Ok(fds)
     }
 
     /// Consumes a pending notification; returns whether there was one.

@@ -38,7 +38,7 @@ fn end(device: &SoftDevice, pd: &Pd, hubs: &HubPool<SoftDevice>) -> End {
         ConnCompletions::new(hubs.reserve(device, entries, Some(true)).unwrap(), entries).unwrap();
     let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
     let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
-    completions.attach(&qp).unwrap();
+    completions.attach(&qp, true).unwrap();
     End { qp, completions }
 }
 

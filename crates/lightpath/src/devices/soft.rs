@@ -90,7 +90,12 @@ pub(crate) fn setup(tcp: &std::net::TcpStream, options: &Options) -> io::Result<
     let port = device.local_addr().port();
     let mtu = device.config().mtu.min(Mtu::Mtu4096);
     let lightpath_pmtu = Some(device.max_lightpath_pmtu());
-    let options = Options { ring_size: options.soft_ring_size.max(4096) & !63, ..options.clone() };
+    let options = Options {
+        ring_size: options.soft_ring_size.max(4096) & !63,
+        // Resolved: a blocking stream does not take a port of its own (see the option).
+        soft_qp_port: Some(options.soft_qp_port == Some(true)),
+        ..options.clone()
+    };
     Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, &options)?))
 }
 

@@ -36,6 +36,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn readable_bytes(&self) -> usize;
     fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
+    /// The queue pair's own descriptor, watched beside `notify_fd` (see
+    /// `ConnCompletions::poll_fd`).
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd>;
     fn take_notify(&mut self);
     fn readable_now(&self) -> bool;
     /// Whether everything written is in the transport's hands, from what is known without a
@@ -56,14 +59,15 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn probe_outcome(&mut self) -> Option<io::Result<()>>;
     /// Waits at most `timeout` for the probe's outcome.
     fn wait_probe(&mut self, timeout: Duration) -> io::Result<()>;
-    /// Asks for the notification fd ([`RdmaStream::notification_fd`]) to become readable on
+    /// Asks for the notification fds ([`RdmaStream::notification_fds`]) to become readable on
     /// the next completion, without handling any (an event loop arms, then looks, then waits).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn request_notify(&mut self) -> io::Result<()>;
-    /// A descriptor of the connection's completion notification fd, for an event loop to
-    /// wait on before the stream exists (the negotiation's probe).
+    /// Descriptors of the connection's completion notification fd and of its queue pair's own
+    /// descriptor if it has one, for an event loop to wait on (any of them) before the stream
+    /// exists (the negotiation's probe).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
-    fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd>;
+    fn notification_fds(&self) -> io::Result<Vec<std::os::fd::OwnedFd>>;
     fn activate(&mut self) -> io::Result<()>;
     /// One nonblocking drive without looking at the TCP connection (see `RdmaConn::drive`).
     fn drive(&mut self) -> io::Result<crate::stream::Driven>;
@@ -195,6 +199,9 @@ where
     fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::notify_fd(self)
     }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        RdmaConn::poll_fd(self)
+    }
     fn take_notify(&mut self) {
         RdmaConn::take_notify(self)
     }
@@ -229,8 +236,8 @@ where
         // No room for completions: whatever is there is routed to the inbox, for the look.
         self.cq.request_notify(&self.qp, &mut [], WakeFor::Anything).map(drop)
     }
-    fn notification_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
-        self.cq.notification_fd()
+    fn notification_fds(&self) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+        self.cq.notification_fds()
     }
     fn activate(&mut self) -> io::Result<()> {
         RdmaConn::activate(self)

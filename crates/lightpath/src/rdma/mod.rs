@@ -469,6 +469,12 @@ impl<D: Device> RdmaConn<D> {
         self.cq.notify_fd()
     }
 
+    /// The queue pair's own descriptor, to watch beside `notify_fd` (see
+    /// `ConnCompletions::poll_fd`).
+    pub(crate) fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.cq.poll_fd()
+    }
+
     /// Consumes a pending notification.
     pub(crate) fn take_notify(&mut self) {
         self.cq.take_notify();

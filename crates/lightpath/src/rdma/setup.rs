@@ -44,7 +44,9 @@ impl<D: Device> RdmaSetup<D> {
             max_inline_data: 64,
         };
         let qp = pd.create_qp(cq.cq(), cq.cq(), caps).map_err(from_verbs)?;
-        cq.attach(&qp)?;
+        // A soft queue pair gets a doorbell (and with it a port of its own) only where the
+        // options ask for one; other providers' doorbells cost nothing extra.
+        cq.attach(&qp, options.soft_qp_port != Some(false))?;
         // Where the peer writes straight into this ring (shm: both sides use one provider),
         // neither side keeps a staging mirror; the ring gets that memory instead, so memory
         // per connection stays about twice `ring_size` and a writer runs ahead twice as far.
@@ -70,7 +72,9 @@ impl<D: Device> RdmaSetup<D> {
         }
         RdmaEndpoint {
             gid,
-            udp_port: self.udp_port,
+            // A soft queue pair with a port of its own is reached there (the kernel then wakes
+            // its waiter directly); otherwise at the device's port.
+            udp_port: self.qp.own_udp_port().filter(|_| self.udp_port != 0).unwrap_or(self.udp_port),
             qpn: self.qp.qpn(),
             psn: self.psn,
             // A soft device offers its larger Lightpath MTU (at most 32 KiB: fits the field).

@@ -6,6 +6,7 @@
 //! wake-up table and the driver counters ([`Core`]). Every verbs call takes it briefly; socket
 //! system calls happen under it so that datagrams enter and leave the engine in order.
 
+mod ports;
 mod progress;
 mod signal;
 mod socket;
@@ -16,15 +17,18 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
-use lightpath_verbs::WorkCompletion;
-use lightpath_verbs::{lightpath_pmtu_for_link, CompletionHook, Error, Gid, Mtu, Result};
+use lightpath_verbs::{lightpath_pmtu_for_link, WakeFor, WorkCompletion};
+use lightpath_verbs::{CompletionHook, Error, Gid, Mtu, Result};
 
+pub(crate) use ports::QpPort;
+use ports::{PortSet, PORTS_ACTIVE_FOR};
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
@@ -107,6 +111,14 @@ pub(crate) struct Core {
     /// Completion hooks of queues that gained entries, run by [`CoreGuard`] once the lock is
     /// released (a hook polls its queue, which takes the lock).
     due_hooks: Vec<CompletionHook>,
+    /// Queue pairs with a port of their own (see `ports`), by number.
+    ports: HashMap<u32, Arc<QpPort>, BuildHasherDefault<HandleHasher>>,
+    /// The queue pair whose owner is arming its port (`Shared::arm_port`): its own news rings
+    /// no doorbell (it looks right after), and is recorded in `arming_found`.
+    arming: Option<u32>,
+    arming_found: bool,
+    /// Scratch list of readable ports (the progress thread's look).
+    readable_ports: Vec<u32>,
 }
 
 /// The engine locked ([`Shared::lock`]): derefs to [`Core`]; when dropped it unlocks, then
@@ -226,6 +238,12 @@ pub(crate) struct Shared {
     spin_misses: AtomicU32,
     /// Waits that did not spin since spinning was given up (every so often one tries again).
     spins_skipped: AtomicU32,
+    /// The epoll instance of the queue pairs' ports (made with the first port).
+    port_set: OnceLock<PortSet>,
+    /// Ports open.
+    port_count: AtomicUsize,
+    /// When a port last received datagrams (nanoseconds since `epoch`).
+    last_port_traffic: AtomicU64,
 }
 
 impl Shared {
@@ -272,6 +290,10 @@ impl Shared {
             tx: TxBuffers::new(config.udp_offload),
             rx_pace: RxPace::default(),
             due_hooks: Vec::new(),
+            ports: HashMap::default(),
+            arming: None,
+            arming_found: false,
+            readable_ports: Vec::new(),
         };
         Ok(Self {
             core: Mutex::new(core),
@@ -294,6 +316,9 @@ impl Shared {
             socket_watchers: AtomicU32::new(0),
             spin_misses: AtomicU32::new(0),
             spins_skipped: AtomicU32::new(0),
+            port_set: OnceLock::new(),
+            port_count: AtomicUsize::new(0),
+            last_port_traffic: AtomicU64::new(0),
         })
     }
 
@@ -609,19 +634,163 @@ impl Shared {
 
     /// [`Shared::deliver_events`] on behalf of a registered waiter of `waiter_of`.
     fn deliver_events_for(&self, core: &mut Core, waiter_of: Option<CqHandle>) {
-        let Core { engine, signals, due_hooks, .. } = core;
+        let Core { engine, signals, due_hooks, ports, arming, arming_found, .. } = core;
         while let Some(event) = engine.poll_event() {
-            if let EngineEvent::Completion(cq) = event {
-                if let Some(signal) = signals.get(&cq) {
-                    signal.completion_added(waiter_of == Some(cq));
-                    if let Some(hook) = signal.hook() {
-                        if !due_hooks.iter().any(|due| Arc::ptr_eq(due, hook)) {
-                            due_hooks.push(Arc::clone(hook));
+            let (qpn, arrival) = match event {
+                EngineEvent::Completion(cq) => {
+                    if let Some(signal) = signals.get(&cq) {
+                        signal.completion_added(waiter_of == Some(cq));
+                        if let Some(hook) = signal.hook() {
+                            if !due_hooks.iter().any(|due| Arc::ptr_eq(due, hook)) {
+                                due_hooks.push(Arc::clone(hook));
+                            }
                         }
                     }
+                    continue;
                 }
+                EngineEvent::QpNews { qpn, arrival } => (qpn, arrival),
+                EngineEvent::QpError { qpn } => (qpn, true),
+                _ => continue,
+            };
+            if *arming == Some(qpn) {
+                *arming_found = true;
+            } else if let Some(port) = ports.get(&qpn) {
+                port.news(arrival);
             }
         }
+    }
+
+    /// Gives queue pair `qpn` a port of its own whose waiter's doorbell is `doorbell` (see
+    /// `ports`). `None` when ports are not used: polling mode (the caller drives the device
+    /// itself), [`SoftConfig::max_qp_ports`] reached, or the kernel refused a socket.
+    pub(crate) fn open_port(&self, qpn: u32, doorbell: &Arc<OwnedFd>) -> Option<Arc<QpPort>> {
+        if self.is_polling() || self.port_count.load(Ordering::SeqCst) >= self.config.max_qp_ports {
+            return None;
+        }
+        let port = match QpPort::open(qpn, &self.socket, self.config.recv_buffer, doorbell) {
+            Ok(port) => Arc::new(port),
+            Err(err) => {
+                tracing::debug!(qpn, %err, "no port of its own for the queue pair; it shares the device socket");
+                return None;
+            }
+        };
+        let set = match self.port_set.get() {
+            Some(set) => set,
+            None => {
+                let set = PortSet::new().ok()?;
+                let _ = self.port_set.set(set);
+                self.port_set.get()?
+            }
+        };
+        set.add(&port).ok()?;
+        let mut core = self.lock();
+        core.ports.insert(qpn, Arc::clone(&port));
+        core.engine.set_qp_news(true);
+        self.port_count.fetch_add(1, Ordering::SeqCst);
+        // The progress thread sleeps on the port set from its next round.
+        self.waker.signal(1);
+        Some(port)
+    }
+
+    /// Forgets `port` (its queue pair is being destroyed).
+    pub(crate) fn close_port(&self, core: &mut Core, port: &QpPort) {
+        if let Some(set) = self.port_set.get() {
+            set.remove(port);
+        }
+        if core.ports.remove(&port.qpn).is_some() {
+            self.port_count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The owner of `port` is about to wait for `wake` (`QueuePair::arm_waiter`): takes in what
+    /// waits in the port (its completions land in the queue, where the caller looks next; the
+    /// engine's answers are held for its reply, as a socket watcher's are), sends what is owed
+    /// otherwise, and arms the doorbell for news other threads make from here.
+    pub(crate) fn arm_port(&self, port: &QpPort, wake: WakeFor) {
+        // Nothing waits in the port and nothing is owed: arming takes no lock (news another
+        // thread makes before the store is in the queue, where the caller looks next).
+        if !port.readable_now() && !self.answers_held.load(Ordering::Relaxed) {
+            port.arm(wake);
+            return;
+        }
+        let mut core = self.lock();
+        let now = self.now();
+        core.arming = Some(port.qpn);
+        core.arming_found = false;
+        self.drain_port(&mut core, port, now);
+        if core.engine.poll_timeout().is_some_and(|due| due <= now) {
+            core.engine.handle_timeout(now);
+        }
+        self.deliver_events(&mut core);
+        if core.arming_found && core.engine.has_output() {
+            // The reply carries them; the progress thread's next tick sends them otherwise.
+            self.answers_held.store(true, Ordering::Relaxed);
+        } else {
+            self.transmit(&mut core, now);
+        }
+        core.arming = None;
+        port.arm(wake);
+        self.check_thread_deadline(&core);
+    }
+
+    /// Receives what waits in `port` (up to [`MAX_RX_BATCHES_PER_DRIVE`] batches) into the
+    /// engine. Returns how many messages arrived.
+    fn drain_port(&self, core: &mut Core, port: &QpPort, now: Time) -> usize {
+        let mut received = 0;
+        for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
+            let Core { engine, rx, stats, .. } = &mut *core;
+            let count = rx.receive(&port.socket, engine, now, stats, RECV_BATCH);
+            if count == 0 {
+                break;
+            }
+            received += count;
+            port.drained();
+            if count < RECV_BATCH {
+                break;
+            }
+            // A long burst is answered as it arrives.
+            self.transmit(core, now);
+        }
+        if received > 0 {
+            self.last_port_traffic.store(now.as_nanos().max(1), Ordering::Relaxed);
+        }
+        received
+    }
+
+    /// The progress thread's look at the ports: drains those readable now (`all`), or those
+    /// found readable at its previous look too with nobody reading them since. Returns how
+    /// many messages it received.
+    pub(crate) fn drain_unread_ports(&self, core: &mut Core, all: bool) -> usize {
+        let Some(set) = self.port_set.get() else { return 0 };
+        let mut readable = std::mem::take(&mut core.readable_ports);
+        set.readable(&mut readable);
+        let now = self.now();
+        let mut received = 0;
+        for &qpn in &readable {
+            let Some(port) = core.ports.get(&qpn).map(Arc::clone) else { continue };
+            if all || port.unread_since_last_tick() {
+                received += self.drain_port(core, &port, now);
+            }
+        }
+        core.readable_ports = readable;
+        if received > 0 {
+            if core.engine.poll_timeout().is_some_and(|due| due <= now) {
+                core.engine.handle_timeout(now);
+            }
+            self.transmit(core, now);
+        }
+        received
+    }
+
+    /// The ports' epoll instance, once a port exists.
+    pub(crate) fn port_set(&self) -> Option<&PortSet> {
+        self.port_set.get().filter(|_| self.port_count.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Whether a port received datagrams within [`PORTS_ACTIVE_FOR`].
+    pub(crate) fn ports_active(&self) -> bool {
+        let last = self.last_port_traffic.load(Ordering::Relaxed);
+        last != 0 && self.now().as_nanos().saturating_sub(last) < PORTS_ACTIVE_FOR.as_nanos() as u64
     }
 
     /// Delivers notifications, then transmits everything pending (a woken waiter starts

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::ports::PORT_TICK;
 use super::{Shared, ANSWER_HOLD, AWAKE};
 use crate::config::ProgressMode;
 use crate::sys::{self, RECV_BATCH};
@@ -24,31 +25,50 @@ pub(super) fn spawn(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
 /// moved the next timer earlier.
 fn run_progress(shared: &Shared) {
     let mut ready = u8::MAX;
+    // When the ports were last looked at (nanoseconds since the epoch; see `ports`).
+    let mut ports_looked_at = 0u64;
+    let tick = PORT_TICK.as_nanos() as u64;
     while !shared.stop.load(Ordering::SeqCst) {
         // Woken only by the hand-over timer while a watcher came back (or the delay has not
         // passed since the last one left): nothing to drive.
         let idle = ready == HANDOVER_ONLY && !shared.handover_due();
-        let (received, timeout) = {
+        let (received, timeout, active) = {
             let mut core = shared.lock();
-            let (received, held) = if idle && !shared.answers_held.load(Ordering::Relaxed) {
+            let (mut received, held) = if idle && !shared.answers_held.load(Ordering::Relaxed) {
                 (0, false)
             } else {
                 shared.drive_for_progress(&mut core)
             };
+            // Ports: drain what woke an idle thread; while active, every tick, what nobody read
+            // since the last tick.
+            let active = shared.port_set().is_some() && shared.ports_active();
+            if ready & PORTS != 0 {
+                received += shared.drain_unread_ports(&mut core, true);
+                ports_looked_at = shared.now().as_nanos();
+            } else if active && shared.now().as_nanos().saturating_sub(ports_looked_at) >= tick {
+                received += shared.drain_unread_ports(&mut core, false);
+                ports_looked_at = shared.now().as_nanos();
+            }
+            let active = active || (shared.port_set().is_some() && shared.ports_active());
             // Never asleep for longer than a tick: a posting thread then wakes this one only
             // for a timer due sooner (retransmission timers are hundreds of ms away; waking
             // this thread on every idle-to-busy turn of a connection cost a context switch).
-            let tick_end = shared.now().as_nanos().saturating_add(IDLE_TICK.as_nanos() as u64);
-            let cap = if held { ANSWER_HOLD } else { IDLE_TICK };
+            let cap = match (held, active) {
+                (true, _) => ANSWER_HOLD,
+                (false, true) => PORT_TICK,
+                (false, false) => IDLE_TICK,
+            };
+            let longest = if active { PORT_TICK } else { IDLE_TICK };
+            let tick_end = shared.now().as_nanos().saturating_add(longest.as_nanos() as u64);
             let timeout = Some(shared.until_next_timer(&core).map_or(cap, |t| t.min(cap)));
             let deadline =
                 core.engine.poll_timeout().map_or(tick_end, |t| t.as_nanos().min(tick_end)).max(AWAKE + 1);
             // Published under the lock: a posting thread that takes the lock after us compares
             // its new timer against this value and wakes us if it is earlier.
             shared.thread_deadline.store(deadline, Ordering::SeqCst);
-            (received, timeout)
+            (received, timeout, active)
         };
-        ready = if received < RECV_BATCH { wait_for(shared, timeout) } else { u8::MAX };
+        ready = if received < RECV_BATCH { wait_for(shared, timeout, !active) } else { !PORTS };
         shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
     }
 }
@@ -59,13 +79,22 @@ const IDLE_TICK: Duration = Duration::from_millis(100);
 /// What [`wait_for`] returns when only the hand-over timer woke the thread.
 const HANDOVER_ONLY: u8 = 0b100;
 
+/// [`wait_for`]'s bit for "a queue pair's port is readable".
+const PORTS: u8 = 0b1000;
+
 /// Sleeps until there is work or `timeout` passes. Application threads blocked in `wait` may
 /// watch the socket themselves; while one does, this thread only keeps the timers and sleeps
 /// until the hand-over timer says the socket went unwatched (see `SOCKET_HANDOVER_DELAY`).
-/// Returns a mask of what woke it: 1 the socket, 2 the waker, 4 the hand-over timer.
-fn wait_for(shared: &Shared, timeout: Option<Duration>) -> u8 {
+/// With `ports`, it also sleeps on the queue pairs' ports (see `ports`: only while they are
+/// idle). Returns a mask of what woke it: 1 the socket, 2 the waker, 4 the hand-over timer, 8
+/// a port.
+fn wait_for(shared: &Shared, timeout: Option<Duration>, ports: bool) -> u8 {
     let watched = !shared.socket_is_progress_threads();
-    let all = [shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
+    let port_set = shared.port_set().filter(|_| ports);
+    let mut all = vec![shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
+    if let Some(set) = port_set {
+        all.push(set.as_fd());
+    }
     let result = if watched {
         sys::wait_readable(&all[1..], timeout).map(|m| m << 1)
     } else {

@@ -22,6 +22,9 @@ pub(crate) struct CqSignal {
     /// Called once the engine is unlocked after the queue gained entries (see
     /// `CompletionQueue::set_completion_hook` and `CoreGuard`).
     hook: OnceLock<CompletionHook>,
+    /// The queue may hold entries: set (with the engine locked) when it gains some, cleared
+    /// (locked too) by a poll that emptied it, so a poll of an empty queue takes no lock.
+    pub(crate) maybe_nonempty: AtomicBool,
 }
 
 impl std::fmt::Debug for CqSignal {
@@ -42,6 +45,7 @@ impl CqSignal {
             wake: EventFd::new(true)?,
             waiters: AtomicU32::new(0),
             hook: OnceLock::new(),
+            maybe_nonempty: AtomicBool::new(false),
         })
     }
 
@@ -59,6 +63,7 @@ impl CqSignal {
     /// of the queue's registered waiters, which polls the queue next (so it needs no wake-up
     /// of its own when it is the only one).
     pub(crate) fn completion_added(&self, by_waiter: bool) {
+        self.maybe_nonempty.store(true, Ordering::SeqCst);
         if self.armed.swap(false, Ordering::AcqRel) {
             if let Some(notify) = self.notify.get() {
                 notify.signal(1);

@@ -54,6 +54,11 @@ impl RoceSocket {
     pub(crate) fn local(&self) -> SocketAddr {
         self.local
     }
+
+    /// Whether the kernel hands over coalesced datagrams.
+    pub(crate) fn gro(&self) -> bool {
+        self.gro
+    }
 }
 
 impl AsFd for RoceSocket {
