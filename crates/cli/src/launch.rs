@@ -21,8 +21,9 @@ pub struct Args {
     /// CPUs this launcher may use; never with --hosts).
     #[arg(long)]
     no_bind: bool,
-    /// Spread the ranks over these hosts, by block: HOST[:SLOTS],... (SLOTS ranks each,
-    /// default 1). Each rank starts through --agent; rank 0 serves the rendezvous store.
+    /// Spread the ranks over these hosts, by block: a comma-separated list of HOST or
+    /// HOST:SLOTS (SLOTS ranks each, default 1). Each rank starts through --agent; rank 0
+    /// serves the rendezvous store.
     #[arg(long)]
     hosts: Option<String>,
     /// How a rank starts on a host (with --hosts): words, with {host} replaced by the host
