@@ -37,18 +37,16 @@ fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> bool {
     matches!(rustix::event::poll(&mut fds, Some(&spec)), Ok(n) if n > 0)
 }
 
-/// Brings `qp` up towards `peer`, addressing it at `dport`, as the stream negotiation does
-/// between two soft devices (Lightpath peers).
-fn bring_up(side: &Side<SoftDevice>, peer: &Side<SoftDevice>, dport: u16) {
-    let options = PairOptions::default();
-    side.qp.modify(&QpAttr::to_init(options.qp_access)).expect("INIT");
+/// Moves `side`'s queue pair (in INIT) to RTS towards `peer`, addressing it at `dport`, as
+/// the stream negotiation does between two soft devices (Lightpath peers).
+fn connect_from_init(side: &Side<SoftDevice>, peer: &Side<SoftDevice>, dport: u16) {
     let mut av = AddressVector::new(peer.qp.endpoint().gid, 0);
     av.udp_dport = dport;
     av.lightpath_peer = true;
     let mtu = lightpath_verbs::conformance::harness::common_mtu(&side.device, &peer.device);
     side.qp.modify(&QpAttr::to_rtr(av, mtu, peer.qp.endpoint().qpn, 0)).expect("RTR");
     let mut rts = QpAttr::to_rts(0);
-    rts.timeout = Some(options.timeout);
+    rts.timeout = Some(PairOptions::default().timeout);
     side.qp.modify(&rts).expect("RTS");
 }
 
@@ -58,23 +56,16 @@ fn pair_with_port() -> (Side<SoftDevice>, Side<SoftDevice>, Arc<OwnedFd>) {
     let options = PairOptions::default();
     let (dev_a, dev_b) = common::open_pair(ProgressMode::Thread);
     let (a, b) = (Side::new(dev_a, &options), Side::new(dev_b, &options));
+    for side in [&a, &b] {
+        side.qp.modify(&QpAttr::to_init(options.qp_access)).expect("INIT");
+    }
     let doorbell = eventfd();
-    // b first: its port must exist before a is told where to send.
-    b.qp.modify(&QpAttr::to_init(options.qp_access)).expect("INIT");
+    // b's port must exist before a is told where to send.
     assert!(b.qp.set_waiter_fd(&doorbell).expect("set_waiter_fd"));
     let port = b.qp.own_udp_port().expect("a queue pair with a doorbell has a port of its own");
     assert_ne!(port, b.device.local_addr().port(), "the port is not the device's");
-    bring_up(&a, &b, port);
-    let a_port = a.device.local_addr().port();
-    // b is in INIT already: the rest of its bring-up.
-    let mut av = AddressVector::new(a.qp.endpoint().gid, 0);
-    av.udp_dport = a_port;
-    av.lightpath_peer = true;
-    let mtu = lightpath_verbs::conformance::harness::common_mtu(&a.device, &b.device);
-    b.qp.modify(&QpAttr::to_rtr(av, mtu, a.qp.endpoint().qpn, 0)).expect("RTR");
-    let mut rts = QpAttr::to_rts(0);
-    rts.timeout = Some(options.timeout);
-    b.qp.modify(&rts).expect("RTS");
+    connect_from_init(&a, &b, port);
+    connect_from_init(&b, &a, a.device.local_addr().port());
     (a, b, doorbell)
 }
 

@@ -168,21 +168,15 @@ impl Inbox {
                 tv_nsec: i64::from(timeout.subsec_nanos()),
             };
             // EINTR or a failure both just end this sleep; the caller looks again.
-            match self.poll_fd.get() {
-                Some(extra) => {
-                    let mut fds = [
-                        PollFd::new(&*self.event, PollFlags::IN),
-                        PollFd::from_borrowed_fd(extra.as_fd(), PollFlags::IN),
-                    ];
-                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
-                    // News on the queue pair's own descriptor: the caller's next arming takes it.
-                    woken |= !fds[1].revents().is_empty();
-                }
-                None => {
-                    let mut fds = [PollFd::new(&*self.event, PollFlags::IN)];
-                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
-                }
-            }
+            let own = self.poll_fd();
+            let mut fds = [
+                PollFd::new(&*self.event, PollFlags::IN),
+                PollFd::from_borrowed_fd(own.unwrap_or(self.event.as_fd()), PollFlags::IN),
+            ];
+            let watched = if own.is_some() { 2 } else { 1 };
+            let _ = rustix::event::poll(&mut fds[..watched], Some(&timeout));
+            // News on the queue pair's own descriptor: the caller's next arming takes it in.
+            woken |= own.is_some() && !fds[1].revents().is_empty();
         }
         self.sleeping.store(false, Ordering::SeqCst);
         woken |= self.take_wake();

@@ -620,9 +620,7 @@ impl Shared {
             }
             limit = RECV_BATCH;
         }
-        if core.engine.poll_timeout().is_some_and(|due| due <= now) {
-            core.engine.handle_timeout(now);
-        }
+        run_due_timers(core, now);
         self.deliver_events_for(core, waiter_of);
         received
     }
@@ -686,9 +684,11 @@ impl Shared {
         let mut core = self.lock();
         core.ports.insert(qpn, Arc::clone(&port));
         core.engine.set_qp_news(true);
-        self.port_count.fetch_add(1, Ordering::SeqCst);
-        // The progress thread sleeps on the port set from its next round.
-        self.waker.signal(1);
+        if self.port_count.fetch_add(1, Ordering::SeqCst) == 0 {
+            // The progress thread sleeps on the port set from its next round (later ports
+            // join the set it already watches).
+            self.waker.signal(1);
+        }
         Some(port)
     }
 
@@ -718,9 +718,7 @@ impl Shared {
         core.arming = Some(port.qpn);
         core.arming_found = false;
         self.drain_port(&mut core, port, now);
-        if core.engine.poll_timeout().is_some_and(|due| due <= now) {
-            core.engine.handle_timeout(now);
-        }
+        run_due_timers(&mut core, now);
         self.deliver_events(&mut core);
         if core.arming_found && core.engine.has_output() {
             // The reply carries them; the progress thread's next tick sends them otherwise.
@@ -774,9 +772,7 @@ impl Shared {
         }
         core.readable_ports = readable;
         if received > 0 {
-            if core.engine.poll_timeout().is_some_and(|due| due <= now) {
-                core.engine.handle_timeout(now);
-            }
+            run_due_timers(core, now);
             self.transmit(core, now);
         }
         received
@@ -827,6 +823,13 @@ impl Shared {
     pub(crate) fn stats(&self) -> SoftStats {
         let core = self.lock();
         SoftStats { engine: core.engine.stats().clone(), driver: core.stats.clone() }
+    }
+}
+
+/// Runs the engine's timers that are due at `now`.
+fn run_due_timers(core: &mut Core, now: Time) {
+    if core.engine.poll_timeout().is_some_and(|due| due <= now) {
+        core.engine.handle_timeout(now);
     }
 }
 
