@@ -100,19 +100,22 @@ pub struct SoftConfig {
     /// Largest completion queue.
     pub max_cqe: u32,
     /// [`ProgressMode::Thread`]: how many queue pairs may receive on a UDP port of their own
-    /// (default 2048, or `LIGHTPATH_SOFT_QP_PORTS`; 0 turns ports off). A queue pair gets one
-    /// when a waiter gives it a doorbell (`QueuePair::set_waiter_fd`, as Lightpath streams do)
-    /// and its peer is told to send to it (`QueuePair::own_udp_port`); the kernel then wakes
-    /// that waiter itself, once per message, instead of waking a thread that runs the engine
-    /// and wakes the waiter in turn. Each costs a descriptor; past the limit queue pairs share
-    /// the device socket as before.
+    /// (default 64, or `LIGHTPATH_SOFT_QP_PORTS`; 0 turns ports off). A queue pair gets one
+    /// when a waiter gives it a doorbell (`QueuePair::set_waiter_fd`, as Lightpath's tokio
+    /// streams do) and its peer is told to send to it (`QueuePair::own_udp_port`); the kernel
+    /// then wakes that waiter itself, once per message, instead of waking a thread that runs
+    /// the engine and wakes the waiter in turn. Each costs a descriptor; past the limit queue
+    /// pairs share the device socket as before. Why 64: with many busy connections the shared
+    /// socket wins back, since one receive call there serves them all (an event-loop server
+    /// with 1,000 connections: 19.5-23.5k requests/s with a port each, 29.3-30.5k with 64 and
+    /// 28.2-30.1k with none), while up to tens of connections gain from their own ports.
     pub max_qp_ports: usize,
 }
 
-/// [`SoftConfig::max_qp_ports`]' default: 2048, or `LIGHTPATH_SOFT_QP_PORTS` when that
+/// [`SoftConfig::max_qp_ports`]' default: 64, or `LIGHTPATH_SOFT_QP_PORTS` when that
 /// environment variable holds a number.
 pub fn default_max_qp_ports() -> usize {
-    std::env::var("LIGHTPATH_SOFT_QP_PORTS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(2048)
+    std::env::var("LIGHTPATH_SOFT_QP_PORTS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(64)
 }
 
 /// [`SoftConfig::wait_spin`]'s default: 50 µs, or `LIGHTPATH_SOFT_SPIN_US` µs when that

@@ -176,8 +176,10 @@ fn a_port_nobody_reads_is_still_answered() {
     assert_eq!(a.qp.stats().expect("stats").retransmits, 0, "the peer had to retransmit");
     assert_eq!(wait_n(&b.cq, 64).len(), 64);
     // Now the ports count as busy, so the progress thread no longer sleeps on them: it looks
-    // every tick and drains a port found unread twice in a row. SENDs one by one, still
-    // unread by the owner, are acknowledged within a few ticks each.
+    // every tick and drains a port found unread twice in a row. Once armed, the port is no
+    // longer fresh (fresh ones it always sleeps on); SENDs one by one, unread by the owner,
+    // are acknowledged within a few ticks each all the same.
+    assert!(b.qp.arm_waiter(WakeFor::Anything).expect("arm"));
     for i in 0..16 {
         b.post_recv(200 + i, &inbox, 0, 4096);
     }

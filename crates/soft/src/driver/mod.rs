@@ -238,8 +238,9 @@ pub(crate) struct Shared {
     spin_misses: AtomicU32,
     /// Waits that did not spin since spinning was given up (every so often one tries again).
     spins_skipped: AtomicU32,
-    /// The epoll instance of the queue pairs' ports (made with the first port).
-    port_set: OnceLock<PortSet>,
+    /// The epoll instances of the queue pairs' ports, all and fresh ones (see `ports`; made
+    /// with the first port).
+    port_set: OnceLock<(PortSet, PortSet)>,
     /// Ports open.
     port_count: AtomicUsize,
     /// When a port last received datagrams (nanoseconds since `epoch`).
@@ -672,15 +673,19 @@ impl Shared {
                 return None;
             }
         };
-        let set = match self.port_set.get() {
-            Some(set) => set,
+        let (all, fresh) = match self.port_set.get() {
+            Some(sets) => sets,
             None => {
-                let set = PortSet::new().ok()?;
-                let _ = self.port_set.set(set);
+                let sets = (PortSet::new().ok()?, PortSet::new().ok()?);
+                let _ = self.port_set.set(sets);
                 self.port_set.get()?
             }
         };
-        set.add(&port).ok()?;
+        all.add(&port).ok()?;
+        if fresh.add(&port).is_err() {
+            all.remove(&port);
+            return None;
+        }
         let mut core = self.lock();
         core.ports.insert(qpn, Arc::clone(&port));
         core.engine.set_qp_news(true);
@@ -694,8 +699,9 @@ impl Shared {
 
     /// Forgets `port` (its queue pair is being destroyed).
     pub(crate) fn close_port(&self, core: &mut Core, port: &QpPort) {
-        if let Some(set) = self.port_set.get() {
-            set.remove(port);
+        if let Some((all, fresh)) = self.port_set.get() {
+            all.remove(port);
+            fresh.remove(port);
         }
         if core.ports.remove(&port.qpn).is_some() {
             self.port_count.fetch_sub(1, Ordering::SeqCst);
@@ -707,6 +713,11 @@ impl Shared {
     /// engine's answers are held for its reply, as a socket watcher's are), sends what is owed
     /// otherwise, and arms the doorbell for news other threads make from here.
     pub(crate) fn arm_port(&self, port: &QpPort, wake: WakeFor) {
+        if port.leave_fresh() {
+            if let Some((_, fresh)) = self.port_set.get() {
+                fresh.remove(port);
+            }
+        }
         // Nothing waits in the port and nothing is owed: arming takes no lock (news another
         // thread makes before the store is in the queue, where the caller looks next).
         if !port.readable_now() && !self.answers_held.load(Ordering::Relaxed) {
@@ -759,7 +770,19 @@ impl Shared {
     /// found readable at its previous look too with nobody reading them since. Returns how
     /// many messages it received.
     pub(crate) fn drain_unread_ports(&self, core: &mut Core, all: bool) -> usize {
-        let Some(set) = self.port_set.get() else { return 0 };
+        let Some((set, _)) = self.port_set.get() else { return 0 };
+        self.drain_ports_of(core, set, all)
+    }
+
+    /// The progress thread drains the fresh ports that are readable (see `ports`).
+    pub(crate) fn drain_fresh_ports(&self, core: &mut Core) -> usize {
+        let Some((_, fresh)) = self.port_set.get() else { return 0 };
+        self.drain_ports_of(core, fresh, true)
+    }
+
+    /// Drains the ports of `set` readable now (`all`), or only those unread since the last
+    /// look.
+    fn drain_ports_of(&self, core: &mut Core, set: &PortSet, all: bool) -> usize {
         let mut readable = std::mem::take(&mut core.readable_ports);
         set.readable(&mut readable);
         let now = self.now();
@@ -778,8 +801,8 @@ impl Shared {
         received
     }
 
-    /// The ports' epoll instance, once a port exists.
-    pub(crate) fn port_set(&self) -> Option<&PortSet> {
+    /// The ports' epoll instances (all, fresh), while ports exist.
+    pub(crate) fn port_set(&self) -> Option<&(PortSet, PortSet)> {
         self.port_set.get().filter(|_| self.port_count.load(Ordering::Relaxed) > 0)
     }
 

@@ -42,6 +42,9 @@ fn run_progress(shared: &Shared) {
             // Ports: drain what woke an idle thread; while active, every tick, what nobody read
             // since the last tick.
             let active = shared.port_set().is_some() && shared.ports_active();
+            if ready & FRESH != 0 {
+                received += shared.drain_fresh_ports(&mut core);
+            }
             if ready & PORTS != 0 {
                 received += shared.drain_unread_ports(&mut core, true);
                 ports_looked_at = shared.now().as_nanos();
@@ -68,7 +71,7 @@ fn run_progress(shared: &Shared) {
             shared.thread_deadline.store(deadline, Ordering::SeqCst);
             (received, timeout, active)
         };
-        ready = if received < RECV_BATCH { wait_for(shared, timeout, !active) } else { !PORTS };
+        ready = if received < RECV_BATCH { wait_for(shared, timeout, !active) } else { !(PORTS | FRESH) };
         shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
     }
 }
@@ -79,21 +82,26 @@ const IDLE_TICK: Duration = Duration::from_millis(100);
 /// What [`wait_for`] returns when only the hand-over timer woke the thread.
 const HANDOVER_ONLY: u8 = 0b100;
 
+/// [`wait_for`]'s bit for "a fresh port is readable" (see `ports`).
+const FRESH: u8 = 0b1000;
+
 /// [`wait_for`]'s bit for "a queue pair's port is readable".
-const PORTS: u8 = 0b1000;
+const PORTS: u8 = 0b1_0000;
 
 /// Sleeps until there is work or `timeout` passes. Application threads blocked in `wait` may
 /// watch the socket themselves; while one does, this thread only keeps the timers and sleeps
 /// until the hand-over timer says the socket went unwatched (see `SOCKET_HANDOVER_DELAY`).
-/// With `ports`, it also sleeps on the queue pairs' ports (see `ports`: only while they are
-/// idle). Returns a mask of what woke it: 1 the socket, 2 the waker, 4 the hand-over timer, 8
-/// a port.
+/// It also sleeps on the fresh ports, and with `ports` on all of them (see `ports`: only while
+/// they are idle). Returns a mask of what woke it: 1 the socket, 2 the waker, 4 the hand-over
+/// timer, 8 a fresh port, 16 a port.
 fn wait_for(shared: &Shared, timeout: Option<Duration>, ports: bool) -> u8 {
     let watched = !shared.socket_is_progress_threads();
-    let port_set = shared.port_set().filter(|_| ports);
     let mut all = vec![shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
-    if let Some(set) = port_set {
-        all.push(set.as_fd());
+    if let Some((every, fresh)) = shared.port_set() {
+        all.push(fresh.as_fd());
+        if ports {
+            all.push(every.as_fd());
+        }
     }
     let result = if watched {
         sys::wait_readable(&all[1..], timeout).map(|m| m << 1)
