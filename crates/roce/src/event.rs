@@ -91,7 +91,7 @@ pub(crate) struct Ctx<'a> {
 impl Ctx<'_> {
     /// Posts a completion to `cq` and queues a notification if the CQ had none pending.
     pub(crate) fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
-        let (qpn, arrival) = (wc.qp_num, is_arrival(&wc));
+        let (qpn, arrival) = (wc.qp_num, wc.is_arrival());
         match self.cqs.push(cq, wc) {
             Pushed::StoredNotify => self.events.push_back(EngineEvent::Completion(cq)),
             Pushed::Stored => {}
@@ -104,11 +104,4 @@ impl Ctx<'_> {
             self.events.push_back(EngineEvent::QpNews { qpn, arrival });
         }
     }
-}
-
-/// Whether `wc` is something the peer sent (a receive, a READ's or atomic's result) or an
-/// error, as opposed to the acknowledgement of a SEND or WRITE (see [`EngineEvent::QpNews`]).
-fn is_arrival(wc: &WorkCompletion) -> bool {
-    !wc.status.is_success()
-        || !matches!(wc.opcode, lightpath_verbs::WcOpcode::Send | lightpath_verbs::WcOpcode::RdmaWrite)
 }

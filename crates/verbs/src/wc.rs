@@ -190,6 +190,13 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// Whether this is something a reader waits for: what the peer sent (a receive), a READ's
+    /// or atomic's result, or an error; not the acknowledgement of this side's SEND or WRITE
+    /// (see [`WakeFor::Arrivals`](crate::WakeFor::Arrivals)).
+    pub fn is_arrival(&self) -> bool {
+        !self.status.is_success() || !matches!(self.opcode, WcOpcode::Send | WcOpcode::RdmaWrite)
+    }
+
     /// A completion with the given identity and status, every other field empty.
     pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Self {
         Self {
@@ -210,6 +217,17 @@ impl WorkCompletion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arrivals_are_what_the_peer_sent_or_errors() {
+        let wc = |status, opcode| WorkCompletion::new(1, status, opcode, 7);
+        assert!(!wc(WcStatus::Success, WcOpcode::Send).is_arrival());
+        assert!(!wc(WcStatus::Success, WcOpcode::RdmaWrite).is_arrival());
+        assert!(wc(WcStatus::Success, WcOpcode::Recv).is_arrival());
+        assert!(wc(WcStatus::Success, WcOpcode::RecvRdmaWithImm).is_arrival());
+        assert!(wc(WcStatus::Success, WcOpcode::RdmaRead).is_arrival());
+        assert!(wc(WcStatus::RetryExcErr, WcOpcode::Send).is_arrival());
+    }
 
     #[test]
     fn status_raw_round_trip() {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use lightpath_verbs::{WcOpcode, WorkCompletion};
+use lightpath_verbs::WorkCompletion;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 /// Completions waiting for one connection, in the order the queue produced them.
@@ -23,7 +23,8 @@ pub(crate) struct Inbox {
     armed: AtomicBool,
     /// A thread sleeps on `event`.
     sleeping: AtomicBool,
-    /// The sleeper or the armed event loop waits for arrivals only (see `is_arrival`).
+    /// The sleeper or the armed event loop waits for arrivals only (see
+    /// `WorkCompletion::is_arrival`).
     arrivals_only: AtomicBool,
     /// The inbox is in its hub's list of sleepers (see `Hub::hand_off`).
     pub(super) listed: AtomicBool,
@@ -73,7 +74,7 @@ impl Inbox {
         }
         // A reader is not woken for the acknowledgement of its own request (its completion
         // stays queued for its next look).
-        if self.arrivals_only.load(Ordering::SeqCst) && !wcs.iter().any(is_arrival) {
+        if self.arrivals_only.load(Ordering::SeqCst) && !wcs.iter().any(WorkCompletion::is_arrival) {
             return false;
         }
         // Pairs with the SeqCst store of `sleeping` before the owner's last look at `len`:
@@ -184,17 +185,10 @@ impl Inbox {
     }
 }
 
-/// Whether `wc` is something a reader waits for: what the peer sent, a READ's or atomic's
-/// result, or an error; not the acknowledgement of a SEND or WRITE (see
-/// `lightpath_verbs::WakeFor`).
-pub(crate) fn is_arrival(wc: &WorkCompletion) -> bool {
-    !wc.status.is_success() || !matches!(wc.opcode, WcOpcode::Send | WcOpcode::RdmaWrite)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lightpath_verbs::WcStatus;
+    use lightpath_verbs::{WcOpcode, WcStatus};
 
     fn wc(id: u64) -> WorkCompletion {
         WorkCompletion::new(id, WcStatus::Success, WcOpcode::Send, 7)

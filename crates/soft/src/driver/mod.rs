@@ -807,7 +807,11 @@ impl Shared {
     }
 
     /// Whether a port received datagrams within [`PORTS_ACTIVE_FOR`].
+    /// (False while the device has no port.)
     pub(crate) fn ports_active(&self) -> bool {
+        if self.port_set().is_none() {
+            return false;
+        }
         let last = self.last_port_traffic.load(Ordering::Relaxed);
         last != 0 && self.now().as_nanos().saturating_sub(last) < PORTS_ACTIVE_FOR.as_nanos() as u64
     }

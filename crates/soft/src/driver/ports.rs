@@ -42,10 +42,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lightpath_verbs::WakeFor;
-use rustix::buffer::spare_capacity;
 use rustix::event::epoll;
 
 use super::socket::RoceSocket;
+use crate::sys;
 
 /// How often an active progress thread looks for ports nobody reads.
 pub(crate) const PORT_TICK: Duration = Duration::from_millis(1);
@@ -83,9 +83,9 @@ pub(crate) struct QpPort {
 }
 
 impl QpPort {
-    /// A socket on the device's address (`device` is the device socket's address), set up as
-    /// the device socket is, with receive offload exactly when the device socket has it (the
-    /// two share receive buffers). `None` when the kernel would not give one.
+    /// A socket on the address of `device` (the device socket), set up as that one is, with
+    /// receive offload exactly when it has it (the two share receive buffers). Fails when the
+    /// kernel will not give one.
     pub(crate) fn open(
         qpn: u32,
         device: &RoceSocket,
@@ -142,9 +142,7 @@ impl QpPort {
     /// Whether datagrams wait in the socket (a zero-timeout poll; an error counts as yes, so
     /// the caller's receive call sees it).
     pub(crate) fn readable_now(&self) -> bool {
-        let mut fds = [rustix::event::PollFd::new(&*self.socket, rustix::event::PollFlags::IN)];
-        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-        !matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+        !matches!(sys::wait_readable(&[self.socket.as_fd()], Some(Duration::ZERO)), Ok(0))
     }
 
     /// The owner arms for the first time: whether the port was fresh until now.
@@ -209,10 +207,10 @@ impl PortSet {
     /// `out`. Never waits.
     pub(crate) fn readable(&self, out: &mut Vec<u32>) {
         out.clear();
-        let mut events: Vec<epoll::Event> = Vec::with_capacity(PORTS_PER_LOOK);
+        let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); PORTS_PER_LOOK];
         let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-        if epoll::wait(&self.epoll, spare_capacity(&mut events), Some(&zero)).is_ok() {
-            out.extend(events.iter().map(|event| event.data.u64() as u32));
+        if let Ok((ready, _)) = epoll::wait(&self.epoll, &mut events, Some(&zero)) {
+            out.extend(ready.iter().map(|event| event.data.u64() as u32));
         }
     }
 }

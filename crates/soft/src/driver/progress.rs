@@ -41,7 +41,7 @@ fn run_progress(shared: &Shared) {
             };
             // Ports: drain what woke an idle thread; while active, every tick, what nobody read
             // since the last tick.
-            let active = shared.port_set().is_some() && shared.ports_active();
+            let active = shared.ports_active();
             if ready & FRESH != 0 {
                 received += shared.drain_fresh_ports(&mut core);
             }
@@ -52,7 +52,7 @@ fn run_progress(shared: &Shared) {
                 received += shared.drain_unread_ports(&mut core, false);
                 ports_looked_at = shared.now().as_nanos();
             }
-            let active = active || (shared.port_set().is_some() && shared.ports_active());
+            let active = active || shared.ports_active();
             // Never asleep for longer than a tick: a posting thread then wakes this one only
             // for a timer due sooner (retransmission timers are hundreds of ms away; waking
             // this thread on every idle-to-busy turn of a connection cost a context switch).
@@ -96,17 +96,25 @@ const PORTS: u8 = 0b1_0000;
 /// timer, 8 a fresh port, 16 a port.
 fn wait_for(shared: &Shared, timeout: Option<Duration>, ports: bool) -> u8 {
     let watched = !shared.socket_is_progress_threads();
-    let mut all = vec![shared.socket.as_fd(), shared.waker.as_fd(), shared.handover.as_fd()];
-    if let Some((every, fresh)) = shared.port_set() {
-        all.push(fresh.as_fd());
-        if ports {
-            all.push(every.as_fd());
-        }
-    }
+    let sets = shared.port_set();
+    let all = [
+        shared.socket.as_fd(),
+        shared.waker.as_fd(),
+        shared.handover.as_fd(),
+        // Placeholders (the waker again) past `count` are not watched.
+        sets.map_or(shared.waker.as_fd(), |(_, fresh)| fresh.as_fd()),
+        sets.map_or(shared.waker.as_fd(), |(every, _)| every.as_fd()),
+    ];
+    let count = match sets {
+        None => 3,
+        Some(_) if ports => 5,
+        Some(_) => 4,
+    };
+    let all = &all[..count];
     let result = if watched {
         sys::wait_readable(&all[1..], timeout).map(|m| m << 1)
     } else {
-        sys::wait_readable(&all, timeout)
+        sys::wait_readable(all, timeout)
     };
     match result {
         Ok(mask) => {
