@@ -14,8 +14,9 @@ const REGION: usize = 4 << 20;
 const REGION_ADDR: u64 = 0x100_0000;
 
 /// Datagrams one engine sends for a 4 MiB RDMA WRITE at MTU 1024 before any acknowledgement
-/// comes back, and whether they were all marked segmentable.
-fn burst_before_any_ack(lightpath_peer: bool) -> (usize, bool) {
+/// comes back, whether they were all marked segmentable, and the PSN offsets of those that ask
+/// for an ACK (AckReq).
+fn burst_before_any_ack(lightpath_peer: bool) -> (usize, bool, Vec<usize>) {
     let mut engine = Engine::new(EngineConfig::new(Gid::from_ip(LOCAL)));
     let cq = engine.create_cq(16).expect("cq");
     let qpn = engine.create_qp(cq, cq, QpCaps::default()).expect("qp");
@@ -29,19 +30,36 @@ fn burst_before_any_ack(lightpath_peer: bool) -> (usize, bool) {
     let op = SendOp::Write { remote_addr: 0x2000, rkey: 0x33 };
     engine.post_send(Time::ZERO, qpn, &SendWr::new(1, op, &[sge])).expect("post");
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    let (mut count, mut all_segmentable) = (0, true);
+    let (mut count, mut all_segmentable, mut ack_reqs) = (0, true, Vec::new());
     while let Some(transmit) = engine.poll_transmit(Time::ZERO, &mut buf) {
-        count += 1;
         all_segmentable &= transmit.segmentable;
+        // BTH byte 8, top bit: AckReq.
+        if buf[8] & 0x80 != 0 {
+            ack_reqs.push(count);
+        }
+        count += 1;
         assert!(count <= 4096, "the window never closed");
     }
-    (count, all_segmentable)
+    (count, all_segmentable, ack_reqs)
 }
 
 #[test]
 fn lightpath_peers_get_a_wider_window_and_segmentable_datagrams() {
-    assert_eq!(burst_before_any_ack(false), (128, false), "rxe's window towards other peers");
-    assert_eq!(burst_before_any_ack(true), (1024, true));
+    let (count, segmentable, _) = burst_before_any_ack(false);
+    assert_eq!((count, segmentable), (128, false), "rxe's window towards other peers");
+    let (count, segmentable, _) = burst_before_any_ack(true);
+    assert_eq!((count, segmentable), (1024, true));
+}
+
+/// Towards rxe every 64th packet of a long message asks for an ACK (rxe ACKs only those);
+/// towards a Lightpath peer, with its eight times wider window, every quarter window does, so
+/// the peer sends a quarter as many ACK datagrams. The packet that fills the window always asks.
+#[test]
+fn lightpath_peers_are_asked_for_an_ack_every_quarter_window() {
+    let (_, _, ack_reqs) = burst_before_any_ack(false);
+    assert_eq!(ack_reqs, [63, 127]);
+    let (_, _, ack_reqs) = burst_before_any_ack(true);
+    assert_eq!(ack_reqs, [255, 511, 767, 1023]);
 }
 
 /// Between two Lightpath soft devices the ICRC is neither computed nor checked (UDP's

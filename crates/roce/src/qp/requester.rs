@@ -28,7 +28,8 @@ pub(crate) const LIGHTPATH_MAX_UNACKED_PSNS: i32 = 1024;
 /// fewer than [`MAX_UNACKED_PSNS`].
 pub(crate) const LIGHTPATH_WINDOW_BYTES: u32 = 4 << 20;
 /// AckReq is set on the last packet of every message and, in long messages, on every this
-/// many packets, so a peer that only ACKs AckReq packets (rxe) keeps our window moving.
+/// many packets (towards rxe and RNICs; see `Qp::ack_req_interval`), so a peer that only ACKs
+/// AckReq packets (rxe) keeps our window moving.
 pub(crate) const ACK_REQ_INTERVAL: u32 = 64;
 /// The smallest send window (in PSNs) a go-back-N shrinks it to.
 pub(crate) const MIN_SEND_WINDOW: u32 = 16;
@@ -227,6 +228,19 @@ impl Qp {
             .clamp(MAX_UNACKED_PSNS as u32, LIGHTPATH_MAX_UNACKED_PSNS as u32)
     }
 
+    /// How many packets of a long message go between two with AckReq: [`ACK_REQ_INTERVAL`],
+    /// or a quarter of the send window towards a Lightpath peer, whose window is up to eight
+    /// times larger. Every AckReq costs the peer an ACK datagram and us its receipt (a full
+    /// trip through both network stacks); a quarter window still keeps three quarters in
+    /// flight while the ACK travels.
+    fn ack_req_interval(&self) -> u32 {
+        if self.params.lightpath_peer {
+            (self.send_window() as u32 / 4).max(ACK_REQ_INTERVAL)
+        } else {
+            ACK_REQ_INTERVAL
+        }
+    }
+
     /// The current send limit in PSNs past `una`.
     fn send_window(&self) -> i32 {
         (self.req.window.clamp(MIN_SEND_WINDOW, self.max_send_window())) as i32
@@ -342,7 +356,7 @@ impl Qp {
                 let payload_len = (length - offset.min(length)).min(pmtu) as usize;
                 // Also on the packet that fills the send window: only its ACK can open it.
                 let fills_window = psn.add(1).distance_from(self.req.una) >= self.send_window();
-                let ack_req = last || fills_window || self.req.since_ack_req + 1 >= ACK_REQ_INTERVAL;
+                let ack_req = last || fills_window || self.req.since_ack_req + 1 >= self.ack_req_interval();
                 let solicited = last && wqe.solicited && !matches!(op, SendOp::Write { .. });
                 let mut h = header(request_opcode(op, pos), dest_qpn, psn, ack_req, solicited);
                 match op {

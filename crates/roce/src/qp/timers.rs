@@ -76,9 +76,19 @@ pub(crate) struct QpTimers {
 }
 
 impl QpTimers {
-    /// The earliest armed deadline.
+    /// The earliest armed deadline. Called for every packet a queue pair sends or handles,
+    /// so written out rather than as an iterator chain (which did not inline and cost about 5%
+    /// of a soft stream's CPU).
+    #[inline]
     pub(crate) fn next_deadline(&self) -> Option<Time> {
-        [self.retransmit, self.rnr, self.probe].into_iter().flatten().min()
+        fn earlier(a: Option<Time>, b: Option<Time>) -> Option<Time> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, None) => a,
+                (None, b) => b,
+            }
+        }
+        earlier(earlier(self.retransmit, self.rnr), self.probe)
     }
 }
 
