@@ -79,6 +79,7 @@ pub fn named_counters(stats: &SoftStats) -> Vec<(&'static str, u64)> {
         ("rx_coalesced", d.rx_coalesced),
         ("tx_segmented", d.tx_segmented),
         ("segmentation_failures", d.segmentation_failures),
+        ("port_armings", d.port_armings),
     ]
 }
 

@@ -462,6 +462,31 @@ impl Stream {
                         return Poll::Ready(Ok(()));
                     }
                 }
+                let fd = match side {
+                    Side::Reader => readers,
+                    Side::Writer => writers,
+                };
+                // Readiness left from an event the last call took in without waiting (its
+                // arming found the news) is consumed before this arming, which takes in
+                // everything up to now: left set, it made the wait below return at once, for
+                // one more round of call, arming and look at the socket per message. Cleared
+                // before the arming, so an event after this point wakes the task again.
+                if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
+                    stale.clear_ready();
+                    conn.take_notify();
+                }
+                // A reader looks at the TCP connection only when it had news (see
+                // `Registration::Rdma`); the look reads it until it would block, and a clear
+                // after news that came meanwhile is ignored by tokio, so none is slept
+                // through. Asked before every wait, which also leaves this task's waker with
+                // the registration: the peer's goodbye or death wakes it.
+                if side == Side::Reader {
+                    if let Poll::Ready(mut news) = liveness.poll_read_ready(cx)? {
+                        conn.poll_tcp();
+                        news.clear_ready();
+                        return Poll::Ready(Ok(()));
+                    }
+                }
                 // A reader is woken by what the peer sends, not by the acknowledgement of its
                 // own requests (unless it needs them to go on); a writer by anything.
                 let wake = match (side, wait) {
@@ -471,28 +496,15 @@ impl Stream {
                 if !conn.arm(wake)? {
                     return Poll::Ready(Ok(()));
                 }
-                let fd = match side {
-                    Side::Reader => readers,
-                    Side::Writer => writers,
-                };
                 let mut guard = ready!(fd.poll_read_ready(cx))?;
                 // Cleared before draining: an event after this point wakes the task again,
                 // one before it is drained below (and the caller retries its operation).
                 guard.clear_ready();
                 conn.take_notify();
-                match side {
-                    // Only when the TCP connection had news (see `Registration::Rdma`); the
-                    // look reads it until it would block, and a clear after news that came
-                    // meanwhile is ignored by tokio, so none is slept through.
-                    Side::Reader => {
-                        if let Poll::Ready(mut news) = liveness.poll_read_ready(cx)? {
-                            conn.poll_tcp();
-                            news.clear_ready();
-                        }
-                    }
-                    // The writer keeps looking every time: tokio keeps one waker per direction
-                    // of a registration, which the reader's look takes.
-                    Side::Writer => conn.poll_tcp(),
+                // The writer looks at the TCP connection every time: tokio keeps one waker per
+                // direction of a registration, which the reader's look takes.
+                if side == Side::Writer {
+                    conn.poll_tcp();
                 }
                 Poll::Ready(Ok(()))
             }

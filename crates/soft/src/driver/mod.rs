@@ -203,6 +203,8 @@ pub(crate) struct Shared {
     /// [`Shared::drive_for_progress`]). Changed with the engine locked; read without the lock
     /// too (`CompletionQueue::consumer_idle` takes it only when this is set).
     pub(crate) answers_held: AtomicBool,
+    /// Times a queue pair's owner armed its port ([`DriverStats::port_armings`]).
+    port_armings: AtomicU64,
     socket: RoceSocket,
     /// Wakes the progress/helper thread (new earlier timer, or shutdown).
     waker: EventFd,
@@ -314,6 +316,7 @@ impl Shared {
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
             answers_held: AtomicBool::new(false),
+            port_armings: AtomicU64::new(0),
             socket_watchers: AtomicU32::new(0),
             spin_misses: AtomicU32::new(0),
             spins_skipped: AtomicU32::new(0),
@@ -713,6 +716,7 @@ impl Shared {
     /// engine's answers are held for its reply, as a socket watcher's are), sends what is owed
     /// otherwise, and arms the doorbell for news other threads make from here.
     pub(crate) fn arm_port(&self, port: &QpPort, wake: WakeFor) {
+        self.port_armings.fetch_add(1, Ordering::Relaxed);
         if port.leave_fresh() {
             if let Some((_, fresh)) = self.port_set.get() {
                 fresh.remove(port);
@@ -849,7 +853,9 @@ impl Shared {
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> SoftStats {
         let core = self.lock();
-        SoftStats { engine: core.engine.stats().clone(), driver: core.stats.clone() }
+        let driver =
+            DriverStats { port_armings: self.port_armings.load(Ordering::Relaxed), ..core.stats.clone() };
+        SoftStats { engine: core.engine.stats().clone(), driver }
     }
 }
 

@@ -25,6 +25,9 @@ pub struct DriverStats {
     pub tx_segmented: u64,
     /// Segmented sends the kernel refused (segmentation is then turned off for the device).
     pub segmentation_failures: u64,
+    /// Times a queue pair's owner armed the queue pair's own UDP port to wait
+    /// (`QueuePair::arm_waiter`; each takes a look at the port): an event loop's waits.
+    pub port_armings: u64,
 }
 
 /// A snapshot of a soft device's counters.
