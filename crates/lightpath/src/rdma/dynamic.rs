@@ -39,7 +39,8 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// The queue pair's own descriptor, watched beside `notify_fd` (see
     /// `ConnCompletions::poll_fd`).
     fn poll_fd(&self) -> Option<std::os::fd::RawFd>;
-    fn take_notify(&mut self);
+    /// Consumes a pending notification; returns whether there was one.
+    fn take_notify(&mut self) -> bool;
     fn readable_now(&self) -> bool;
     /// Whether everything written is in the transport's hands, from what is known without a
     /// look (see `Stream::handed_over_now`).
@@ -202,7 +203,7 @@ where
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::poll_fd(self)
     }
-    fn take_notify(&mut self) {
+    fn take_notify(&mut self) -> bool {
         RdmaConn::take_notify(self)
     }
     fn readable_now(&self) -> bool {

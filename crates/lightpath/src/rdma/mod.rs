@@ -476,9 +476,9 @@ impl<D: Device> RdmaConn<D> {
         self.cq.poll_fd()
     }
 
-    /// Consumes a pending notification.
-    pub(crate) fn take_notify(&mut self) {
-        self.cq.take_notify();
+    /// Consumes a pending notification; returns whether there was one.
+    pub(crate) fn take_notify(&mut self) -> bool {
+        self.cq.take_notify()
     }
 
     /// Whether a read would not block (data, end of stream or an error).
