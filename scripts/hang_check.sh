@@ -33,7 +33,11 @@ for run in $(seq "$RUNS"); do
     port=$((20000 + RANDOM % 20000))
     "$B" perf stream_rr --provider "$PROVIDER" -p "$port" --server "$SHAPE" > /dev/null 2> "$KEEP/server.log" &
     server=$!
-    sleep 0.2
+    # Until the server listens (it says so), at most 5 s.
+    for _ in $(seq 50); do
+        grep -q "waiting for a client" "$KEEP/server.log" 2> /dev/null && break
+        sleep 0.1
+    done
     "$B" perf stream_rr 127.0.0.1 --provider "$PROVIDER" -p "$port" -s 64 -n "$ITERS" --conns "$CONNS" \
         --server "$SHAPE" --json > /dev/null 2> "$KEEP/client.log" &
     client=$!
