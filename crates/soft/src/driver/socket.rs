@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 
 use lightpath_roce::{Engine, Gathered, Time, MAX_DATAGRAM};
-use lightpath_wire::Opcode;
+use lightpath_wire::{BthPacket, Opcode};
 
 use super::stats::DriverStats;
 use crate::sys::{
@@ -205,8 +205,7 @@ impl TxBuffers {
                 };
                 let response =
                     buf.first().and_then(|&op| Opcode(op).info()).is_some_and(|info| info.is_response());
-                // BTH bytes 5..8: the destination queue pair.
-                let dest_qpn = buf.get(5..8).map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+                let dest_qpn = BthPacket::new_checked(&buf[..]).map_or(0, |bth| bth.dest_qpn());
                 self.flows.note(dst, dest_qpn, now);
                 let segmentable = transmit.segmentable;
                 let gathered = transmit.gathered;
@@ -326,12 +325,14 @@ fn joins(
 ) -> bool {
     let Some(size) = last.segment_size.map(usize::from) else { return false };
     let tail = order.get(last.first + last.count - 1).and_then(|&i| outgoing.get(i));
-    let same_stream = |tail: &Outgoing| {
+    // A request never follows a response (requests are planned first); a response follows a
+    // request only when answers join.
+    let may_follow = |tail: &Outgoing| {
         tail.response == datagram.response || (join_answers && !tail.response && datagram.response)
     };
     last.dst == datagram.dst
         && tail.is_some_and(|tail| {
-            tail.len == size && same_stream(tail) && tail.segmentable == datagram.segmentable
+            tail.len == size && may_follow(tail) && tail.segmentable == datagram.segmentable
         })
         && datagram.len <= size
         && last.count < MAX_SEGMENTS
