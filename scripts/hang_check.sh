@@ -29,15 +29,28 @@ mkdir -p "$KEEP"
 
 hung=0
 failed=0
-for run in $(seq "$RUNS"); do
-    port=$((20000 + RANDOM % 20000))
-    "$B" perf stream_rr --provider "$PROVIDER" -p "$port" --server "$SHAPE" > /dev/null 2> "$KEEP/server.log" &
-    server=$!
-    # Until the server listens (it says so), at most 5 s.
-    for _ in $(seq 50); do
-        grep -q "waiting for a client" "$KEEP/server.log" 2> /dev/null && break
-        sleep 0.1
+# A server on a free port below the kernel's ephemeral range (a port the kernel had just given
+# to some connection made the server fail, or the client connect to itself), once it listens.
+start_server() {
+    local tries
+    for tries in $(seq 10); do
+        port=$((10000 + RANDOM % 22000))
+        "$B" perf stream_rr --provider "$PROVIDER" -p "$port" --server "$SHAPE" > /dev/null 2> "$KEEP/server.log" &
+        server=$!
+        for _ in $(seq 50); do
+            grep -q "waiting for a client" "$KEEP/server.log" 2> /dev/null && return 0
+            kill -0 "$server" 2> /dev/null || break
+            sleep 0.1
+        done
+        kill "$server" 2> /dev/null
+        wait "$server" 2> /dev/null
     done
+    echo "hang_check: no server would start: $(tail -1 "$KEEP/server.log")" >&2
+    exit 2
+}
+
+for run in $(seq "$RUNS"); do
+    start_server
     "$B" perf stream_rr 127.0.0.1 --provider "$PROVIDER" -p "$port" -s 64 -n "$ITERS" --conns "$CONNS" \
         --server "$SHAPE" --json > /dev/null 2> "$KEEP/client.log" &
     client=$!

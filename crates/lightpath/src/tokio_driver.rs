@@ -84,7 +84,23 @@ pub struct Stream {
     /// The tasks waiting to read and to write, for the wake-ups no fd gives (see
     /// [`Stream::poll_io`]).
     waiting: [Option<Waker>; 2],
+    /// Each side's arming it is still waiting on (see [`Armed`]).
+    armed: [Option<Armed>; 2],
+    /// Armings of the connection so far, by either side (they share the queue pair's
+    /// doorbell: the later one's `WakeFor` holds).
+    armings: u64,
     inner: crate::Stream,
+}
+
+/// A side's wait in progress: what it armed for, the connection's event count right after
+/// arming, and which arming it was. While nothing was seen since (no readiness, the same count,
+/// no arming by the other side), a task polled again for other reasons (hyper's dispatcher is,
+/// by its own channels) has nothing new to look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Armed {
+    wake: lightpath_verbs::WakeFor,
+    events: u64,
+    arming: u64,
 }
 
 impl std::fmt::Debug for Stream {
@@ -203,7 +219,9 @@ impl Stream {
     /// request/response client does: about a fifth less CPU per request).
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         match Self::registration(&mut inner) {
-            Ok(registration) => Ok(Stream { registration, waiting: [None, None], inner }),
+            Ok(registration) => {
+                Ok(Stream { registration, waiting: [None, None], armed: [None, None], armings: 0, inner })
+            }
             Err(err) => {
                 inner.hand_off_close();
                 Err(err)
@@ -473,6 +491,7 @@ impl Stream {
                     Side::Reader => readers,
                     Side::Writer => writers,
                 };
+                let armed = &mut self.armed[side as usize];
                 // Readiness left from a datagram the last call took in without waiting (its
                 // arming drained the port) is consumed before this arming, which takes in
                 // everything up to now: left set, it made the wait below return at once, for
@@ -483,6 +502,7 @@ impl Stream {
                 // failed call could not see), which only a retry of the call takes in.
                 if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
                     stale.clear_ready();
+                    *armed = None;
                     if conn.take_notify() {
                         return Poll::Ready(Ok(()));
                     }
@@ -505,10 +525,24 @@ impl Stream {
                     (Side::Reader, Wait::Completion) => conn.reader_wake(),
                     _ => lightpath_verbs::WakeFor::Anything,
                 };
+                // Still armed for the same thing and nothing seen since: the look above
+                // registered this task's waker, and arming again would only look at the port
+                // once more (a system call per poll; hyper's client polled its reader five
+                // times per request). Any completion handled since (by the call just tried,
+                // or by the other side's arming, which takes in this side's news without a
+                // doorbell) changes the count, and an arming by the other side (which may have
+                // narrowed the doorbell to arrivals) changes `armings`: either arms again.
+                if *armed == Some(Armed { wake, events: conn.events(), arming: self.armings }) {
+                    return Poll::Pending;
+                }
+                self.armings += 1;
                 if !conn.arm(wake)? {
+                    *armed = None;
                     return Poll::Ready(Ok(()));
                 }
+                *armed = Some(Armed { wake, events: conn.events(), arming: self.armings });
                 let mut guard = ready!(fd.poll_read_ready(cx))?;
+                *armed = None;
                 // Cleared before draining: an event after this point wakes the task again,
                 // one before it is drained below (and the caller retries its operation).
                 guard.clear_ready();
