@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const ROUND_TRIPS: u64 = 2_000;
 
 /// The counters are the process's soft device's: the tests here take turns.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn port_armings() -> u64 {
     soft_device_stats().iter().map(|device| device.stats.driver.port_armings).sum()
@@ -23,7 +23,7 @@ fn port_armings() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_and_its_answer_cost_each_side_at_most_two_armings() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let options = Options::default().with_providers(&[ProviderId::Soft]);
     let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -64,7 +64,7 @@ async fn a_request_and_its_answer_cost_each_side_at_most_two_armings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_polled_again_while_nothing_came_does_not_arm_again() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let options = Options::default().with_providers(&[ProviderId::Soft]);
     let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
     let addr = listener.local_addr().unwrap();
