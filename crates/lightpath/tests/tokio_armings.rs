@@ -17,6 +17,14 @@ const ROUND_TRIPS: u64 = 2_000;
 /// The counters are the process's soft device's: the tests here take turns.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Soft-only options and a listener on them.
+async fn soft_listener() -> (Options, Listener, std::net::SocketAddr) {
+    let options = Options::default().with_providers(&[ProviderId::Soft]);
+    let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (options, listener, addr)
+}
+
 fn port_armings() -> u64 {
     soft_device_stats().iter().map(|device| device.stats.driver.port_armings).sum()
 }
@@ -24,9 +32,7 @@ fn port_armings() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_and_its_answer_cost_each_side_at_most_two_armings() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let options = Options::default().with_providers(&[ProviderId::Soft]);
-    let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (options, listener, addr) = soft_listener().await;
     let server = tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
         let mut request = [0u8; 64];
@@ -65,9 +71,7 @@ async fn a_request_and_its_answer_cost_each_side_at_most_two_armings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_polled_again_while_nothing_came_does_not_arm_again() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let options = Options::default().with_providers(&[ProviderId::Soft]);
-    let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (options, listener, addr) = soft_listener().await;
     let (go, wait_for_go) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
