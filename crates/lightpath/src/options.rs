@@ -194,6 +194,15 @@ impl Options {
         })
     }
 
+    /// These options for a stream an event loop drives (`lightpath::tokio` uses them for every
+    /// stream it connects or accepts): unless [`Options::soft_qp_port`] says otherwise, a soft
+    /// queue pair gets a UDP port of its own, so the loop's reactor is woken by the kernel
+    /// itself rather than by the soft device's progress thread. Connect a blocking stream with
+    /// them when it is meant for an event loop (`lightpath::tokio::Stream::from_std`).
+    pub fn for_event_loop(&self) -> Options {
+        Options { soft_qp_port: Some(self.soft_qp_port.unwrap_or(true)), ..self.clone() }
+    }
+
     /// A receive ring of `bytes` (at least 4 KiB; rounded to 64 bytes), over every provider
     /// (`ring_size` and `soft_ring_size`).
     pub fn with_ring_size(mut self, bytes: u32) -> Self {

@@ -184,7 +184,7 @@ impl Stream {
     /// runtime's reactor (no thread is taken); dropping the future at any point closes
     /// whatever it had opened. Host names are resolved as `tokio::net::lookup_host` does.
     pub async fn connect_with(addr: impl ToSocketAddrs, options: &Options) -> io::Result<Stream> {
-        let options = &event_loop_options(options);
+        let options = &options.for_event_loop();
         let mut last_err = None;
         for addr in ::tokio::net::lookup_host(addr).await? {
             match ::tokio::net::TcpStream::connect(addr).await {
@@ -215,7 +215,7 @@ impl Stream {
     /// ([`Options::soft_qp_port`] resolves to no for blocking streams): its messages reach this
     /// runtime through the device's progress thread and the completion router, two hand-offs
     /// more than [`Stream::connect_with`] and [`Listener`] give. Connect with
-    /// `soft_qp_port: Some(true)` for a blocking stream meant for tokio (as `lightpath perf`'s
+    /// [`Options::for_event_loop`] for a blocking stream meant for tokio (as `lightpath perf`'s
     /// request/response client does: about a fifth less CPU per request).
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         match Self::registration(&mut inner) {
@@ -681,13 +681,6 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
     }
 }
 
-/// `options` as an event loop's streams use them: a soft connection receives on a UDP port of
-/// its own unless the caller said otherwise (`Options::soft_qp_port`), so the runtime's
-/// reactor is woken by the kernel itself, not by the soft device's progress thread.
-fn event_loop_options(options: &Options) -> Options {
-    Options { soft_qp_port: Some(options.soft_qp_port.unwrap_or(true)), ..options.clone() }
-}
-
 /// Waits for the probe's acknowledgement on the connection's notification fds.
 async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
     let fds = conn
@@ -767,7 +760,7 @@ impl Listener {
         let tcp = ::tokio::net::TcpListener::bind(addr).await?;
         let local = tcp.local_addr()?;
         let (sender, receiver) = mpsc::unbounded_channel();
-        let options = event_loop_options(&options);
+        let options = options.for_event_loop();
         let acceptor = ::tokio::spawn(accept_loop(tcp, Arc::new(options), sender)).abort_handle();
         Ok(Listener {
             shared: Arc::new(Shared { local, ready: ::tokio::sync::Mutex::new(receiver), acceptor }),

@@ -632,7 +632,7 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
         // by this event loop, so each soft queue pair gets a UDP port of its own (a stream
         // connected for blocking use and then handed to tokio goes through the device's
         // shared socket and the completion router instead: two hops more per message).
-        let options = Options { soft_qp_port: Some(options.soft_qp_port.unwrap_or(true)), ..options.clone() };
+        let options = options.for_event_loop();
         let mut streams = Vec::with_capacity(plan.conns);
         for _ in 0..plan.conns {
             let stream = lightpath::tokio::Stream::from_std(connect(server, args, &options)?)?;
