@@ -468,7 +468,15 @@ impl Handshake {
             let detail = "the client keeps its last file descriptors for its established connections";
             return Ok(fallback(self, FallbackReason::Resources, detail.into()));
         }
-        let setup = match devices::setup(provider, tcp, &self.options) {
+        // A server that advertises no UDP port is hardware (ibverbs, announced as soft): it
+        // always sends to the RoCE v2 port, so a soft queue pair must not take a port of its
+        // own (the peer could not address it, and libibverbs refuses any other port).
+        let options = if server_endpoint.udp_port == 0 {
+            Options { soft_qp_port: Some(false), ..self.options.clone() }
+        } else {
+            self.options.clone()
+        };
+        let setup = match devices::setup(provider, tcp, &options) {
             Ok(setup) => setup,
             Err(err) => return Ok(fallback(self, FallbackReason::NoDevice, err.to_string())),
         };
@@ -729,6 +737,8 @@ mod tests {
     //! The state machine on its own: bytes fed by hand, no driver. The sockets only serve the
     //! local look-ups (addresses, `set_nodelay`); nothing is sent over them.
     use super::*;
+    use lightpath_stream::negotiate::RdmaEndpoint;
+    use lightpath_verbs::Gid;
 
     /// Both ends of a loopback TCP connection.
     fn sockets() -> (TcpStream, TcpStream) {
@@ -829,6 +839,51 @@ mod tests {
         assert_eq!(handshake.need(), Need::Done);
         let err = handshake.finish(server).err().expect("a failed negotiation");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    /// The UDP port a soft client tells a server whose hello carries `server_udp_port`.
+    fn soft_client_port_towards(server_udp_port: u16) -> u16 {
+        let (client, _server) = sockets();
+        let options =
+            Options { providers: vec![ProviderId::Soft], soft_qp_port: Some(true), ..Options::default() };
+        let mut handshake = Handshake::client(&client, &options).unwrap();
+        drain_out(&mut handshake);
+        handshake.received(&SERVER_MAGIC, &client);
+        let server = RdmaEndpoint {
+            gid: Gid::from_ip("127.0.0.1".parse().unwrap()).0,
+            udp_port: server_udp_port,
+            qpn: 0x11,
+            psn: 1,
+            mtu: 1024,
+            ring_addr: 0x1000,
+            ring_len: 1 << 16,
+            ring_rkey: 7,
+            credit_addr: 0x800,
+            credit_rkey: 7,
+            recv_depth: 16,
+        };
+        let mut hello = Vec::new();
+        Message::ServerHello { version: VERSION, choice: Choice::Rdma(ProviderId::Soft, server) }
+            .emit(&mut hello);
+        handshake.received(&hello, &client);
+        let out = drain_out(&mut handshake);
+        match Message::parse(&out) {
+            Ok(Some((Message::Connect(endpoint), _))) => endpoint.udp_port,
+            other => panic!("expected Connect, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_soft_client_takes_a_port_of_its_own_only_towards_a_soft_server() {
+        // Towards hardware (ibverbs announced as soft: no UDP port in its hello) the client is
+        // reached at its device's port, the same for every connection; libibverbs could not
+        // address any other.
+        let hardware = soft_client_port_towards(0);
+        assert_ne!(hardware, 0);
+        assert_eq!(soft_client_port_towards(0), hardware, "the device's port both times");
+        // Towards a soft server it names a port of its own.
+        let own = soft_client_port_towards(lightpath_soft::ROCE_PORT);
+        assert_ne!(own, hardware, "a port of its own, not the device's");
     }
 
     #[test]
