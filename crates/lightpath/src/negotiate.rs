@@ -471,7 +471,7 @@ impl Handshake {
         // A server that advertises no UDP port is hardware (ibverbs, announced as soft): it
         // always sends to the RoCE v2 port, so a soft queue pair must not take a port of its
         // own (the peer could not address it, and libibverbs refuses any other port).
-        let options = if server_endpoint.udp_port == 0 {
+        let options = if provider == ProviderId::Soft && server_endpoint.udp_port == 0 {
             Options { soft_qp_port: Some(false), ..self.options.clone() }
         } else {
             self.options.clone()

@@ -44,9 +44,10 @@ impl<D: Device> RdmaSetup<D> {
             max_inline_data: 64,
         };
         let qp = pd.create_qp(cq.cq(), cq.cq(), caps).map_err(from_verbs)?;
-        // A soft queue pair gets a doorbell (and with it a port of its own) only where the
-        // options ask for one; other providers' doorbells cost nothing extra.
-        cq.attach(&qp, options.soft_qp_port != Some(false))?;
+        // A soft queue pair (the one kind with a UDP port) gets a doorbell, and with it a port
+        // of its own, only where the options ask for one; other providers' doorbells cost
+        // nothing extra and are always taken, whatever `soft_qp_port` says.
+        cq.attach(&qp, udp_port == 0 || options.soft_qp_port == Some(true))?;
         // Where the peer writes straight into this ring (shm: both sides use one provider),
         // neither side keeps a staging mirror; the ring gets that memory instead, so memory
         // per connection stays about twice `ring_size` and a writer runs ahead twice as far.
