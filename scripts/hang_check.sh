@@ -3,7 +3,8 @@
 # the runs that did not finish: the check for lost wake-ups after a change to a driver (a rare
 # hang shows as one run in tens or hundreds). The first hung run's state is kept: both
 # processes' thread stacks (gdb, when installed) and their soft devices' counters
-# (`lightpath devices --stats`), in $KEEP (default target/hang_check/).
+# (`lightpath devices --stats`), in $KEEP (default target/hang_check/); so are the first failed
+# run's logs (failed_client.log, failed_server.log).
 #
 #   scripts/hang_check.sh                                  # 100 runs: soft, 16 conns, event-loop server
 #   RUNS=300 PROVIDER=shm SHAPE=threads scripts/hang_check.sh
@@ -75,6 +76,10 @@ for run in $(seq "$RUNS"); do
     elif ! wait "$client"; then
         failed=$((failed + 1))
         echo "hang_check: run $run failed: $(tail -1 "$KEEP/client.log")" >&2
+        if [ "$failed" = 1 ]; then
+            cp "$KEEP/client.log" "$KEEP/failed_client.log"
+            cp "$KEEP/server.log" "$KEEP/failed_server.log"
+        fi
     fi
     kill "$server" 2> /dev/null
     wait 2> /dev/null

@@ -34,8 +34,7 @@ impl<D: Device> RdmaSetup<D> {
         let pd = device.alloc_pd().map_err(from_verbs)?;
         // Every work request can complete once, plus the probe.
         let entries = options.send_depth + options.recv_depth + 1;
-        let mut cq =
-            ConnCompletions::new(hubs.reserve(&device, entries, options.shared_completion_queues)?, entries)?;
+        let mut cq = hubs.connection(&device, entries, options.shared_completion_queues)?;
         let caps = QpCaps {
             max_send_wr: options.send_depth,
             max_recv_wr: options.recv_depth,
