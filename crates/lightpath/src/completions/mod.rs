@@ -200,6 +200,12 @@ impl<D: Device> ConnCompletions<D> {
         Ok(())
     }
 
+    /// The device's connections, this one included.
+    #[cfg(test)]
+    pub(crate) fn device_connections(&self) -> usize {
+        self.device_connections.load(Ordering::Relaxed)
+    }
+
     /// Whether a wait goes straight to the queue pair's doorbell: it has one, and the device
     /// has other connections, or the queue pair's news arrives on a descriptor of its own,
     /// which only its doorbell waiters watch. The device's only connection keeps the leader's

@@ -322,3 +322,21 @@ fn a_poll_takes_what_was_routed_before_what_the_queue_holds() {
     }
     assert_eq!(got, [0, 1], "b's receives out of order");
 }
+
+/// Connections of one device are counted over all its hubs, private ones too (a thread alone
+/// on its hub still waits on its doorbell while the device has other connections).
+#[test]
+fn a_device_counts_its_connections_over_every_hub() {
+    let device = device(ProgressMode::polling());
+    let hubs = HubPool::<SoftDevice>::new(4096);
+    let first = hubs.connection(&device, 60, Some(false)).unwrap();
+    assert_eq!(first.device_connections(), 1);
+    let shared = hubs.connection(&device, 60, Some(true)).unwrap();
+    let private = hubs.connection(&device, 60, Some(false)).unwrap();
+    assert_eq!((first.device_connections(), shared.device_connections()), (3, 3));
+    drop(shared);
+    drop(private);
+    assert_eq!(first.device_connections(), 1, "dropped connections leave the count");
+    let alone = ConnCompletions::new(hubs.reserve(&device, 60, Some(false)).unwrap(), 60).unwrap();
+    assert_eq!(alone.device_connections(), 1, "made outside the pool: counted alone");
+}
