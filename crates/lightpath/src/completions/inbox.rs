@@ -178,9 +178,15 @@ impl Inbox {
             let _ = rustix::event::poll(&mut fds[..watched], Some(&timeout));
             // News on the queue pair's own descriptor: the caller's next arming takes it in.
             woken |= own.is_some() && !fds[1].revents().is_empty();
+            // The eventfd is read only when it fired (a wake-up by the queue pair's own
+            // descriptor alone, or by none, costs no read). A write it missed (after the sleep
+            // ended, or while the arming looked and found work without sleeping) stays
+            // pending: the next sleep returns at once and takes it, one more look at most.
+            if !fds[0].revents().is_empty() {
+                woken |= self.take_wake();
+            }
         }
         self.sleeping.store(false, Ordering::SeqCst);
-        woken |= self.take_wake();
         woken || !self.is_empty()
     }
 }

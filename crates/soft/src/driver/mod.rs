@@ -715,6 +715,13 @@ impl Shared {
     /// waits in the port (its completions land in the queue, where the caller looks next; the
     /// engine's answers are held for its reply, as a socket watcher's are), sends what is owed
     /// otherwise, and arms the doorbell for news other threads make from here.
+    ///
+    /// The owner receives from its port with no lock held, into buffers of its thread, and
+    /// takes the engine lock only when datagrams came (or answers are owed). That receive is
+    /// also the look at whether anything waits (the same one system call as a zero-timeout
+    /// poll was), and the lock is not held across it: with a thread per connection on few
+    /// cores, threads that queued on the engine lock while its holder sat in a system call
+    /// cost a futex wait and wake each.
     pub(crate) fn arm_port(&self, port: &QpPort, wake: WakeFor) {
         self.port_armings.fetch_add(1, Ordering::Relaxed);
         if port.leave_fresh() {
@@ -722,33 +729,94 @@ impl Shared {
                 fresh.remove(port);
             }
         }
-        // Nothing waits in the port and nothing is owed: arming takes no lock (news another
-        // thread makes before the store is in the queue, where the caller looks next).
-        if !port.readable_now() && !self.answers_held.load(Ordering::Relaxed) {
-            port.arm(wake);
-            return;
+        let handled = OWNER_RX.with(|cell| {
+            let Ok(mut slot) = cell.try_borrow_mut() else { return false };
+            if !port.start_receiving() {
+                // Another thread drains the port (with the engine locked): the locked path
+                // below waits for it.
+                return false;
+            }
+            let rx = match slot.as_mut() {
+                Some(rx) if rx.fits(&port.socket) => rx,
+                _ => slot.insert(RxBuffers::new(&port.socket)),
+            };
+            let received = rx.recv_only(&port.socket, RECV_BATCH);
+            if matches!(received, Ok(0)) && !self.answers_held.load(Ordering::Relaxed) {
+                // Nothing waits in the port and nothing is owed: arming takes no lock (news
+                // another thread makes before the store is in the queue, where the caller
+                // looks next).
+                port.finish_receiving();
+                port.arm(wake);
+                return true;
+            }
+            let mut core = self.lock();
+            let now = self.now();
+            core.arming = Some(port.qpn);
+            core.arming_found = false;
+            let count = match received {
+                Ok(count) => count,
+                Err(_) => {
+                    core.stats.rx_errors += 1;
+                    0
+                }
+            };
+            if count > 0 {
+                let Core { engine, stats, .. } = &mut *core;
+                stats.rx_batches += 1;
+                rx.deliver_received(&port.socket, engine, now, stats, count);
+                port.drained();
+                self.last_port_traffic.store(now.as_nanos().max(1), Ordering::Relaxed);
+                self.transmit_if_burst(&mut core, now, count);
+            }
+            let more = count == RECV_BATCH;
+            port.finish_receiving();
+            if more {
+                self.drain_port(&mut core, port, now);
+            }
+            self.finish_arming(&mut core, port, wake, now);
+            true
+        });
+        if !handled {
+            let mut core = self.lock();
+            let now = self.now();
+            core.arming = Some(port.qpn);
+            core.arming_found = false;
+            self.drain_port(&mut core, port, now);
+            self.finish_arming(&mut core, port, wake, now);
         }
-        let mut core = self.lock();
-        let now = self.now();
-        core.arming = Some(port.qpn);
-        core.arming_found = false;
-        self.drain_port(&mut core, port, now);
-        run_due_timers(&mut core, now);
-        self.deliver_events(&mut core);
+    }
+
+    /// A long burst is answered as it arrives: after a full receive batch, what the engine
+    /// has to send goes out before the next one is taken in.
+    fn transmit_if_burst(&self, core: &mut Core, now: Time, received: usize) {
+        if received == RECV_BATCH {
+            self.transmit(core, now);
+        }
+    }
+
+    /// The end of [`Shared::arm_port`] once the port's datagrams are in the engine: runs
+    /// timers, delivers news, holds the answers for the owner's reply or sends them, and arms.
+    fn finish_arming(&self, core: &mut Core, port: &QpPort, wake: WakeFor, now: Time) {
+        run_due_timers(core, now);
+        self.deliver_events(core);
         if core.arming_found && core.engine.has_output() {
             // The reply carries them; the progress thread's next tick sends them otherwise.
             self.answers_held.store(true, Ordering::Relaxed);
         } else {
-            self.transmit(&mut core, now);
+            self.transmit(core, now);
         }
         core.arming = None;
         port.arm(wake);
-        self.check_thread_deadline(&core);
+        self.check_thread_deadline(core);
     }
 
     /// Receives what waits in `port` (up to [`MAX_RX_BATCHES_PER_DRIVE`] batches) into the
-    /// engine. Returns how many messages arrived.
+    /// engine, unless its owner is receiving from it right now (it hands what it took to the
+    /// engine itself, in order). Returns how many messages arrived.
     fn drain_port(&self, core: &mut Core, port: &QpPort, now: Time) -> usize {
+        if !port.start_receiving() {
+            return 0;
+        }
         let mut received = 0;
         for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
             let Core { engine, rx, stats, .. } = &mut *core;
@@ -761,9 +829,9 @@ impl Shared {
             if count < RECV_BATCH {
                 break;
             }
-            // A long burst is answered as it arrives.
-            self.transmit(core, now);
+            self.transmit_if_burst(core, now, count);
         }
+        port.finish_receiving();
         if received > 0 {
             self.last_port_traffic.store(now.as_nanos().max(1), Ordering::Relaxed);
         }
@@ -857,6 +925,13 @@ impl Shared {
             DriverStats { port_armings: self.port_armings.load(Ordering::Relaxed), ..core.stats.clone() };
         SoftStats { engine: core.engine.stats().clone(), driver }
     }
+}
+
+thread_local! {
+    /// Receive buffers of a thread that arms its queue pair's port ([`Shared::arm_port`]),
+    /// made at its first arming: the owner receives without the engine lock, so not into the
+    /// device's buffers. (Memory is touched as datagrams fill it.)
+    static OWNER_RX: std::cell::RefCell<Option<RxBuffers>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Runs the engine's timers that are due at `now`.

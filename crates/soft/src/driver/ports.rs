@@ -45,7 +45,6 @@ use lightpath_verbs::WakeFor;
 use rustix::event::epoll;
 
 use super::socket::RoceSocket;
-use crate::sys;
 
 /// How often an active progress thread looks for ports nobody reads.
 pub(crate) const PORT_TICK: Duration = Duration::from_millis(1);
@@ -78,6 +77,9 @@ pub(crate) struct QpPort {
     /// The progress thread's mark: `drains + 1` when its last tick found the port readable, 0
     /// otherwise (only the progress thread writes it).
     tick_mark: AtomicU32,
+    /// Someone is taking datagrams out of the socket and has not handed them all to the
+    /// engine yet (see [`QpPort::start_receiving`]).
+    receiving: AtomicBool,
     /// Its owner never armed it: it is in the device's set of fresh ports.
     fresh: AtomicBool,
 }
@@ -107,6 +109,7 @@ impl QpPort {
             armed: AtomicU8::new(NOT_ARMED),
             drains: AtomicU32::new(0),
             tick_mark: AtomicU32::new(0),
+            receiving: AtomicBool::new(false),
             fresh: AtomicBool::new(true),
         })
     }
@@ -139,10 +142,17 @@ impl QpPort {
         }
     }
 
-    /// Whether datagrams wait in the socket (a zero-timeout poll; an error counts as yes, so
-    /// the caller's receive call sees it).
-    pub(crate) fn readable_now(&self) -> bool {
-        !matches!(sys::wait_readable(&[self.socket.as_fd()], Some(Duration::ZERO)), Ok(0))
+    /// Takes the right to receive from the socket until [`QpPort::finish_receiving`]: the
+    /// owner receives without the engine lock and hands the datagrams over once it holds it,
+    /// so a drain by another thread meanwhile could hand newer datagrams to the engine first
+    /// (a sequence error and a retransmission). False if someone else holds it.
+    pub(crate) fn start_receiving(&self) -> bool {
+        !self.receiving.swap(true, Ordering::Acquire)
+    }
+
+    /// Gives back what [`QpPort::start_receiving`] took (everything received was handed over).
+    pub(crate) fn finish_receiving(&self) {
+        self.receiving.store(false, Ordering::Release);
     }
 
     /// The owner arms for the first time: whether the port was fresh until now.

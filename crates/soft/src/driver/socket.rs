@@ -89,16 +89,38 @@ impl RxBuffers {
         stats: &mut DriverStats,
         limit: usize,
     ) -> usize {
-        let count = match self.batch.recv(socket.as_fd(), limit) {
-            Ok(count) => count,
-            Err(_) => {
-                stats.rx_errors += 1;
-                return 0;
-            }
-        };
+        let count = self.recv_only(socket, limit).unwrap_or_else(|_| {
+            stats.rx_errors += 1;
+            0
+        });
         if count > 0 {
             stats.rx_batches += 1;
         }
+        self.deliver_received(socket, engine, now, stats, count)
+    }
+
+    /// Whether these buffers fit `socket` (sized for its receive offload or not).
+    pub(crate) fn fits(&self, socket: &RoceSocket) -> bool {
+        self.batch.buffer_len() == if socket.gro { RX_BUFFER_GRO } else { RX_BUFFER }
+    }
+
+    /// The system-call half of [`RxBuffers::receive`]: takes what waits in `socket` (up to
+    /// `limit` messages) without handing it to the engine yet, so that it needs no lock.
+    /// Returns how many messages arrived.
+    pub(crate) fn recv_only(&mut self, socket: &RoceSocket, limit: usize) -> io::Result<usize> {
+        self.batch.recv(socket.as_fd(), limit)
+    }
+
+    /// The engine half of [`RxBuffers::receive`]: hands the `count` messages that
+    /// [`RxBuffers::recv_only`] took from `socket` to the engine. Returns `count`.
+    pub(crate) fn deliver_received(
+        &self,
+        socket: &RoceSocket,
+        engine: &mut Engine,
+        now: Time,
+        stats: &mut DriverStats,
+        count: usize,
+    ) -> usize {
         let to = socket.local().ip();
         for i in 0..count {
             let Some(message) = self.batch.get(i) else { break };

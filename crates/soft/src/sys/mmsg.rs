@@ -156,6 +156,11 @@ impl RecvBatch {
         }
     }
 
+    /// Bytes each message buffer holds.
+    pub(crate) fn buffer_len(&self) -> usize {
+        self.buffer_len
+    }
+
     /// The `i`th message of the last [`RecvBatch::recv`].
     pub(crate) fn get(&self, i: usize) -> Option<Datagram<'_>> {
         if i >= self.received {
