@@ -19,8 +19,10 @@
 //! and sleeps on the eventfd, which the peer writes when it publishes news for this queue pair
 //! and the hub writes when another thread routes a completion here. One wake-up per message,
 //! of exactly the thread (or event loop) that waits, as kernel TCP does. Event loops always
-//! wait so; a blocked thread alone on its hub keeps the leader's path (the provider's own wait,
-//! which spins before it sleeps, and is as direct with nobody to route for). A soft queue pair
+//! wait so; a blocked thread keeps the leader's path (the provider's own wait, which spins
+//! before it sleeps) only as its device's one connection: with others, even on hubs of their
+//! own (shm's), the provider's wait has one thread watch the device for all and wake the rest,
+//! two wake-ups per message (see `ConnCompletions::waits_alone`). A soft queue pair
 //! with a port of its own (tokio streams, `Options::soft_qp_port`) hands the waiter a second
 //! descriptor to sleep on beside the eventfd (`QueuePair::waiter_poll_fd`): its news arrives
 //! there, and the waiter's next arming takes it in; such a connection always waits on its
