@@ -749,10 +749,7 @@ impl Shared {
                 port.arm(wake);
                 return true;
             }
-            let mut core = self.lock();
-            let now = self.now();
-            core.arming = Some(port.qpn);
-            core.arming_found = false;
+            let (mut core, now) = self.start_arming(port);
             let count = match received {
                 Ok(count) => count,
                 Err(_) => {
@@ -764,8 +761,7 @@ impl Shared {
                 let Core { engine, stats, .. } = &mut *core;
                 stats.rx_batches += 1;
                 rx.deliver_received(&port.socket, engine, now, stats, count);
-                port.drained();
-                self.last_port_traffic.store(now.as_nanos().max(1), Ordering::Relaxed);
+                self.port_received(port, now);
                 self.transmit_if_burst(&mut core, now, count);
             }
             let more = count == RECV_BATCH;
@@ -777,13 +773,25 @@ impl Shared {
             true
         });
         if !handled {
-            let mut core = self.lock();
-            let now = self.now();
-            core.arming = Some(port.qpn);
-            core.arming_found = false;
+            let (mut core, now) = self.start_arming(port);
             self.drain_port(&mut core, port, now);
             self.finish_arming(&mut core, port, wake, now);
         }
+    }
+
+    /// Locks the engine for the arming of `port` (its own news then rings no doorbell, see
+    /// `Core::arming`).
+    fn start_arming(&self, port: &QpPort) -> (CoreGuard<'_>, Time) {
+        let mut core = self.lock();
+        core.arming = Some(port.qpn);
+        core.arming_found = false;
+        (core, self.now())
+    }
+
+    /// Datagrams came from `port`: counted for the progress thread's looks.
+    fn port_received(&self, port: &QpPort, now: Time) {
+        port.drained();
+        self.last_port_traffic.store(now.as_nanos().max(1), Ordering::Relaxed);
     }
 
     /// A long burst is answered as it arrives: after a full receive batch, what the engine
@@ -825,16 +833,13 @@ impl Shared {
                 break;
             }
             received += count;
-            port.drained();
+            self.port_received(port, now);
             if count < RECV_BATCH {
                 break;
             }
             self.transmit_if_burst(core, now, count);
         }
         port.finish_receiving();
-        if received > 0 {
-            self.last_port_traffic.store(now.as_nanos().max(1), Ordering::Relaxed);
-        }
         received
     }
 
