@@ -750,17 +750,9 @@ impl Shared {
                 return true;
             }
             let (mut core, now) = self.start_arming(port);
-            let count = match received {
-                Ok(count) => count,
-                Err(_) => {
-                    core.stats.rx_errors += 1;
-                    0
-                }
-            };
+            let Core { engine, stats, .. } = &mut *core;
+            let count = rx.deliver_received(&port.socket, engine, now, stats, received);
             if count > 0 {
-                let Core { engine, stats, .. } = &mut *core;
-                stats.rx_batches += 1;
-                rx.deliver_received(&port.socket, engine, now, stats, count);
                 self.port_received(port, now);
                 self.transmit_if_burst(&mut core, now, count);
             }

@@ -74,7 +74,17 @@ pub(crate) struct RxBuffers {
 
 impl RxBuffers {
     pub(crate) fn new(socket: &RoceSocket) -> Self {
-        Self { batch: RecvBatch::new(if socket.gro { RX_BUFFER_GRO } else { RX_BUFFER }) }
+        Self { batch: RecvBatch::new(Self::buffer_len_for(socket)) }
+    }
+
+    /// Bytes of each message buffer for `socket`: a coalesced message with receive offload,
+    /// one datagram without.
+    fn buffer_len_for(socket: &RoceSocket) -> usize {
+        if socket.gro {
+            RX_BUFFER_GRO
+        } else {
+            RX_BUFFER
+        }
     }
 
     /// Receives what is waiting (up to `limit` messages, at most
@@ -89,19 +99,13 @@ impl RxBuffers {
         stats: &mut DriverStats,
         limit: usize,
     ) -> usize {
-        let count = self.recv_only(socket, limit).unwrap_or_else(|_| {
-            stats.rx_errors += 1;
-            0
-        });
-        if count > 0 {
-            stats.rx_batches += 1;
-        }
-        self.deliver_received(socket, engine, now, stats, count)
+        let received = self.recv_only(socket, limit);
+        self.deliver_received(socket, engine, now, stats, received)
     }
 
     /// Whether these buffers fit `socket` (sized for its receive offload or not).
     pub(crate) fn fits(&self, socket: &RoceSocket) -> bool {
-        self.batch.buffer_len() == if socket.gro { RX_BUFFER_GRO } else { RX_BUFFER }
+        self.batch.buffer_len() == Self::buffer_len_for(socket)
     }
 
     /// The system-call half of [`RxBuffers::receive`]: takes what waits in `socket` (up to
@@ -111,16 +115,24 @@ impl RxBuffers {
         self.batch.recv(socket.as_fd(), limit)
     }
 
-    /// The engine half of [`RxBuffers::receive`]: hands the `count` messages that
-    /// [`RxBuffers::recv_only`] took from `socket` to the engine. Returns `count`.
+    /// The engine half of [`RxBuffers::receive`]: hands the messages that
+    /// [`RxBuffers::recv_only`] took from `socket` (its result, `received`) to the engine and
+    /// counts the call. Returns how many messages there were (0 after an error).
     pub(crate) fn deliver_received(
         &self,
         socket: &RoceSocket,
         engine: &mut Engine,
         now: Time,
         stats: &mut DriverStats,
-        count: usize,
+        received: io::Result<usize>,
     ) -> usize {
+        let count = received.unwrap_or_else(|_| {
+            stats.rx_errors += 1;
+            0
+        });
+        if count > 0 {
+            stats.rx_batches += 1;
+        }
         let to = socket.local().ip();
         for i in 0..count {
             let Some(message) = self.batch.get(i) else { break };
