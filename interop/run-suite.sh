@@ -115,6 +115,7 @@ done
 for t in stream_lat stream_bw stream_rr; do
     cases+=("stream-ibverbs-$t|lightpath::Stream, both ends on rxe0: negotiation picks ibverbs|case_stream_ibverbs $t")
     cases+=("stream-soft-to-ibverbs-$t|Lightpath soft stream (host) -> ibverbs listener (VM)|case_stream_soft_to_ibverbs $t")
+    cases+=("stream-ibverbs-to-soft-$t|Lightpath ibverbs stream (VM) -> soft listener (host)|case_stream_ibverbs_to_soft $t")
 done
 cases+=("stream-ibverbs-zero-copy|lightpath::Stream write_buf/read_buf on rxe0: rendezvous by RDMA READ|case_stream_ibverbs stream_bw zero_copy")
 cases+=("ibverbs-overhead|Lightpath ibverbs wrapper vs direct C calls (rxe0)|case_ibverbs_overhead")
@@ -709,6 +710,33 @@ case_stream_soft_to_ibverbs() {
     sed 's/^/[server] /' "$LPVM_SHARE/jobs/$id.log" 2> /dev/null
     if [ "$rc" = 0 ] && stream_result_ok "$out" "rdma/soft" && grep -q 'rdma/ibverbs' "$LPVM_SHARE/jobs/$id.log"; then
         note "$(stream_summary "$out"); server on rdma/ibverbs"
+        return 0
+    fi
+    note "rc=$rc: $(grep -m1 -E 'error|lightpath:' <<< "$out")"
+    return 1
+}
+
+# The other way round: a client with an RDMA device (ibverbs on rxe0, offering nothing else)
+# reaches a listener without one (soft on the host). The server serves it from its soft device
+# on the RoCE v2 port, where rxe sends.
+case_stream_ibverbs_to_soft() {
+    local t=$1 port out rc=0 pid
+    need_ibverbs perf || return $NOT_RUN
+    take_port
+    lp_traffic=$((lp_traffic + 1))
+    lpvm_ns_start "$case_dir/soft.log" $T_CASE "$LP" perf "$t" --provider soft -p "$port"
+    pid=$LPVM_BG_PID
+    if ! lpvm_ns_wait_listening "$port" 30; then
+        note "lightpath perf $t (soft) on the host never listened on TCP $port"
+        kill "$pid" 2> /dev/null
+        return 1
+    fi
+    out=$(lpvm_job "stream-i2s-$t-$port" "$VLP perf $t $LPVM_HOST_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
+    wait "$pid" || rc=$?
+    echo "$out"
+    sed 's/^/[server] /' "$case_dir/soft.log"
+    if [ "$rc" = 0 ] && stream_result_ok "$out" "rdma/ibverbs" && grep -q 'rdma/soft' "$case_dir/soft.log"; then
+        note "$(stream_summary "$out"); server on rdma/soft"
         return 0
     fi
     note "rc=$rc: $(grep -m1 -E 'error|lightpath:' <<< "$out")"

@@ -695,8 +695,12 @@ pub(crate) fn server(tcp: TcpStream, options: &Options) -> Accepted {
 /// The server's pick: the first of its own providers, in its order of preference, that fits
 /// the client's offer (shm only between processes of one host and namespace) and whose device
 /// opens here. Returns the provider this side uses, the one the client is told to use and the
-/// set-up. They differ in one case: soft and RoCE hardware speak the same RoCE v2 wire
-/// protocol, so a server with an RDMA NIC serves a soft-only client from its ibverbs device.
+/// set-up. They differ where soft meets RoCE hardware, which speak the same RoCE v2 wire
+/// protocol: a server with an RDMA NIC serves a soft-only client from its ibverbs device, and
+/// a soft server serves a client whose ibverbs device serves the route (the client offers
+/// ibverbs only then: `devices::usable`) from its soft device, when the client ranks ibverbs
+/// above soft or offers no soft. Hardware sends to the RoCE v2 port only, so the soft side then
+/// takes no port of its own, and is skipped if its device could not bind that port.
 fn choose_provider(
     tcp: &TcpStream,
     options: &Options,
@@ -707,17 +711,8 @@ fn choose_provider(
         return Err(FallbackReason::Disabled);
     }
     let same_host = client_host != [0; 16] && client_host == devices::shm::host_id();
-    let mut candidates = Vec::new();
-    for &provider in &options.providers {
-        if offered.contains(&provider) && (provider != ProviderId::Shm || same_host) {
-            candidates.push((provider, provider));
-        } else if provider == ProviderId::Ibverbs
-            && offered.contains(&ProviderId::Soft)
-            && devices::ibverbs::serves_roce(tcp)
-        {
-            candidates.push((ProviderId::Ibverbs, ProviderId::Soft));
-        }
-    }
+    let candidates =
+        provider_candidates(&options.providers, offered, same_host, || devices::ibverbs::serves_roce(tcp));
     if candidates.is_empty() {
         return Err(FallbackReason::NoCommonProvider);
     }
@@ -727,9 +722,44 @@ fn choose_provider(
     candidates
         .into_iter()
         .find_map(|(local, announced)| {
+            if local == ProviderId::Soft && announced == ProviderId::Ibverbs {
+                let towards_hardware = Options { soft_qp_port: Some(false), ..options.clone() };
+                let setup = devices::setup(local, tcp, &towards_hardware).ok()?;
+                let reachable = setup.endpoint().udp_port == lightpath_soft::ROCE_PORT;
+                return reachable.then_some((local, announced, setup));
+            }
             devices::setup(local, tcp, options).ok().map(|setup| (local, announced, setup))
         })
         .ok_or(FallbackReason::NoDevice)
+}
+
+/// The (this side's, the client's) provider pairs a server tries, best first: its own
+/// providers in its order that the client offered (shm only on one host), and the pairs where
+/// soft meets RoCE hardware (see [`choose_provider`]). `serves_roce`: whether this side's
+/// ibverbs device serves the connection's route with a RoCE port.
+fn provider_candidates(
+    ours: &[ProviderId],
+    offered: &[ProviderId],
+    same_host: bool,
+    serves_roce: impl Fn() -> bool,
+) -> Vec<(ProviderId, ProviderId)> {
+    let rank = |wanted: ProviderId| offered.iter().position(|&p| p == wanted);
+    let mut candidates = Vec::new();
+    for &provider in ours {
+        // A soft server and a client with RoCE hardware: the client's device where the client
+        // ranks it first (or has no soft); the client's soft device otherwise, or if that fails.
+        let hardware_first = rank(ProviderId::Ibverbs)
+            .is_some_and(|hardware| rank(ProviderId::Soft).is_none_or(|soft| hardware < soft));
+        if provider == ProviderId::Soft && hardware_first {
+            candidates.push((ProviderId::Soft, ProviderId::Ibverbs));
+        }
+        if offered.contains(&provider) && (provider != ProviderId::Shm || same_host) {
+            candidates.push((provider, provider));
+        } else if provider == ProviderId::Ibverbs && offered.contains(&ProviderId::Soft) && serves_roce() {
+            candidates.push((ProviderId::Ibverbs, ProviderId::Soft));
+        }
+    }
+    candidates
 }
 
 #[cfg(test)]
@@ -884,6 +914,30 @@ mod tests {
         // Towards a soft server it names a port of its own.
         let own = soft_client_port_towards(lightpath_soft::ROCE_PORT);
         assert_ne!(own, hardware, "a port of its own, not the device's");
+    }
+
+    #[test]
+    fn soft_and_roce_hardware_meet_on_either_side() {
+        use ProviderId::{Ibverbs, Shm, Soft};
+        let all = [Shm, Ibverbs, Soft];
+        let roce = || true;
+        let no_roce = || false;
+        // A soft-only server (its ibverbs device absent) and a client with hardware: the
+        // client's device first, its soft device if the pair cannot be set up.
+        assert_eq!(
+            provider_candidates(&all, &[Ibverbs, Soft], false, no_roce),
+            [(Ibverbs, Ibverbs), (Soft, Ibverbs), (Soft, Soft)]
+        );
+        assert_eq!(provider_candidates(&[Soft], &[Ibverbs], false, no_roce), [(Soft, Ibverbs)]);
+        // The client ranks its soft device first: soft on both sides.
+        assert_eq!(provider_candidates(&[Soft], &[Soft, Ibverbs], false, no_roce), [(Soft, Soft)]);
+        // A client without hardware: soft meets soft, or the server's RoCE device.
+        assert_eq!(provider_candidates(&[Soft], &[Shm, Soft], false, roce), [(Soft, Soft)]);
+        assert_eq!(provider_candidates(&[Ibverbs], &[Soft], false, roce), [(Ibverbs, Soft)]);
+        assert_eq!(provider_candidates(&[Ibverbs], &[Soft], false, no_roce), []);
+        // shm only on one host.
+        assert_eq!(provider_candidates(&[Shm], &[Shm], false, roce), []);
+        assert_eq!(provider_candidates(&[Shm, Soft], &[Shm, Soft], true, roce), [(Shm, Shm), (Soft, Soft)]);
     }
 
     #[test]
