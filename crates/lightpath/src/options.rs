@@ -37,7 +37,8 @@ pub struct Options {
     /// Threads blocked on their own connections keep the device's shared socket, where one of
     /// them watches for all and spins before it sleeps: with ports, 16 such connections served
     /// 22-24k instead of 31-36k requests/s (each thread then runs the engine under the
-    /// device's lock, and they queue on it).
+    /// device's lock, and they queue on it). The environment variable `LIGHTPATH_SOFT_QP_PORT=1`
+    /// or `=0` sets it for every stream of the process.
     pub soft_qp_port: Option<bool>,
     /// Receive requests kept posted.
     pub recv_depth: u32,
@@ -142,7 +143,7 @@ impl Default for Options {
             providers,
             ring_size: 256 << 10,
             soft_ring_size: 1 << 20,
-            soft_qp_port: None,
+            soft_qp_port: std::env::var("LIGHTPATH_SOFT_QP_PORT").ok().map(|v| v != "0"),
             recv_depth: 64,
             send_depth: 64,
             handshake_timeout: Duration::from_secs(5),
