@@ -1,7 +1,8 @@
-//! `lightpath run [--providers LIST] [--report FILE] -- CMD ARGS...`: runs an unmodified
-//! program with Lightpath's preload library (`liblightpath_preload.so`, crate
+//! `lightpath run [--providers LIST] [--peers RULE] [--report FILE] -- CMD ARGS...`: runs an
+//! unmodified program with Lightpath's preload library (`liblightpath_preload.so`, crate
 //! `lightpath-preload`), so its TCP connections to peers that also run under it move to
-//! Lightpath streams (shm on one host) and all others stay plain TCP. The library is looked
+//! Lightpath streams (shm on one host; soft between hosts the rule names) and all others stay
+//! plain TCP. The library is looked
 //! for beside this binary (`cargo build` puts both in `target/<profile>/`), or where
 //! `LIGHTPATH_PRELOAD_LIB` says.
 
@@ -19,9 +20,13 @@ const LIBRARY: &str = "liblightpath_preload.so";
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Transports to offer, best first (shm, soft, ibverbs, tcp); sets LIGHTPATH_PROVIDERS.
-    /// The preload pairs connections on one host, so without shm connections stay TCP.
     #[arg(long)]
     pub providers: Option<String>,
+    /// Peers on other hosts (or network namespaces) to pair with: addresses and CIDR prefixes,
+    /// comma-separated, or `all`; sets LIGHTPATH_PRELOAD_PEERS. Without it only connections
+    /// within this host's network namespace switch.
+    #[arg(long, value_name = "RULE")]
+    pub peers: Option<String>,
     /// Print one line per connection (transport, why, bytes per transport) to FILE when it
     /// closes or the program exits; `stderr` for the standard error.
     #[arg(long, value_name = "FILE")]
@@ -50,10 +55,31 @@ fn library() -> Result<PathBuf> {
     )
 }
 
+/// Refuses a peer rule with an entry that is neither `all`, an address nor ADDRESS/BITS.
+fn check_peers(rule: &str) -> Result<()> {
+    for entry in rule.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if entry == "all" || entry == "*" {
+            continue;
+        }
+        let (address, bits) = entry.split_once('/').map_or((entry, None), |(a, b)| (a, Some(b)));
+        let Ok(ip) = address.parse::<std::net::IpAddr>() else {
+            bail!("--peers: {entry:?} is not an address, ADDRESS/BITS or `all`");
+        };
+        let max = if ip.to_canonical().is_ipv4() { 32 } else { 128 };
+        if bits.is_some_and(|bits| bits.parse::<u8>().map_or(true, |bits| bits > max)) {
+            bail!("--peers: {entry:?} has a prefix length that is not 0..={max}");
+        }
+    }
+    Ok(())
+}
+
 /// Runs `lightpath run`: replaces this process with the command.
 pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(list) = &args.providers {
         lightpath::options::parse_providers(list).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(rule) = &args.peers {
+        check_peers(rule)?;
     }
     let library = library()?;
     let mut preload = OsString::from(library.as_os_str());
@@ -66,6 +92,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     command.args(rest).env("LD_PRELOAD", preload);
     if let Some(list) = &args.providers {
         command.env("LIGHTPATH_PROVIDERS", list);
+    }
+    if let Some(rule) = &args.peers {
+        command.env("LIGHTPATH_PRELOAD_PEERS", rule);
     }
     if let Some(report) = &args.report {
         command.env("LIGHTPATH_PRELOAD_REPORT", report);

@@ -37,15 +37,25 @@ fn library_beside() -> Option<PathBuf> {
 fn run_sets_ld_preload_providers_and_report_for_the_program() {
     let Some(lib) = library_beside() else { return };
     let output = Command::new(lightpath())
-        .args(["run", "--providers", "shm", "--report", "/tmp/x-report", "--", "sh", "-c"])
-        .arg("echo \"$LD_PRELOAD|$LIGHTPATH_PROVIDERS|$LIGHTPATH_PRELOAD_REPORT\"")
+        .args(["run", "--providers", "shm", "--report", "/tmp/x-report", "--peers", "10.1.0.0/16,fd00::1"])
+        .args(["--", "sh", "-c"])
+        .arg("echo \"$LD_PRELOAD|$LIGHTPATH_PROVIDERS|$LIGHTPATH_PRELOAD_REPORT|$LIGHTPATH_PRELOAD_PEERS\"")
         .env_remove("LD_PRELOAD")
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8_lossy(&output.stdout);
     let lib = lib.canonicalize().unwrap();
-    assert_eq!(text.trim(), format!("{}|shm|/tmp/x-report", lib.display()));
+    assert_eq!(text.trim(), format!("{}|shm|/tmp/x-report|10.1.0.0/16,fd00::1", lib.display()));
+}
+
+#[test]
+fn run_rejects_a_peer_rule_it_cannot_read() {
+    for rule in ["10.1.0.0/33", "not-an-address", "fd00::/129"] {
+        let output = Command::new(lightpath()).args(["run", "--peers", rule, "--", "true"]).output().unwrap();
+        assert!(!output.status.success(), "{rule}: {output:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("--peers"), "{rule}: {output:?}");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `liblightpath_preload.so`: unmodified programs' TCP connections move to Lightpath streams
-//! (RDMA over shm between processes of one host) when both ends run the library, and stay
-//! plain TCP otherwise. Load it with `lightpath run -- CMD ARGS...` (or `LD_PRELOAD`).
+//! (RDMA over shm between processes of one host; soft between hosts that
+//! `LIGHTPATH_PRELOAD_PEERS` names) when both ends run the library, and stay plain TCP
+//! otherwise. Load it with `lightpath run -- CMD ARGS...` (or `LD_PRELOAD`).
 //!
 //! What is where:
 //!
@@ -9,6 +10,8 @@
 //!   that socket that the application did not write, so a plain peer sees plain TCP;
 //! * `rendezvous`: how the two ends of one connection find each other (an abstract Unix
 //!   socket named after the connection's addresses) and negotiate a Lightpath stream;
+//! * `remote`: the same across hosts: the peer rule, the UDP hello to the peer's rendezvous
+//!   port and the relay that hands it to the end waiting on the abstract name;
 //! * `conn`: the switch protocol (each direction moves to the stream at a byte offset the
 //!   sender announces on the stream);
 //! * `io`: the data calls; `epoll` and `wait` (`poll`/`select`): readiness;
@@ -31,6 +34,7 @@ mod epoll;
 mod guard;
 mod io;
 mod real;
+mod remote;
 mod rendezvous;
 mod report;
 mod table;

@@ -19,8 +19,8 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{epoll, eventfd, EventfdFlags};
 
 use crate::conn::{pid, Conn, Phase};
+use crate::remote;
 
 /// How long a listening end waits for its peer to turn up.
 pub(crate) const PEER_WAIT: Duration = Duration::from_secs(2);
@@ -55,10 +56,12 @@ pub(crate) fn why_not() -> Option<String> {
             return Err("LIGHTPATH_PRELOAD=off".into());
         }
         let options = lightpath::Options::default();
-        if options.providers.contains(&lightpath::ProviderId::Shm) {
+        let usable =
+            [lightpath::ProviderId::Shm, lightpath::ProviderId::Soft, lightpath::ProviderId::Ibverbs];
+        if options.providers.iter().any(|p| usable.contains(p)) {
             Ok(())
         } else {
-            Err("shm is not among LIGHTPATH_PROVIDERS (the preload pairs on one host only)".into())
+            Err("LIGHTPATH_PROVIDERS names no RDMA provider".into())
         }
     });
     if let Err(reason) = providers {
@@ -81,7 +84,7 @@ fn name(a: SocketAddr, b: SocketAddr) -> String {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("lightpath-preload-1-{hash:016x}")
+    format!("lightpath-preload-2-{hash:016x}")
 }
 
 /// Offers `conn` (its addresses are known): pairing goes on in the background.
@@ -115,19 +118,44 @@ fn start_watcher(me: u32) -> io::Result<Watcher> {
     Ok(Watcher { pid: me, queue, wake })
 }
 
-/// One listening end waiting for its peer.
+/// One end waiting for its peer.
 struct Waiting {
     conn: Arc<Conn>,
-    listener: UnixListener,
+    listening: Listening,
     deadline: Instant,
 }
 
+/// Where a waiting end listens.
+enum Listening {
+    /// On the connection's abstract name: a peer of this namespace, or the relay for a peer
+    /// on another host (`remote`: then this namespace's rendezvous port must be held).
+    Name { listener: UnixListener, remote: bool },
+    /// The lower end of a connection to another host: its side listener, and the hello it
+    /// repeats to the peer's rendezvous port until the peer connects.
+    Side { listener: TcpListener, hello: [u8; remote::Hello::LEN], to: SocketAddr, next_hello: Instant },
+}
+
+impl Listening {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Listening::Name { listener, .. } => listener.as_fd(),
+            Listening::Side { listener, .. } => listener.as_fd(),
+        }
+    }
+}
+
+/// How often the lower end repeats its hello.
+const HELLO_EVERY: Duration = Duration::from_millis(100);
+
 const WAKE_TOKEN: u64 = u64::MAX;
+const RELAY_TOKEN: u64 = u64::MAX - 1;
 
 fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
     let poller = crate::guard::high(epoll::create(epoll::CreateFlags::CLOEXEC)?);
     epoll::add(&poller, wake, epoll::EventData::new_u64(WAKE_TOKEN), epoll::EventFlags::IN)?;
     let mut waiting: HashMap<u64, Waiting> = HashMap::new();
+    let mut relay: Option<UdpSocket> = None;
+    let mut hello_socket: Option<UdpSocket> = None;
     let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
     loop {
         let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
@@ -145,28 +173,29 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
                 for conn in fresh {
                     if let Some(entry) = offer(conn) {
                         let id = entry.conn.id;
-                        if epoll::add(
-                            &poller,
-                            entry.listener.as_fd(),
-                            epoll::EventData::new_u64(id),
-                            epoll::EventFlags::IN,
-                        )
-                        .is_ok()
-                        {
+                        let data = epoll::EventData::new_u64(id);
+                        if epoll::add(&poller, entry.listening.fd(), data, epoll::EventFlags::IN).is_ok() {
                             waiting.insert(id, entry);
                         }
                     }
                 }
+            } else if token == RELAY_TOKEN {
+                if let Some(socket) = relay.as_ref() {
+                    relay_hellos(socket);
+                }
             } else if let Some(entry) = waiting.get(&token) {
-                match entry.listener.accept() {
-                    Ok((unix, _)) => {
-                        let entry = waiting.remove(&token).expect("present");
-                        let _ = epoll::delete(&poller, entry.listener.as_fd());
-                        drop(entry.listener);
-                        spawn_pairing(entry.conn, unix, Role::Listened);
-                    }
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => {}
+                let accepted = match &entry.listening {
+                    Listening::Name { listener, .. } => match listener.accept() {
+                        Ok((unix, _)) => Some(Paired::Named(unix)),
+                        Err(_) => None,
+                    },
+                    Listening::Side { listener, .. } => accept_side(listener, &entry.conn).map(Paired::Side),
+                };
+                if let Some(paired) = accepted {
+                    let entry = waiting.remove(&token).expect("present");
+                    let _ = epoll::delete(&poller, entry.listening.fd());
+                    drop(entry.listening);
+                    spawn_pairing(entry.conn, paired);
                 }
             }
         }
@@ -178,19 +207,127 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
                 if state.phase == Phase::Waiting {
                     state.phase = Phase::Tcp(format!("no Lightpath peer turned up within {PEER_WAIT:?}"));
                 }
-                let _ = epoll::delete(&poller, entry.listener.as_fd());
+                let _ = epoll::delete(&poller, entry.listening.fd());
             }
             keep
         });
+        for entry in waiting.values_mut() {
+            if let Listening::Side { hello, to, next_hello, .. } = &mut entry.listening {
+                if now >= *next_hello {
+                    *next_hello = now + HELLO_EVERY;
+                    if hello_socket.is_none() {
+                        hello_socket = UdpSocket::bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0))
+                            .or_else(|_| {
+                                UdpSocket::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
+                            })
+                            .ok()
+                            .map(crate::guard::high);
+                    }
+                    if let Some(socket) = hello_socket.as_ref() {
+                        let _ = socket.send_to(&hello[..], *to);
+                    }
+                }
+            }
+        }
+        // A higher end of a connection to another host needs this namespace's rendezvous port
+        // held; the first process to need it keeps it (taken again if its holder has gone).
+        let relay_needed =
+            waiting.values().any(|e| matches!(e.listening, Listening::Name { remote: true, .. }));
+        if relay.is_none() && relay_needed {
+            if let Some(socket) = bind_relay() {
+                let data = epoll::EventData::new_u64(RELAY_TOKEN);
+                if epoll::add(&poller, socket.as_fd(), data, epoll::EventFlags::IN).is_ok() {
+                    relay = Some(socket);
+                }
+            }
+        }
     }
 }
 
-/// Connects to or listens on the connection's name.
+/// How a waiting end met its peer.
+enum Paired {
+    /// This end connected to the name a peer of this namespace listens on.
+    Local(UnixStream),
+    /// Someone connected to the connection's abstract name: a peer of this namespace, or the
+    /// relay naming a peer on another host.
+    Named(UnixStream),
+    /// The peer on another host connected to this (lower) end's side listener.
+    Side(TcpStream),
+}
+
+/// The peer's connection to a side listener, if one came from the connection's peer address
+/// (anything else is closed; the end keeps waiting).
+fn accept_side(listener: &TcpListener, conn: &Conn) -> Option<TcpStream> {
+    let peer = conn.lock().peer?;
+    loop {
+        match listener.accept() {
+            Ok((tcp, from)) if from.ip().to_canonical() == peer.ip().to_canonical() => return Some(tcp),
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Binds this namespace's rendezvous port (IPv6 and IPv4, or IPv4 alone), if nobody holds it.
+fn bind_relay() -> Option<UdpSocket> {
+    let port = remote::port();
+    let socket = UdpSocket::bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))
+        .or_else(|_| UdpSocket::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)))
+        .ok()?;
+    socket.set_nonblocking(true).ok()?;
+    Some(crate::guard::high(socket))
+}
+
+/// Hands each hello waiting at the relay to the end listening on its connection's name.
+fn relay_hellos(socket: &UdpSocket) {
+    let mut buf = [0u8; 64];
+    while let Ok((len, from)) = socket.recv_from(&mut buf) {
+        let Some(hello) = remote::Hello::parse(&buf[..len]) else { continue };
+        // The sender must be who it says it is (its address on the connection), and the
+        // connection's other end must be of this namespace.
+        if from.ip().to_canonical() != hello.sender.ip() || !remote::is_local(hello.receiver.ip()) {
+            continue;
+        }
+        let target = SocketAddr::new(hello.sender.ip(), hello.side_port);
+        let _ = tell_name(&name(hello.sender, hello.receiver), remote::RelayMessage::Remote(target));
+    }
+}
+
+/// Connects to the abstract `name` without waiting and says `message`.
+fn tell_name(name: &str, message: remote::RelayMessage) -> io::Result<()> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let address = SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None)?;
+    rustix::net::connect(&fd, &address)?;
+    let bytes = message.emit();
+    if rustix::io::write(&fd, &bytes)? != bytes.len() {
+        return Err(io::Error::other("short write"));
+    }
+    Ok(())
+}
+
+/// Starts the pairing of `conn`: connects to or listens on the connection's name (a peer of
+/// this namespace), or for a peer on another host named by the rule, waits as its end of the
+/// pair must (see `remote`).
 fn offer(conn: Arc<Conn>) -> Option<Waiting> {
     let (local, peer) = {
         let state = conn.lock();
         (state.local?, state.peer?)
     };
+    let remote = !remote::is_local(peer.ip());
+    if remote && !remote::rule().allows(peer.ip()) {
+        let why = if remote::rule().is_empty() {
+            format!("the peer {} is on another host (LIGHTPATH_PRELOAD_PEERS names no peer)", peer.ip())
+        } else {
+            format!("the peer {} is on another host, not named by LIGHTPATH_PRELOAD_PEERS", peer.ip())
+        };
+        conn.lock().phase = Phase::Tcp(why);
+        return None;
+    }
+    if remote && remote::is_lower(local, peer) {
+        return offer_side(conn, local, peer);
+    }
     let address = match UnixAddr::from_abstract_name(name(local, peer).as_bytes()) {
         Ok(address) => address,
         Err(err) => {
@@ -199,9 +336,11 @@ fn offer(conn: Arc<Conn>) -> Option<Waiting> {
         }
     };
     for _ in 0..2 {
-        if let Ok(unix) = UnixStream::connect_addr(&address) {
-            spawn_pairing(conn, unix, Role::Connected);
-            return None;
+        if !remote {
+            if let Ok(unix) = UnixStream::connect_addr(&address) {
+                spawn_pairing(conn, Paired::Local(unix));
+                return None;
+            }
         }
         match UnixListener::bind_addr(&address) {
             Ok(listener) => {
@@ -209,10 +348,11 @@ fn offer(conn: Arc<Conn>) -> Option<Waiting> {
                 if listener.set_nonblocking(true).is_err() {
                     break;
                 }
-                return Some(Waiting { conn, listener, deadline: Instant::now() + PEER_WAIT });
+                let listening = Listening::Name { listener, remote };
+                return Some(Waiting { conn, listening, deadline: Instant::now() + PEER_WAIT });
             }
             // The peer bound it between our connect and our bind: connect again.
-            Err(err) if err.kind() == io::ErrorKind::AddrInUse => continue,
+            Err(err) if err.kind() == io::ErrorKind::AddrInUse && !remote => continue,
             Err(err) => {
                 conn.lock().phase = Phase::Tcp(format!("rendezvous bind: {err}"));
                 return None;
@@ -223,15 +363,27 @@ fn offer(conn: Arc<Conn>) -> Option<Waiting> {
     None
 }
 
-#[derive(Clone, Copy)]
-enum Role {
-    /// This end listened on the name: it serves the side connection.
-    Listened,
-    /// This end connected to the name: it makes the side connection.
-    Connected,
+/// The lower end of a connection to another host: a side listener on the connection's local
+/// address, announced to the peer's rendezvous port (the watcher repeats the hello).
+fn offer_side(conn: Arc<Conn>, local: SocketAddr, peer: SocketAddr) -> Option<Waiting> {
+    let listener = match TcpListener::bind(SocketAddr::new(local.ip(), 0)).and_then(|listener| {
+        listener.set_nonblocking(true)?;
+        Ok(crate::guard::high(listener))
+    }) {
+        Ok(listener) => listener,
+        Err(err) => {
+            conn.lock().phase = Phase::Tcp(format!("side listener: {err}"));
+            return None;
+        }
+    };
+    let side_port = listener.local_addr().ok()?.port();
+    let hello = remote::Hello { sender: local, receiver: peer, side_port }.emit();
+    let to = SocketAddr::new(peer.ip(), remote::port());
+    let listening = Listening::Side { listener, hello, to, next_hello: Instant::now() };
+    Some(Waiting { conn, listening, deadline: Instant::now() + PEER_WAIT })
 }
 
-fn spawn_pairing(conn: Arc<Conn>, unix: UnixStream, role: Role) {
+fn spawn_pairing(conn: Arc<Conn>, paired: Paired) {
     {
         let mut state = conn.lock();
         if state.closed {
@@ -243,7 +395,7 @@ fn spawn_pairing(conn: Arc<Conn>, unix: UnixStream, role: Role) {
     let spawned = std::thread::Builder::new().name("lightpath-pair".into()).spawn(move || {
         crate::guard::mark_internal();
         let started = Instant::now();
-        let result = pair(&thread_conn, unix, role);
+        let result = pair(&thread_conn, paired);
         crate::report::debug(format_args!(
             "pairing took {:?}: {:?}",
             started.elapsed(),
@@ -269,7 +421,17 @@ fn spawn_pairing(conn: Arc<Conn>, unix: UnixStream, role: Role) {
     }
 }
 
-fn pair(conn: &Conn, mut unix: UnixStream, role: Role) -> io::Result<lightpath::Stream> {
+/// The Unix socket's peer must run as this process's user (the abstract namespace has no
+/// permissions).
+fn check_same_user(unix: &UnixStream) -> io::Result<()> {
+    let credentials = rustix::net::sockopt::socket_peercred(unix)?;
+    if credentials.uid != rustix::process::getuid() {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the peer runs as another user"));
+    }
+    Ok(())
+}
+
+fn pair(conn: &Conn, paired: Paired) -> io::Result<lightpath::Stream> {
     let (local, peer) = {
         let state = conn.lock();
         (state.local, state.peer)
@@ -277,12 +439,6 @@ fn pair(conn: &Conn, mut unix: UnixStream, role: Role) -> io::Result<lightpath::
     let (Some(local), Some(peer)) = (local, peer) else {
         return Err(io::Error::other("addresses unknown"));
     };
-    unix.set_read_timeout(Some(STEP_TIMEOUT))?;
-    unix.set_write_timeout(Some(STEP_TIMEOUT))?;
-    let credentials = rustix::net::sockopt::socket_peercred(&unix)?;
-    if credentials.uid != rustix::process::getuid() {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the peer runs as another user"));
-    }
     {
         let mut device_pid = DEVICE_PID.lock().unwrap_or_else(|p| p.into_inner());
         if *device_pid == 0 {
@@ -290,25 +446,55 @@ fn pair(conn: &Conn, mut unix: UnixStream, role: Role) -> io::Result<lightpath::
         }
     }
     let options = lightpath::Options { handshake_timeout: STEP_TIMEOUT, ..Default::default() };
-    match role {
-        Role::Listened => {
-            let listener = TcpListener::bind(SocketAddr::new(local.ip(), 0))?;
-            unix.write_all(&listener.local_addr()?.port().to_be_bytes())?;
-            listener.set_nonblocking(true)?;
-            let mut fds = [rustix::event::PollFd::new(&listener, rustix::event::PollFlags::IN)];
-            let timeout = rustix::event::Timespec { tv_sec: STEP_TIMEOUT.as_secs() as i64, tv_nsec: 0 };
-            rustix::event::poll(&mut fds, Some(&timeout))?;
-            let (tcp, _) = listener.accept()?;
-            tcp.set_nonblocking(false)?;
-            let _ = listener.as_raw_fd();
-            lightpath::Stream::negotiate_server(tcp, &options)
+    match paired {
+        // This end listened on the name: a local peer gets a side listener's port; the relay
+        // names a peer on another host to connect to.
+        Paired::Named(mut unix) => {
+            unix.set_read_timeout(Some(STEP_TIMEOUT))?;
+            unix.set_write_timeout(Some(STEP_TIMEOUT))?;
+            check_same_user(&unix)?;
+            let mut message = [0u8; remote::RelayMessage::LEN];
+            unix.read_exact(&mut message)?;
+            match remote::RelayMessage::parse(&message) {
+                Some(remote::RelayMessage::Local) => {
+                    let listener = TcpListener::bind(SocketAddr::new(local.ip(), 0))?;
+                    unix.write_all(&listener.local_addr()?.port().to_be_bytes())?;
+                    listener.set_nonblocking(true)?;
+                    let mut fds = [rustix::event::PollFd::new(&listener, rustix::event::PollFlags::IN)];
+                    let timeout =
+                        rustix::event::Timespec { tv_sec: STEP_TIMEOUT.as_secs() as i64, tv_nsec: 0 };
+                    rustix::event::poll(&mut fds, Some(&timeout))?;
+                    let (tcp, _) = listener.accept()?;
+                    tcp.set_nonblocking(false)?;
+                    lightpath::Stream::negotiate_server(tcp, &options)
+                }
+                Some(remote::RelayMessage::Remote(target)) if target.ip() == peer.ip().to_canonical() => {
+                    let tcp = TcpStream::connect_timeout(&target, STEP_TIMEOUT)?;
+                    lightpath::Stream::negotiate_client(tcp, &options)
+                }
+                Some(remote::RelayMessage::Remote(target)) => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("the relay named {target}, not the connection's peer {peer}"),
+                )),
+                None => Err(io::Error::new(io::ErrorKind::InvalidData, "unknown rendezvous message")),
+            }
         }
-        Role::Connected => {
+        // This end connected to the name a local peer listens on.
+        Paired::Local(mut unix) => {
+            unix.set_read_timeout(Some(STEP_TIMEOUT))?;
+            unix.set_write_timeout(Some(STEP_TIMEOUT))?;
+            check_same_user(&unix)?;
+            unix.write_all(&remote::RelayMessage::Local.emit())?;
             let mut port = [0u8; 2];
             unix.read_exact(&mut port)?;
             let target = SocketAddr::new(peer.ip(), u16::from_be_bytes(port));
             let tcp = TcpStream::connect_timeout(&target, STEP_TIMEOUT)?;
             lightpath::Stream::negotiate_client(tcp, &options)
+        }
+        // The peer on another host connected to this end's side listener.
+        Paired::Side(tcp) => {
+            tcp.set_nonblocking(false)?;
+            lightpath::Stream::negotiate_server(tcp, &options)
         }
     }
 }

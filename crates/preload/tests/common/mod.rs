@@ -213,6 +213,11 @@ pub fn shm_bytes(lines: &[Line]) -> u64 {
     lines.iter().filter(|l| l.transport == "rdma/shm").map(|l| l.rdma_in + l.rdma_out).sum()
 }
 
+/// Bytes that moved over the soft provider (RoCE v2 over UDP) in the report's lines.
+pub fn soft_bytes(lines: &[Line]) -> u64 {
+    lines.iter().filter(|l| l.transport == "rdma/soft").map(|l| l.rdma_in + l.rdma_out).sum()
+}
+
 /// Pseudo-random bytes (xorshift), reproducible.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;

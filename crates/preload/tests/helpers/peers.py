@@ -19,13 +19,18 @@
                                     number and is added, then the first connection again
                                     through its dup: the new one's echo must still be
                                     reported; prints 'ok reused <bool>'
+
+The address every subcommand listens on and connects to is LP_PEER_HOST (127.0.0.1 when
+unset), so a server can listen on a namespace's veth address and a client reach it there.
 """
 import hashlib, os, select, socket, sys, time
+
+HOST = os.environ.get("LP_PEER_HOST", "127.0.0.1")
 
 def listener(port):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", port))
+    s.bind((HOST, port))
     s.listen(16)
     return s
 
@@ -56,7 +61,7 @@ def banner_server(port, n):
         c.close()
 
 def banner_client(port, k, ms):
-    c = socket.create_connection(("127.0.0.1", port))
+    c = socket.create_connection((HOST, port))
     buf = b""
     line, buf = read_line(c, buf)
     out = [line]
@@ -97,7 +102,7 @@ def echo_server(port, n):
 
 def echo_client(port, path):
     data = open(path, "rb").read()
-    c = socket.create_connection(("127.0.0.1", port))
+    c = socket.create_connection((HOST, port))
     import threading
     got = []
     def reader():
@@ -120,7 +125,7 @@ def echo_client(port, path):
     print("sha256", hashlib.sha256(back).hexdigest(), len(back))
 
 def epoll_client(port, k):
-    c = socket.create_connection(("127.0.0.1", port))
+    c = socket.create_connection((HOST, port))
     c.setblocking(False)
     fd = c.fileno()
     ep = select.epoll()
@@ -161,7 +166,7 @@ def epoll_client(port, k):
     print("ok %d cpu %.3f" % (k, cpu))
 
 def epoll_dup_client(port1, port2):
-    a = socket.create_connection(("127.0.0.1", port1))
+    a = socket.create_connection((HOST, port1))
     for i in range(20):
         a.sendall(b"a %d\n" % i)
         back = b""
@@ -176,7 +181,7 @@ def epoll_dup_client(port1, port2):
     ep.unregister(first)
     a.detach()
     os.close(first)
-    d = socket.create_connection(("127.0.0.1", port2))
+    d = socket.create_connection((HOST, port2))
     d.setblocking(False)
     ep.register(d.fileno(), select.EPOLLIN)
     ep.register(second, select.EPOLLIN)

@@ -1,0 +1,306 @@
+//! Cross-host pairing: two programs in two network namespaces joined by a veth pair (MTU 1500,
+//! the stand-in for two hosts), the python echo server in one and its client in the other.
+//! With `LIGHTPATH_PRELOAD_PEERS` naming the pair's /24 and both ends preloaded, the connection
+//! must switch to the soft provider (RoCE v2 over UDP: the report says `rdma/soft` and how
+//! many bytes went over the stream); without the rule, or with one side plain, it stays TCP,
+//! byte for byte, without a stall. Each test sets up namespaces of its own (names with the
+//! test process's id) and removes them when it ends, also when it fails; a machine that cannot
+//! create namespaces (not root, no `ip netns`) skips the tests with `SKIPPED <test>: <reason>`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{
+    command, peers, require, run, scratch, shm_bytes, soft_bytes, wait_for_lines, Background, Line, Mode,
+};
+
+/// Two network namespaces joined by a veth pair: `a` (the server's side) has `<net>.1/24`, `b`
+/// `<net>.2/24`. Dropping it deletes both namespaces (and with them the pair).
+struct Namespaces {
+    a: String,
+    b: String,
+    /// The first three octets of the /24.
+    net: String,
+}
+
+impl Namespaces {
+    /// Sets the pair up, or says why it cannot be (the caller skips the test).
+    fn up() -> Result<Namespaces, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root: network namespaces cannot be created".into());
+        }
+        // Tests of one binary may run in parallel: each gets its own names and /24.
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let namespaces = Namespaces {
+            a: format!("lp-pre-a-{pid}-{k}"),
+            b: format!("lp-pre-b-{pid}-{k}"),
+            net: format!("10.77.{}", (pid % 200 + k % 50)),
+        };
+        // From here on the guard deletes whatever was created, whatever fails next.
+        ip(&["netns", "add", &namespaces.a]).map_err(|e| format!("ip netns add failed: {e}"))?;
+        ip(&["netns", "add", &namespaces.b]).map_err(|e| format!("ip netns add failed: {e}"))?;
+        // Interface names: at most 15 bytes ("lpva" + a pid of up to 7 digits + "x" + k).
+        let (veth_a, veth_b) = (format!("lpva{pid}x{k}"), format!("lpvb{pid}x{k}"));
+        // Created in place (each end directly in its namespace): nothing is left in this
+        // namespace if a later step fails.
+        ip(&[
+            "link",
+            "add",
+            "name",
+            &veth_a,
+            "netns",
+            &namespaces.a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &veth_b,
+            "netns",
+            &namespaces.b,
+        ])
+        .map_err(|e| format!("cannot create a veth pair: {e}"))?;
+        for (ns, veth, host) in [(&namespaces.a, &veth_a, 1), (&namespaces.b, &veth_b, 2)] {
+            let address = format!("{}.{host}/24", namespaces.net);
+            for args in [
+                &["-n", ns, "addr", "add", &address, "dev", veth][..],
+                &["-n", ns, "link", "set", veth, "mtu", "1500", "up"],
+                &["-n", ns, "link", "set", "lo", "up"],
+            ] {
+                ip(args).unwrap_or_else(|e| panic!("setting up {ns}: {e}"));
+            }
+        }
+        Ok(namespaces)
+    }
+
+    /// The server's address (in `a`).
+    fn server_address(&self) -> String {
+        format!("{}.1", self.net)
+    }
+
+    /// The pair's /24, as `LIGHTPATH_PRELOAD_PEERS` takes it.
+    fn subnet(&self) -> String {
+        format!("{}.0/24", self.net)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            // Fails harmlessly for a namespace that was never created.
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Runs `ip ARGS`; its standard error when it fails.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let output = Command::new("ip")
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim()))
+    }
+}
+
+/// The namespaces, or None after printing why the test is skipped.
+fn namespaces(test: &str) -> Option<Namespaces> {
+    if !require(test, &["ip", "python3", "sha256sum"]) {
+        return None;
+    }
+    match Namespaces::up() {
+        Ok(namespaces) => Some(namespaces),
+        Err(reason) => {
+            eprintln!("SKIPPED {test}: {reason}");
+            None
+        }
+    }
+}
+
+/// `peers.py ARGS` inside namespace `ns` (`ip netns exec` keeps the environment, so a preloaded
+/// one gets the library and the report), listening on or connecting to `host`, with
+/// `LIGHTPATH_PRELOAD_PEERS` set to `rule` (unset when None).
+fn peer_in(ns: &str, host: &str, args: &[&str], mode: Mode, report: &Path, rule: Option<&str>) -> Command {
+    let script = peers();
+    let mut full = vec!["netns", "exec", ns, "python3", script.to_str().unwrap()];
+    full.extend_from_slice(args);
+    let mut command = command("ip", &full, mode, report);
+    command.env("LP_PEER_HOST", host).env_remove("LIGHTPATH_PRELOAD_PEERS");
+    if let Some(rule) = rule {
+        command.env("LIGHTPATH_PRELOAD_PEERS", rule);
+    }
+    command
+}
+
+/// Starts a server inside `ns` and waits until it listens on `port` there (`common::serve`
+/// reads this namespace's table; here the table is read from inside `ns`). Not by connecting,
+/// as `common::serve` explains.
+fn serve_in(ns: &str, mut command: Command, port: u16, name: &str) -> Background {
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    let child = command.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    let mut server = Background(child, name.to_string());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !listening_in(ns, port) {
+        if let Ok(Some(status)) = server.0.try_wait() {
+            panic!("{name} exited before listening: {status}");
+        }
+        assert!(Instant::now() < deadline, "{name} did not listen on {port} in {ns} within 15 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+/// Whether some socket listens on TCP `port` in namespace `ns` (state 0A is LISTEN).
+fn listening_in(ns: &str, port: u16) -> bool {
+    let Ok(output) = Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/tcp", "/proc/net/tcp6"])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return false;
+    };
+    // Whatever cat could read (no tcp6 table without IPv6).
+    let local = format!(":{port:04X}");
+    String::from_utf8_lossy(&output.stdout).lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A"
+    })
+}
+
+fn sha256_of(path: &Path) -> String {
+    let output = Command::new("sha256sum").arg(path).output().expect("sha256sum");
+    String::from_utf8_lossy(&output.stdout).split(' ').next().unwrap().to_string()
+}
+
+/// What an echo across the namespaces produced.
+struct Echo {
+    /// What the client printed ('sha256 <hex> <bytes>').
+    printed: String,
+    /// What it should have printed.
+    expected: String,
+    /// The report's connection lines.
+    lines: Vec<Line>,
+}
+
+const ECHO_LEN: usize = 8 << 20;
+
+/// An echo of `ECHO_LEN` bytes from a client in `b` to a server in `a`; `rule` is
+/// `LIGHTPATH_PRELOAD_PEERS` for both; waits for `lines` report lines.
+fn echo(
+    name: &str,
+    ns: &Namespaces,
+    server_mode: Mode,
+    client_mode: Mode,
+    rule: Option<&str>,
+    lines: usize,
+) -> Echo {
+    let dir = scratch(name);
+    let report_path = dir.join("report");
+    let input = dir.join("input");
+    std::fs::write(&input, common::random_bytes(ECHO_LEN, 7)).unwrap();
+    // Any port is free in a fresh namespace; one free here too does no harm.
+    let port = common::free_port().to_string();
+    let host = ns.server_address();
+    let _server = serve_in(
+        &ns.a,
+        peer_in(&ns.a, &host, &["echo-server", &port, "100"], server_mode, &report_path, rule),
+        port.parse().unwrap(),
+        "echo server",
+    );
+    let output = run(
+        peer_in(
+            &ns.b,
+            &host,
+            &["echo-client", &port, input.to_str().unwrap()],
+            client_mode,
+            &report_path,
+            rule,
+        ),
+        Duration::from_secs(30),
+        "echo client",
+    );
+    assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
+    let expected = format!("sha256 {} {ECHO_LEN}", sha256_of(&input));
+    let lines = wait_for_lines(&report_path, lines, Duration::from_secs(10));
+    Echo { printed: String::from_utf8_lossy(&output.stdout).trim().to_string(), expected, lines }
+}
+
+/// Every line is of a connection between the two namespaces' addresses (over the veth pair).
+fn assert_over_the_pair(ns: &Namespaces, lines: &[Line]) {
+    let prefix = format!("{}.", ns.net);
+    for line in lines {
+        assert!(
+            line.local.starts_with(&prefix) && line.peer.starts_with(&prefix),
+            "a connection not over the veth pair: {line:?}"
+        );
+    }
+}
+
+/// A line of a connection that stayed TCP: every echoed byte counted over TCP, none over a stream.
+fn assert_plain_tcp(line: &Line) {
+    assert!(line.transport.starts_with("tcp"), "{line:?}");
+    assert_eq!(line.rdma_in + line.rdma_out, 0, "{line:?}");
+    assert_eq!((line.tcp_in, line.tcp_out), (ECHO_LEN as u64, ECHO_LEN as u64), "{line:?}");
+}
+
+#[test]
+fn echo_between_namespaces_both_preloaded_switches_to_soft() {
+    let test = "echo_between_namespaces_both_preloaded_switches_to_soft";
+    let Some(ns) = namespaces(test) else {
+        return;
+    };
+    let rule = ns.subnet();
+    let echo = echo("netns-soft", &ns, Mode::Preloaded, Mode::Preloaded, Some(&rule), 2);
+    assert_eq!(echo.printed, echo.expected, "the echo differs from what was sent");
+    let lines = &echo.lines;
+    assert_eq!(lines.len(), 2, "one line per end expected: {lines:#?}");
+    assert_over_the_pair(&ns, lines);
+    for line in lines {
+        assert_eq!(line.transport, "rdma/soft", "both ends should have switched to soft: {lines:#?}");
+    }
+    assert!(soft_bytes(lines) > 1 << 20, "less than 1 MiB of the echo went over soft: {lines:#?}");
+}
+
+#[test]
+fn echo_between_namespaces_without_peers_rule_stays_tcp() {
+    let test = "echo_between_namespaces_without_peers_rule_stays_tcp";
+    let Some(ns) = namespaces(test) else {
+        return;
+    };
+    let echo = echo("netns-no-rule", &ns, Mode::Preloaded, Mode::Preloaded, None, 2);
+    assert_eq!(echo.printed, echo.expected, "the echo differs from what was sent");
+    let lines = &echo.lines;
+    assert_eq!(lines.len(), 2, "one line per end expected: {lines:#?}");
+    assert_over_the_pair(&ns, lines);
+    assert_eq!(soft_bytes(lines) + shm_bytes(lines), 0, "{lines:#?}");
+    lines.iter().for_each(assert_plain_tcp);
+}
+
+#[test]
+fn echo_between_namespaces_with_one_side_plain_stays_tcp() {
+    let test = "echo_between_namespaces_with_one_side_plain_stays_tcp";
+    let Some(ns) = namespaces(test) else {
+        return;
+    };
+    let rule = ns.subnet();
+    // The client's deadline (common::run in echo) fails the test on a stall.
+    let echo = echo("netns-one-plain", &ns, Mode::Preloaded, Mode::Plain, Some(&rule), 1);
+    assert_eq!(echo.printed, echo.expected, "a plain client saw something else than over plain TCP");
+    let lines = &echo.lines;
+    assert_eq!(lines.len(), 1, "only the preloaded server reports: {lines:#?}");
+    assert_over_the_pair(&ns, lines);
+    assert_plain_tcp(&lines[0]);
+}
