@@ -14,10 +14,10 @@
 # netns rows (NETNS=1 or only; needs root and `ip netns`): redis -c 1 / -c 50 and iperf3
 # between two network namespaces joined by a veth pair (MTU 1500), the stand-in for two hosts,
 # as scripts/compare.sh sets them up: the server in lp-pa-PID (10.77.1.1), the client in
-# lp-pb-PID (10.77.1.2). The library pairs connections only within one namespace (abstract
-# Unix sockets of the namespace, then shm), so these connections stay TCP under it: the rows
-# measure what the library costs a connection it cannot accelerate (no soft-provider pairing
-# yet). The namespaces are removed at exit.
+# lp-pb-PID (10.77.1.2). Both preloaded ends get LIGHTPATH_PRELOAD_PEERS=10.77.1.0/24, so the
+# connections pair across the namespaces and move to the soft provider (RoCE v2 over UDP);
+# PEERS= (empty) leaves the rule out, and the rows then measure what the library costs a
+# connection it does not accelerate. The namespaces are removed at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -n "${PRELOAD_LIB:-}" ]]; then
@@ -38,22 +38,23 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; netns_down;
 port=17800
 # Where the servers and clients run: `place loopback` (this namespace, 127.0.0.1) or
 # `place netns` (see above). SRV/CLI prefix every server/client command; HOST is the address.
-SRV=() CLI=() HOST=127.0.0.1
+SRV=() CLI=() HOST=127.0.0.1 RULE=()
 place() {
   if [[ $1 == netns ]]; then
     SRV=(ip netns exec "$NS_A") CLI=(ip netns exec "$NS_B") HOST=10.77.1.1
+    RULE=(LIGHTPATH_PRELOAD_PEERS="${PEERS-10.77.1.0/24}")
   else
-    SRV=() CLI=() HOST=127.0.0.1
+    SRV=() CLI=() HOST=127.0.0.1 RULE=()
   fi
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) {print "nan"} else {print a[int((NR+1)/2)]}}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 # `with MODE CMD...`: the client CMD with the library (lp) or without (plain), at most 120 s.
-with() { local mode=$1; shift; if [[ $mode == lp ]]; then "${CLI[@]}" env LD_PRELOAD="$LIB" timeout 120 "$@"; else "${CLI[@]}" timeout 120 "$@"; fi; }
+with() { local mode=$1; shift; if [[ $mode == lp ]]; then "${CLI[@]}" env LD_PRELOAD="$LIB" "${RULE[@]}" timeout 120 "$@"; else "${CLI[@]}" timeout 120 "$@"; fi; }
 # `start MODE CMD...`: the server CMD in the background; $! is its wrapper (timeout, or ip
 # netns exec, which execs timeout).
-start() { local mode=$1; shift; if [[ $mode == lp ]]; then "${SRV[@]}" env LD_PRELOAD="$LIB" timeout 300 "$@" & else "${SRV[@]}" timeout 300 "$@" & fi; }
+start() { local mode=$1; shift; if [[ $mode == lp ]]; then "${SRV[@]}" env LD_PRELOAD="$LIB" "${RULE[@]}" timeout 300 "$@" & else "${SRV[@]}" timeout 300 "$@" & fi; }
 # A connection from the client's place (it closes at once; the servers here accept that).
 wait_port() { for _ in $(seq 1 100); do "${CLI[@]}" bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 
@@ -148,7 +149,11 @@ if [[ $NETNS == 1 || $NETNS == only ]]; then
     exit 1
   fi
   place netns
-  echo "between two network namespaces (veth, MTU 1500; connections stay TCP under the library):"
+  if [[ -n "${PEERS-10.77.1.0/24}" ]]; then
+    echo "between two network namespaces (veth, MTU 1500; preloaded ends pair over soft, LIGHTPATH_PRELOAD_PEERS=${PEERS-10.77.1.0/24}):"
+  else
+    echo "between two network namespaces (veth, MTU 1500; no peer rule: connections stay TCP under the library):"
+  fi
   if [[ $have_redis == 1 ]]; then redis_rows "netns " 1 50; fi
   if command -v iperf3 >/dev/null; then iperf_row "netns "; fi
 fi
