@@ -278,10 +278,15 @@ fn bind_relay() -> Option<UdpSocket> {
     Some(crate::guard::high(socket))
 }
 
+/// Hellos the relay takes per wake-up: a flood of datagrams at the rendezvous port cannot
+/// keep the watcher from its other work (what is left waits for the next round).
+const RELAY_BATCH: usize = 64;
+
 /// Hands each hello waiting at the relay to the end listening on its connection's name.
 fn relay_hellos(socket: &UdpSocket) {
     let mut buf = [0u8; 64];
-    while let Ok((len, from)) = socket.recv_from(&mut buf) {
+    for _ in 0..RELAY_BATCH {
+        let Ok((len, from)) = socket.recv_from(&mut buf) else { return };
         let Some(hello) = remote::Hello::parse(&buf[..len]) else { continue };
         // The sender must be who it says it is (its address on the connection), and the
         // connection's other end must be of this namespace.
