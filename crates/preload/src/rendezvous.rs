@@ -503,3 +503,51 @@ fn pair(conn: &Conn, paired: Paired) -> io::Result<lightpath::Stream> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A relay on an ephemeral port, an end listening on the abstract name of `sender`'s and
+    /// `receiver`'s connection, and what reaches that end after `datagram` came to the relay.
+    fn relayed(sender: SocketAddr, receiver: SocketAddr, datagram: &[u8]) -> Option<remote::RelayMessage> {
+        let relay = UdpSocket::bind("127.0.0.1:0").unwrap();
+        relay.set_nonblocking(true).unwrap();
+        let address = UnixAddr::from_abstract_name(name(sender, receiver).as_bytes()).unwrap();
+        let end = UnixListener::bind_addr(&address).unwrap();
+        end.set_nonblocking(true).unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(datagram, relay.local_addr().unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        relay_hellos(&relay);
+        let (mut unix, _) = end.accept().ok()?;
+        unix.set_nonblocking(false).unwrap();
+        let mut message = [0u8; remote::RelayMessage::LEN];
+        unix.read_exact(&mut message).ok()?;
+        remote::RelayMessage::parse(&message)
+    }
+
+    #[test]
+    fn the_relay_hands_a_true_hello_on_and_drops_forged_or_garbled_ones() {
+        let receiver: SocketAddr = "127.0.0.1:40001".parse().unwrap();
+        let sender: SocketAddr = "127.0.0.1:40002".parse().unwrap();
+        let hello = remote::Hello { sender, receiver, side_port: 41000 };
+        assert_eq!(
+            relayed(sender, receiver, &hello.emit()),
+            Some(remote::RelayMessage::Remote("127.0.0.1:41000".parse().unwrap()))
+        );
+        // A hello claiming a sender address it does not come from.
+        let forged_sender: SocketAddr = "192.0.2.7:40002".parse().unwrap();
+        let forged = remote::Hello { sender: forged_sender, receiver, side_port: 41000 };
+        assert_eq!(relayed(forged_sender, receiver, &forged.emit()), None);
+        // A connection whose other end is not of this namespace.
+        let elsewhere: SocketAddr = "192.0.2.8:40001".parse().unwrap();
+        let stray = remote::Hello { sender, receiver: elsewhere, side_port: 41000 };
+        assert_eq!(relayed(sender, elsewhere, &stray.emit()), None);
+        // Garbage of every length up to a hello's and beyond.
+        for len in [0, 1, 8, remote::Hello::LEN - 1, remote::Hello::LEN, 63] {
+            let garbage = vec![0xA5u8; len];
+            assert_eq!(relayed(sender, receiver, &garbage), None, "{len} bytes of garbage");
+        }
+    }
+}
