@@ -154,16 +154,41 @@ unsafe fn iovecs<'a>(iov: *const iovec, count: c_int) -> &'a [iovec] {
     unsafe { std::slice::from_raw_parts(iov, count as usize) }
 }
 
-/// Reads into the first non-empty buffer of `iov` (a short read, as sockets may give).
+/// Most bytes one vectored read gathers through a buffer of its own (a larger request reads
+/// less: a short read, as sockets may give).
+const SCATTER_MAX: usize = 1 << 20;
+
+/// Reads into the buffers of `iov` in order, as `readv` does: one buffer directly; several
+/// through one receive into a buffer of their total size (at most [`SCATTER_MAX`]), scattered
+/// after, so one call fills as many of them as the data there is (`MSG_PEEK` and
+/// `MSG_WAITALL` apply to the whole, as they do to a socket's `recvmsg`).
 ///
 /// # Safety
 /// `iov` must describe valid writable buffers.
 unsafe fn recv_vectored(conn: &Arc<Conn>, fd: c_int, iov: &[iovec], flags: c_int) -> Result<isize, c_int> {
-    match iov.iter().find(|v| v.iov_len > 0) {
-        // SAFETY: the caller's contract.
-        Some(first) => io::recv(conn, fd, unsafe { bytes_mut(first.iov_base, first.iov_len) }, flags),
-        None => Ok(0),
+    if iov.iter().any(|v| v.iov_len > 0 && v.iov_base.is_null()) {
+        return Err(libc::EFAULT);
     }
+    let mut buffers = iov.iter().filter(|v| v.iov_len > 0);
+    let Some(first) = buffers.next() else { return Ok(0) };
+    if buffers.next().is_none() {
+        // SAFETY: the caller's contract.
+        return io::recv(conn, fd, unsafe { bytes_mut(first.iov_base, first.iov_len) }, flags);
+    }
+    let total = iov.iter().fold(0usize, |sum, v| sum.saturating_add(v.iov_len)).min(SCATTER_MAX);
+    let mut gathered = vec![0u8; total];
+    let received = io::recv(conn, fd, &mut gathered, flags)?;
+    let mut rest = &gathered[..usize::try_from(received).unwrap_or(0)];
+    for v in iov {
+        if rest.is_empty() {
+            break;
+        }
+        let take = v.iov_len.min(rest.len());
+        // SAFETY: the caller's contract (`take` is within the buffer, possibly 0).
+        unsafe { bytes_mut(v.iov_base, take) }.copy_from_slice(&rest[..take]);
+        rest = &rest[take..];
+    }
+    Ok(received)
 }
 
 /// Sends the buffers of `iov`, gathered.

@@ -88,6 +88,17 @@ fn plain_banner_server_and_preloaded_waiting_client_stay_plain_tcp() {
 
 /// An echo of `len` bytes: (bytes back, their sha256 as the client printed it, report).
 fn echo(name: &str, len: usize, server_mode: Mode, client_mode: Mode) -> (String, String, Vec<common::Line>) {
+    echo_with("echo-client", name, len, server_mode, client_mode)
+}
+
+/// [`echo`] with the python peers' client `client` (`echo-client` or `scatter-client`).
+fn echo_with(
+    client: &str,
+    name: &str,
+    len: usize,
+    server_mode: Mode,
+    client_mode: Mode,
+) -> (String, String, Vec<common::Line>) {
     let dir = scratch(name);
     let report_path = dir.join("report");
     let input = dir.join("input");
@@ -103,7 +114,7 @@ fn echo(name: &str, len: usize, server_mode: Mode, client_mode: Mode) -> (String
     let output = run(
         command(
             "python3",
-            &[script, "echo-client", &port.to_string(), input.to_str().unwrap()],
+            &[script, client, &port.to_string(), input.to_str().unwrap()],
             client_mode,
             &report_path,
         ),
@@ -130,6 +141,25 @@ fn echo_of_8_mib_both_preloaded_is_exact_and_mostly_over_shm() {
     let (printed, expected, lines) = echo("echo-both", len, Mode::Preloaded, Mode::Preloaded);
     assert_eq!(printed, format!("sha256 {expected} {len}"));
     assert!(shm_bytes(&lines) > (len as u64), "less than half the echo went over shm: {lines:#?}");
+}
+
+#[test]
+fn readv_and_recvmsg_fill_every_buffer_they_are_given() {
+    if !require("readv_and_recvmsg_scatter", &["python3", "sha256sum"]) {
+        return;
+    }
+    let len = 4 << 20;
+    let (printed, expected, lines) =
+        echo_with("scatter-client", "scatter", len, Mode::Preloaded, Mode::Preloaded);
+    let mut words = printed.split_whitespace();
+    assert_eq!(words.next(), Some("sha256"), "{printed}");
+    assert_eq!(words.next(), Some(expected.as_str()), "the bytes read back differ: {printed}");
+    assert_eq!(words.next(), Some(len.to_string().as_str()), "{printed}");
+    let most: usize = words.nth(1).and_then(|w| w.parse().ok()).expect("the most bytes one call read");
+    // 7 + 13 bytes in the first two buffers: a call that filled only the first buffer (a legal
+    // short read, but every time) would never return more than 7.
+    assert!(most > 20, "no readv/recvmsg call filled more than its first buffer: {printed}");
+    assert!(shm_bytes(&lines) > 0, "the exchange should have switched to shm: {lines:#?}");
 }
 
 #[test]

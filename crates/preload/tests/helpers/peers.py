@@ -202,6 +202,41 @@ def epoll_dup_client(port1, port2):
     d.close()
     os.close(second)
 
+def scatter_client(port, path):
+    """echo-client's exchange, read back with readv and recvmsg_into into three buffers
+    (7, 13 and 65536 bytes) in turn; prints the digest and the most bytes one call returned."""
+    data = open(path, "rb").read()
+    c = socket.create_connection((HOST, port))
+    import threading
+    got = []
+    most = [0]
+    def reader():
+        bufs = [bytearray(7), bytearray(13), bytearray(65536)]
+        calls = 0
+        while True:
+            if calls % 2 == 0:
+                n = os.readv(c.fileno(), bufs)
+            else:
+                n = c.recvmsg_into(bufs)[0]
+            calls += 1
+            if n == 0:
+                break
+            most[0] = max(most[0], n)
+            joined = b"".join(bytes(b) for b in bufs)
+            got.append(joined[:n])
+    t = threading.Thread(target=reader)
+    t.start()
+    view = memoryview(data)
+    step = 1 << 16
+    for off in range(0, len(data), step):
+        c.sendall(view[off:off + step])
+        time.sleep(0.001)
+    c.shutdown(socket.SHUT_WR)
+    t.join()
+    c.close()
+    back = b"".join(got)
+    print("sha256", hashlib.sha256(back).hexdigest(), len(back), "most", most[0])
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "banner-server":
@@ -212,6 +247,8 @@ if __name__ == "__main__":
         echo_server(int(sys.argv[2]), int(sys.argv[3]))
     elif cmd == "echo-client":
         echo_client(int(sys.argv[2]), sys.argv[3])
+    elif cmd == "scatter-client":
+        scatter_client(int(sys.argv[2]), sys.argv[3])
     elif cmd == "epoll-client":
         epoll_client(int(sys.argv[2]), int(sys.argv[3]))
     elif cmd == "epoll-dup-client":
