@@ -469,14 +469,15 @@ impl Handshake {
             return Ok(fallback(self, FallbackReason::Resources, detail.into()));
         }
         // A server that advertises no UDP port is hardware (ibverbs, announced as soft): it
-        // always sends to the RoCE v2 port, so a soft queue pair must not take a port of its
-        // own (the peer could not address it, and libibverbs refuses any other port).
-        let options = if provider == ProviderId::Soft && server_endpoint.udp_port == 0 {
-            Options { soft_qp_port: Some(false), ..self.options.clone() }
+        // always sends to the RoCE v2 port, so the soft side uses its device on that port and
+        // its queue pair takes no port of its own (the peer could not address it, and
+        // libibverbs refuses any other port).
+        let set_up = if provider == ProviderId::Soft && server_endpoint.udp_port == 0 {
+            devices::setup_towards_hardware(tcp, &self.options)
         } else {
-            self.options.clone()
+            devices::setup(provider, tcp, &self.options)
         };
-        let setup = match devices::setup(provider, tcp, &options) {
+        let setup = match set_up {
             Ok(setup) => setup,
             Err(err) => return Ok(fallback(self, FallbackReason::NoDevice, err.to_string())),
         };
@@ -723,8 +724,7 @@ fn choose_provider(
         .into_iter()
         .find_map(|(local, announced)| {
             if local == ProviderId::Soft && announced == ProviderId::Ibverbs {
-                let towards_hardware = Options { soft_qp_port: Some(false), ..options.clone() };
-                let setup = devices::setup(local, tcp, &towards_hardware).ok()?;
+                let setup = devices::setup_towards_hardware(tcp, options).ok()?;
                 let reachable = setup.endpoint().udp_port == lightpath_soft::ROCE_PORT;
                 return reachable.then_some((local, announced, setup));
             }

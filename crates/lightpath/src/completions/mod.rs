@@ -125,6 +125,11 @@ impl<D: Device> HubPool<D> {
         ConnCompletions::counted(hub, entries, Arc::clone(&self.connections))
     }
 
+    /// The device's connections now (over every hub).
+    pub(crate) fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
     /// How many shared queues the pool has opened.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

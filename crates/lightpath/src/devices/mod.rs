@@ -58,7 +58,9 @@ fn descriptor_reserve(limit: u64) -> u64 {
     (limit / 8).max(64)
 }
 
-/// This side's verbs objects for the connection `tcp` over `provider`.
+/// This side's verbs objects for the connection `tcp` over `provider`, towards a Lightpath
+/// peer of the same provider (or any peer but a soft side facing hardware, see
+/// [`setup_towards_hardware`]).
 pub(crate) fn setup(
     provider: ProviderId,
     tcp: &TcpStream,
@@ -66,8 +68,23 @@ pub(crate) fn setup(
 ) -> io::Result<Box<dyn PendingSetup>> {
     let options = &Options { rendezvous_min: Some(options.rendezvous_min_for(provider)), ..options.clone() };
     match provider {
-        ProviderId::Soft => soft::setup(tcp, options),
+        ProviderId::Soft => soft::setup(tcp, options, soft::Facing::Lightpath),
         ProviderId::Shm => shm::setup(options),
         ProviderId::Ibverbs => ibverbs::setup(tcp, options),
     }
+}
+
+/// A soft side's verbs objects for a connection whose peer is RoCE hardware (an ibverbs
+/// device, which sends to the RoCE v2 port only): the device on that port, and no port of the
+/// queue pair's own.
+pub(crate) fn setup_towards_hardware(
+    tcp: &TcpStream,
+    options: &Options,
+) -> io::Result<Box<dyn PendingSetup>> {
+    let options = &Options {
+        rendezvous_min: Some(options.rendezvous_min_for(ProviderId::Soft)),
+        soft_qp_port: Some(false),
+        ..options.clone()
+    };
+    soft::setup(tcp, options, soft::Facing::Hardware)
 }
