@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Debian programs the preload library's tests run (crates/preload/tests): socat, curl, nginx,
 # redis (server, benchmark, cli), memcached with libmemcached's tools, iperf3, wrk (for
-# scripts/preload_bench.sh). Their packaged services are stopped: the tests start their own.
+# scripts/preload_bench.sh), iproute2 (`ip netns`: tests/namespaces.rs). Their packaged services are stopped: the tests start their own.
 set -uo pipefail
 command -v apt-get >/dev/null 2>&1 || { echo "ci-deps/preload: no apt-get; the preload tests skip missing programs"; exit 0; }
-packages=(socat curl nginx-light redis-server redis-tools memcached libmemcached-tools iperf3 wrk python3)
+packages=(socat curl nginx-light redis-server redis-tools memcached libmemcached-tools iperf3 wrk python3 iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
