@@ -57,18 +57,9 @@ fn library() -> Result<PathBuf> {
 
 /// Refuses a peer rule with an entry that is neither `all`, an address nor ADDRESS/BITS.
 fn check_peers(rule: &str) -> Result<()> {
-    for entry in rule.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        if entry == "all" || entry == "*" {
-            continue;
-        }
-        let (address, bits) = entry.split_once('/').map_or((entry, None), |(a, b)| (a, Some(b)));
-        let Ok(ip) = address.parse::<std::net::IpAddr>() else {
-            bail!("--peers: {entry:?} is not an address, ADDRESS/BITS or `all`");
-        };
-        let max = if ip.to_canonical().is_ipv4() { 32 } else { 128 };
-        if bits.is_some_and(|bits| bits.parse::<u8>().map_or(true, |bits| bits > max)) {
-            bail!("--peers: {entry:?} has a prefix length that is not 0..={max}");
-        }
+    let (_, bad) = lightpath::options::PeerRule::parse(rule);
+    if !bad.is_empty() {
+        bail!("--peers: {bad:?} not an address, ADDRESS/BITS (prefix 0..=32 or 0..=128) or `all`");
     }
     Ok(())
 }

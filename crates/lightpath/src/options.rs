@@ -1,5 +1,6 @@
 //! Knobs of a connection or listener, with defaults that suit most programs.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use lightpath_soft::ProgressMode;
@@ -118,6 +119,67 @@ pub enum RendezvousLie {
     Huge,
 }
 
+/// Which peers on other hosts to accept, as the preload library's `LIGHTPATH_PRELOAD_PEERS`
+/// and `lightpath run --peers` spell it: comma-separated addresses and CIDR prefixes
+/// (`10.77.0.0/24`, `fd00::/8`, `192.168.1.7`), or `all`. IPv4-mapped IPv6 addresses count
+/// as IPv4.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerRule {
+    all: bool,
+    prefixes: Vec<(IpAddr, u8)>,
+}
+
+impl PeerRule {
+    /// Parses the rule's text; returns the rule and the entries it could not read.
+    pub fn parse(text: &str) -> (PeerRule, Vec<String>) {
+        let mut rule = PeerRule::default();
+        let mut bad = Vec::new();
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            if entry == "all" || entry == "*" {
+                rule.all = true;
+                continue;
+            }
+            let (address, bits) = match entry.split_once('/') {
+                Some((address, bits)) => (address, Some(bits)),
+                None => (entry, None),
+            };
+            let Ok(ip) = address.parse::<IpAddr>() else {
+                bad.push(entry.to_string());
+                continue;
+            };
+            let ip = ip.to_canonical();
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            match bits.map(str::parse::<u8>) {
+                None => rule.prefixes.push((ip, max)),
+                Some(Ok(bits)) if bits <= max => rule.prefixes.push((ip, bits)),
+                Some(_) => bad.push(entry.to_string()),
+            }
+        }
+        (rule, bad)
+    }
+
+    /// Whether `ip` is named.
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.all || self.prefixes.iter().any(|&(prefix, bits)| same_prefix(prefix, ip, bits))
+    }
+
+    /// Whether the rule names no peer at all.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.prefixes.is_empty()
+    }
+}
+
+fn same_prefix(a: IpAddr, b: IpAddr, bits: u8) -> bool {
+    let (a, b, width) = match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return false,
+    };
+    let shift = width - u32::from(bits);
+    shift >= width || (a >> shift) == (b >> shift)
+}
+
 /// Parses a provider list as `LIGHTPATH_PROVIDERS` spells it.
 pub fn parse_providers(text: &str) -> Result<Vec<ProviderId>, String> {
     let mut providers = Vec::new();
@@ -217,6 +279,25 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rule_names_addresses_and_prefixes() {
+        let (rule, bad) = PeerRule::parse(" 10.77.0.0/24, 192.168.1.7 ,fd00::/8, bogus, 10.0.0.0/33");
+        assert_eq!(bad, ["bogus", "10.0.0.0/33"]);
+        assert!(rule.allows("10.77.0.200".parse().unwrap()));
+        assert!(!rule.allows("10.77.1.1".parse().unwrap()));
+        assert!(rule.allows("192.168.1.7".parse().unwrap()));
+        assert!(!rule.allows("192.168.1.8".parse().unwrap()));
+        assert!(rule.allows("fd12::1".parse().unwrap()));
+        assert!(rule.allows("::ffff:10.77.0.3".parse().unwrap()), "IPv4-mapped counts as IPv4");
+        assert!(!rule.allows("fe80::1".parse().unwrap()));
+        let (none, _) = PeerRule::parse("");
+        assert!(none.is_empty() && !none.allows("10.77.0.1".parse().unwrap()));
+        let (all, _) = PeerRule::parse("all");
+        assert!(all.allows("8.8.8.8".parse().unwrap()) && all.allows("::1".parse().unwrap()));
+        let (zero, _) = PeerRule::parse("0.0.0.0/0");
+        assert!(zero.allows("1.2.3.4".parse().unwrap()) && !zero.allows("::2".parse().unwrap()));
+    }
 
     #[test]
     fn provider_lists() {

@@ -30,6 +30,8 @@
 //! trust so.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+
+use lightpath::options::PeerRule;
 use std::sync::OnceLock;
 
 /// The rendezvous UDP port unless `LIGHTPATH_PRELOAD_PORT` says otherwise (RoCE v2's 4791,
@@ -45,64 +47,6 @@ pub(crate) fn port() -> u16 {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(DEFAULT_PORT)
     })
-}
-
-/// Which remote peers to pair with (`LIGHTPATH_PRELOAD_PEERS`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PeerRule {
-    all: bool,
-    prefixes: Vec<(IpAddr, u8)>,
-}
-
-impl PeerRule {
-    /// Parses the rule's text; returns the rule and the entries it could not read.
-    pub(crate) fn parse(text: &str) -> (PeerRule, Vec<String>) {
-        let mut rule = PeerRule::default();
-        let mut bad = Vec::new();
-        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            if entry == "all" || entry == "*" {
-                rule.all = true;
-                continue;
-            }
-            let (address, bits) = match entry.split_once('/') {
-                Some((address, bits)) => (address, Some(bits)),
-                None => (entry, None),
-            };
-            let Ok(ip) = address.parse::<IpAddr>() else {
-                bad.push(entry.to_string());
-                continue;
-            };
-            let ip = ip.to_canonical();
-            let max = if ip.is_ipv4() { 32 } else { 128 };
-            match bits.map(str::parse::<u8>) {
-                None => rule.prefixes.push((ip, max)),
-                Some(Ok(bits)) if bits <= max => rule.prefixes.push((ip, bits)),
-                Some(_) => bad.push(entry.to_string()),
-            }
-        }
-        (rule, bad)
-    }
-
-    /// Whether `ip` is named.
-    pub(crate) fn allows(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        self.all || self.prefixes.iter().any(|&(prefix, bits)| same_prefix(prefix, ip, bits))
-    }
-
-    /// Whether the rule names no peer at all.
-    pub(crate) fn is_empty(&self) -> bool {
-        !self.all && self.prefixes.is_empty()
-    }
-}
-
-fn same_prefix(a: IpAddr, b: IpAddr, bits: u8) -> bool {
-    let (a, b, width) = match (a, b) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
-        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
-        _ => return false,
-    };
-    let shift = width - u32::from(bits);
-    shift >= width || (a >> shift) == (b >> shift)
 }
 
 /// The process's rule, read once (a line in the report names entries it could not read).
@@ -217,25 +161,6 @@ fn get_addr(bytes: &[u8]) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_rule_names_addresses_and_prefixes() {
-        let (rule, bad) = PeerRule::parse(" 10.77.0.0/24, 192.168.1.7 ,fd00::/8, bogus, 10.0.0.0/33");
-        assert_eq!(bad, ["bogus", "10.0.0.0/33"]);
-        assert!(rule.allows("10.77.0.200".parse().unwrap()));
-        assert!(!rule.allows("10.77.1.1".parse().unwrap()));
-        assert!(rule.allows("192.168.1.7".parse().unwrap()));
-        assert!(!rule.allows("192.168.1.8".parse().unwrap()));
-        assert!(rule.allows("fd12::1".parse().unwrap()));
-        assert!(rule.allows("::ffff:10.77.0.3".parse().unwrap()), "IPv4-mapped counts as IPv4");
-        assert!(!rule.allows("fe80::1".parse().unwrap()));
-        let (none, _) = PeerRule::parse("");
-        assert!(none.is_empty() && !none.allows("10.77.0.1".parse().unwrap()));
-        let (all, _) = PeerRule::parse("all");
-        assert!(all.allows("8.8.8.8".parse().unwrap()) && all.allows("::1".parse().unwrap()));
-        let (zero, _) = PeerRule::parse("0.0.0.0/0");
-        assert!(zero.allows("1.2.3.4".parse().unwrap()) && !zero.allows("::2".parse().unwrap()));
-    }
 
     #[test]
     fn hellos_and_relay_messages_round_trip_and_refuse_other_bytes() {
