@@ -100,14 +100,16 @@ def echo_server(port, n):
             c.sendall(d)
         c.close()
 
-def echo_client(port, path):
+def echo_exchange(port, path, receive):
+    """Sends the file at `path` in 64 KiB pieces while a thread reads the echo with
+    `receive(c)` (returns b"" at the end); returns the bytes read back."""
     data = open(path, "rb").read()
     c = socket.create_connection((HOST, port))
     import threading
     got = []
     def reader():
         while True:
-            d = c.recv(65536)
+            d = receive(c)
             if not d:
                 break
             got.append(d)
@@ -121,7 +123,10 @@ def echo_client(port, path):
     c.shutdown(socket.SHUT_WR)
     t.join()
     c.close()
-    back = b"".join(got)
+    return b"".join(got)
+
+def echo_client(port, path):
+    back = echo_exchange(port, path, lambda c: c.recv(65536))
     print("sha256", hashlib.sha256(back).hexdigest(), len(back))
 
 def epoll_client(port, k):
@@ -205,36 +210,18 @@ def epoll_dup_client(port1, port2):
 def scatter_client(port, path):
     """echo-client's exchange, read back with readv and recvmsg_into into three buffers
     (7, 13 and 65536 bytes) in turn; prints the digest and the most bytes one call returned."""
-    data = open(path, "rb").read()
-    c = socket.create_connection((HOST, port))
-    import threading
-    got = []
+    bufs = [bytearray(7), bytearray(13), bytearray(65536)]
+    calls = [0]
     most = [0]
-    def reader():
-        bufs = [bytearray(7), bytearray(13), bytearray(65536)]
-        calls = 0
-        while True:
-            if calls % 2 == 0:
-                n = os.readv(c.fileno(), bufs)
-            else:
-                n = c.recvmsg_into(bufs)[0]
-            calls += 1
-            if n == 0:
-                break
-            most[0] = max(most[0], n)
-            joined = b"".join(bytes(b) for b in bufs)
-            got.append(joined[:n])
-    t = threading.Thread(target=reader)
-    t.start()
-    view = memoryview(data)
-    step = 1 << 16
-    for off in range(0, len(data), step):
-        c.sendall(view[off:off + step])
-        time.sleep(0.001)
-    c.shutdown(socket.SHUT_WR)
-    t.join()
-    c.close()
-    back = b"".join(got)
+    def receive(c):
+        if calls[0] % 2 == 0:
+            n = os.readv(c.fileno(), bufs)
+        else:
+            n = c.recvmsg_into(bufs)[0]
+        calls[0] += 1
+        most[0] = max(most[0], n)
+        return b"".join(bytes(b) for b in bufs)[:n]
+    back = echo_exchange(port, path, receive)
     print("sha256", hashlib.sha256(back).hexdigest(), len(back), "most", most[0])
 
 if __name__ == "__main__":
