@@ -744,12 +744,12 @@ fn provider_candidates(
     serves_roce: impl Fn() -> bool,
 ) -> Vec<(ProviderId, ProviderId)> {
     let rank = |wanted: ProviderId| offered.iter().position(|&p| p == wanted);
+    // A soft server and a client with RoCE hardware: the client's device where the client
+    // ranks it first (or has no soft); the client's soft device otherwise, or if that fails.
+    let hardware_first = rank(ProviderId::Ibverbs)
+        .is_some_and(|hardware| rank(ProviderId::Soft).is_none_or(|soft| hardware < soft));
     let mut candidates = Vec::new();
     for &provider in ours {
-        // A soft server and a client with RoCE hardware: the client's device where the client
-        // ranks it first (or has no soft); the client's soft device otherwise, or if that fails.
-        let hardware_first = rank(ProviderId::Ibverbs)
-            .is_some_and(|hardware| rank(ProviderId::Soft).is_none_or(|soft| hardware < soft));
         if provider == ProviderId::Soft && hardware_first {
             candidates.push((ProviderId::Soft, ProviderId::Ibverbs));
         }

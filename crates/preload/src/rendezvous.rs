@@ -216,12 +216,7 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
                 if now >= *next_hello {
                     *next_hello = now + HELLO_EVERY;
                     if hello_socket.is_none() {
-                        hello_socket = UdpSocket::bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0))
-                            .or_else(|_| {
-                                UdpSocket::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
-                            })
-                            .ok()
-                            .map(crate::guard::high);
+                        hello_socket = bind_udp_any(0).ok().map(crate::guard::high);
                     }
                     if let Some(socket) = hello_socket.as_ref() {
                         let _ = socket.send_to(&hello[..], *to);
@@ -268,12 +263,15 @@ fn accept_side(listener: &TcpListener, conn: &Conn) -> Option<TcpStream> {
     }
 }
 
-/// Binds this namespace's rendezvous port (IPv6 and IPv4, or IPv4 alone), if nobody holds it.
-fn bind_relay() -> Option<UdpSocket> {
-    let port = remote::port();
-    let socket = UdpSocket::bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))
+/// A UDP socket on `port` of every address: IPv6 and IPv4, or IPv4 alone where IPv6 is off.
+fn bind_udp_any(port: u16) -> io::Result<UdpSocket> {
+    UdpSocket::bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))
         .or_else(|_| UdpSocket::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)))
-        .ok()?;
+}
+
+/// Binds this namespace's rendezvous port, if nobody holds it.
+fn bind_relay() -> Option<UdpSocket> {
+    let socket = bind_udp_any(remote::port()).ok()?;
     socket.set_nonblocking(true).ok()?;
     Some(crate::guard::high(socket))
 }
@@ -426,9 +424,11 @@ fn spawn_pairing(conn: Arc<Conn>, paired: Paired) {
     }
 }
 
-/// The Unix socket's peer must run as this process's user (the abstract namespace has no
-/// permissions).
-fn check_same_user(unix: &UnixStream) -> io::Result<()> {
+/// Bounds the steps on a rendezvous Unix socket, whose peer must run as this process's user
+/// (the abstract namespace has no permissions).
+fn prepare_unix(unix: &UnixStream) -> io::Result<()> {
+    unix.set_read_timeout(Some(STEP_TIMEOUT))?;
+    unix.set_write_timeout(Some(STEP_TIMEOUT))?;
     let credentials = rustix::net::sockopt::socket_peercred(unix)?;
     if credentials.uid != rustix::process::getuid() {
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the peer runs as another user"));
@@ -455,9 +455,7 @@ fn pair(conn: &Conn, paired: Paired) -> io::Result<lightpath::Stream> {
         // This end listened on the name: a local peer gets a side listener's port; the relay
         // names a peer on another host to connect to.
         Paired::Named(mut unix) => {
-            unix.set_read_timeout(Some(STEP_TIMEOUT))?;
-            unix.set_write_timeout(Some(STEP_TIMEOUT))?;
-            check_same_user(&unix)?;
+            prepare_unix(&unix)?;
             let mut message = [0u8; remote::RelayMessage::LEN];
             unix.read_exact(&mut message)?;
             match remote::RelayMessage::parse(&message) {
@@ -486,9 +484,7 @@ fn pair(conn: &Conn, paired: Paired) -> io::Result<lightpath::Stream> {
         }
         // This end connected to the name a local peer listens on.
         Paired::Local(mut unix) => {
-            unix.set_read_timeout(Some(STEP_TIMEOUT))?;
-            unix.set_write_timeout(Some(STEP_TIMEOUT))?;
-            check_same_user(&unix)?;
+            prepare_unix(&unix)?;
             unix.write_all(&remote::RelayMessage::Local.emit())?;
             let mut port = [0u8; 2];
             unix.read_exact(&mut port)?;
