@@ -6,12 +6,13 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use lightpath_verbs::{CompletionQueue, Result, WorkCompletion};
 
 use crate::device::DeviceInner;
+use crate::engine::QpCell;
 use crate::sys::EventFd;
 
 /// Longest `wait` spins without giving the core away (see [`ShmCq::wait`]): about what a
@@ -117,7 +118,14 @@ pub(crate) struct CqShared {
     /// never has one (a descriptor per connection less, issue 15).
     wake: OnceLock<EventFd>,
     waiters: AtomicU32,
+    /// The queue pairs reporting here (as send or receive queue), so a poll can move them
+    /// forward alone, under their own locks (see [`ShmCq::poll`]).
+    attached: Mutex<Vec<Weak<QpCell>>>,
 }
+
+/// Up to this many queue pairs on a queue, a poll that finds nothing first looks at them
+/// alone before it drives the whole device.
+const ALONE_MAX: usize = 4;
 
 impl CqShared {
     pub(crate) fn new(capacity: u32) -> std::io::Result<Self> {
@@ -129,7 +137,35 @@ impl CqShared {
             armed: AtomicBool::new(false),
             wake: OnceLock::new(),
             waiters: AtomicU32::new(0),
+            attached: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Notes that the queue pair `cell` reports here.
+    pub(crate) fn attach(&self, cell: &Arc<QpCell>) {
+        let mut attached = self.attached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        attached.retain(|qp| qp.strong_count() > 0);
+        attached.push(Arc::downgrade(cell));
+    }
+
+    /// Forgets the queue pair `cell` (it is being destroyed).
+    pub(crate) fn detach(&self, cell: &Arc<QpCell>) {
+        let target = Arc::downgrade(cell);
+        let mut attached = self.attached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        attached.retain(|qp| qp.strong_count() > 0 && !qp.ptr_eq(&target));
+    }
+
+    /// The queue pairs reporting here, if there are at most [`ALONE_MAX`].
+    fn few_attached(&self) -> Option<[Option<Arc<QpCell>>; ALONE_MAX]> {
+        let attached = self.attached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if attached.is_empty() || attached.len() > ALONE_MAX {
+            return None;
+        }
+        let mut few: [Option<Arc<QpCell>>; ALONE_MAX] = Default::default();
+        for (slot, qp) in few.iter_mut().zip(attached.iter()) {
+            *slot = qp.upgrade();
+        }
+        Some(few)
     }
 
     /// The wake-up fd blocked waiters sleep on, made on first use. A waiter makes it before it
@@ -216,11 +252,26 @@ impl CompletionQueue for ShmCq {
         self.shared.capacity
     }
 
-    /// Takes completions; if there are none, first processes whatever arrived from peers.
+    /// Takes completions; if there are none, first processes whatever arrived from peers: on
+    /// a queue with few queue pairs, those alone (their own locks, not the device's: the
+    /// threads of a server with a connection each do not queue up behind one another), and if
+    /// that made none, everything the device has to do (skipped while another thread holds
+    /// the device lock: it is doing that work).
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let count = self.shared.pop(out);
         if count > 0 || out.is_empty() {
             return Ok(count);
+        }
+        if let Some(few) = self.shared.few_attached() {
+            for cell in few.iter().flatten() {
+                self.device.shared.progress_alone(cell, false);
+            }
+            let count = self.shared.pop(out);
+            if count > 0 {
+                return Ok(count);
+            }
+            self.device.shared.try_drive();
+            return Ok(self.shared.pop(out));
         }
         self.device.shared.drive();
         Ok(self.shared.pop(out))

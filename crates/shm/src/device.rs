@@ -17,7 +17,7 @@ use crate::activity::area::{OwnArea, PeerAreas};
 use crate::address::{random_gid, rendezvous_name};
 use crate::config::ShmConfig;
 use crate::cq::{CqShared, ShmCq};
-use crate::engine::{DeviceContext, DeviceCore, Event, Hints};
+use crate::engine::{lock_qp, DeviceContext, DeviceCore, Event, Hints, QpCell, Tables};
 use crate::pd::ShmPd;
 use crate::registry::SocketRegistry;
 use crate::sys::{poll_fds, EventFd, Listener, Memfd};
@@ -52,6 +52,8 @@ pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) ctx: DeviceContext,
     pub(crate) core: Mutex<DeviceCore>,
+    /// The region table and agenda, shared with calls that lock one queue pair only.
+    pub(crate) tables: Arc<Tables>,
     /// Whether the engine has anything to do, readable without its lock.
     pub(crate) hints: Arc<Hints>,
     pub(crate) exports: RwLock<Exports>,
@@ -152,6 +154,49 @@ impl DeviceShared {
         let mut core = self.lock_core();
         self.apply_events(&mut core);
         core.progress();
+    }
+
+    /// As [`DeviceShared::drive`], unless another thread holds the engine lock: that thread
+    /// is working for the device (a caller whose own queue pairs were just looked at loses
+    /// nothing by not queueing up behind it, and polls again anyway).
+    pub(crate) fn try_drive(&self) {
+        let drives = self.touch();
+        if self.idle(drives) {
+            return;
+        }
+        let mut core = match self.core.try_lock() {
+            Ok(core) => core,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        self.apply_events(&mut core);
+        core.progress();
+    }
+
+    /// Moves the queue pair `cell` forward alone, under its own lock (the device lock only to
+    /// apply pending events first): takes its mark, reads what its peer published (a few
+    /// batches at most) and notes what it needs next. `arming`: the caller is the queue pair's
+    /// waiter taking its last look before it sleeps (it needs no ring of its own doorbell for
+    /// what it finds). Counts as the application driving the device.
+    pub(crate) fn progress_alone(&self, cell: &QpCell, arming: bool) {
+        /// Batches read in one go while records are left.
+        const ROUNDS: usize = 8;
+        self.touch();
+        if self.has_events() {
+            let mut core = self.lock_core();
+            self.apply_events(&mut core);
+        }
+        let regions = self.tables.regions();
+        let mut qp = lock_qp(cell);
+        self.ctx.activity.take_slot(qp.slot);
+        for _ in 0..ROUNDS {
+            qp.progress(&regions);
+            if !qp.more_to_read {
+                break;
+            }
+        }
+        let qpn = qp.qpn;
+        self.tables.after_call(&mut qp, arming.then_some(qpn));
     }
 
     /// Whether a call that drives the device (the `drives`-th) may skip the engine: no marks,
@@ -321,19 +366,21 @@ impl ShmDevice {
         let (gid, listener) = bind_fresh_gid()?;
         let activity = Arc::new(OwnArea::create(config.max_qps)?);
         let hints = Arc::new(Hints::default());
+        let tables = Arc::new(Tables::new(Arc::clone(&activity), Arc::clone(&hints)));
         let spin_policy = crate::cq::SpinPolicy::new(config.spin);
         let ctx = DeviceContext {
             gid,
             uid: rustix::process::getuid().as_raw(),
             config,
             doorbell: EventFd::new(false)?,
-            activity: Arc::clone(&activity),
+            activity,
             registry: Arc::new(SocketRegistry::new()?),
         };
         let shared = Arc::new(DeviceShared {
             name,
             ctx,
-            core: Mutex::new(DeviceCore::new(activity, Arc::clone(&hints))),
+            core: Mutex::new(DeviceCore::new(Arc::clone(&tables))),
+            tables,
             hints,
             exports: RwLock::new(Exports::default()),
             peer_areas: PeerAreas::default(),

@@ -42,6 +42,11 @@
 //!   mark (a mark moves a cache line between the processes); as a safety net for marks a
 //!   hostile peer cleared, a device looks at every queue pair at most every 100 ms. Polling an
 //!   idle device takes no lock.
+//! - **A lock per queue pair**: posting, a direct write, polling a queue with few queue pairs
+//!   and arming a queue pair's waiter lock that queue pair only (and look at it alone,
+//!   whatever its mark says), so a server's threads, one per connection, do not queue up
+//!   behind one device lock; the device lock is for what spans queue pairs (the table, the
+//!   marks, sleepers). See `engine` for the lock order.
 //! - **Polling fits the machine**: the application's `poll` does the work directly (no thread
 //!   hop, no system call on the data path); `wait` spins briefly (only as many threads at once
 //!   as half the cores; past a few µs, or at once while the core is contended, yielding the

@@ -98,8 +98,7 @@ impl Drop for ShmMr {
     fn drop(&mut self) {
         self.region.invalidate();
         let shared = &self.device.shared;
-        let mut core = shared.lock_core();
-        core.regions.remove(&self.region.lkey);
+        shared.tables.regions_mut().remove(&self.region.lkey);
         shared.exports_write().regions.remove(&self.region.rkey);
     }
 }

@@ -60,11 +60,11 @@ impl ProtectionDomain for ShmPd {
         let (lkey, rkey) = shared.alloc_keys();
         let region = Arc::new(LocalRegion::alloc(len, access, lkey, rkey, self.id)?);
         {
-            let mut core = shared.lock_core();
-            if core.regions.len() >= shared.ctx.config.max_mrs as usize {
+            let mut regions = shared.tables.regions_mut();
+            if regions.len() >= shared.ctx.config.max_mrs as usize {
                 return Err(Error::InvalidAttribute("more memory regions than max_mr"));
             }
-            core.regions.insert(lkey, Arc::clone(&region));
+            regions.insert(lkey, Arc::clone(&region));
             // Every region is described to peers that ask through a queue pair of its domain:
             // for one-sided operations (which the asking side checks against `access`) and as
             // the source of direct SENDs (which the receiver copies out of).
@@ -95,7 +95,7 @@ impl ProtectionDomain for ShmPd {
         }
         let caps = grant(caps)?;
         let shared = &self.device.shared;
-        let (qpn, slot, waiter_linked) = {
+        let (qpn, slot, waiter_linked, cell) = {
             let mut core = shared.lock_core();
             if core.qps.len() >= shared.ctx.config.max_qps as usize {
                 return Err(Error::InvalidAttribute("more queue pairs than max_qp"));
@@ -105,10 +105,14 @@ impl ProtectionDomain for ShmPd {
             let (send, recv) = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
             let qp = QpCore::new(qpn, slot, self.id, caps, send, recv, shared.ctx.config.direct_min);
             let waiter_linked = Arc::clone(&qp.waiter_linked);
-            core.insert_qp(qp);
+            let cell = core.insert_qp(qp);
+            send_cq.shared.attach(&cell);
+            if !Arc::ptr_eq(&send_cq.shared, &recv_cq.shared) {
+                recv_cq.shared.attach(&cell);
+            }
             shared.exports_write().qp_pds.insert(qpn, self.id);
-            (qpn, slot, waiter_linked)
+            (qpn, slot, waiter_linked, cell)
         };
-        Ok(ShmQp { pd: self.clone(), qpn, slot, waiter_linked, caps })
+        Ok(ShmQp { pd: self.clone(), qpn, slot, waiter_linked, caps, cell })
     }
 }

@@ -6,7 +6,7 @@ use lightpath_verbs::{
 
 use crate::activity::Wake;
 
-use crate::engine::{QpCore, Regions};
+use crate::engine::{lock_qp, QpCell, QpCore, Regions};
 use crate::pd::ShmPd;
 
 /// A queue pair of an [`ShmDevice`](crate::ShmDevice). It holds its protection domain (and
@@ -21,6 +21,8 @@ pub struct ShmQp {
     /// Its link was introduced with its own doorbell (shared with the engine's `QpCore`).
     pub(crate) waiter_linked: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub(crate) caps: QpCaps,
+    /// Its engine state (also in the device's table), locked on its own by calls on it.
+    pub(crate) cell: std::sync::Arc<QpCell>,
 }
 
 impl std::fmt::Debug for ShmQp {
@@ -30,15 +32,22 @@ impl std::fmt::Debug for ShmQp {
 }
 
 impl ShmQp {
-    /// Runs `f` on this queue pair's engine state with the device locked (after applying what
-    /// the socket thread learned); `f` also gets the region table. Afterwards the device notes
-    /// what the queue pair needs next (see `DeviceCore::with_qp`).
+    /// Runs `f` on this queue pair's engine state with this queue pair locked, not the device
+    /// (after applying what the socket thread learned, which takes the device lock only when
+    /// there is some); `f` also gets the region table. Afterwards the device notes what the
+    /// queue pair needs next (see `Tables::after_call`).
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut QpCore, &Regions) -> R) -> Result<R> {
         let shared = &self.pd.device.shared;
         shared.touch();
-        let mut guard = shared.lock_core();
-        shared.apply_events(&mut guard);
-        guard.with_qp(self.qpn, f).ok_or(Error::NotFound("queue pair"))
+        if shared.has_events() {
+            let mut core = shared.lock_core();
+            shared.apply_events(&mut core);
+        }
+        let regions = shared.tables.regions();
+        let mut qp = lock_qp(&self.cell);
+        let result = f(&mut qp, &regions);
+        shared.tables.after_call(&mut qp, None);
+        Ok(result)
     }
 }
 
@@ -57,9 +66,11 @@ impl QueuePair for ShmQp {
 
     fn state(&self) -> Result<QpState> {
         let shared = &self.pd.device.shared;
-        let mut core = shared.lock_core();
-        shared.apply_events(&mut core);
-        core.qps.get(&self.qpn).map(|qp| qp.state).ok_or(Error::NotFound("queue pair"))
+        if shared.has_events() {
+            let mut core = shared.lock_core();
+            shared.apply_events(&mut core);
+        }
+        Ok(lock_qp(&self.cell).state)
     }
 
     fn modify(&self, attr: &QpAttr) -> Result<()> {
@@ -130,7 +141,6 @@ impl QueuePair for ShmQp {
     /// `Ok(false)` if the peer was not given one (nothing armed).
     fn arm_waiter(&self, wake: WakeFor) -> Result<bool> {
         let shared = &self.pd.device.shared;
-        let drives = shared.touch();
         if !self.waiter_linked.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(false);
         }
@@ -140,15 +150,9 @@ impl QueuePair for ShmQp {
             WakeFor::Arrivals => Wake::Arrivals,
         };
         shared.ctx.activity.arm_waiter(slot, wake);
-        if shared.idle(drives) {
-            return Ok(true);
-        }
-        let mut core = shared.lock_core();
-        shared.apply_events(&mut core);
-        // This thread's own look need not write its own doorbell for what it finds.
-        core.arming = Some(self.qpn);
-        core.progress();
-        core.arming = None;
+        // This thread's own look, at its queue pair alone (the other queue pairs' news is for
+        // their own waiters, which their peers ring, or for whoever drives the device).
+        shared.progress_alone(&self.cell, true);
         Ok(true)
     }
 
@@ -171,6 +175,11 @@ impl Drop for ShmQp {
     fn drop(&mut self) {
         let shared = &self.pd.device.shared;
         let removed = shared.lock_core().remove_qp(self.qpn);
+        {
+            let qp = lock_qp(&self.cell);
+            qp.send_cq.detach(&self.cell);
+            qp.recv_cq.detach(&self.cell);
+        }
         shared.exports_write().qp_pds.remove(&self.qpn);
         // Unmapping and closing happen here, outside the lock.
         drop(removed);

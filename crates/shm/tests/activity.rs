@@ -1,6 +1,8 @@
 //! Activity marks (see `lightpath_shm::activity`): with many queue pairs on a device, news for
-//! one of them is found by looking at that one only; news whose mark was lost is still found,
-//! by the look at every queue pair the device takes now and then; garbage written over the
+//! one of them is found by looking at that one only; news whose mark was lost is still found:
+//! at once by a poll of the queue pair's own queue (which looks at its few queue pairs
+//! whatever the marks say), and on a queue shared by many by the look at every queue pair the
+//! device takes now and then; garbage written over the
 //! activity area (every peer can write it) costs looks, not data; and a device with many
 //! queue pairs that sleeps is woken for news on any one of them.
 //!
@@ -8,6 +10,7 @@
 //! driver thread take over (`idle_after` of an hour), so every look is one the test caused.
 
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lightpath_shm::fault::{self, EngineCounters};
@@ -24,21 +27,33 @@ const QUEUE_PAIRS: usize = 40;
 const DEADLINE: Duration = Duration::from_secs(30);
 const LEN: usize = 256;
 
-/// One end of every connection: its own queue and region per queue pair, one device.
+/// One end of every connection: a region per queue pair, one device, and a queue per queue
+/// pair or one queue for all of them.
 struct End {
     qps: Vec<QpOf<ShmDevice>>,
-    cqs: Vec<CqOf<ShmDevice>>,
+    cqs: Vec<Arc<CqOf<ShmDevice>>>,
     mrs: Vec<MrOf<ShmDevice>>,
     _pd: PdOf<ShmDevice>,
     device: ShmDevice,
 }
 
-fn open_end(config: ShmConfig) -> End {
+/// Whether the queue pairs of an end report to queues of their own or to one they share.
+#[derive(Clone, Copy)]
+enum Queues {
+    Own,
+    Shared,
+}
+
+fn open_end(config: ShmConfig, queues: Queues) -> End {
     let device = ShmDevice::open(config).expect("shm device");
     let pd = device.alloc_pd().expect("pd");
     let mut end = End { qps: Vec::new(), cqs: Vec::new(), mrs: Vec::new(), _pd: pd, device };
+    let shared = Arc::new(end.device.create_cq(64 * QUEUE_PAIRS as u32).expect("cq"));
     for _ in 0..QUEUE_PAIRS {
-        let cq = end.device.create_cq(64).expect("cq");
+        let cq = match queues {
+            Queues::Own => Arc::new(end.device.create_cq(64).expect("cq")),
+            Queues::Shared => Arc::clone(&shared),
+        };
         end.qps.push(end._pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp"));
         end.cqs.push(cq);
         end.mrs.push(end._pd.alloc_mr(2 * LEN, AccessFlags::LOCAL_WRITE).expect("mr"));
@@ -46,10 +61,15 @@ fn open_end(config: ShmConfig) -> End {
     end
 }
 
-/// Two devices with `QUEUE_PAIRS` connections between them, whose driver threads stay out.
+/// Two devices with `QUEUE_PAIRS` connections between them, each on a queue of its own, whose
+/// driver threads stay out.
 fn connected() -> (End, End) {
+    connected_with(Queues::Own)
+}
+
+fn connected_with(queues: Queues) -> (End, End) {
     let config = ShmConfig { idle_after: Duration::from_secs(3600), ..ShmConfig::default() };
-    let (a, b) = (open_end(config.clone()), open_end(config));
+    let (a, b) = (open_end(config.clone(), queues), open_end(config, queues));
     for (qp_a, qp_b) in a.qps.iter().zip(&b.qps) {
         connect(qp_a, qp_b, Mtu::Mtu4096, &PairOptions::default());
     }
@@ -121,8 +141,24 @@ fn news_for_one_queue_pair_among_many_costs_one_look() {
 }
 
 #[test]
-fn a_lost_mark_is_found_by_the_look_at_every_queue_pair() {
+fn a_lost_mark_costs_nothing_to_a_poll_of_the_queue_pairs_own_queue() {
     let (a, b) = connected();
+    let k = 23;
+    for round in 0..5u8 {
+        send(&a, &b, k, round);
+        fault::clear_activity(&b.device);
+        let before = counters(&b);
+        let (wc, _) = poll_one(&b.cqs[k]);
+        check_received(&b, k, &wc, round);
+        assert_eq!(counters(&b).full_scans, before.full_scans, "round {round}: a look at every queue pair");
+        assert_success(&poll_one(&a.cqs[k]).0, 1000 + k as u64, WcOpcode::Send);
+    }
+}
+
+#[test]
+fn a_lost_mark_is_found_by_the_look_at_every_queue_pair() {
+    // One queue for every queue pair: a poll of it drives the device, which relies on marks.
+    let (a, b) = connected_with(Queues::Shared);
     let k = 23;
     // The receiver's driver thread may take the mark before the test clears it (it runs on
     // its own, and how soon depends on timing, such as the page faults of a fresh segment):
@@ -185,7 +221,7 @@ fn garbage_over_the_activity_area_does_no_harm() {
 #[test]
 fn a_sleeping_device_with_many_queue_pairs_is_woken_for_any_of_them() {
     let config = ShmConfig { idle_after: Duration::from_millis(1), ..ShmConfig::default() };
-    let (a, b) = (open_end(config.clone()), open_end(config));
+    let (a, b) = (open_end(config.clone(), Queues::Own), open_end(config, Queues::Own));
     for (qp_a, qp_b) in a.qps.iter().zip(&b.qps) {
         connect(qp_a, qp_b, Mtu::Mtu4096, &PairOptions::default());
     }

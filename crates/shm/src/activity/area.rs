@@ -107,6 +107,15 @@ impl OwnArea {
         super::take(&self.word(BITS_OFFSET + index * 8))
     }
 
+    /// Takes the mark of `slot` alone (see [`take_slot`](super::take_slot)); false past the end.
+    pub(crate) fn take_slot(&self, slot: u32) -> bool {
+        if slot >= self.slots {
+            return false;
+        }
+        let (index, _) = slot_position(slot);
+        super::take_slot(&self.word(BITS_OFFSET + index * 8), slot)
+    }
+
     /// Whether any of the first `words` activity words has a mark (without taking it).
     pub(crate) fn any_marked(&self, words: usize) -> bool {
         (0..words.min(words_of(self.slots)))

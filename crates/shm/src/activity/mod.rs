@@ -200,6 +200,17 @@ pub fn ring_needed<W: AtomicWord>(state: &W, rung: &W) -> bool {
         && rung.swap(value, Ordering::Relaxed) != value
 }
 
+/// Consumer side: takes the mark of one slot only (a thread about to look at that queue pair
+/// alone); returns whether it was marked. The other slots' marks stay for whoever looks at
+/// them.
+pub fn take_slot<W: AtomicWord>(word: &W, slot: u32) -> bool {
+    let (_, bit) = slot_position(slot);
+    if word.load(Ordering::Relaxed) & bit == 0 {
+        return false;
+    }
+    word.fetch_and(!bit, Ordering::Acquire) & bit != 0
+}
+
 /// Consumer side: takes the marks of one activity word (each set bit is a slot to look at).
 pub fn take<W: AtomicWord>(word: &W) -> u64 {
     // Most words are empty most of the time: a plain load keeps the line shared with the

@@ -19,6 +19,11 @@ pub(crate) struct Agenda {
 }
 
 impl Agenda {
+    /// Whether [`Agenda::note`] would note anything for `qp` (read without the agenda's lock).
+    pub(crate) fn wants(qp: &QpCore) -> bool {
+        (qp.more_to_read && !qp.queued) || qp.wake_at.is_some_and(|at| qp.timer != Some(at))
+    }
+
     /// Notes what `qp` needs after something worked on it.
     pub(crate) fn note(&mut self, qp: &mut QpCore) {
         if qp.more_to_read && !qp.queued {

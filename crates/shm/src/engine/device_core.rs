@@ -1,6 +1,8 @@
-//! [`DeviceCore`]: the device's mutable state — its queue pairs and regions — and which queue
-//! pairs a call looks at, so that a call costs in proportion to the queue pairs that have
-//! something to do, not to all of them.
+//! [`DeviceCore`]: the device's mutable state — its table of queue pairs (each behind a lock of
+//! its own, [`QpCell`]), activity slots and sleepers — and which queue pairs a call looks at,
+//! so that a call costs in proportion to the queue pairs that have something to do, not to all
+//! of them. [`Tables`] holds what calls on one queue pair share with it without the device
+//! lock: the region table and the agenda.
 //!
 //! A call looks at the queue pairs peers marked in the activity area (see
 //! [`crate::activity`]), those the [`Agenda`] owes a look (records left over, an RNR deadline
@@ -11,7 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use super::agenda::Agenda;
@@ -38,8 +40,10 @@ pub(crate) const LOOK_EVERYWHERE_MAX: usize = 4;
 pub(crate) struct Hints {
     /// Activity words covering the slots in use.
     words: AtomicUsize,
-    /// Looks are owed (the agenda), or the device looks everywhere.
+    /// The device looks everywhere (always, or once).
     local: AtomicBool,
+    /// Looks are owed (the agenda is not empty).
+    owed: AtomicBool,
     /// The device has at most [`LOOK_EVERYWHERE_MAX`] queue pairs.
     few: AtomicBool,
 }
@@ -55,18 +59,80 @@ impl Hints {
     /// may be missed, and is found by the caller's next call (pollers poll again; sleepers
     /// look under the lock after arming).
     pub(crate) fn nothing_to_do(&self, activity: &OwnArea) -> bool {
-        !self.local.load(Ordering::Relaxed) && !activity.any_marked(self.words.load(Ordering::Relaxed))
+        !self.local.load(Ordering::Relaxed)
+            && !self.owed.load(Ordering::Relaxed)
+            && !activity.any_marked(self.words.load(Ordering::Relaxed))
+    }
+}
+
+/// One queue pair's state behind its own lock (see the engine's lock order).
+pub(crate) type QpCell = Mutex<QpCore>;
+
+/// Locks a queue pair. The engine never panics while holding it by design; if a bug made it
+/// do so, the state is still memory-safe to use, and refusing every later call would turn one
+/// failed request into a dead connection.
+pub(crate) fn lock_qp(cell: &QpCell) -> MutexGuard<'_, QpCore> {
+    cell.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What a call on one queue pair shares with the rest of the device without taking the device
+/// lock: the region table (read by every call, written when regions come and go), the agenda
+/// of owed looks, and what callers read without any lock.
+#[derive(Debug)]
+pub(crate) struct Tables {
+    regions: RwLock<Regions>,
+    agenda: Mutex<Agenda>,
+    pub(crate) hints: Arc<Hints>,
+    pub(crate) activity: Arc<OwnArea>,
+}
+
+impl Tables {
+    pub(crate) fn new(activity: Arc<OwnArea>, hints: Arc<Hints>) -> Self {
+        Self {
+            regions: RwLock::new(Regions::default()),
+            agenda: Mutex::new(Agenda::default()),
+            hints,
+            activity,
+        }
+    }
+
+    /// The region table, for a call (taken before the queue pair's lock).
+    pub(crate) fn regions(&self) -> RwLockReadGuard<'_, Regions> {
+        self.regions.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The region table, to add or remove a region (with no queue pair locked).
+    pub(crate) fn regions_mut(&self) -> RwLockWriteGuard<'_, Regions> {
+        self.regions.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the agenda, then publishes whether looks are owed.
+    fn with_agenda<R>(&self, f: impl FnOnce(&mut Agenda) -> R) -> R {
+        let mut agenda = self.agenda.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = f(&mut agenda);
+        let owed = !agenda.is_empty();
+        if self.hints.owed.load(Ordering::Relaxed) != owed {
+            self.hints.owed.store(owed, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// After a call worked on `qp` (locked): notes what it needs next (the agenda's lock only
+    /// when it needs a look) and tells its waiter of new completions, unless that waiter is
+    /// the one looking (`arming`).
+    pub(crate) fn after_call(&self, qp: &mut QpCore, arming: Option<u32>) {
+        if Agenda::wants(qp) {
+            self.with_agenda(|agenda| agenda.note(qp));
+        }
+        tell_waiter(qp, &self.activity, arming);
     }
 }
 
 /// The device's mutable state.
 #[derive(Debug)]
 pub(crate) struct DeviceCore {
-    pub(crate) qps: IdMap<QpCore>,
-    pub(crate) regions: Regions,
-    activity: Arc<OwnArea>,
-    hints: Arc<Hints>,
-    agenda: Agenda,
+    pub(crate) qps: IdMap<Arc<QpCell>>,
+    tables: Arc<Tables>,
     /// The queue pair in each activity slot (0: free; queue-pair numbers start at 2).
     slots: Vec<u32>,
     /// Free slots below `slots.len()`.
@@ -88,19 +154,13 @@ pub(crate) struct DeviceCore {
     /// Counts sleeps, so each one has its own state value.
     epoch: u64,
     next_qpn: u32,
-    /// The queue pair whose waiter is taking its last look (`QueuePair::arm_waiter`): what
-    /// that look finds needs no ring of the queue pair's own doorbell.
-    pub(crate) arming: Option<u32>,
 }
 
 impl DeviceCore {
-    pub(crate) fn new(activity: Arc<OwnArea>, hints: Arc<Hints>) -> Self {
+    pub(crate) fn new(tables: Arc<Tables>) -> Self {
         let core = Self {
             qps: IdMap::default(),
-            regions: Regions::default(),
-            activity,
-            hints,
-            agenda: Agenda::default(),
+            tables,
             slots: Vec::new(),
             free_slots: BTreeSet::new(),
             everywhere: true,
@@ -112,7 +172,6 @@ impl DeviceCore {
             sleepers: 0,
             epoch: 0,
             next_qpn: 2,
-            arming: None,
         };
         core.announce_state();
         core.publish_hints();
@@ -137,7 +196,8 @@ impl DeviceCore {
         let slot = match self.free_slots.pop_first() {
             Some(slot) => slot,
             None => {
-                let slot = u32::try_from(self.slots.len()).ok().filter(|&s| s < self.activity.slots())?;
+                let slot =
+                    u32::try_from(self.slots.len()).ok().filter(|&s| s < self.tables.activity.slots())?;
                 self.slots.push(0);
                 slot
             }
@@ -147,20 +207,25 @@ impl DeviceCore {
         Some(slot)
     }
 
-    /// Adds a queue pair (its slot from [`DeviceCore::alloc_slot`]).
-    pub(crate) fn insert_qp(&mut self, qp: QpCore) {
-        self.qps.insert(qp.qpn, qp);
+    /// Adds a queue pair (its slot from [`DeviceCore::alloc_slot`]); returns its cell, which
+    /// its handle keeps for calls that take only its lock.
+    pub(crate) fn insert_qp(&mut self, qp: QpCore) -> Arc<QpCell> {
+        let qpn = qp.qpn;
+        let cell = Arc::new(Mutex::new(qp));
+        self.qps.insert(qpn, Arc::clone(&cell));
         self.update_mode();
+        cell
     }
 
     /// Removes queue pair `qpn` and frees its slot. A peer may still mark the slot for a while
     /// (it learns of the end through its socket): at worst the slot's next owner gets one look
     /// for nothing.
-    pub(crate) fn remove_qp(&mut self, qpn: u32) -> Option<QpCore> {
+    pub(crate) fn remove_qp(&mut self, qpn: u32) -> Option<Arc<QpCell>> {
         let qp = self.qps.remove(&qpn)?;
-        if let Some(entry) = self.slots.get_mut(qp.slot as usize).filter(|entry| **entry == qpn) {
+        let slot = lock_qp(&qp).slot;
+        if let Some(entry) = self.slots.get_mut(slot as usize).filter(|entry| **entry == qpn) {
             *entry = 0;
-            self.free_slots.insert(qp.slot);
+            self.free_slots.insert(slot);
         }
         // The table shrinks from its end, so calls look at as few activity words as queue
         // pairs need.
@@ -173,13 +238,13 @@ impl DeviceCore {
         Some(qp)
     }
 
-    /// Runs `f` on queue pair `qpn`, then notes what it needs next.
+    /// Runs `f` on queue pair `qpn` (locking it), then notes what it needs next.
     pub(crate) fn with_qp<R>(&mut self, qpn: u32, f: impl FnOnce(&mut QpCore, &Regions) -> R) -> Option<R> {
-        let qp = self.qps.get_mut(&qpn)?;
-        let result = f(qp, &self.regions);
-        self.agenda.note(qp);
-        tell_waiter(qp, &self.activity, self.arming);
-        self.publish_hints();
+        let cell = self.qps.get(&qpn)?;
+        let regions = self.tables.regions();
+        let mut qp = lock_qp(cell);
+        let result = f(&mut qp, &regions);
+        self.tables.after_call(&mut qp, None);
         Some(result)
     }
 
@@ -200,7 +265,7 @@ impl DeviceCore {
 
     /// Publishes whether anyone sleeps and whether the device looks everywhere.
     fn announce_state(&self) {
-        self.activity.announce(state_value(self.epoch, self.sleepers > 0, self.everywhere));
+        self.tables.activity.announce(state_value(self.epoch, self.sleepers > 0, self.everywhere));
     }
 
     /// Moves forward every queue pair that has something to do; returns the earliest time one
@@ -225,20 +290,22 @@ impl DeviceCore {
     }
 
     fn progress_with(&mut self, everything: bool) -> Option<Instant> {
+        let tables = Arc::clone(&self.tables);
+        let regions = tables.regions();
         if everything {
-            self.look_everywhere();
+            self.look_everywhere(&regions);
         } else {
-            self.progress_marked();
+            self.progress_marked(&regions);
         }
-        self.progress_ready();
-        let next = self.progress_timers();
+        self.progress_ready(&regions);
+        let next = self.progress_timers(&regions);
         self.publish_hints();
         next
     }
 
     /// Looks at every queue pair, marked or not: always while the device has few, else as the
     /// safety net for lost marks.
-    fn look_everywhere(&mut self) {
+    fn look_everywhere(&mut self, regions: &Regions) {
         if !self.everywhere {
             self.last_full_scan = Instant::now();
             self.full_scans += 1;
@@ -247,13 +314,13 @@ impl DeviceCore {
         // The marks are taken first, as a call that finds them would (a mark past the slots
         // in use is for a queue pair that is gone).
         for index in 0..self.words_in_use() {
-            self.activity.take(index);
+            self.tables.activity.take(index);
         }
-        for qp in self.qps.values_mut() {
+        for cell in self.qps.values() {
             self.looks += 1;
-            qp.progress(&self.regions);
-            self.agenda.note(qp);
-            tell_waiter(qp, &self.activity, self.arming);
+            let mut qp = lock_qp(cell);
+            qp.progress(regions);
+            self.tables.after_call(&mut qp, None);
         }
     }
 
@@ -263,16 +330,16 @@ impl DeviceCore {
     }
 
     /// The queue pairs peers marked.
-    fn progress_marked(&mut self) {
+    fn progress_marked(&mut self, regions: &Regions) {
         for index in 0..self.words_in_use() {
-            let mut bits = self.activity.take(index);
+            let mut bits = self.tables.activity.take(index);
             while bits != 0 {
                 let slot = index * SLOTS_PER_WORD as usize + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 // A mark on a free slot (its queue pair is gone) or a slot past the table (a
                 // hostile peer) is nothing to do.
                 match self.slots.get(slot) {
-                    Some(&qpn) if qpn != 0 => self.progress_qp(qpn),
+                    Some(&qpn) if qpn != 0 => self.progress_qp(qpn, regions, |_| true),
                     _ => {}
                 }
             }
@@ -280,50 +347,58 @@ impl DeviceCore {
     }
 
     /// The queue pairs that stopped with records left.
-    fn progress_ready(&mut self) {
-        for qpn in self.agenda.take_ready() {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
+    fn progress_ready(&mut self, regions: &Regions) {
+        for qpn in self.tables.with_agenda(Agenda::take_ready) {
+            self.progress_qp(qpn, regions, |qp| {
                 qp.queued = false;
-                self.progress_qp(qpn);
-            }
+                true
+            });
         }
     }
 
     /// The queue pairs whose RNR deadline passed; returns the next deadline.
-    fn progress_timers(&mut self) -> Option<Instant> {
-        if !self.agenda.has_timers() {
+    fn progress_timers(&mut self, regions: &Regions) -> Option<Instant> {
+        if !self.tables.with_agenda(|agenda| agenda.has_timers()) {
             return None;
         }
         let now = Instant::now();
-        while let Some((at, qpn)) = self.agenda.pop_due(now) {
-            let Some(qp) = self.qps.get_mut(&qpn).filter(|qp| qp.timer == Some(at)) else { continue };
-            qp.timer = None;
-            self.progress_qp(qpn);
+        while let Some((at, qpn)) = self.tables.with_agenda(|agenda| agenda.pop_due(now)) {
+            self.progress_qp(qpn, regions, |qp| {
+                let due = qp.timer == Some(at);
+                if due {
+                    qp.timer = None;
+                }
+                due
+            });
         }
-        self.agenda.next_deadline()
+        self.tables.with_agenda(|agenda| agenda.next_deadline())
     }
 
-    /// Moves queue pair `qpn` forward and notes what it needs next.
-    fn progress_qp(&mut self, qpn: u32) {
-        if let Some(qp) = self.qps.get_mut(&qpn) {
-            self.looks += 1;
-            qp.progress(&self.regions);
-            self.agenda.note(qp);
-            tell_waiter(qp, &self.activity, self.arming);
+    /// Moves queue pair `qpn` forward (if it exists and `first`, given it locked, says so) and
+    /// notes what it needs next.
+    fn progress_qp(&mut self, qpn: u32, regions: &Regions, first: impl FnOnce(&mut QpCore) -> bool) {
+        let Some(cell) = self.qps.get(&qpn) else { return };
+        let mut qp = lock_qp(cell);
+        if !first(&mut qp) {
+            return;
         }
+        self.looks += 1;
+        qp.progress(regions);
+        self.tables.after_call(&mut qp, None);
     }
 
     /// Updates what callers see without the lock (see [`Hints`]), writing only what changed:
     /// every polling thread reads these.
     fn publish_hints(&self) {
         let words = self.words_in_use();
-        if self.hints.words.load(Ordering::Relaxed) != words {
-            self.hints.words.store(words, Ordering::Relaxed);
+        if self.tables.hints.words.load(Ordering::Relaxed) != words {
+            self.tables.hints.words.store(words, Ordering::Relaxed);
         }
-        self.hints.few.store(self.everywhere, Ordering::Relaxed);
-        let local = !self.agenda.is_empty() || self.everywhere || self.everywhere_once;
-        if self.hints.local.load(Ordering::Relaxed) != local {
-            self.hints.local.store(local, Ordering::Relaxed);
+        let hints = &self.tables.hints;
+        hints.few.store(self.everywhere, Ordering::Relaxed);
+        let local = self.everywhere || self.everywhere_once;
+        if hints.local.load(Ordering::Relaxed) != local {
+            hints.local.store(local, Ordering::Relaxed);
         }
     }
 
@@ -393,7 +468,7 @@ mod tests {
 
     fn device() -> (Arc<OwnArea>, DeviceCore) {
         let area = Arc::new(OwnArea::create(256).expect("area"));
-        let core = DeviceCore::new(Arc::clone(&area), Arc::new(Hints::default()));
+        let core = DeviceCore::new(Arc::new(Tables::new(Arc::clone(&area), Arc::new(Hints::default()))));
         (area, core)
     }
 
@@ -454,7 +529,7 @@ mod tests {
     fn the_hints_say_whether_the_device_has_few_queue_pairs() {
         let area = Arc::new(OwnArea::create(256).expect("area"));
         let hints = Arc::new(Hints::default());
-        let mut core = DeviceCore::new(area, Arc::clone(&hints));
+        let mut core = DeviceCore::new(Arc::new(Tables::new(area, Arc::clone(&hints))));
         assert!(hints.few_queue_pairs(), "a new device");
         for qpn in 2..2 + LOOK_EVERYWHERE_MAX as u32 {
             add(&mut core, qpn);

@@ -1,9 +1,20 @@
 //! The shm transport engine: queue pairs with their send and receive queues, the requester
-//! and responder sides of each, and the device-wide tables they share. Everything here runs
-//! under the device lock (one `Mutex<DeviceCore>` per device); the driver thread and the
-//! application's calls take turns. Which queue pairs a call looks at (those peers marked in
-//! the activity area, those owed a look) is [`DeviceCore`]'s business (`device_core`); the
-//! lock is not even taken by a poll that finds nothing marked.
+//! and responder sides of each, and the device-wide tables they share.
+//!
+//! # Locks
+//!
+//! Each queue pair's state ([`QpCore`]) has a lock of its own ([`QpCell`]): a call on one
+//! queue pair (posting, a direct write, arming its waiter) takes only that lock, so the
+//! connections of a busy server, each driven by its own thread, do not queue up behind one
+//! another. The device lock (one `Mutex<DeviceCore>`) guards what concerns every queue pair:
+//! the table of queue pairs, activity slots, sleepers, and which queue pairs a round of
+//! progress looks at (those peers marked in the activity area, those owed a look:
+//! `device_core`); a poll that finds nothing marked takes no lock at all. The region table
+//! and the agenda of owed looks are [`Tables`], shared without the device lock.
+//!
+//! Order, to rule out deadlock: the device lock, then the region table (read), then one
+//! queue pair, then the agenda. No thread holding a queue pair's lock takes the device lock or
+//! the region table, and no thread holds two queue pairs' locks at once.
 //!
 //! # How operations move
 //!
@@ -35,7 +46,7 @@ use std::sync::Arc;
 
 use lightpath_verbs::Gid;
 
-pub(crate) use device_core::{DeviceCore, Hints};
+pub(crate) use device_core::{lock_qp, DeviceCore, Hints, QpCell, Tables};
 pub(crate) use link::PeerAttach;
 pub(crate) use qp::QpCore;
 pub(crate) use sge::{IdMap, Regions};
