@@ -165,9 +165,12 @@ impl OwnArea {
         self.word(OFF_STATE).load(Ordering::Relaxed)
     }
 
-    /// Marks `slot` as a peer would, whatever the owner's state (tests).
-    #[cfg(test)]
+    /// Marks `slot` as a peer would, whatever the owner's state: the owner could not look at
+    /// its queue pair just now (another thread held it), and tests.
     pub(crate) fn mark(&self, slot: u32) {
+        if slot >= self.slots {
+            return;
+        }
         let (index, bit) = slot_position(slot);
         self.word(BITS_OFFSET + index * 8).fetch_or(bit, Ordering::Release);
     }

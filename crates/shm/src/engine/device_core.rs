@@ -26,6 +26,9 @@ use crate::activity::{state_value, SLOTS_PER_WORD};
 /// enough that a thousand queue pairs cost ten thousand looks a second, whatever the call
 /// rate.
 pub(crate) const FULL_SCAN_INTERVAL: Duration = Duration::from_millis(100);
+/// How soon a round that skipped a queue pair (another thread held it) wants another: a
+/// waiter that ran the round sleeps no longer than this.
+const SKIPPED_RETRY: Duration = Duration::from_micros(50);
 /// Calls of [`DeviceCore::progress`] between two readings of the clock for that.
 const CLOCK_EVERY: u32 = 256;
 /// Up to this many queue pairs, a device looks at every one of them on every call and tells
@@ -292,20 +295,37 @@ impl DeviceCore {
     fn progress_with(&mut self, everything: bool) -> Option<Instant> {
         let tables = Arc::clone(&self.tables);
         let regions = tables.regions();
-        if everything {
-            self.look_everywhere(&regions);
-        } else {
-            self.progress_marked(&regions);
-        }
+        let skipped =
+            if everything { self.look_everywhere(&regions) } else { self.progress_marked(&regions) };
         self.progress_ready(&regions);
         let next = self.progress_timers(&regions);
         self.publish_hints();
+        if skipped {
+            let retry = Instant::now() + SKIPPED_RETRY;
+            return Some(next.map_or(retry, |next| next.min(retry)));
+        }
         next
+    }
+
+    /// Locks queue pair `cell` for a round of progress unless another thread holds it (its
+    /// owner posting or looking at it alone, which will not take long): then its slot is
+    /// marked again, for the next round, and `None` says so. A round does not queue up behind
+    /// the connections it passes by.
+    fn try_lock_for_round<'c>(&self, cell: &'c QpCell, slot: u32) -> Option<MutexGuard<'c, QpCore>> {
+        match cell.try_lock() {
+            Ok(qp) => Some(qp),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.tables.activity.mark(slot);
+                None
+            }
+        }
     }
 
     /// Looks at every queue pair, marked or not: always while the device has few, else as the
     /// safety net for lost marks.
-    fn look_everywhere(&mut self, regions: &Regions) {
+    /// Returns whether it passed a queue pair by (see [`DeviceCore::try_lock_for_round`]).
+    fn look_everywhere(&mut self, regions: &Regions) -> bool {
         if !self.everywhere {
             self.last_full_scan = Instant::now();
             self.full_scans += 1;
@@ -316,12 +336,18 @@ impl DeviceCore {
         for index in 0..self.words_in_use() {
             self.tables.activity.take(index);
         }
-        for cell in self.qps.values() {
+        let mut skipped = false;
+        for (slot, &qpn) in self.slots.iter().enumerate() {
+            let Some(cell) = self.qps.get(&qpn) else { continue };
+            let Some(mut qp) = self.try_lock_for_round(cell, slot as u32) else {
+                skipped = true;
+                continue;
+            };
             self.looks += 1;
-            let mut qp = lock_qp(cell);
             qp.progress(regions);
             self.tables.after_call(&mut qp, None);
         }
+        skipped
     }
 
     /// Activity words covering the slots in use.
@@ -330,7 +356,9 @@ impl DeviceCore {
     }
 
     /// The queue pairs peers marked.
-    fn progress_marked(&mut self, regions: &Regions) {
+    /// Returns whether it passed a queue pair by (see [`DeviceCore::try_lock_for_round`]).
+    fn progress_marked(&mut self, regions: &Regions) -> bool {
+        let mut skipped = false;
         for index in 0..self.words_in_use() {
             let mut bits = self.tables.activity.take(index);
             while bits != 0 {
@@ -339,11 +367,21 @@ impl DeviceCore {
                 // A mark on a free slot (its queue pair is gone) or a slot past the table (a
                 // hostile peer) is nothing to do.
                 match self.slots.get(slot) {
-                    Some(&qpn) if qpn != 0 => self.progress_qp(qpn, regions, |_| true),
+                    Some(&qpn) if qpn != 0 => {
+                        let Some(cell) = self.qps.get(&qpn) else { continue };
+                        let Some(mut qp) = self.try_lock_for_round(cell, slot as u32) else {
+                            skipped = true;
+                            continue;
+                        };
+                        self.looks += 1;
+                        qp.progress(regions);
+                        self.tables.after_call(&mut qp, None);
+                    }
                     _ => {}
                 }
             }
         }
+        skipped
     }
 
     /// The queue pairs that stopped with records left.
