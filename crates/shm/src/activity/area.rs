@@ -7,7 +7,7 @@ use std::io;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{slot_position, waiting_position, AtomicWord, Wake, Word, SLOTS_PER_WORD};
-use crate::sync::Ordering;
+use crate::sync::{fence, Ordering};
 use crate::sys::{EventFd, Mapping, Memfd};
 
 const OFF_STATE: usize = 0;
@@ -242,23 +242,27 @@ impl PeerArea {
         self.mark(slot) && self.ring_needed()
     }
 
-    /// After publishing news for the queue pair in `slot`: marks it, then wakes whoever the
-    /// news is for, once — the thread waiting for that queue pair alone if one waits for such
-    /// news (writing `waiter`, the queue pair's own doorbell; `arrival` as in
-    /// [`take_waiter`](super::take_waiter)), else the device if it sleeps and nobody rang for
-    /// this sleep yet. Not both: the woken waiter drives the device and takes the mark, so
+    /// After publishing news for the queue pair in `slot`: wakes whoever the news is for,
+    /// once — the thread waiting for that queue pair alone if one waits for such news
+    /// (writing `waiter`, the queue pair's own doorbell; `arrival` as in
+    /// [`take_waiter`](super::take_waiter)), which looks at its queue pair alone and needs no
+    /// mark (the mark word is shared by 64 queue pairs: a mark moves its cache line between
+    /// the producers); else it marks the slot and rings the device if it sleeps and nobody
+    /// rang for this sleep yet. Not both: the woken waiter looks at its queue pair itself, so
     /// ringing the device too would only wake its driver thread (asleep, armed, while the
     /// application waits on queue pairs' doorbells) to contend for the engine. Hyper over shm
     /// paid one eventfd write here and one driver wake-up there per message for it.
     pub(crate) fn notify(&self, slot: u32, waiter: Option<&EventFd>, arrival: bool) {
-        let marked = self.mark(slot);
         if let Some(waiter) = waiter {
+            // What was published before this fence is seen by a waiter that armed before the
+            // load below (it fences between arming and its last look).
+            fence(Ordering::SeqCst);
             if self.take_waiter(slot, arrival) {
                 waiter.signal(1);
                 return;
             }
         }
-        if marked && self.ring_needed() {
+        if self.mark(slot) && self.ring_needed() {
             self.ring();
         }
     }
@@ -387,7 +391,7 @@ mod tests {
         // An arrival for the waiting reader: its doorbell only.
         peer.notify(5, Some(&waiter), true);
         assert_eq!((waiter.take(), device_bell.take()), (1, 0), "the reader's arrival");
-        assert_eq!(own.take(0), 1 << 5, "the news was not marked");
+        assert_eq!(own.take(0), 0, "news its waiter was woken for was marked too");
         // An acknowledgement the reader does not wait for: the sleeping device, once per sleep.
         own.arm_waiter(5, Wake::Arrivals);
         peer.notify(5, Some(&waiter), false);

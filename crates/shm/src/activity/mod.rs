@@ -48,10 +48,12 @@
 //! - **Waiting for one queue pair**: a queue pair whose owner handed the peer a doorbell of its
 //!   own (the fourth descriptor of its introduction, an eventfd) can be waited for alone. The
 //!   waiting thread sets the slot's *waiting* bit ([`arm_waiter`], `fetch_or` then a `SeqCst`
-//!   fence), looks for news once more (under the engine lock, so a look another thread of the
-//!   owner began earlier has finished), and sleeps on that eventfd if there was none. The
-//!   producer, after publishing and the fence of [`signal`], takes the bit ([`take_waiter`]) and,
-//!   if it was set, writes the queue pair's eventfd: the one thread waiting for that
+//!   fence), looks for news once more (at its queue pair alone, under that queue pair's lock,
+//!   so a look another thread of the owner began earlier has finished), and sleeps on that
+//!   eventfd if there was none. The producer, after publishing and a `SeqCst` fence, takes the
+//!   bit ([`take_waiter`]) and, if it was set, writes the queue pair's eventfd without marking
+//!   the slot (the waiter looks at its queue pair whatever the marks say; otherwise it marks
+//!   as in [`signal`]): the one thread waiting for that
 //!   connection wakes, with no driver thread, router or notifier in between. A waiter that
 //!   only reads asks to be woken for *arrivals* (records, a NAK, a change of state), not for
 //!   acknowledgements or freed ring space: a request/response connection would otherwise wake
