@@ -115,7 +115,7 @@ impl QueuePair for SoftQp {
         let mut core = device.lock();
         let now = device.now();
         let result = core.engine.post_send(now, self.qpn, wr);
-        device.after_call(&mut core, now);
+        device.after_post(core, now);
         result
     }
 
@@ -199,7 +199,7 @@ impl SoftQp {
             }
         }
         if sends {
-            device.after_call(&mut core, now);
+            device.after_post(core, now);
         } else {
             device.after_recv_post(&mut core);
         }

@@ -34,7 +34,7 @@ use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
 
 use crate::config::{ProgressMode, SoftConfig};
-use crate::sys::{self, EventFd, OneShotTimer, RECV_BATCH};
+use crate::sys::{self, EventFd, OneShotTimer, RECV_BATCH, SEND_DATAGRAMS};
 
 /// How long the progress thread holds the answers to what an event loop received, waiting
 /// for the event loop's reply to carry them (see [`Shared::drive_for_progress`]).
@@ -106,7 +106,6 @@ pub(crate) struct Core {
     pub(crate) signals: HashMap<CqHandle, Arc<CqSignal>, BuildHasherDefault<HandleHasher>>,
     pub(crate) stats: DriverStats,
     rx: RxBuffers,
-    tx: TxBuffers,
     rx_pace: RxPace,
     /// Completion hooks of queues that gained entries, run by [`CoreGuard`] once the lock is
     /// released (a hook polls its queue, which takes the lock).
@@ -199,6 +198,16 @@ impl RxPace {
 /// State shared by a device's objects and its helper thread.
 pub(crate) struct Shared {
     core: Mutex<Core>,
+    /// The sending lock and its buffers: whoever holds it is the one thread sending the
+    /// engine's datagrams, in the engine's order. It is taken before the engine lock (or
+    /// tried with the engine held, never waited for), so a posting thread fills a batch under
+    /// the engine lock and sends it after releasing that (see [`Shared::after_post`]): the
+    /// engine is not held through `sendmmsg`, which over loopback carries the datagrams
+    /// through the receiver's network stack too.
+    tx: Mutex<TxBuffers>,
+    /// A thread that had datagrams to send found the sending lock taken: its holder looks at
+    /// the engine once more before it lets go.
+    tx_pending: AtomicBool,
     /// The progress thread holds answers (ACKs) back for an event loop's reply (see
     /// [`Shared::drive_for_progress`]). Changed with the engine locked; read without the lock
     /// too (`CompletionQueue::consumer_idle` takes it only when this is set).
@@ -290,7 +299,6 @@ impl Shared {
             signals: HashMap::default(),
             stats: DriverStats::default(),
             rx: RxBuffers::new(&socket),
-            tx: TxBuffers::new(config.udp_offload),
             rx_pace: RxPace::default(),
             due_hooks: Vec::new(),
             ports: HashMap::default(),
@@ -300,6 +308,8 @@ impl Shared {
         };
         Ok(Self {
             core: Mutex::new(core),
+            tx: Mutex::new(TxBuffers::new(config.udp_offload)),
+            tx_pending: AtomicBool::new(false),
             socket,
             waker: EventFd::new(false)?,
             handover: OneShotTimer::new()?,
@@ -374,6 +384,21 @@ impl Shared {
         Time::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
+    /// The sending lock, if no other thread holds it.
+    fn try_lock_tx(&self) -> Option<MutexGuard<'_, TxBuffers>> {
+        match self.tx.try_lock() {
+            Ok(tx) => Some(tx),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The sending lock, waiting for it (with the engine not locked by this thread): held
+    /// while a region is deregistered, so no batch in flight reads its memory after that.
+    pub(crate) fn lock_tx(&self) -> MutexGuard<'_, TxBuffers> {
+        self.tx.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     pub(crate) fn lock(&self) -> CoreGuard<'_> {
         // A panic in another thread while it held the lock leaves the engine in whatever state
         // that call reached; the engine's own invariants are maintained per call, so carry on
@@ -390,6 +415,39 @@ impl Shared {
     pub(crate) fn after_call(&self, core: &mut Core, now: Time) {
         self.transmit(core, now);
         self.check_thread_deadline(core);
+    }
+
+    /// As [`Shared::after_call`] after a post, but the datagrams go out once `core` is
+    /// unlocked: a batch is taken from the engine under its lock, then sent with only the
+    /// sending lock held, so other threads post and receive meanwhile. While another thread
+    /// holds the sending lock, that thread sends them.
+    pub(crate) fn after_post(&self, mut core: CoreGuard<'_>, now: Time) {
+        self.answers_held.store(false, Ordering::Relaxed);
+        self.deliver_events(&mut core);
+        self.check_thread_deadline(&core);
+        let mut core = Some(core);
+        loop {
+            self.tx_pending.store(true, Ordering::SeqCst);
+            let Some(mut tx) = self.try_lock_tx() else { return };
+            self.tx_pending.store(false, Ordering::SeqCst);
+            loop {
+                let mut engine = core.take().unwrap_or_else(|| self.lock());
+                let filled = tx.fill(&self.socket, &mut engine.engine, now.max(self.now()));
+                // Building packets can complete work too (see `transmit`).
+                self.deliver_events(&mut engine);
+                drop(engine);
+                tx.send_filled(&self.socket);
+                if filled < SEND_DATAGRAMS && !self.tx_pending.swap(false, Ordering::SeqCst) {
+                    break;
+                }
+            }
+            drop(tx);
+            // A thread that found the lock taken after the last look: take it again (or
+            // leave it to whoever took it meanwhile).
+            if !self.tx_pending.load(Ordering::SeqCst) {
+                return;
+            }
+        }
     }
 
     /// After `post_recv`: a receive request never makes the engine send anything, so only the
@@ -887,12 +945,17 @@ impl Shared {
 
     /// Delivers notifications, then transmits everything pending (a woken waiter starts
     /// waking while the datagrams go out).
+    /// Sends what the engine has to send, with the engine locked; if another thread holds
+    /// the sending lock (sending a batch it took), that thread sends this output too.
     fn transmit(&self, core: &mut Core, now: Time) {
         // Whatever was held back goes now.
         self.answers_held.store(false, Ordering::Relaxed);
         self.deliver_events(core);
-        let Core { engine, tx, stats, .. } = core;
-        tx.transmit_all(&self.socket, engine, now, stats);
+        self.tx_pending.store(true, Ordering::SeqCst);
+        if let Some(mut tx) = self.try_lock_tx() {
+            self.tx_pending.store(false, Ordering::SeqCst);
+            tx.transmit_all(&self.socket, &mut core.engine, now);
+        }
         // Building packets can complete work too (a request whose region was deregistered
         // meanwhile fails, and the queue pair's other requests are flushed).
         self.deliver_events(core);
@@ -917,9 +980,16 @@ impl Shared {
 
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> SoftStats {
+        let sent = self.lock_tx().stats.clone();
         let core = self.lock();
-        let driver =
-            DriverStats { port_armings: self.port_armings.load(Ordering::Relaxed), ..core.stats.clone() };
+        let driver = DriverStats {
+            port_armings: self.port_armings.load(Ordering::Relaxed),
+            tx_batches: sent.tx_batches,
+            tx_errors: sent.tx_errors,
+            tx_segmented: sent.tx_segmented,
+            segmentation_failures: sent.segmentation_failures,
+            ..core.stats.clone()
+        };
         SoftStats { engine: core.engine.stats().clone(), driver }
     }
 }

@@ -205,6 +205,9 @@ pub(crate) struct TxBuffers {
     segmentation: bool,
     /// Which queue pairs the device has been sending to lately (see [`FlowMix`]).
     flows: FlowMix,
+    /// The sending counters (`tx_*`, `segmentation_failures`; the rest stay 0): kept here
+    /// because batches go out without the engine lock (see `Shared::transmit`).
+    pub(crate) stats: DriverStats,
 }
 
 impl TxBuffers {
@@ -217,51 +220,66 @@ impl TxBuffers {
             batch: SendBatch::new(),
             segmentation: offload,
             flows: FlowMix::default(),
+            stats: DriverStats::default(),
         }
     }
 
     /// Sends everything the engine has to send, one batch per system call.
-    pub(crate) fn transmit_all(
-        &mut self,
-        socket: &RoceSocket,
-        engine: &mut Engine,
-        now: Time,
-        stats: &mut DriverStats,
-    ) {
+    pub(crate) fn transmit_all(&mut self, socket: &RoceSocket, engine: &mut Engine, now: Time) {
         loop {
-            self.outgoing.clear();
-            while self.outgoing.len() < SEND_DATAGRAMS {
-                let buf = &mut self.bufs[self.outgoing.len()];
-                let Some(transmit) = engine.poll_transmit(now, buf) else { break };
-                let Some(dst) = destination(socket.local(), transmit.dst, transmit.dst_port) else {
-                    stats.tx_errors += 1;
-                    continue;
-                };
-                let response =
-                    buf.first().and_then(|&op| Opcode(op).info()).is_some_and(|info| info.is_response());
-                let dest_qpn = BthPacket::new_checked(&buf[..]).map_or(0, |bth| bth.dest_qpn());
-                self.flows.note(dst, dest_qpn, now);
-                let segmentable = transmit.segmentable;
-                let gathered = transmit.gathered;
-                let len = transmit.len + gathered.map_or(0, |g| g.len + g.trailer);
-                self.outgoing.push(Outgoing {
-                    dst,
-                    len,
-                    head_len: transmit.len,
-                    gathered,
-                    response,
-                    segmentable,
-                });
-            }
-            let filled = self.outgoing.len();
-            if filled > 0 {
-                self.plan(self.flows.several_lately(now));
-                self.send(socket, stats);
-            }
+            let filled = self.fill(socket, engine, now);
+            self.send_filled(socket);
             if filled < SEND_DATAGRAMS {
                 return;
             }
         }
+    }
+
+    /// Takes up to one batch of datagrams out of the engine (it then need not stay locked
+    /// while [`TxBuffers::send_filled`] sends them); returns how many it took.
+    pub(crate) fn fill(&mut self, socket: &RoceSocket, engine: &mut Engine, now: Time) -> usize {
+        let stats = &mut self.stats;
+        self.outgoing.clear();
+        self.messages.clear();
+        while self.outgoing.len() < SEND_DATAGRAMS {
+            let buf = &mut self.bufs[self.outgoing.len()];
+            let Some(transmit) = engine.poll_transmit(now, buf) else { break };
+            let Some(dst) = destination(socket.local(), transmit.dst, transmit.dst_port) else {
+                stats.tx_errors += 1;
+                continue;
+            };
+            let response =
+                buf.first().and_then(|&op| Opcode(op).info()).is_some_and(|info| info.is_response());
+            let dest_qpn = BthPacket::new_checked(&buf[..]).map_or(0, |bth| bth.dest_qpn());
+            self.flows.note(dst, dest_qpn, now);
+            let segmentable = transmit.segmentable;
+            let gathered = transmit.gathered;
+            let len = transmit.len + gathered.map_or(0, |g| g.len + g.trailer);
+            self.outgoing.push(Outgoing {
+                dst,
+                len,
+                head_len: transmit.len,
+                gathered,
+                response,
+                segmentable,
+            });
+        }
+        let filled = self.outgoing.len();
+        if filled > 0 {
+            self.plan(self.flows.several_lately(now));
+        }
+        filled
+    }
+
+    /// Sends the batch [`TxBuffers::fill`] took (nothing if it took none). A datagram whose
+    /// payload is gathered from region memory reads that memory now: the caller holds the
+    /// device's sending lock, which deregistering a region takes too.
+    pub(crate) fn send_filled(&mut self, socket: &RoceSocket) {
+        if !self.messages.is_empty() {
+            self.send(socket);
+        }
+        self.outgoing.clear();
+        self.messages.clear();
     }
 
     /// Orders the batch and groups it into messages.
@@ -291,7 +309,8 @@ impl TxBuffers {
         }
     }
 
-    fn send(&mut self, socket: &RoceSocket, stats: &mut DriverStats) {
+    fn send(&mut self, socket: &RoceSocket) {
+        let stats = &mut self.stats;
         let (bufs, outgoing) = (&self.bufs, &self.outgoing);
         let datagram = |i: usize| {
             let out = outgoing.get(i)?;
@@ -299,8 +318,9 @@ impl TxBuffers {
             Some(match out.gathered {
                 // SAFETY: the engine checked the range against a registered region whose
                 // memory stays in place, and the region stays registered (so its memory
-                // allocated) until the engine's `dereg_mr`, which cannot run while this driver
-                // holds the engine (`transmit_all` borrows it mutably for the whole batch).
+                // allocated) until the engine's `dereg_mr`, which cannot run while a batch is
+                // being sent: the sender holds the device's sending lock from `fill` to the end
+                // of `send_filled`, and `SoftMr`'s drop takes that lock around `dereg_mr`.
                 Some(g) => unsafe { DatagramParts::with_in_place(head, g.addr, g.len, g.trailer) },
                 None => DatagramParts::buffered(head),
             })
