@@ -54,7 +54,24 @@ fn cat_round_trip(provider: &str) {
         drop(server_in);
     });
     let client_out = client.wait_with_output().unwrap();
-    let server_out = server.wait_with_output().unwrap();
+    // The server ends once its client has; a server still waiting (its client went elsewhere,
+    // or failed before it connected) is a failure with the client's words, not a hang. (Its
+    // output is read meanwhile: a full pipe would stop it.)
+    let server_pid = server.id();
+    let (done, server_exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(server.wait_with_output());
+    });
+    let server_out = match server_exit.recv_timeout(Duration::from_secs(30)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg(server_pid.to_string()).status();
+            panic!(
+                "the {provider} server did not end within 30 s of its client\nclient: {}",
+                String::from_utf8_lossy(&client_out.stderr)
+            );
+        }
+    };
     writers.join().unwrap();
     assert!(client_out.status.success(), "{}", String::from_utf8_lossy(&client_out.stderr));
     assert!(server_out.status.success(), "{}", String::from_utf8_lossy(&server_out.stderr));

@@ -565,8 +565,11 @@ async fn round_trips<S: AsyncConn>(
     for i in first..first + count {
         stamp(&mut buf, i ^ (c as u64) << 32);
         let t = Instant::now();
-        stream.write_all(&buf).await?;
-        stream.read_exact(&mut back).await?;
+        stream.write_all(&buf).await.with_context(|| format!("connection {c}: sending request {i}"))?;
+        stream
+            .read_exact(&mut back)
+            .await
+            .with_context(|| format!("connection {c}: reading the echo of request {i}"))?;
         ensure!(back == buf, "connection {c}: the echo of request {i} differs");
         if record {
             samples.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
@@ -608,8 +611,12 @@ async fn all_round_trips<S: AsyncConn>(
 /// [`probe`] over a tokio stream.
 async fn probe_async(stream: &mut impl AsyncConn) -> Result<(Duration, Duration)> {
     let mine = cpu::process_cpu();
-    stream.send_msg(PROBE).await?;
-    let reply = stream.recv_msg().await?.context("the server closed instead of answering a CPU probe")?;
+    stream.send_msg(PROBE).await.context("sending a CPU probe")?;
+    let reply = stream
+        .recv_msg()
+        .await
+        .context("reading the answer to a CPU probe")?
+        .context("the server closed instead of answering a CPU probe")?;
     let theirs = cpu::decode(&reply).context("the server's CPU reading is malformed")?;
     Ok((mine, theirs))
 }

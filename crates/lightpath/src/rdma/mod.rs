@@ -214,9 +214,13 @@ impl<D: Device> RdmaConn<D> {
                     self.check_tcp();
                 }
                 let what = if self.tcp_eof && wc.status == WcStatus::RetryExcErr {
-                    format!("the peer vanished: RDMA transfer failed ({})", wc.status)
+                    format!(
+                        "the peer vanished: RDMA transfer failed ({}{})",
+                        wc.status,
+                        vendor_detail(wc.vendor_err)
+                    )
                 } else {
-                    format!("RDMA transfer failed ({})", wc.status)
+                    format!("RDMA transfer failed ({}{})", wc.status, vendor_detail(wc.vendor_err))
                 };
                 self.fail(io::ErrorKind::ConnectionReset, what);
             }
@@ -564,5 +568,16 @@ impl<D: Device + 'static> crate::reaper::Parked for RdmaConn<D> {
     fn peer_done(&mut self) -> bool {
         self.check_tcp();
         self.tcp_eof
+    }
+}
+
+/// What a completion's vendor error says, for the message of a failed transfer ("" for none):
+/// the shm provider's say why its link went down (the flushes after it carry the same value).
+fn vendor_detail(vendor_err: u32) -> String {
+    match vendor_err {
+        0 => String::new(),
+        lightpath_shm::VENDOR_ERR_PEER_GONE => ", the peer's queue pair went away".into(),
+        lightpath_shm::VENDOR_ERR_PEER_CORRUPT => ", the peer broke the shm protocol".into(),
+        other => format!(", vendor error {other:#x}"),
     }
 }

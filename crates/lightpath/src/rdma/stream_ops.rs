@@ -303,15 +303,19 @@ impl<D: Device> RdmaConn<D> {
 
     /// Waits until everything written has been acknowledged by the peer: kept bytes sent,
     /// every record acknowledged, and a rendezvous a nonblocking call announced fetched.
+    ///
+    /// Once that holds, a failure that came after it does not fail the flush: a peer that read
+    /// everything, closed its side and went away (its queue pair gone, so ours flushes its
+    /// receives) has had all of it, as a TCP socket's data acknowledged before a reset was.
     pub(crate) fn flush(&mut self, deadline: Deadline) -> io::Result<()> {
         self.core.uncork();
         loop {
             let clear = self.push_kept()?;
             self.pump();
-            self.check_usable()?;
             if clear && self.core.is_flushed() && !self.core.rendezvous_outstanding() {
                 return Ok(());
             }
+            self.check_usable()?;
             if self.peer_vanished() {
                 return Err(reset("the peer vanished before acknowledging"));
             }
