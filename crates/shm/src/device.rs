@@ -17,7 +17,7 @@ use crate::activity::area::{OwnArea, PeerAreas};
 use crate::address::{random_gid, rendezvous_name};
 use crate::config::ShmConfig;
 use crate::cq::{CqShared, ShmCq};
-use crate::engine::{lock_qp, DeviceContext, DeviceCore, Event, Hints, QpCell, Tables};
+use crate::engine::{lock_qp, DeviceContext, DeviceCore, Event, Hints, QpCell, QpCore, Regions, Tables};
 use crate::pd::ShmPd;
 use crate::registry::SocketRegistry;
 use crate::sys::{poll_fds, EventFd, Listener, Memfd};
@@ -164,11 +164,7 @@ impl DeviceShared {
         if self.idle(drives) {
             return;
         }
-        let mut core = match self.core.try_lock() {
-            Ok(core) => core,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
+        let Some(mut core) = crate::engine::try_lock(&self.core) else { return };
         self.apply_events(&mut core);
         core.progress();
     }
@@ -181,6 +177,28 @@ impl DeviceShared {
     pub(crate) fn progress_alone(&self, cell: &QpCell, arming: bool) {
         /// Batches read in one go while records are left.
         const ROUNDS: usize = 8;
+        self.with_qp_alone(cell, arming, |qp, regions| {
+            self.ctx.activity.take_slot(qp.slot);
+            for _ in 0..ROUNDS {
+                qp.progress(regions);
+                if !qp.more_to_read {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Runs `f` on the queue pair `cell` with that queue pair locked, not the device (after
+    /// applying what the socket thread learned, which takes the device lock only when there is
+    /// some); `f` also gets the region table. Afterwards notes what the queue pair needs next
+    /// and tells its waiter of new completions, unless `arming` (see `Tables::after_call`).
+    /// Counts as the application driving the device.
+    pub(crate) fn with_qp_alone<R>(
+        &self,
+        cell: &QpCell,
+        arming: bool,
+        f: impl FnOnce(&mut QpCore, &Regions) -> R,
+    ) -> R {
         self.touch();
         if self.has_events() {
             let mut core = self.lock_core();
@@ -188,15 +206,10 @@ impl DeviceShared {
         }
         let regions = self.tables.regions();
         let mut qp = lock_qp(cell);
-        self.ctx.activity.take_slot(qp.slot);
-        for _ in 0..ROUNDS {
-            qp.progress(&regions);
-            if !qp.more_to_read {
-                break;
-            }
-        }
+        let result = f(&mut qp, &regions);
         let qpn = qp.qpn;
         self.tables.after_call(&mut qp, arming.then_some(qpn));
+        result
     }
 
     /// Whether a call that drives the device (the `drives`-th) may skip the engine: no marks,

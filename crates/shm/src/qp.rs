@@ -33,21 +33,9 @@ impl std::fmt::Debug for ShmQp {
 
 impl ShmQp {
     /// Runs `f` on this queue pair's engine state with this queue pair locked, not the device
-    /// (after applying what the socket thread learned, which takes the device lock only when
-    /// there is some); `f` also gets the region table. Afterwards the device notes what the
-    /// queue pair needs next (see `Tables::after_call`).
+    /// (see `DeviceShared::with_qp_alone`); `f` also gets the region table.
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut QpCore, &Regions) -> R) -> Result<R> {
-        let shared = &self.pd.device.shared;
-        shared.touch();
-        if shared.has_events() {
-            let mut core = shared.lock_core();
-            shared.apply_events(&mut core);
-        }
-        let regions = shared.tables.regions();
-        let mut qp = lock_qp(&self.cell);
-        let result = f(&mut qp, &regions);
-        shared.tables.after_call(&mut qp, None);
-        Ok(result)
+        Ok(self.pd.device.shared.with_qp_alone(&self.cell, false, f))
     }
 }
 

@@ -312,19 +312,26 @@ impl DeviceCore {
     /// marked again, for the next round, and `None` says so. A round does not queue up behind
     /// the connections it passes by.
     fn try_lock_for_round<'c>(&self, cell: &'c QpCell, slot: u32) -> Option<MutexGuard<'c, QpCore>> {
-        match cell.try_lock() {
-            Ok(qp) => Some(qp),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                self.tables.activity.mark(slot);
-                None
-            }
+        let qp = super::try_lock(cell);
+        if qp.is_none() {
+            self.tables.activity.mark(slot);
         }
+        qp
+    }
+
+    /// Moves forward the queue pair in `slot` (number `qpn`), unless another thread holds it
+    /// (see [`DeviceCore::try_lock_for_round`]); returns whether it passed it by.
+    fn look_at_slot(&mut self, slot: usize, qpn: u32, regions: &Regions) -> bool {
+        let Some(cell) = self.qps.get(&qpn) else { return false };
+        let Some(mut qp) = self.try_lock_for_round(cell, slot as u32) else { return true };
+        self.looks += 1;
+        qp.progress(regions);
+        self.tables.after_call(&mut qp, None);
+        false
     }
 
     /// Looks at every queue pair, marked or not: always while the device has few, else as the
-    /// safety net for lost marks.
-    /// Returns whether it passed a queue pair by (see [`DeviceCore::try_lock_for_round`]).
+    /// safety net for lost marks. Returns whether it passed one by (another thread held it).
     fn look_everywhere(&mut self, regions: &Regions) -> bool {
         if !self.everywhere {
             self.last_full_scan = Instant::now();
@@ -337,15 +344,8 @@ impl DeviceCore {
             self.tables.activity.take(index);
         }
         let mut skipped = false;
-        for (slot, &qpn) in self.slots.iter().enumerate() {
-            let Some(cell) = self.qps.get(&qpn) else { continue };
-            let Some(mut qp) = self.try_lock_for_round(cell, slot as u32) else {
-                skipped = true;
-                continue;
-            };
-            self.looks += 1;
-            qp.progress(regions);
-            self.tables.after_call(&mut qp, None);
+        for slot in 0..self.slots.len() {
+            skipped |= self.look_at_slot(slot, self.slots[slot], regions);
         }
         skipped
     }
@@ -355,8 +355,7 @@ impl DeviceCore {
         self.slots.len().div_ceil(SLOTS_PER_WORD as usize)
     }
 
-    /// The queue pairs peers marked.
-    /// Returns whether it passed a queue pair by (see [`DeviceCore::try_lock_for_round`]).
+    /// The queue pairs peers marked. Returns whether it passed one by (another thread held it).
     fn progress_marked(&mut self, regions: &Regions) -> bool {
         let mut skipped = false;
         for index in 0..self.words_in_use() {
@@ -367,16 +366,7 @@ impl DeviceCore {
                 // A mark on a free slot (its queue pair is gone) or a slot past the table (a
                 // hostile peer) is nothing to do.
                 match self.slots.get(slot) {
-                    Some(&qpn) if qpn != 0 => {
-                        let Some(cell) = self.qps.get(&qpn) else { continue };
-                        let Some(mut qp) = self.try_lock_for_round(cell, slot as u32) else {
-                            skipped = true;
-                            continue;
-                        };
-                        self.looks += 1;
-                        qp.progress(regions);
-                        self.tables.after_call(&mut qp, None);
-                    }
+                    Some(&qpn) if qpn != 0 => skipped |= self.look_at_slot(slot, qpn, regions),
                     _ => {}
                 }
             }

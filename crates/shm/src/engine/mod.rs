@@ -56,6 +56,17 @@ use crate::config::ShmConfig;
 use crate::registry::SocketRegistry;
 use crate::sys::EventFd;
 
+/// Locks `mutex` unless another thread holds it. A holder that panicked left the state
+/// memory-safe to use (the engine never panics while holding a lock by design), as
+/// [`lock_qp`] and `DeviceShared::lock_core` treat it.
+pub(crate) fn try_lock<T>(mutex: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// What the engine needs to know about its device (fixed when the device opens).
 #[derive(Debug)]
 pub(crate) struct DeviceContext {

@@ -9,7 +9,6 @@
 //! waiter, for whom it was meant, asleep. It never blocks on the engine lock; it may block in a region question to a peer device, which
 //! is why it is not the thread that answers them (see the [module docs](super)).
 
-use std::sync::TryLockError;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
@@ -169,13 +168,9 @@ impl Driver<'_> {
             self.deadline = None;
             return;
         }
-        let mut core = match self.shared.core.try_lock() {
-            Ok(core) => core,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                self.retry_lock = true;
-                return;
-            }
+        let Some(mut core) = crate::engine::try_lock(&self.shared.core) else {
+            self.retry_lock = true;
+            return;
         };
         self.retry_lock = false;
         self.shared.apply_events(&mut core);
