@@ -101,7 +101,9 @@ impl Drop for SoftMr {
         // Requests still in flight that name this region's keys fail with a protection error
         // from here on, as with a NIC; the memory itself stays alive while the engine holds it.
         // The sending lock first: no batch in flight still reads the region's memory.
-        let _sending = self.pd.device.lock_tx();
-        let _ = self.pd.device.lock().engine.dereg_mr(self.keys.lkey);
+        let device = &self.pd.device;
+        let sending = device.lock_tx();
+        let _ = device.lock().engine.dereg_mr(self.keys.lkey);
+        device.unlock_tx(sending);
     }
 }

@@ -395,8 +395,19 @@ impl Shared {
 
     /// The sending lock, waiting for it (with the engine not locked by this thread): held
     /// while a region is deregistered, so no batch in flight reads its memory after that.
+    /// Give it back with [`Shared::unlock_tx`].
     pub(crate) fn lock_tx(&self) -> MutexGuard<'_, TxBuffers> {
         self.tx.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Gives back the sending lock taken with [`Shared::lock_tx`] (with the engine not locked
+    /// by this thread): output that other threads left to its holder meanwhile (they found it
+    /// taken) is sent now, not left waiting for the next post.
+    pub(crate) fn unlock_tx(&self, tx: MutexGuard<'_, TxBuffers>) {
+        drop(tx);
+        if self.tx_pending.load(Ordering::SeqCst) {
+            self.send_unlocked(None, self.now());
+        }
     }
 
     pub(crate) fn lock(&self) -> CoreGuard<'_> {
@@ -425,7 +436,14 @@ impl Shared {
         self.answers_held.store(false, Ordering::Relaxed);
         self.deliver_events(&mut core);
         self.check_thread_deadline(&core);
-        let mut core = Some(core);
+        self.send_unlocked(Some(core), now);
+    }
+
+    /// Sends what the engine has to send, batch by batch, each taken under the engine lock
+    /// (`core`, if the caller holds it, is used for the first and released) and sent after
+    /// releasing it, as long as this thread gets the sending lock; output of threads that
+    /// found the sending lock taken meanwhile goes too.
+    fn send_unlocked(&self, mut core: Option<CoreGuard<'_>>, now: Time) {
         loop {
             self.tx_pending.store(true, Ordering::SeqCst);
             let Some(mut tx) = self.try_lock_tx() else { return };
@@ -980,7 +998,9 @@ impl Shared {
 
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> SoftStats {
-        let sent = self.lock_tx().stats.clone();
+        let tx = self.lock_tx();
+        let sent = tx.stats.clone();
+        self.unlock_tx(tx);
         let core = self.lock();
         let driver = DriverStats {
             port_armings: self.port_armings.load(Ordering::Relaxed),
