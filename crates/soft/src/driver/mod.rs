@@ -962,9 +962,9 @@ impl Shared {
     }
 
     /// Delivers notifications, then transmits everything pending (a woken waiter starts
-    /// waking while the datagrams go out).
-    /// Sends what the engine has to send, with the engine locked; if another thread holds
-    /// the sending lock (sending a batch it took), that thread sends this output too.
+    /// waking while the datagrams go out), with the engine locked; if another thread holds
+    /// the sending lock (sending a batch it took, or deregistering a region), that thread
+    /// sends this output when it lets go.
     fn transmit(&self, core: &mut Core, now: Time) {
         // Whatever was held back goes now.
         self.answers_held.store(false, Ordering::Relaxed);
