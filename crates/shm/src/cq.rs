@@ -301,7 +301,7 @@ impl CompletionQueue for ShmCq {
         // With many queue pairs this thread waits as the watcher of many connections (the
         // stream layer's leader), routing for threads of its own process: yielding to them
         // only delays everyone's completions, and only one thread per half core spins anyway.
-        let yields = plain.is_some() && self.device.shared.hints.few_queue_pairs();
+        let yields = plain.is_some() && self.device.shared.tables.hints.few_queue_pairs();
         loop {
             let count = self.poll(out)?;
             if count > 0 {

@@ -52,10 +52,9 @@ pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) ctx: DeviceContext,
     pub(crate) core: Mutex<DeviceCore>,
-    /// The region table and agenda, shared with calls that lock one queue pair only.
+    /// The region table and agenda, shared with calls that lock one queue pair only, and the
+    /// hints that say without any lock whether the engine has anything to do.
     pub(crate) tables: Arc<Tables>,
-    /// Whether the engine has anything to do, readable without its lock.
-    pub(crate) hints: Arc<Hints>,
     pub(crate) exports: RwLock<Exports>,
     /// Peer devices' activity areas, mapped once each (the socket thread maps them).
     pub(crate) peer_areas: PeerAreas,
@@ -147,26 +146,35 @@ impl DeviceShared {
     /// One round of work for the application: apply events, move forward the queue pairs that
     /// have something to do.
     pub(crate) fn drive(&self) {
-        let drives = self.touch();
-        if self.idle(drives) {
-            return;
-        }
-        let mut core = self.lock_core();
-        self.apply_events(&mut core);
-        core.progress();
+        self.drive_waiting(true);
     }
 
     /// As [`DeviceShared::drive`], unless another thread holds the engine lock: that thread
     /// is working for the device (a caller whose own queue pairs were just looked at loses
     /// nothing by not queueing up behind it, and polls again anyway).
     pub(crate) fn try_drive(&self) {
+        self.drive_waiting(false);
+    }
+
+    /// [`DeviceShared::drive`] (`wait`: for the engine lock) or [`DeviceShared::try_drive`].
+    fn drive_waiting(&self, wait: bool) {
         let drives = self.touch();
         if self.idle(drives) {
             return;
         }
-        let Some(mut core) = crate::engine::try_lock(&self.core) else { return };
+        let core = if wait { Some(self.lock_core()) } else { crate::engine::try_lock(&self.core) };
+        let Some(mut core) = core else { return };
         self.apply_events(&mut core);
         core.progress();
+    }
+
+    /// Applies what the socket thread learned, if anything (only then taking the engine lock):
+    /// for calls that otherwise lock one queue pair only.
+    pub(crate) fn apply_pending_events(&self) {
+        if self.has_events() {
+            let mut core = self.lock_core();
+            self.apply_events(&mut core);
+        }
     }
 
     /// Moves the queue pair `cell` forward alone, under its own lock (the device lock only to
@@ -200,10 +208,7 @@ impl DeviceShared {
         f: impl FnOnce(&mut QpCore, &Regions) -> R,
     ) -> R {
         self.touch();
-        if self.has_events() {
-            let mut core = self.lock_core();
-            self.apply_events(&mut core);
-        }
+        self.apply_pending_events();
         let regions = self.tables.regions();
         let mut qp = lock_qp(cell);
         let result = f(&mut qp, &regions);
@@ -218,7 +223,7 @@ impl DeviceShared {
     pub(crate) fn idle(&self, drives: u64) -> bool {
         !drives.is_multiple_of(LOCKED_DRIVE_EVERY)
             && !self.has_events()
-            && self.hints.nothing_to_do(&self.ctx.activity)
+            && self.tables.hints.nothing_to_do(&self.ctx.activity)
     }
 
     /// A fresh local key, and the matching remote key (distinct values, unique per device).
@@ -378,8 +383,7 @@ impl ShmDevice {
         let name = config.name.clone().unwrap_or_else(|| "shm".to_string());
         let (gid, listener) = bind_fresh_gid()?;
         let activity = Arc::new(OwnArea::create(config.max_qps)?);
-        let hints = Arc::new(Hints::default());
-        let tables = Arc::new(Tables::new(Arc::clone(&activity), Arc::clone(&hints)));
+        let tables = Arc::new(Tables::new(Arc::clone(&activity), Arc::new(Hints::default())));
         let spin_policy = crate::cq::SpinPolicy::new(config.spin);
         let ctx = DeviceContext {
             gid,
@@ -394,7 +398,6 @@ impl ShmDevice {
             ctx,
             core: Mutex::new(DeviceCore::new(Arc::clone(&tables))),
             tables,
-            hints,
             exports: RwLock::new(Exports::default()),
             peer_areas: PeerAreas::default(),
             mailbox: Mutex::new(Vec::new()),

@@ -53,11 +53,7 @@ impl QueuePair for ShmQp {
     }
 
     fn state(&self) -> Result<QpState> {
-        let shared = &self.pd.device.shared;
-        if shared.has_events() {
-            let mut core = shared.lock_core();
-            shared.apply_events(&mut core);
-        }
+        self.pd.device.shared.apply_pending_events();
         Ok(lock_qp(&self.cell).state)
     }
 

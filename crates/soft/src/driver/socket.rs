@@ -240,7 +240,6 @@ impl TxBuffers {
     pub(crate) fn fill(&mut self, socket: &RoceSocket, engine: &mut Engine, now: Time) -> usize {
         let stats = &mut self.stats;
         self.outgoing.clear();
-        self.messages.clear();
         while self.outgoing.len() < SEND_DATAGRAMS {
             let buf = &mut self.bufs[self.outgoing.len()];
             let Some(transmit) = engine.poll_transmit(now, buf) else { break };
