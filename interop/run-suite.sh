@@ -720,7 +720,7 @@ case_stream_soft_to_ibverbs() {
 # reaches a listener without one (soft on the host). The server serves it from its soft device
 # on the RoCE v2 port, where rxe sends.
 case_stream_ibverbs_to_soft() {
-    local t=$1 port out rc=0 pid
+    local t=$1 port out rc=0 pid watchdog
     need_ibverbs perf || return $NOT_RUN
     take_port
     lp_traffic=$((lp_traffic + 1))
@@ -731,8 +731,11 @@ case_stream_ibverbs_to_soft() {
         kill "$pid" 2> /dev/null
         return 1
     fi
+    stacks_if_stuck "$pid" 40 "$case_dir/soft-stacks.txt" &
+    watchdog=$!
     out=$(lpvm_job "stream-i2s-$t-$port" "$VLP perf $t $LPVM_HOST_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
     wait "$pid" || rc=$?
+    kill "$watchdog" 2> /dev/null
     echo "$out"
     sed 's/^/[server] /' "$case_dir/soft.log"
     if [ "$rc" = 0 ] && stream_result_ok "$out" "rdma/ibverbs" && grep -q 'rdma/soft' "$case_dir/soft.log"; then
@@ -751,6 +754,21 @@ case_ibverbs_overhead() {
     echo "$out" >> "$results/ibverbs-perf.txt"
     note "$(grep -E '^  (wrapper|direct|difference)' <<< "$out" | sed 's/  */ /g; s/ (middle half[^)]*)//' | paste -sd';' -)"
     return $rc
+}
+
+# For a host process that should be done within $2 s (a case takes 1-5 s): if the process
+# started as $1 (or a process under it) still runs then, writes its threads' stacks (gdb, when
+# installed) to $3, so a hang leaves more behind than a timeout.
+stacks_if_stuck() {
+    local top=$1 after=$2 file=$3 pid
+    sleep "$after"
+    kill -0 "$top" 2> /dev/null || return 0
+    command -v gdb > /dev/null || { echo "still running after ${after}s; no gdb for stacks" > "$file"; return 0; }
+    for pid in "$top" $(pgrep -P "$top") $(pgrep -P "$(pgrep -P "$top" | paste -sd, -)" 2> /dev/null); do
+        [ "$(cat "/proc/$pid/comm" 2> /dev/null)" = lightpath ] || continue
+        echo "== pid $pid, still running after ${after}s" >> "$file"
+        gdb -p "$pid" -batch -ex "thread apply all bt 25" >> "$file" 2>&1 || true
+    done
 }
 
 # Succeeds if the lightpath binary has `--provider ibverbs` for subcommand $1.
