@@ -378,11 +378,29 @@ impl<D: Device> Hub<D> {
                 self.leader.store(false, Ordering::SeqCst);
                 return led;
             }
-            self.list_sleeper(inbox);
-            // The leader may have left between the exchange above and now: sleep only while
-            // one leads (its hand-off wakes a listed sleeper once it goes).
-            inbox.sleep_while(left, || self.leader.load(Ordering::SeqCst));
+            self.follow(inbox, left);
         }
+    }
+
+    /// Sleeps on `inbox` (up to `left`) while another thread leads, listed so that the
+    /// leader's hand-off wakes it when the leader goes.
+    ///
+    /// It sleeps only if, once it counts as asleep, a thread still leads *and* the inbox is
+    /// still listed. The leader may have left since the exchange in `wait_inner`; and its
+    /// hand-off may have taken this inbox off the list while it was not yet asleep (skipping
+    /// it for one that was). Had it slept then under the next leader, unlisted, that leader's
+    /// hand-off would not have known it, and with nobody left to lead, nobody would have
+    /// watched the queue: every connection on it stalled until its timeout (seen in the
+    /// interop suite, 32 connections of an ibverbs client on two queues, about one run in
+    /// ten). Not sleeping, it looks again and lists itself anew.
+    fn follow(&self, inbox: &Arc<Inbox>, left: Duration) {
+        self.list_sleeper(inbox);
+        self.sleep_if_still_following(inbox, left);
+    }
+
+    /// The second half of `follow`, once `inbox` was listed.
+    fn sleep_if_still_following(&self, inbox: &Inbox, left: Duration) {
+        inbox.sleep_while(left, || inbox.listed.load(Ordering::SeqCst) && self.leader.load(Ordering::SeqCst));
     }
 
     /// The leader's turn: sleep in the queue's own `wait`, routing what arrives, until this
@@ -434,6 +452,8 @@ impl<D: Device> Hub<D> {
         }
         let mut sleepers = lock(&self.sleepers);
         while let Some(inbox) = sleepers.pop_front() {
+            // Unlisted before the look: an owner not yet asleep then sees this and does not
+            // sleep (see `follow`); one asleep already is seen here and woken.
             inbox.listed.store(false, Ordering::SeqCst);
             if inbox.is_sleeping() {
                 inbox.wake();
@@ -469,5 +489,89 @@ impl<D: Device> Hub<D> {
         let notifier = Notifier::start(self)?;
         let _ = self.notifier.set(notifier);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lightpath_soft::{SoftConfig, SoftDevice};
+
+    /// Far beyond any scheduling delay: a follower still asleep after half of it was left
+    /// asleep.
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    fn hub() -> (SoftDevice, Hub<SoftDevice>) {
+        let mut config = SoftConfig::with_addr("127.0.0.1:0".parse().unwrap());
+        config.lock_memory = false;
+        let device = SoftDevice::open(config).unwrap();
+        let cq = device.create_cq(64).unwrap();
+        (device, Hub::new(cq, 64))
+    }
+
+    /// The interleaving that stalled a queue: a follower lists itself; the leader leaves and
+    /// its hand-off takes the follower off the list without waking it (it is not asleep yet);
+    /// another thread takes the lead; the follower then goes to sleep. When that leader
+    /// leaves in turn, its hand-off must reach the follower — or the follower must not have
+    /// slept at all — since nobody else is left to watch the queue.
+    #[test]
+    fn a_follower_unlisted_before_it_sleeps_is_not_left_asleep() {
+        let (_device, hub) = hub();
+        let hub = Arc::new(hub);
+        let follower = Arc::new(Inbox::new().unwrap());
+        hub.list_sleeper(&follower);
+        // The first leader leaves (its `leader` flag is already down).
+        hub.hand_off();
+        assert!(!follower.listed.load(Ordering::SeqCst), "the hand-off skipped the follower");
+        // The next leader arrives before the follower sleeps.
+        assert!(hub.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok());
+        let sleeper = {
+            let (hub, follower) = (Arc::clone(&hub), Arc::clone(&follower));
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                hub.sleep_if_still_following(&follower, PATIENCE);
+                started.elapsed()
+            })
+        };
+        // Let the follower reach its sleep (or decide not to sleep).
+        let reached = Instant::now();
+        while !sleeper.is_finished() && !follower.is_sleeping() && reached.elapsed() < PATIENCE / 4 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        // That leader leaves as leaders do.
+        hub.leader.store(false, Ordering::SeqCst);
+        hub.hand_off();
+        let slept = sleeper.join().unwrap();
+        assert!(slept < PATIENCE / 2, "the follower slept {slept:?} with nobody leading or waking it");
+    }
+
+    /// The ordinary case: a listed follower asleep under a leader is woken by the leader's
+    /// hand-off.
+    #[test]
+    fn a_listed_follower_is_woken_by_the_hand_off() {
+        let (_device, hub) = hub();
+        let hub = Arc::new(hub);
+        let follower = Arc::new(Inbox::new().unwrap());
+        assert!(hub.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok());
+        let sleeper = {
+            let (hub, follower) = (Arc::clone(&hub), Arc::clone(&follower));
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                hub.follow(&follower, PATIENCE);
+                started.elapsed()
+            })
+        };
+        let reached = Instant::now();
+        while !follower.is_sleeping() && reached.elapsed() < PATIENCE / 4 {
+            std::thread::yield_now();
+        }
+        assert!(follower.is_sleeping(), "the follower did not sleep under a leader");
+        std::thread::sleep(Duration::from_millis(50));
+        hub.leader.store(false, Ordering::SeqCst);
+        hub.hand_off();
+        let slept = sleeper.join().unwrap();
+        assert!(slept < PATIENCE / 2, "the hand-off did not wake the follower ({slept:?})");
+        assert!(!follower.listed.load(Ordering::SeqCst), "the woken follower is still listed");
     }
 }
