@@ -25,6 +25,8 @@
 #   LIGHTPATH_NETNS              namespace name (default lp-interop); a second run waits for
 #                                the first to release it
 #   LIGHTPATH_INTEROP_DEADLINE   seconds after which no further case starts (default 2700)
+#   LIGHTPATH_INTEROP_STACKS_AFTER  seconds after which a stream case still running leaves
+#                                its processes' thread stacks in its case directory (default 40)
 #
 # Exit code: 0 if no case failed (NOT RUN cases do not fail the suite), 1 otherwise.
 set -uo pipefail
@@ -731,7 +733,7 @@ case_stream_ibverbs_to_soft() {
         kill "$pid" 2> /dev/null
         return 1
     fi
-    stacks_if_stuck "$pid" 40 "$case_dir/soft-stacks.txt" &
+    stacks_if_stuck "$pid" "${LIGHTPATH_INTEROP_STACKS_AFTER:-40}" "$case_dir/soft-stacks.txt" "$case_dir/client-stacks.txt" &
     watchdog=$!
     out=$(lpvm_job "stream-i2s-$t-$port" "$VLP perf $t $LPVM_HOST_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
     wait "$pid" || rc=$?
@@ -758,11 +760,17 @@ case_ibverbs_overhead() {
 
 # For a host process that should be done within $2 s (a case takes 1-5 s): if the process
 # started as $1 (or a process under it) still runs then, writes its threads' stacks (gdb, when
-# installed) to $3, so a hang leaves more behind than a timeout.
+# installed) to $3 and, given $4, those of the lightpath processes in the VM (eu-stack) to $4,
+# so a hang leaves more behind than a timeout.
 stacks_if_stuck() {
-    local top=$1 after=$2 file=$3 pid
+    local top=$1 after=$2 file=$3 guest_file=${4:-} pid
     sleep "$after"
     kill -0 "$top" 2> /dev/null || return 0
+    if [ -n "$guest_file" ] && lpvm_alive; then
+        lpvm_job "stacks-$(basename "$(dirname "$guest_file")")" \
+            'for p in $(pgrep -x lightpath); do echo "== pid $p"; eu-stack -p "$p" 2>&1 | head -n 600; done' 30 \
+            > "$guest_file" 2>&1 || true
+    fi
     command -v gdb > /dev/null || { echo "still running after ${after}s; no gdb for stacks" > "$file"; return 0; }
     for pid in "$top" $(pgrep -P "$top") $(pgrep -P "$(pgrep -P "$top" | paste -sd, -)" 2> /dev/null); do
         [ "$(cat "/proc/$pid/comm" 2> /dev/null)" = lightpath ] || continue
