@@ -390,9 +390,9 @@ impl<D: Device> Hub<D> {
     /// hand-off may have taken this inbox off the list while it was not yet asleep (skipping
     /// it for one that was). Had it slept then under the next leader, unlisted, that leader's
     /// hand-off would not have known it, and with nobody left to lead, nobody would have
-    /// watched the queue: every connection on it stalled until its timeout (seen in the
-    /// interop suite, 32 connections of an ibverbs client on two queues, about one run in
-    /// ten). Not sleeping, it looks again and lists itself anew.
+    /// watched the queue: every blocked connection on it slept until its wait's timeout (a
+    /// 20 ms liveness slice for stream calls, none for the set-up probe). Not sleeping, it
+    /// looks again and lists itself anew.
     fn follow(&self, inbox: &Arc<Inbox>, left: Duration) {
         self.list_sleeper(inbox);
         self.sleep_if_still_following(inbox, left);
@@ -501,12 +501,47 @@ mod tests {
     /// asleep.
     const PATIENCE: Duration = Duration::from_secs(20);
 
-    fn hub() -> (SoftDevice, Hub<SoftDevice>) {
+    fn hub() -> Arc<Hub<SoftDevice>> {
         let mut config = SoftConfig::with_addr("127.0.0.1:0".parse().unwrap());
         config.lock_memory = false;
         let device = SoftDevice::open(config).unwrap();
         let cq = device.create_cq(64).unwrap();
-        (device, Hub::new(cq, 64))
+        Arc::new(Hub::new(cq, 64))
+    }
+
+    /// Another thread takes the lead.
+    fn take_lead(hub: &Hub<SoftDevice>) {
+        assert!(hub.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok());
+    }
+
+    /// The leader leaves as `Hub::wait` has it leave.
+    fn leave_lead(hub: &Hub<SoftDevice>) {
+        hub.leader.store(false, Ordering::SeqCst);
+        hub.hand_off();
+    }
+
+    /// Runs `step` (a follower's sleep) on a thread of its own, and once that thread sleeps
+    /// (or gave up sleeping) lets the leader leave; returns how long the step took.
+    fn follow_while_the_leader_leaves(
+        hub: &Arc<Hub<SoftDevice>>,
+        follower: &Arc<Inbox>,
+        step: fn(&Hub<SoftDevice>, &Arc<Inbox>),
+    ) -> Duration {
+        let sleeper = {
+            let (hub, follower) = (Arc::clone(hub), Arc::clone(follower));
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                step(&hub, &follower);
+                started.elapsed()
+            })
+        };
+        let reached = Instant::now();
+        while !sleeper.is_finished() && !follower.is_sleeping() && reached.elapsed() < PATIENCE / 4 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        leave_lead(hub);
+        sleeper.join().unwrap()
     }
 
     /// The interleaving that stalled a queue: a follower lists itself; the leader leaves and
@@ -516,33 +551,17 @@ mod tests {
     /// slept at all — since nobody else is left to watch the queue.
     #[test]
     fn a_follower_unlisted_before_it_sleeps_is_not_left_asleep() {
-        let (_device, hub) = hub();
-        let hub = Arc::new(hub);
+        let hub = hub();
         let follower = Arc::new(Inbox::new().unwrap());
         hub.list_sleeper(&follower);
         // The first leader leaves (its `leader` flag is already down).
         hub.hand_off();
         assert!(!follower.listed.load(Ordering::SeqCst), "the hand-off skipped the follower");
         // The next leader arrives before the follower sleeps.
-        assert!(hub.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok());
-        let sleeper = {
-            let (hub, follower) = (Arc::clone(&hub), Arc::clone(&follower));
-            std::thread::spawn(move || {
-                let started = Instant::now();
-                hub.sleep_if_still_following(&follower, PATIENCE);
-                started.elapsed()
-            })
-        };
-        // Let the follower reach its sleep (or decide not to sleep).
-        let reached = Instant::now();
-        while !sleeper.is_finished() && !follower.is_sleeping() && reached.elapsed() < PATIENCE / 4 {
-            std::thread::yield_now();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        // That leader leaves as leaders do.
-        hub.leader.store(false, Ordering::SeqCst);
-        hub.hand_off();
-        let slept = sleeper.join().unwrap();
+        take_lead(&hub);
+        let slept = follow_while_the_leader_leaves(&hub, &follower, |hub, follower| {
+            hub.sleep_if_still_following(follower, PATIENCE)
+        });
         assert!(slept < PATIENCE / 2, "the follower slept {slept:?} with nobody leading or waking it");
     }
 
@@ -550,28 +569,14 @@ mod tests {
     /// hand-off.
     #[test]
     fn a_listed_follower_is_woken_by_the_hand_off() {
-        let (_device, hub) = hub();
-        let hub = Arc::new(hub);
+        let hub = hub();
         let follower = Arc::new(Inbox::new().unwrap());
-        assert!(hub.leader.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok());
-        let sleeper = {
-            let (hub, follower) = (Arc::clone(&hub), Arc::clone(&follower));
-            std::thread::spawn(move || {
-                let started = Instant::now();
-                hub.follow(&follower, PATIENCE);
-                started.elapsed()
-            })
-        };
-        let reached = Instant::now();
-        while !follower.is_sleeping() && reached.elapsed() < PATIENCE / 4 {
-            std::thread::yield_now();
-        }
-        assert!(follower.is_sleeping(), "the follower did not sleep under a leader");
-        std::thread::sleep(Duration::from_millis(50));
-        hub.leader.store(false, Ordering::SeqCst);
-        hub.hand_off();
-        let slept = sleeper.join().unwrap();
+        take_lead(&hub);
+        let slept = follow_while_the_leader_leaves(&hub, &follower, |hub, follower| {
+            hub.follow(follower, PATIENCE);
+            assert!(!follower.listed.load(Ordering::SeqCst), "the woken follower is still listed");
+        });
+        assert!(slept >= Duration::from_millis(50), "the follower did not sleep under a leader ({slept:?})");
         assert!(slept < PATIENCE / 2, "the hand-off did not wake the follower ({slept:?})");
-        assert!(!follower.listed.load(Ordering::SeqCst), "the woken follower is still listed");
     }
 }
