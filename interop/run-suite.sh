@@ -25,8 +25,9 @@
 #   LIGHTPATH_NETNS              namespace name (default lp-interop); a second run waits for
 #                                the first to release it
 #   LIGHTPATH_INTEROP_DEADLINE   seconds after which no further case starts (default 2700)
-#   LIGHTPATH_INTEROP_STACKS_AFTER  seconds after which a stream case still running leaves
-#                                its processes' thread stacks in its case directory (default 40)
+#   LIGHTPATH_INTEROP_STACKS_AFTER  seconds after which a stream-ibverbs-to-soft case still
+#                                running leaves both ends' thread stacks in its case directory
+#                                (default 40)
 #
 # Exit code: 0 if no case failed (NOT RUN cases do not fail the suite), 1 otherwise.
 set -uo pipefail
@@ -759,9 +760,9 @@ case_ibverbs_overhead() {
 }
 
 # For a host process that should be done within $2 s (a case takes 1-5 s): if the process
-# started as $1 (or a process under it) still runs then, writes its threads' stacks (gdb, when
-# installed) to $3 and, given $4, those of the lightpath processes in the VM (eu-stack) to $4,
-# so a hang leaves more behind than a timeout.
+# started as $1 (lpvm_ns_start's pid: `timeout`, with lightpath its child) still runs then,
+# writes its threads' stacks (gdb, when installed) to $3 and, given $4, those of the lightpath
+# processes in the VM (eu-stack) to $4, so a hang leaves more behind than a timeout.
 stacks_if_stuck() {
     local top=$1 after=$2 file=$3 guest_file=${4:-} pid
     sleep "$after"
@@ -772,7 +773,7 @@ stacks_if_stuck() {
             > "$guest_file" 2>&1 || true
     fi
     command -v gdb > /dev/null || { echo "still running after ${after}s; no gdb for stacks" > "$file"; return 0; }
-    for pid in "$top" $(pgrep -P "$top") $(pgrep -P "$(pgrep -P "$top" | paste -sd, -)" 2> /dev/null); do
+    for pid in "$top" $(pgrep -P "$top"); do
         [ "$(cat "/proc/$pid/comm" 2> /dev/null)" = lightpath ] || continue
         echo "== pid $pid, still running after ${after}s" >> "$file"
         gdb -p "$pid" -batch -ex "thread apply all bt 25" >> "$file" 2>&1 || true
