@@ -734,9 +734,12 @@ case_stream_ibverbs_to_soft() {
         kill "$pid" 2> /dev/null
         return 1
     fi
-    stacks_if_stuck "$pid" "${LIGHTPATH_INTEROP_STACKS_AFTER:-40}" "$case_dir/soft-stacks.txt" "$case_dir/client-stacks.txt" &
+    local after=${LIGHTPATH_INTEROP_STACKS_AFTER:-40}
+    stacks_if_stuck "$pid" "$after" "$case_dir/soft-stacks.txt" "$case_dir/client-stacks.txt" \
+        "$LPVM_SHARE/jobs/stream-i2s-$t-$port.log" &
     watchdog=$!
-    out=$(lpvm_job "stream-i2s-$t-$port" "$VLP perf $t $LPVM_HOST_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
+    # A client still running 3/4 of the way to the stacks prints Lightpath's completion state.
+    out=$(lpvm_job "stream-i2s-$t-$port" "LIGHTPATH_PERF_DIAGNOSE_AFTER=$((after * 3 / 4)) $VLP perf $t $LPVM_HOST_IP --provider ibverbs -p $port $(stream_extra "$t") --json" $T_CASE) || rc=$?
     wait "$pid" || rc=$?
     kill "$watchdog" 2> /dev/null
     echo "$out"
@@ -762,14 +765,22 @@ case_ibverbs_overhead() {
 # For a host process that should be done within $2 s (a case takes 1-5 s): if the process
 # started as $1 (lpvm_ns_start's pid: `timeout`, with lightpath its child) still runs then,
 # writes its threads' stacks (gdb, when installed) to $3 and, given $4, those of the lightpath
-# processes in the VM (eu-stack) to $4, so a hang leaves more behind than a timeout.
+# processes in the VM (eu-stack, with their descriptors: eventfd counts, epoll members, TCP
+# states) to $4, and copies the VM client's log $5 (host path) beside $4 as client.log, so a
+# hang leaves more behind than a timeout.
 stacks_if_stuck() {
-    local top=$1 after=$2 file=$3 guest_file=${4:-} pid
+    local top=$1 after=$2 file=$3 guest_file=${4:-} guest_log=${5:-} pid
     sleep "$after"
     kill -0 "$top" 2> /dev/null || return 0
+    # The VM client's output so far (a stuck one's diagnostics), before a timeout ends it.
+    [ -n "$guest_log" ] && [ -n "$guest_file" ] && cp "$guest_log" "$(dirname "$guest_file")/client.log" 2> /dev/null
     if [ -n "$guest_file" ] && lpvm_alive; then
         lpvm_job "stacks-$(basename "$(dirname "$guest_file")")" \
-            'for p in $(pgrep -x lightpath); do echo "== pid $p"; eu-stack -p "$p" 2>&1 | head -n 600; done' 30 \
+            'for p in $(pgrep -x lightpath); do echo "== pid $p"; eu-stack -p "$p" 2>&1 | head -n 600;
+                echo "== fds of pid $p (eventfd counts, epoll members, sockets)";
+                for f in /proc/$p/fdinfo/*; do n=${f##*/}; echo "-- fd $n -> $(readlink /proc/$p/fd/$n)";
+                    grep -E "^(eventfd-count|tfd|pos)" "$f"; done; echo "== tcp of pid $p"; cat /proc/$p/net/tcp;
+                done' 30 \
             > "$guest_file" 2>&1 || true
     fi
     command -v gdb > /dev/null || { echo "still running after ${after}s; no gdb for stacks" > "$file"; return 0; }

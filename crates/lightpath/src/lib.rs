@@ -61,3 +61,17 @@ pub use listener::Listener;
 pub use options::Options;
 pub use remote::{RegisteredBuf, RemoteBuf};
 pub use stream::{Driven, Readiness, Stream, Transport};
+
+/// For diagnosing a stall: the state of every shared completion queue and of the connections
+/// routed from it (queued completions, armed flags, counters) as text. Not a stable format.
+#[doc(hidden)]
+pub fn diagnostics() -> String {
+    completions::diagnostics::snapshot()
+}
+
+/// From now on, connections waiting for their peer's acknowledgement leave their protocol
+/// state for [`diagnostics`] (costs a formatted string per such wait).
+#[doc(hidden)]
+pub fn enable_diagnostic_notes() {
+    completions::diagnostics::enable_notes()
+}

@@ -166,7 +166,29 @@ pub fn wants(args: &[OsString]) -> bool {
 /// Parses and runs `lightpath perf stream_…` from the full argument list.
 pub fn run_from(args: Vec<OsString>) -> Result<ExitCode> {
     let args = StreamArgs::try_parse_from(args.into_iter().skip(1)).unwrap_or_else(|err| err.exit());
+    diagnose_if_still_running();
     run(&args)
+}
+
+/// With `LIGHTPATH_PERF_DIAGNOSE_AFTER=SECONDS`, a process still running after that long
+/// prints Lightpath's completion-queue state to stderr (`lightpath::diagnostics`), so a stall
+/// (a lost wake-up) leaves its evidence behind. A plain thread that sleeps: no timer joins the
+/// runtime being diagnosed.
+fn diagnose_if_still_running() {
+    let Some(after) = std::env::var("LIGHTPATH_PERF_DIAGNOSE_AFTER").ok().and_then(|s| s.parse::<f64>().ok())
+    else {
+        return;
+    };
+    let Ok(after) = Duration::try_from_secs_f64(after) else { return };
+    lightpath::enable_diagnostic_notes();
+    let _ = std::thread::Builder::new().name("perf-diagnose".into()).spawn(move || {
+        std::thread::sleep(after);
+        eprintln!(
+            "lightpath perf: still running after {:.0} s; Lightpath's state:\n{}",
+            after.as_secs_f64(),
+            lightpath::diagnostics()
+        );
+    });
 }
 
 /// What each connection's opening message says.

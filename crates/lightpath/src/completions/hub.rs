@@ -492,6 +492,36 @@ impl<D: Device> Hub<D> {
     }
 }
 
+impl<D: Device> super::diagnostics::Describe for Hub<D>
+where
+    Hub<D>: Send + Sync,
+{
+    fn describe(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "hub capacity={} reserved={} attached={} leader={} listed={} notifier={} hooked={} route_pending={} strays={}",
+            self.capacity,
+            *lock(&self.reserved),
+            self.attached(),
+            self.leader.load(Ordering::SeqCst),
+            self.listed.load(Ordering::SeqCst),
+            self.notifier.get().is_some(),
+            self.hooked.load(Ordering::SeqCst),
+            self.route_pending.load(Ordering::SeqCst),
+            self.strays.load(Ordering::Relaxed),
+        );
+        let mut routes: Vec<(u32, Arc<Inbox>)> =
+            lock(&self.routes).iter().map(|(qpn, inbox)| (*qpn, Arc::clone(inbox))).collect();
+        routes.sort_by_key(|(qpn, _)| *qpn);
+        for (qpn, inbox) in routes {
+            let _ = write!(out, "  qpn {qpn:#x}: ");
+            inbox.describe(out);
+            out.push('\n');
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -31,6 +31,13 @@ pub(crate) struct Inbox {
     /// A descriptor of the queue pair's that sleepers watch beside `event`
     /// (`QueuePair::waiter_poll_fd`).
     poll_fd: OnceLock<Arc<dyn AsFd + Send + Sync>>,
+    /// Completions pushed, pushes that asked for a wake-up, and completions popped, so far
+    /// (for `diagnostics`).
+    pushed: AtomicU64,
+    wakes: AtomicU64,
+    popped: AtomicU64,
+    /// The owner's state at its last wait for the peer, when `diagnostics` notes are on.
+    note: Mutex<String>,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -56,6 +63,10 @@ impl Inbox {
             arrivals_only: AtomicBool::new(false),
             listed: AtomicBool::new(false),
             poll_fd: OnceLock::new(),
+            pushed: AtomicU64::new(0),
+            wakes: AtomicU64::new(0),
+            popped: AtomicU64::new(0),
+            note: Mutex::new(String::new()),
         })
     }
 
@@ -72,6 +83,7 @@ impl Inbox {
             queue.extend(wcs.iter().copied());
             self.len.store(queue.len(), Ordering::SeqCst);
         }
+        self.pushed.fetch_add(wcs.len() as u64, Ordering::Relaxed);
         // A reader is not woken for the acknowledgement of its own request (its completion
         // stays queued for its next look).
         if self.arrivals_only.load(Ordering::SeqCst) && !wcs.iter().any(WorkCompletion::is_arrival) {
@@ -79,7 +91,11 @@ impl Inbox {
         }
         // Pairs with the SeqCst store of `sleeping` before the owner's last look at `len`:
         // either the owner sees the entries, or this sees it asleep.
-        self.sleeping.load(Ordering::SeqCst) | self.armed.swap(false, Ordering::SeqCst)
+        let wake = self.sleeping.load(Ordering::SeqCst) | self.armed.swap(false, Ordering::SeqCst);
+        if wake {
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+        }
+        wake
     }
 
     /// Sets what the next sleep or armed wait is for: arrivals only, or anything.
@@ -105,7 +121,36 @@ impl Inbox {
             *slot = wc;
         }
         self.len.store(queue.len(), Ordering::SeqCst);
+        self.popped.fetch_add(count as u64, Ordering::Relaxed);
         count
+    }
+
+    /// Keeps `note` as the owner's state at its latest wait (see `diagnostics`).
+    pub(super) fn set_note(&self, note: String) {
+        *self.note.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = note;
+    }
+
+    /// One line for `diagnostics`: what is queued, the flags, the counters and the note.
+    pub(super) fn describe(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let queued: Vec<String> =
+            self.queue().iter().map(|wc| format!("{:?}/{:?}#{}", wc.opcode, wc.status, wc.wr_id)).collect();
+        let note = self.note.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let _ = write!(
+            out,
+            "queued=[{}] armed={} sleeping={} arrivals_only={} listed={} pushed={} wakes={} popped={}",
+            queued.join(" "),
+            self.armed.load(Ordering::SeqCst),
+            self.sleeping.load(Ordering::SeqCst),
+            self.arrivals_only.load(Ordering::SeqCst),
+            self.listed.load(Ordering::SeqCst),
+            self.pushed.load(Ordering::Relaxed),
+            self.wakes.load(Ordering::Relaxed),
+            self.popped.load(Ordering::Relaxed),
+        );
+        if !note.is_empty() {
+            let _ = write!(out, " last wait: {note}");
+        }
     }
 
     /// Makes the eventfd readable.

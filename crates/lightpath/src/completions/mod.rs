@@ -32,6 +32,7 @@
 //! so each connection reserves its send plus receive depth when it attaches, and a full hub
 //! makes the pool open another (twice as large, up to the device's `max_cqe`).
 
+pub(crate) mod diagnostics;
 mod hub;
 mod inbox;
 mod notifier;
@@ -61,7 +62,7 @@ pub(crate) struct HubPool<D: Device> {
     shared_by_default: bool,
 }
 
-impl<D: Device> HubPool<D> {
+impl<D: Device + 'static> HubPool<D> {
     /// A pool whose first queue holds `first_entries` completions, whose connections share its
     /// queues by default.
     pub(crate) fn new(first_entries: u32) -> Self {
@@ -85,7 +86,7 @@ impl<D: Device> HubPool<D> {
     pub(crate) fn reserve(&self, device: &D, entries: u32, shared: Option<bool>) -> io::Result<Arc<Hub<D>>> {
         if !shared.unwrap_or(self.shared_by_default) {
             let cq = device.create_cq(entries).map_err(from_verbs)?;
-            let hub = Arc::new(Hub::new(cq, entries));
+            let hub = Self::new_hub(cq, entries);
             let reserved = hub.reserve(entries);
             debug_assert!(reserved, "a new hub has room for one connection");
             return Ok(hub);
@@ -106,11 +107,19 @@ impl<D: Device> HubPool<D> {
             ));
         }
         let cq = device.create_cq(size).map_err(from_verbs)?;
-        let hub = Arc::new(Hub::new(cq, size));
+        let hub = Self::new_hub(cq, size);
         let reserved = hub.reserve(entries);
         debug_assert!(reserved, "a new hub has room for one connection");
         hubs.push(Arc::clone(&hub));
         Ok(hub)
+    }
+
+    /// A hub around `cq`, listed for `diagnostics`.
+    fn new_hub(cq: CqOf<D>, capacity: u32) -> Arc<Hub<D>> {
+        let hub = Arc::new(Hub::new(cq, capacity));
+        let weak: std::sync::Weak<Hub<D>> = Arc::downgrade(&hub);
+        diagnostics::register(weak);
+        hub
     }
 
     /// A connection's completions: a reservation of `entries` in a hub ([`HubPool::reserve`]),
@@ -355,6 +364,14 @@ impl<D: Device> ConnCompletions<D> {
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
         Ok(self.arm_doorbell(qp, out, WakeFor::Anything)?.unwrap_or(0))
+    }
+
+    /// Leaves `note()` in the inbox as this connection's state at its latest wait, when
+    /// `diagnostics` notes are on (the closure is not called otherwise).
+    pub(crate) fn note_wait(&self, note: impl FnOnce() -> String) {
+        if diagnostics::notes_enabled() {
+            self.inbox.set_note(note());
+        }
     }
 
     /// Makes the notification fd readable (an event loop sleeping on it looks again).

@@ -19,7 +19,7 @@ pub(crate) struct RdmaSetup<D: Device> {
     options: Options,
 }
 
-impl<D: Device> RdmaSetup<D> {
+impl<D: Device + 'static> RdmaSetup<D> {
     /// Creates the queue pair (in INIT) on one of the device's shared completion queues
     /// (from `hubs`), and the receive region.
     pub(crate) fn new(

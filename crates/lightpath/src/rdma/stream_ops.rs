@@ -322,7 +322,8 @@ impl<D: Device> RdmaConn<D> {
             match self.wait(deadline) {
                 // Nothing kept: what is missing is the peer's acknowledgement, not room.
                 Err(err) if clear && err.kind() == io::ErrorKind::WouldBlock => {
-                    return Err(crate::stream::AwaitingPeer::would_block())
+                    self.cq.note_wait(|| format!("flush awaiting the peer: {:?}", self.core));
+                    return Err(crate::stream::AwaitingPeer::would_block());
                 }
                 other => other?,
             }

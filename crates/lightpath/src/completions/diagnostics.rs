@@ -1,0 +1,53 @@
+//! A snapshot of every shared completion queue and the inboxes routed from it, for finding a
+//! lost wake-up after the fact (`lightpath::diagnostics`): what each connection has been
+//! handed, taken and woken for, whether its event loop is armed, and (once enabled) the state
+//! its last wait for the peer's acknowledgement stopped at.
+//!
+//! Hubs register a weak reference when they are made; the snapshot skips the dropped ones.
+//! Nothing here runs on the data path except the inbox's relaxed counters and, only once
+//! enabled, the note a waiting flush leaves.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, Weak};
+
+/// A hub as the snapshot sees it.
+pub(super) trait Describe: Send + Sync {
+    fn describe(&self, out: &mut String);
+}
+
+static HUBS: OnceLock<Mutex<Vec<Weak<dyn Describe>>>> = OnceLock::new();
+static NOTES: AtomicBool = AtomicBool::new(false);
+
+fn hubs() -> std::sync::MutexGuard<'static, Vec<Weak<dyn Describe>>> {
+    HUBS.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Adds a hub to the snapshot (dropped hubs are pruned here).
+pub(super) fn register(hub: Weak<dyn Describe>) {
+    let mut hubs = hubs();
+    hubs.retain(|hub| hub.strong_count() > 0);
+    hubs.push(hub);
+}
+
+/// Whether connections leave notes of their waits (see [`enable_notes`]).
+pub(crate) fn notes_enabled() -> bool {
+    NOTES.load(Ordering::Relaxed)
+}
+
+/// From now on, a connection that waits for its peer's acknowledgement notes the state of its
+/// protocol engine in its inbox (a formatted string per wait: for diagnosis, not for speed).
+pub(crate) fn enable_notes() {
+    NOTES.store(true, Ordering::Relaxed);
+}
+
+/// Every live hub's state and its inboxes', one line each.
+pub(crate) fn snapshot() -> String {
+    let live: Vec<_> = hubs().iter().filter_map(Weak::upgrade).collect();
+    let mut out = String::new();
+    let _ = writeln!(out, "lightpath completion queues: {}", live.len());
+    for hub in live {
+        hub.describe(&mut out);
+    }
+    out
+}
