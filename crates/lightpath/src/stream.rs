@@ -310,7 +310,7 @@ impl Stream {
         }
     }
 
-    #[cfg(feature = "tokio")]
+    #[cfg(any(feature = "tokio", test))]
     pub(crate) fn backend_mut(&mut self) -> &mut Backend {
         &mut self.backend
     }

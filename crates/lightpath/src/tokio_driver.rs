@@ -497,9 +497,8 @@ impl Stream {
                 // everything up to now: left set, it made the wait below return at once, for
                 // one more round of call, arming and look at the socket per message. Cleared
                 // before the arming, so an event after this point wakes the task again.
-                // A pending notification is different: a doorbell rung for news, or the
-                // stream's own "look again" (`RdmaConn::widen_arming` handled completions the
-                // failed call could not see), which only a retry of the call takes in.
+                // A pending notification is different: a doorbell rung for news, or a
+                // completion routed here, which only a retry of the call takes in.
                 if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
                     stale.clear_ready();
                     *armed = None;

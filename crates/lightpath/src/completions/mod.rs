@@ -356,8 +356,8 @@ impl<D: Device> ConnCompletions<D> {
     /// Widens an arming of the queue pair's doorbell for arrivals only (`request_notify` with
     /// `WakeFor::Arrivals`) to every completion. Completions already there go into `out`
     /// (their number is returned): the caller handles them and, since they raised no event,
-    /// makes the fd readable itself ([`ConnCompletions::wake_self`]) if they changed anything.
-    /// Without a doorbell of its own nothing was narrowed (0).
+    /// looks again itself if they changed anything. Without a doorbell of its own nothing was
+    /// narrowed (0).
     pub(crate) fn widen_to_anything(
         &self,
         qp: &QpOf<D>,
@@ -372,11 +372,6 @@ impl<D: Device> ConnCompletions<D> {
         if diagnostics::notes_enabled() {
             self.inbox.set_note(note());
         }
-    }
-
-    /// Makes the notification fd readable (an event loop sleeping on it looks again).
-    pub(crate) fn wake_self(&self) {
-        self.inbox.wake();
     }
 
     /// The fd an event loop waits on (readable after `request_notify` once a completion

@@ -14,6 +14,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()>;
     fn recv_msg(&mut self, deadline: Deadline) -> io::Result<Option<Vec<u8>>>;
     fn flush(&mut self, deadline: Deadline) -> io::Result<()>;
+    /// A nonblocking call's step after it found nothing (`RdmaConn::wait` without a deadline).
+    #[cfg(test)]
+    fn look_without_waiting(&mut self) -> io::Result<()>;
     fn set_cork(&mut self, cork: bool);
     /// Posts corked records and pushes kept bytes without waiting (see `RdmaConn::hand_over`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
@@ -157,6 +160,10 @@ where
     }
     fn flush(&mut self, deadline: Deadline) -> io::Result<()> {
         RdmaConn::flush(self, deadline)
+    }
+    #[cfg(test)]
+    fn look_without_waiting(&mut self) -> io::Result<()> {
+        RdmaConn::wait(self, Deadline::Now)
     }
     fn set_cork(&mut self, cork: bool) {
         RdmaConn::set_cork(self, cork)

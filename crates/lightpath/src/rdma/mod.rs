@@ -34,6 +34,8 @@ mod one_sided;
 mod rendezvous;
 mod setup;
 mod stream_ops;
+#[cfg(test)]
+mod tests;
 mod zero_copy;
 
 pub(crate) use dynamic::{PendingSetup, RdmaStream};
@@ -413,11 +415,22 @@ impl<D: Device> RdmaConn<D> {
             // driver: `poll_tcp`) and then retries, so a look here too cost a second system
             // call per message for nothing; a caller that only retries still sees the peer's
             // goodbye or death within `TCP_RECHECK`.
+            //
+            // Both looks may take in completions (a peer's goodbye makes this side collect
+            // what the peer had acknowledged; a widened arming takes what came before it).
+            // Those raise no event any more, so if anything was taken in the caller looks
+            // again at once (`Ok`) rather than wait for one: it may be just what the call
+            // waits for (a tokio close's flush slept for good once when its last
+            // acknowledgement was collected by the look at the peer's goodbye).
+            let before = self.progress_mark();
             if self.tcp_checked_at.is_none_or(|at| at.elapsed() >= TCP_RECHECK) {
                 self.check_tcp();
             }
             if wake == WakeFor::Anything && self.armed_for_arrivals {
                 self.widen_arming();
+            }
+            if self.progress_mark() != before {
+                return Ok(());
             }
             return Err(io::ErrorKind::WouldBlock.into());
         };
@@ -496,8 +509,8 @@ impl<D: Device> RdmaConn<D> {
     /// request and once with the answer), then a nonblocking call gave up waiting for
     /// something this side's own requests bring (an acknowledgement a flush waits for, room
     /// behind records in flight). The arming is widened to everything before the call returns
-    /// `WouldBlock`, so the loop's sleep ends when that comes; if it came already, the fd is
-    /// made readable at once so the loop looks again.
+    /// `WouldBlock`, so the loop's sleep ends when that comes; if it came already, the call
+    /// looks again instead of returning (see `wait_woken_by`).
     fn widen_arming(&mut self) {
         self.armed_for_arrivals = false;
         match self.cq.widen_to_anything(&self.qp, &mut self.wcs) {
@@ -506,12 +519,17 @@ impl<D: Device> RdmaConn<D> {
                     let wc = self.wcs[i];
                     self.handle(wc);
                 }
-                if self.pump() || n > 0 {
-                    self.cq.wake_self();
-                }
+                self.pump();
             }
             Err(err) => self.fail(io::ErrorKind::Other, format!("arming the completion queue: {err}")),
         }
+    }
+
+    /// What a nonblocking call's caller may be waiting for changes with: completions and
+    /// credit returns handled, arrivals (records, the goodbye, end of the TCP connection), a
+    /// failure. Equal before and after a look: the look changed nothing.
+    fn progress_mark(&self) -> (u64, u64, bool) {
+        (self.events, self.arrivals, self.failed.is_some())
     }
 
     /// Whether a write would not block.
