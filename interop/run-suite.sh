@@ -162,8 +162,16 @@ if [ -z "$results" ]; then
     results=$LPVM_CACHE/results/$(date +%Y%m%d-%H%M%S)
     mkdir -p "$results"
     ln -sfn "$(basename "$results")" "$LPVM_CACHE/results/latest"
-    # keep the last 5 result directories
-    ls -1d "$LPVM_CACHE"/results/2* 2> /dev/null | head -n -5 | xargs -r rm -rf
+    # Keep the last 5 result directories, and the last 5 older ones where a case failed: a loop
+    # of passing runs (hunting a rare hang) must not prune the one that caught it.
+    old_failed=0
+    for dir in $(ls -1d "$LPVM_CACHE"/results/2* 2> /dev/null | head -n -5 | sort -r); do
+        if grep -q ' FAIL ' "$dir/summary.txt" 2> /dev/null && [ $old_failed -lt 5 ]; then
+            old_failed=$((old_failed + 1))
+        else
+            rm -rf "$dir"
+        fi
+    done
 fi
 mkdir -p "$results/cases" || { echo "run-suite.sh: cannot create $results" >&2; exit 2; }
 results=$(cd "$results" && pwd)
