@@ -69,9 +69,10 @@ pub fn diagnostics() -> String {
     completions::diagnostics::snapshot()
 }
 
-/// From now on, connections waiting for their peer's acknowledgement leave their protocol
-/// state for [`diagnostics`] (costs a formatted string per such wait).
+/// From now on, [`diagnostics`] has more to show: connections count the completions handed
+/// to them, the wake-ups asked for and the completions taken, and those waiting for their
+/// peer's acknowledgement leave their protocol state (a formatted string per such wait).
 #[doc(hidden)]
-pub fn enable_diagnostic_notes() {
-    completions::diagnostics::enable_notes()
+pub fn enable_diagnostics() {
+    completions::diagnostics::enable()
 }

@@ -180,7 +180,7 @@ fn diagnose_if_still_running() {
         return;
     };
     let Ok(after) = Duration::try_from_secs_f64(after) else { return };
-    lightpath::enable_diagnostic_notes();
+    lightpath::enable_diagnostics();
     let _ = std::thread::Builder::new().name("perf-diagnose".into()).spawn(move || {
         std::thread::sleep(after);
         eprintln!(

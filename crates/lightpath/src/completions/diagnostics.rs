@@ -4,8 +4,9 @@
 //! its last wait for the peer's acknowledgement stopped at.
 //!
 //! Hubs register a weak reference when they are made; the snapshot skips the dropped ones.
-//! Nothing here runs on the data path except the inbox's relaxed counters and, only once
-//! enabled, the note a waiting flush leaves.
+//! Until [`enable`] runs, the data path pays one relaxed load per inbox push or pop here; after
+//! it, the inboxes count what they are handed, wake and give up, and a waiting flush leaves a
+//! note.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +18,7 @@ pub(super) trait Describe: Send + Sync {
 }
 
 static HUBS: OnceLock<Mutex<Vec<Weak<dyn Describe>>>> = OnceLock::new();
-static NOTES: AtomicBool = AtomicBool::new(false);
+static ENABLED: AtomicBool = AtomicBool::new(false);
 
 fn hubs() -> std::sync::MutexGuard<'static, Vec<Weak<dyn Describe>>> {
     HUBS.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -30,15 +31,18 @@ pub(super) fn register(hub: Weak<dyn Describe>) {
     hubs.push(hub);
 }
 
-/// Whether connections leave notes of their waits (see [`enable_notes`]).
-pub(crate) fn notes_enabled() -> bool {
-    NOTES.load(Ordering::Relaxed)
+/// Whether inboxes count and connections leave notes (see [`enable`]).
+#[inline]
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
 }
 
-/// From now on, a connection that waits for its peer's acknowledgement notes the state of its
-/// protocol engine in its inbox (a formatted string per wait: for diagnosis, not for speed).
-pub(crate) fn enable_notes() {
-    NOTES.store(true, Ordering::Relaxed);
+/// From now on, inboxes count the completions pushed, the wake-ups asked for and the
+/// completions popped, and a connection that waits for its peer's acknowledgement notes the
+/// state of its protocol engine in its inbox (a formatted string per wait: for diagnosis, not
+/// for speed).
+pub(crate) fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
 }
 
 /// Every live hub's state and its inboxes', one line each.

@@ -31,8 +31,8 @@ pub(crate) struct Inbox {
     /// A descriptor of the queue pair's that sleepers watch beside `event`
     /// (`QueuePair::waiter_poll_fd`).
     poll_fd: OnceLock<Arc<dyn AsFd + Send + Sync>>,
-    /// Completions pushed, pushes that asked for a wake-up, and completions popped, so far
-    /// (for `diagnostics`).
+    /// Completions pushed, pushes that asked for a wake-up, and completions popped since
+    /// `diagnostics` were enabled.
     pushed: AtomicU64,
     wakes: AtomicU64,
     popped: AtomicU64,
@@ -83,7 +83,10 @@ impl Inbox {
             queue.extend(wcs.iter().copied());
             self.len.store(queue.len(), Ordering::SeqCst);
         }
-        self.pushed.fetch_add(wcs.len() as u64, Ordering::Relaxed);
+        let counting = super::diagnostics::enabled();
+        if counting {
+            self.pushed.fetch_add(wcs.len() as u64, Ordering::Relaxed);
+        }
         // A reader is not woken for the acknowledgement of its own request (its completion
         // stays queued for its next look).
         if self.arrivals_only.load(Ordering::SeqCst) && !wcs.iter().any(WorkCompletion::is_arrival) {
@@ -92,7 +95,7 @@ impl Inbox {
         // Pairs with the SeqCst store of `sleeping` before the owner's last look at `len`:
         // either the owner sees the entries, or this sees it asleep.
         let wake = self.sleeping.load(Ordering::SeqCst) | self.armed.swap(false, Ordering::SeqCst);
-        if wake {
+        if wake && counting {
             self.wakes.fetch_add(1, Ordering::Relaxed);
         }
         wake
@@ -121,7 +124,9 @@ impl Inbox {
             *slot = wc;
         }
         self.len.store(queue.len(), Ordering::SeqCst);
-        self.popped.fetch_add(count as u64, Ordering::Relaxed);
+        if super::diagnostics::enabled() {
+            self.popped.fetch_add(count as u64, Ordering::Relaxed);
+        }
         count
     }
 

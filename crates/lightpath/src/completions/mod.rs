@@ -369,7 +369,7 @@ impl<D: Device> ConnCompletions<D> {
     /// Leaves `note()` in the inbox as this connection's state at its latest wait, when
     /// `diagnostics` notes are on (the closure is not called otherwise).
     pub(crate) fn note_wait(&self, note: impl FnOnce() -> String) {
-        if diagnostics::notes_enabled() {
+        if diagnostics::enabled() {
             self.inbox.set_note(note());
         }
     }
