@@ -525,11 +525,14 @@ impl<D: Device> RdmaConn<D> {
         }
     }
 
-    /// What a nonblocking call's caller may be waiting for changes with: completions and
-    /// credit returns handled, arrivals (records, the goodbye, end of the TCP connection), a
-    /// failure. Equal before and after a look: the look changed nothing.
-    fn progress_mark(&self) -> (u64, u64, bool) {
-        (self.events, self.arrivals, self.failed.is_some())
+    /// What a look of a nonblocking call may have changed that no event will announce:
+    /// completions and credit returns handled, a failure. (What the TCP connection brought —
+    /// the goodbye, its end — is left out: its readiness stays set for the event loop, and a
+    /// caller looking again at once would judge the peer gone before an arming took in the
+    /// records it sent just before, still waiting on its queue pair's own port: a tokio read
+    /// then reported a reset for a peer that had half-closed and exited.)
+    fn progress_mark(&self) -> (u64, bool) {
+        (self.events, self.failed.is_some())
     }
 
     /// Whether a write would not block.

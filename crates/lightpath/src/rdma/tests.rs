@@ -39,17 +39,21 @@ fn a_nonblocking_look_that_collected_completions_says_look_again() {
     loop {
         // Past the driver's recheck interval, so that the look reads the TCP connection.
         std::thread::sleep(super::TCP_RECHECK + Duration::from_millis(5));
+        let handled = conn.events();
         match conn.look_without_waiting() {
             Ok(()) => break,
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(
-                    !conn.peer_closed_its_side(),
-                    "the look read the peer's goodbye and collected its records, yet said WouldBlock"
+                assert_eq!(
+                    conn.events(),
+                    handled,
+                    "the look collected completions (the peer's goodbye was there: {}), yet said \
+                     WouldBlock",
+                    conn.peer_closed_its_side()
                 );
                 assert!(Instant::now() < deadline, "the peer's goodbye never came");
             }
             Err(err) => panic!("the look failed: {err}"),
         }
     }
-    assert!(conn.peer_closed_its_side(), "the look said look again before anything came");
+    assert!(conn.peer_closed_its_side(), "the look said look again before the goodbye came");
 }
