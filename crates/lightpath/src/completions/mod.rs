@@ -366,6 +366,23 @@ impl<D: Device> ConnCompletions<D> {
         Ok(self.arm_doorbell(qp, out, WakeFor::Anything)?.unwrap_or(0))
     }
 
+    /// Takes in what waits in the queue pair's own descriptor (a soft queue pair's UDP port),
+    /// which otherwise only an arming or, a tick later, the device's progress thread reads:
+    /// for a verdict that must see everything the peer sent, such as "the peer vanished"
+    /// once its TCP connection ended. Completions go into `out` (their number is returned);
+    /// the doorbell is left armed for anything (the caller's next wait arms it as it needs).
+    /// 0 when the queue pair has no descriptor of its own (its news is in the queue already).
+    pub(crate) fn take_in_own_port(
+        &self,
+        qp: &QpOf<D>,
+        out: &mut [WorkCompletion],
+    ) -> lightpath_verbs::Result<usize> {
+        if !self.doorbell_only {
+            return Ok(0);
+        }
+        self.widen_to_anything(qp, out)
+    }
+
     /// Leaves `note()` in the inbox as this connection's state at its latest wait, when
     /// `diagnostics` notes are on (the closure is not called otherwise).
     pub(crate) fn note_wait(&self, note: impl FnOnce() -> String) {

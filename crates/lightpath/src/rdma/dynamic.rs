@@ -17,6 +17,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// A nonblocking call's step after it found nothing (`RdmaConn::wait` without a deadline).
     #[cfg(test)]
     fn look_without_waiting(&mut self) -> io::Result<()>;
+    /// The TCP connection ended (as last looked at).
+    #[cfg(test)]
+    fn tcp_ended(&self) -> bool;
     fn set_cork(&mut self, cork: bool);
     /// Posts corked records and pushes kept bytes without waiting (see `RdmaConn::hand_over`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
@@ -164,6 +167,10 @@ where
     #[cfg(test)]
     fn look_without_waiting(&mut self) -> io::Result<()> {
         RdmaConn::wait(self, Deadline::Now)
+    }
+    #[cfg(test)]
+    fn tcp_ended(&self) -> bool {
+        self.tcp_eof
     }
     fn set_cork(&mut self, cork: bool) {
         RdmaConn::set_cork(self, cork)

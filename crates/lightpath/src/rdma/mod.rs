@@ -213,7 +213,9 @@ impl<D: Device> RdmaConn<D> {
                 // Retries run out when the peer's queue pair stopped answering: if its TCP
                 // connection ended too, the peer went away, which says more than the status.
                 if wc.status == WcStatus::RetryExcErr && self.failed.is_none() {
-                    self.check_tcp();
+                    // Only read it: this runs inside a loop over `wcs`, which collecting
+                    // completions here would overwrite.
+                    self.read_tcp();
                 }
                 let what = if self.tcp_eof && wc.status == WcStatus::RetryExcErr {
                     format!(
@@ -298,8 +300,16 @@ impl<D: Device> RdmaConn<D> {
         }
     }
 
-    /// Reads what the TCP connection has: the peer's clean close, an error, or EOF.
+    /// Reads what the TCP connection has (the peer's clean close, an error, or EOF) and
+    /// collects what that makes due (see `settle_after_tcp`).
     fn check_tcp(&mut self) {
+        let ended_before = self.tcp_eof;
+        self.read_tcp();
+        self.settle_after_tcp(ended_before);
+    }
+
+    /// Reads what the TCP connection has: the peer's clean close, an error, or EOF.
+    fn read_tcp(&mut self) {
         self.tcp_checked_at = Some(Instant::now());
         // Never block here, whatever mode another handle of this socket left it in: each read
         // says so itself (one system call per look; an event loop looks after every wake-up).
@@ -346,9 +356,39 @@ impl<D: Device> RdmaConn<D> {
                 }
             }
         }
+    }
+
+    /// After a look at the TCP connection (`ended_before`: its end was known before the look):
+    /// collects the completions a goodbye or the connection's end makes due.
+    fn settle_after_tcp(&mut self, ended_before: bool) {
         if self.peer_bye.is_some() {
             // Everything the peer sent was acknowledged before its goodbye: collect it.
             self.pump();
+        } else if self.tcp_eof && !ended_before {
+            // No goodbye: the peer's process ended, or it closed its socket without a clean
+            // close. What it sent before (a close record after a half close) reached this side
+            // before its TCP connection's end, but on a queue pair with a port of its own it
+            // may still wait there unread: take it in before anyone judges the peer vanished
+            // (a tokio reader woken by the end of the TCP connection read "the peer vanished"
+            // instead of the end of the stream).
+            self.take_in_own_port();
+        }
+    }
+
+    /// Takes in and handles what waits in the queue pair's own port (see
+    /// `ConnCompletions::take_in_own_port`).
+    fn take_in_own_port(&mut self) {
+        match self.cq.take_in_own_port(&self.qp, &mut self.wcs) {
+            Ok(n) => {
+                // The arming was widened to anything.
+                self.armed_for_arrivals = false;
+                for i in 0..n {
+                    let wc = self.wcs[i];
+                    self.handle(wc);
+                }
+                self.pump();
+            }
+            Err(err) => self.fail(io::ErrorKind::Other, format!("taking in the queue pair's port: {err}")),
         }
     }
 
