@@ -29,17 +29,24 @@ pub struct Options {
     /// hold it. [`Options::with_ring_size`] sets both.
     pub soft_ring_size: u32,
     /// Whether a connection over the soft provider receives on a UDP port of its own
-    /// (`lightpath_soft::SoftConfig::max_qp_ports`; the peer is told to send there), so the
-    /// kernel wakes whoever waits for it directly. `None` (the default): yes for the tokio
-    /// driver's streams, no for blocking ones; never towards hardware (an ibverbs peer, which
-    /// always sends to the RoCE v2 port). An event loop then wakes once per message
-    /// instead of twice (the device's progress thread, then the loop): 1-connection request/
-    /// response with event loops on both sides went from 5.7-6.6k to 8.3-13.9k requests/s.
-    /// Threads blocked on their own connections keep the device's shared socket, where one of
-    /// them watches for all and spins before it sleeps: with ports, 16 such connections served
-    /// 22-24k instead of 31-36k requests/s (each thread then runs the engine under the
-    /// device's lock, and they queue on it). The environment variable `LIGHTPATH_SOFT_QP_PORT=1`
-    /// or `=0` sets it for every stream of the process.
+    /// (`lightpath_soft::SoftConfig::max_qp_ports` of them per device, 64 by default; the
+    /// peer is told to send there), so the kernel wakes whoever waits for it directly.
+    /// `None` (the default) and `Some(true)`: yes, except towards hardware (an ibverbs peer,
+    /// which always sends to the RoCE v2 port) and past the device's limit; `Some(false)`:
+    /// every connection shares the device's socket.
+    ///
+    /// An event loop then wakes once per message instead of twice (the device's progress
+    /// thread, then the loop): 1-connection request/response with event loops on both sides
+    /// went from 5.7-6.6k to 8.3-13.9k requests/s. A thread blocked on its own connection
+    /// polls its port for [`Options::soft_wait_spin`] before it sleeps, as a thread watching
+    /// the shared socket does; with that, a server with a thread per connection and ports
+    /// against the shared socket, 3 alternated rounds over loopback (`lightpath perf
+    /// stream_rr -s 64`): 16 connections 54-63k against 42-49k requests/s, 100 connections
+    /// 46-60k against 42-54k, 1 connection 35-41k against 30-40k; between two network
+    /// namespaces, 2 rounds: 56-60k against 40-43k, 40-43k against 35-43k, 31-37k against
+    /// 28-39k. (Without the spin, ports had cost 16 such connections a third.) The
+    /// environment variable `LIGHTPATH_SOFT_QP_PORT=1` or `=0` sets it for every stream of
+    /// the process.
     pub soft_qp_port: Option<bool>,
     /// Receive requests kept posted.
     pub recv_depth: u32,
@@ -256,15 +263,6 @@ impl Options {
             ProviderId::Shm => 16 << 10,
             ProviderId::Ibverbs => 64 << 10,
         })
-    }
-
-    /// These options for a stream an event loop drives (`lightpath::tokio` uses them for every
-    /// stream it connects or accepts): unless [`Options::soft_qp_port`] says otherwise, a soft
-    /// queue pair gets a UDP port of its own, so the loop's reactor is woken by the kernel
-    /// itself rather than by the soft device's progress thread. Connect a blocking stream with
-    /// them when it is meant for an event loop (`lightpath::tokio::Stream::from_std`).
-    pub fn for_event_loop(&self) -> Options {
-        Options { soft_qp_port: Some(self.soft_qp_port.unwrap_or(true)), ..self.clone() }
     }
 
     /// A receive ring of `bytes` (at least 4 KiB; rounded to 64 bytes), over every provider

@@ -379,9 +379,12 @@ impl Stream {
         }
     }
 
-    /// The descriptors behind [`Stream::readiness_fd`], separately: the completion queue's
-    /// notification fd and the TCP connection for an RDMA stream; the socket for a TCP stream.
-    /// Wait for readability on all of them, with the same `poll_ready` protocol.
+    /// The descriptors behind [`Stream::readiness_fd`], separately: for an RDMA stream the
+    /// completion queue's notification fd, then (a soft queue pair with a UDP port of its own,
+    /// see [`Options::soft_qp_port`](crate::Options::soft_qp_port)) that port's socket, and
+    /// last the TCP connection (liveness); for a TCP stream its socket alone. Wait for
+    /// readability on all of them, with the same `poll_ready` protocol (a wake-up by any but
+    /// the last is a notification, `poll_ready_after(true, ..)`).
     ///
     /// Superseded by [`Stream::readiness_fd`] (one fd per stream); kept for loops that already
     /// register both.

@@ -184,7 +184,6 @@ impl Stream {
     /// runtime's reactor (no thread is taken); dropping the future at any point closes
     /// whatever it had opened. Host names are resolved as `tokio::net::lookup_host` does.
     pub async fn connect_with(addr: impl ToSocketAddrs, options: &Options) -> io::Result<Stream> {
-        let options = &options.for_event_loop();
         let mut last_err = None;
         for addr in ::tokio::net::lookup_host(addr).await? {
             match ::tokio::net::TcpStream::connect(addr).await {
@@ -211,12 +210,10 @@ impl Stream {
     /// Wraps a blocking stream (it is switched to nonblocking mode). Should that fail, the
     /// stream is closed in the background, as a dropped tokio stream is.
     ///
-    /// A soft stream connected or accepted for blocking use has no UDP port of its own
-    /// ([`Options::soft_qp_port`] resolves to no for blocking streams): its messages reach this
-    /// runtime through the device's progress thread and the completion router, two hand-offs
-    /// more than [`Stream::connect_with`] and [`Listener`] give. Connect with
-    /// [`Options::for_event_loop`] for a blocking stream meant for tokio (as `lightpath perf`'s
-    /// request/response client does: about a fifth less CPU per request).
+    /// A soft stream connected with [`Options::soft_qp_port`] `Some(false)` has no UDP port of
+    /// its own: its messages reach this runtime through the device's progress thread and the
+    /// completion router, two hand-offs more than with a port (about a fifth more CPU per
+    /// request in `lightpath perf`'s request/response client).
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         match Self::registration(&mut inner) {
             Ok(registration) => {
@@ -759,7 +756,6 @@ impl Listener {
         let tcp = ::tokio::net::TcpListener::bind(addr).await?;
         let local = tcp.local_addr()?;
         let (sender, receiver) = mpsc::unbounded_channel();
-        let options = options.for_event_loop();
         let acceptor = ::tokio::spawn(accept_loop(tcp, Arc::new(options), sender)).abort_handle();
         Ok(Listener {
             shared: Arc::new(Shared { local, ready: ::tokio::sync::Mutex::new(receiver), acceptor }),

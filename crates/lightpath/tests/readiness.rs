@@ -12,7 +12,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::mpsc;
 
 use common::{checksum, listener, pattern, shm, soft};
-use lightpath::{Options, Stream};
+use lightpath::{Options, ProviderId, Stream};
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 
 /// How long a loop may go without any event before the test calls it a hang (a guard, not a
@@ -101,9 +101,10 @@ fn legacy_event_fds_still_work() {
 }
 
 /// Waits until `poll_ready_after` reports the stream readable, sleeping in `poller`, which holds
-/// the stream's `event_fds` edge-triggered (token 0: notification fd, 1: liveness connection):
-/// the notification fd is never read, the liveness connection only after it signalled (what
-/// the preload library does).
+/// the stream's `event_fds` edge-triggered (token 1: the liveness connection, the last of them;
+/// 0: the others, the notification fd and a soft queue pair's own port): the notification fd
+/// is never read, the liveness connection only after it signalled (what the preload library
+/// does).
 fn wait_readable_on_edges(stream: &mut Stream, poller: &std::os::fd::OwnedFd, liveness: &mut bool) {
     let mut events = Vec::with_capacity(4);
     loop {
@@ -138,13 +139,18 @@ fn ping_pong_on_edges(options: Options) {
     let mut stream = Stream::connect_with(addr, &options).unwrap();
     stream.set_nonblocking(true).unwrap();
     let fds = stream.event_fds();
-    assert_eq!(fds.len(), 2, "an RDMA stream has a notification fd and a liveness connection");
+    assert_eq!(
+        fds.len(),
+        expected_event_fds(&options),
+        "an RDMA stream has a notification fd, a soft one its own port too, and a liveness connection"
+    );
     let poller = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
-    for (token, &fd) in fds.iter().enumerate() {
+    for (i, &fd) in fds.iter().enumerate() {
         // SAFETY: the fds belong to `stream`, which outlives `poller`'s use here.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
-        epoll::add(&poller, fd, epoll::EventData::new_u64(token as u64), flags).unwrap();
+        let token = u64::from(i == fds.len() - 1);
+        epoll::add(&poller, fd, epoll::EventData::new_u64(token), flags).unwrap();
     }
     let mut liveness = false;
     for round in 0..3 {
@@ -165,6 +171,13 @@ fn ping_pong_on_edges(options: Options) {
     wait_readable_on_edges(&mut stream, &poller, &mut liveness);
     let mut buf = [0u8; 4];
     assert_eq!(stream.read(&mut buf).unwrap(), 0);
+}
+
+/// How many `event_fds` an RDMA stream made with `options` has: the notification fd and the
+/// liveness connection, and between them a soft queue pair's own UDP port (by default).
+fn expected_event_fds(options: &Options) -> usize {
+    let soft_port = options.providers == [ProviderId::Soft] && options.soft_qp_port != Some(false);
+    2 + usize::from(soft_port)
 }
 
 #[test]
@@ -191,7 +204,7 @@ fn the_fd_is_stable_and_a_tcp_stream_s_fd_is_its_socket() {
         assert_eq!(first, again, "one fd per stream, made once");
         let fds = stream.event_fds();
         if rdma {
-            assert_eq!(fds.len(), 2);
+            assert_eq!(fds.len(), expected_event_fds(&options));
             assert!(!fds.contains(&first), "an RDMA stream's fd is its own epoll instance");
         } else {
             assert_eq!(fds, vec![first], "a TCP stream's fd is the socket");

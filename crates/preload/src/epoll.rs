@@ -172,15 +172,19 @@ fn raw_ctl(inner: c_int, op: c_int, fd: c_int, mask: u32, token: u64) -> c_int {
     unsafe { real::epoll_ctl(inner, op, fd, &mut event) }
 }
 
-/// The stream's event fds (notification fd, TCP liveness connection) with their token kinds.
+/// The stream's event fds with their token kinds: the notification fd (and a soft queue
+/// pair's own UDP port, whose news the next arming takes in: a notification too), then the
+/// TCP liveness connection.
 fn stream_fds(state: &State) -> Vec<(c_int, u64)> {
     let Some(stream) = state.stream.as_ref() else { return Vec::new() };
     let fds = stream.event_fds();
     match fds.as_slice() {
-        [notify, liveness] => vec![(*notify, TOKEN_NOTIFY), (*liveness, TOKEN_LIVENESS)],
         // Not an RDMA stream (the library installs none): its one fd counts as both.
         [one] => vec![(*one, TOKEN_NOTIFY | TOKEN_LIVENESS)],
-        _ => Vec::new(),
+        [notify @ .., liveness] => {
+            notify.iter().map(|&fd| (fd, TOKEN_NOTIFY)).chain([(*liveness, TOKEN_LIVENESS)]).collect()
+        }
+        [] => Vec::new(),
     }
 }
 

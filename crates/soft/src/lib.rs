@@ -53,7 +53,7 @@
 //! device for a while; answers are held back the same way.
 //!
 //! A queue pair whose waiter gives it a doorbell (`QueuePair::set_waiter_fd`; Lightpath's
-//! tokio streams do) receives on a UDP port of its own instead
+//! streams do by default) receives on a UDP port of its own instead
 //! ([`SoftConfig::max_qp_ports`]): the peer is told to send there (`QueuePair::own_udp_port`),
 //! the waiter sleeps on that socket beside its doorbell (`QueuePair::waiter_poll_fd`), and
 //! the kernel wakes exactly it; it then runs the engine itself (`QueuePair::arm_waiter`). An

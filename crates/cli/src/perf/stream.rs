@@ -657,14 +657,11 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
             let transport = streams[0].transport_name();
             return rr_measure(args, plan, streams, &transport, started).await;
         }
-        // Connected as `lightpath::tokio::Stream::connect_with` would: the streams are driven
-        // by this event loop, so each soft queue pair gets a UDP port of its own (a stream
-        // connected for blocking use and then handed to tokio goes through the device's
-        // shared socket and the completion router instead: two hops more per message).
-        let options = options.for_event_loop();
+        // Connected as `lightpath::tokio::Stream::connect_with` would (each soft queue pair
+        // with a UDP port of its own, as every soft stream by default).
         let mut streams = Vec::with_capacity(plan.conns);
         for _ in 0..plan.conns {
-            let stream = lightpath::tokio::Stream::from_std(connect(server, args, &options)?)?;
+            let stream = lightpath::tokio::Stream::from_std(connect(server, args, options)?)?;
             streams.push(stream);
         }
         let transport = check_transport(streams[0].get_ref(), args)?;

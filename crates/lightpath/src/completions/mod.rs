@@ -23,10 +23,11 @@
 //! before it sleeps) only as its device's one connection: with others, even on hubs of their
 //! own (shm's), the provider's wait has one thread watch the device for all and wake the rest,
 //! two wake-ups per message (see `ConnCompletions::waits_alone`). A soft queue pair
-//! with a port of its own (tokio streams, `Options::soft_qp_port`) hands the waiter a second
+//! with a port of its own (by default, `Options::soft_qp_port`) hands the waiter a second
 //! descriptor to sleep on beside the eventfd (`QueuePair::waiter_poll_fd`): its news arrives
 //! there, and the waiter's next arming takes it in; such a connection always waits on its
-//! doorbell.
+//! doorbell, and a blocked thread polls the port for a while before it sleeps (see
+//! `OwnPortSpin`).
 //!
 //! Capacity: a hub's queue must hold every completion its connections can have outstanding,
 //! so each connection reserves its send plus receive depth when it attaches, and a full hub
@@ -39,7 +40,7 @@ mod notifier;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -161,6 +162,54 @@ pub(crate) struct ConnCompletions<D: Device> {
     doorbell_only: bool,
     /// The device's connections (this one included), over all its hubs.
     device_connections: Arc<AtomicUsize>,
+    /// How long a blocking wait on a queue pair's own descriptor polls it before it sleeps
+    /// (see `spin_on_own_port`), and how that paid lately.
+    own_port_spin: OwnPortSpin,
+}
+
+/// The busy poll of a blocking wait on a queue pair's own descriptor (a soft queue pair's UDP
+/// port): a thread that sleeps on its port at once pays a kernel wake-up per message, where
+/// the device's shared socket had its watcher spin first (`SoftConfig::wait_spin`). Adaptive
+/// as that one is: after [`SPIN_GIVE_UP_AFTER`] spins in a row that found nothing (an idle
+/// connection, or a peer that cannot get a core) only one wait in [`SPIN_RETRY_EVERY`]
+/// spins.
+struct OwnPortSpin {
+    limit: Duration,
+    misses: AtomicU32,
+    skipped: AtomicU32,
+}
+
+/// Spins in a row that found nothing before a connection stops spinning (see `OwnPortSpin`).
+const SPIN_GIVE_UP_AFTER: u32 = 8;
+/// While a connection does not spin, one wait in this many still does.
+const SPIN_RETRY_EVERY: u32 = 64;
+
+impl OwnPortSpin {
+    fn new(limit: Duration) -> Self {
+        Self { limit, misses: AtomicU32::new(0), skipped: AtomicU32::new(0) }
+    }
+
+    /// How long this wait spins.
+    fn budget(&self) -> Duration {
+        if self.limit.is_zero() || self.misses.load(Ordering::Relaxed) < SPIN_GIVE_UP_AFTER {
+            return self.limit;
+        }
+        let skipped = self.skipped.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        if skipped.is_multiple_of(SPIN_RETRY_EVERY) {
+            self.limit
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn record(&self, hit: bool) {
+        if hit {
+            self.misses.store(0, Ordering::Relaxed);
+        } else {
+            let misses = self.misses.load(Ordering::Relaxed);
+            self.misses.store(misses.saturating_add(1), Ordering::Relaxed);
+        }
+    }
 }
 
 impl<D: Device> ConnCompletions<D> {
@@ -184,6 +233,7 @@ impl<D: Device> ConnCompletions<D> {
                     waiter: false,
                     doorbell_only: false,
                     device_connections,
+                    own_port_spin: OwnPortSpin::new(Duration::ZERO),
                 })
             }
             Err(err) => {
@@ -214,6 +264,12 @@ impl<D: Device> ConnCompletions<D> {
             }
         }
         Ok(())
+    }
+
+    /// How long a blocking wait on the queue pair's own descriptor busy-polls it before it
+    /// sleeps (see `OwnPortSpin`; zero, the default, never).
+    pub(crate) fn set_own_port_spin(&mut self, limit: Duration) {
+        self.own_port_spin = OwnPortSpin::new(limit);
     }
 
     /// The device's connections, this one included.
@@ -307,6 +363,12 @@ impl<D: Device> ConnCompletions<D> {
                     return Ok(Some(n));
                 }
             }
+            if !woken && self.doorbell_only {
+                match self.spin_on_own_port(qp, qpn, out, wake, deadline)? {
+                    Some(0) => {}
+                    other => return Ok(other),
+                }
+            }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Ok(Some(0));
@@ -328,6 +390,42 @@ impl<D: Device> ConnCompletions<D> {
                 Ok(Some(0)) => {}
                 other => return other,
             }
+        }
+    }
+
+    /// Before a blocking wait sleeps on the queue pair's own descriptor: takes in the port
+    /// (an arming, `QueuePair::arm_waiter`) and looks for completions over and over, yielding
+    /// the core in between, for the spin budget (see `OwnPortSpin`) or until `deadline`.
+    /// `Some(0)` if nothing came, `None` if the queue pair has no port after all.
+    fn spin_on_own_port(
+        &self,
+        qp: &QpOf<D>,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+        wake: WakeFor,
+        deadline: std::time::Instant,
+    ) -> lightpath_verbs::Result<Option<usize>> {
+        let budget = self.own_port_spin.budget();
+        if budget.is_zero() {
+            return Ok(Some(0));
+        }
+        let until = (std::time::Instant::now() + budget).min(deadline);
+        loop {
+            if !qp.arm_waiter(wake)? {
+                return Ok(None);
+            }
+            let n = self.hub.poll_for(&self.inbox, qpn, out)?;
+            let n = if n > 0 { n } else { self.inbox.pop(out) };
+            if n > 0 {
+                self.own_port_spin.record(true);
+                return Ok(Some(n));
+            }
+            if std::time::Instant::now() >= until {
+                self.own_port_spin.record(false);
+                return Ok(Some(0));
+            }
+            // On few cores the peer (or the thread that answers) may need this one.
+            std::thread::yield_now();
         }
     }
 

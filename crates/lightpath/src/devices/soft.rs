@@ -151,8 +151,8 @@ pub(crate) fn setup(
     let lightpath_pmtu = Some(device.max_lightpath_pmtu());
     let options = Options {
         ring_size: options.soft_ring_size.max(4096) & !63,
-        // Resolved: a blocking stream does not take a port of its own (see the option).
-        soft_qp_port: Some(options.soft_qp_port == Some(true)),
+        // Resolved: a port of its own unless the options say no (see the option).
+        soft_qp_port: Some(options.soft_qp_port != Some(false)),
         ..options.clone()
     };
     Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, &options)?))

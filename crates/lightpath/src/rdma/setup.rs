@@ -47,6 +47,8 @@ impl<D: Device + 'static> RdmaSetup<D> {
         // of its own, only where the options ask for one; other providers' doorbells cost
         // nothing extra and are always taken, whatever `soft_qp_port` says.
         cq.attach(&qp, udp_port == 0 || options.soft_qp_port == Some(true))?;
+        // A blocking wait on a port of its own spins first, as one on the device's socket does.
+        cq.set_own_port_spin(options.soft_wait_spin);
         // Where the peer writes straight into this ring (shm: both sides use one provider),
         // neither side keeps a staging mirror; the ring gets that memory instead, so memory
         // per connection stays about twice `ring_size` and a writer runs ahead twice as far.

@@ -67,8 +67,9 @@ fn a_nonblocking_look_that_collected_completions_says_look_again() {
 #[test]
 fn a_peer_that_half_closed_then_died_ends_the_stream_cleanly() {
     use std::io::Read;
-    // The server's queue pair gets a port of its own (what the tokio driver's streams get).
-    let listener = Listener::bind_with("127.0.0.1:0", soft().for_event_loop()).expect("bind");
+    // The server's queue pair gets a port of its own (as by default).
+    let options = Options { soft_qp_port: Some(true), ..soft() };
+    let listener = Listener::bind_with("127.0.0.1:0", options).expect("bind");
     let addr = listener.local_addr().expect("address");
     let client = std::thread::spawn(move || Stream::connect_with(addr, &soft()).expect("connect"));
     let (mut server, _) = listener.accept().expect("accept");
