@@ -282,7 +282,8 @@ impl<D: Device> Hub<D> {
     /// way out is not left unrouted. Waiting for the lock instead made every doorbell waiter
     /// of a hub where other connections' threads lead (soft queue pairs with ports of their
     /// own beside ones without, once the device's ports ran out) sleep through the leader's
-    /// whole wait: 16 threads' request/response went from about 60k to 0.2-0.9k requests/s.
+    /// whole wait: a thread-per-connection server with 12 connections and 2 ports per device
+    /// answered 0.2k requests/s, against 19k once it no longer waited.
     pub(crate) fn poll_for_locked(
         &self,
         inbox: &Inbox,

@@ -171,10 +171,7 @@ impl<D: Device> RdmaConn<D> {
                     return true;
                 }
             };
-            for i in 0..n {
-                let wc = self.wcs[i];
-                self.handle(wc);
-            }
+            self.handle_taken(n);
             progressed |= n > 0;
             if n < self.wcs.len() {
                 break;
@@ -245,6 +242,15 @@ impl<D: Device> RdmaConn<D> {
                 }
                 self.core.on_send_complete(wc.wr_id)
             }
+        }
+    }
+
+    /// Handles the first `n` completions of `wcs` (what a poll, wait or arming just put
+    /// there).
+    fn handle_taken(&mut self, n: usize) {
+        for i in 0..n {
+            let wc = self.wcs[i];
+            self.handle(wc);
         }
     }
 
@@ -382,10 +388,7 @@ impl<D: Device> RdmaConn<D> {
             Ok(n) => {
                 // The arming was widened to anything.
                 self.armed_for_arrivals = false;
-                for i in 0..n {
-                    let wc = self.wcs[i];
-                    self.handle(wc);
-                }
+                self.handle_taken(n);
                 self.pump();
             }
             Err(err) => self.fail(io::ErrorKind::Other, format!("taking in the queue pair's port: {err}")),
@@ -488,10 +491,7 @@ impl<D: Device> RdmaConn<D> {
             None => LIVENESS_SLICE,
         };
         let n = self.cq.wait(&self.qp, &mut self.wcs, slice, wake).map_err(from_verbs)?;
-        for i in 0..n {
-            let wc = self.wcs[i];
-            self.handle(wc);
-        }
+        self.handle_taken(n);
         self.pump();
         if n == 0 {
             self.check_tcp();
@@ -555,10 +555,7 @@ impl<D: Device> RdmaConn<D> {
         self.armed_for_arrivals = false;
         match self.cq.widen_to_anything(&self.qp, &mut self.wcs) {
             Ok(n) => {
-                for i in 0..n {
-                    let wc = self.wcs[i];
-                    self.handle(wc);
-                }
+                self.handle_taken(n);
                 self.pump();
             }
             Err(err) => self.fail(io::ErrorKind::Other, format!("arming the completion queue: {err}")),
@@ -608,10 +605,7 @@ impl<D: Device + 'static> RdmaConn<D> {
     pub(crate) fn arm(&mut self, wake: WakeFor) -> io::Result<bool> {
         self.armed_for_arrivals = wake == WakeFor::Arrivals;
         let n = self.cq.request_notify(&self.qp, &mut self.wcs, wake)?;
-        for i in 0..n {
-            let wc = self.wcs[i];
-            self.handle(wc);
-        }
+        self.handle_taken(n);
         let progressed = self.pump() || n > 0;
         // A reader armed for what the peer sends that found only its own requests'
         // acknowledgements (and what they freed) has still nothing to read: it stays armed.

@@ -469,10 +469,7 @@ impl<D: Device> RdmaConn<D> {
     /// Handles the completions that arrived, posting nothing (closing: see the module docs).
     pub(super) fn collect_completions(&mut self) {
         while let Ok(n) = self.cq.poll(&mut self.wcs) {
-            for i in 0..n {
-                let wc = self.wcs[i];
-                self.handle(wc);
-            }
+            self.handle_taken(n);
             if n < self.wcs.len() {
                 break;
             }
@@ -489,10 +486,7 @@ impl<D: Device> RdmaConn<D> {
             Deadline::At(None) | Deadline::Now => LIVENESS_SLICE,
         };
         let n = self.cq.wait(&self.qp, &mut self.wcs, slice, WakeFor::Anything).map_err(from_verbs)?;
-        for i in 0..n {
-            let wc = self.wcs[i];
-            self.handle(wc);
-        }
+        self.handle_taken(n);
         if n == 0 {
             self.check_tcp();
         }
