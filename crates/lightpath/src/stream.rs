@@ -387,7 +387,7 @@ impl Stream {
     /// the last is a notification, `poll_ready_after(true, ..)`).
     ///
     /// Superseded by [`Stream::readiness_fd`] (one fd per stream); kept for loops that already
-    /// register both.
+    /// register them all.
     pub fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match &self.backend {
