@@ -22,7 +22,7 @@ fn connections(provider: &str) -> usize {
     if provider == "shm" {
         48
     } else {
-        90
+        80
     }
 }
 
