@@ -294,13 +294,33 @@ impl<D: Device> Hub<D> {
             return self.poll_routing(routing, inbox, qpn, out);
         }
         if self.leader.load(Ordering::SeqCst) {
+            // What the leader routes here must wake the owner: a thread about to sleep is
+            // counted asleep already, but an event loop's inbox is not armed (its queue pair's
+            // doorbell serves it, see `ConnCompletions::arm_doorbell`), and completions made
+            // before its arming ring no doorbell. Armed before the look below, so that what
+            // the leader routed before is popped here and what it routes after wakes.
+            inbox.arm();
             self.route_wanted.store(true, Ordering::SeqCst);
             // Either the leader's check after it stopped leading sees the request, or this
             // sees that nobody leads any more (and waits for the lock below).
             if self.leader.load(Ordering::SeqCst) {
                 return Ok(inbox.pop(out));
             }
+            // Taken below under the lock: a wake-up the arming causes meanwhile is spurious.
+            inbox.disarm();
         }
+        self.poll_for_all(inbox, qpn, out)
+    }
+
+    /// Like `poll_for_locked`, but waits for the router lock whoever holds it (a leader may
+    /// hold it for its whole wait): when it returns, everything the queue held when it was
+    /// called is in `out` or routed. For a look that must see everything now.
+    pub(crate) fn poll_for_all(
+        &self,
+        inbox: &Inbox,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+    ) -> lightpath_verbs::Result<usize> {
         self.poll_routing(self.routing(), inbox, qpn, out)
     }
 
@@ -668,6 +688,11 @@ mod tests {
         let took = looked.elapsed();
         assert!(took < leader_wait / 2, "the look waited {took:?} for the sleeping leader");
         assert!(hub.route_wanted.load(Ordering::SeqCst), "the leader was not asked to route");
+        // An event loop's inbox is not armed when it looks (its doorbell serves it): what the
+        // leader routes to it now must wake it all the same.
+        let routed =
+            WorkCompletion::new(7, lightpath_verbs::WcStatus::Success, lightpath_verbs::WcOpcode::Send, 0);
+        assert!(waiter.push(&[routed]), "a completion the leader routes to the waiter would not wake it");
         assert_eq!(leader.join().unwrap(), 0);
         assert!(!hub.route_wanted.load(Ordering::SeqCst), "the leader left without routing");
     }

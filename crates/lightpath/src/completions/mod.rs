@@ -430,13 +430,16 @@ impl<D: Device> ConnCompletions<D> {
     }
 
     /// Arms the queue pair's own doorbell for `wake` (an event loop's wait; see
-    /// `request_notify`) and takes the completions already there into `out`. `None` when the
-    /// queue pair has no doorbell (nothing armed).
+    /// `request_notify`) and takes the completions already there into `out`, or leaves them
+    /// to the hub's leader to route (see `Hub::poll_for_locked`) unless `wait_for_router`
+    /// (a look that must see everything now: `Hub::poll_for_all`). `None` when the queue pair
+    /// has no doorbell (nothing armed).
     fn arm_doorbell(
         &self,
         qp: &QpOf<D>,
         out: &mut [WorkCompletion],
         wake: WakeFor,
+        wait_for_router: bool,
     ) -> lightpath_verbs::Result<Option<usize>> {
         let (true, Some(qpn)) = (self.waiter, self.qpn) else { return Ok(None) };
         self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
@@ -447,6 +450,9 @@ impl<D: Device> ConnCompletions<D> {
         self.inbox.disarm();
         if !qp.arm_waiter(wake)? {
             return Ok(None);
+        }
+        if wait_for_router {
+            return self.hub.poll_for_all(&self.inbox, qpn, out).map(Some);
         }
         self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some)
     }
@@ -461,7 +467,7 @@ impl<D: Device> ConnCompletions<D> {
         qp: &QpOf<D>,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
-        Ok(self.arm_doorbell(qp, out, WakeFor::Anything)?.unwrap_or(0))
+        Ok(self.arm_doorbell(qp, out, WakeFor::Anything, false)?.unwrap_or(0))
     }
 
     /// Takes in what waits in the queue pair's own descriptor (a soft queue pair's UDP port),
@@ -478,7 +484,7 @@ impl<D: Device> ConnCompletions<D> {
         if !self.doorbell_only {
             return Ok(0);
         }
-        self.widen_to_anything(qp, out)
+        Ok(self.arm_doorbell(qp, out, WakeFor::Anything, true)?.unwrap_or(0))
     }
 
     /// Leaves `note()` in the inbox as this connection's state at its latest wait, when
@@ -530,7 +536,7 @@ impl<D: Device + 'static> ConnCompletions<D> {
         wake: WakeFor,
     ) -> io::Result<usize> {
         // An event loop cannot lead: its own doorbell is the direct path even alone on the hub.
-        if let Some(n) = self.arm_doorbell(qp, out, wake).map_err(from_verbs)? {
+        if let Some(n) = self.arm_doorbell(qp, out, wake, false).map_err(from_verbs)? {
             return Ok(n);
         }
         self.inbox.set_arrivals_only(false);
