@@ -304,3 +304,45 @@ fn echo_between_namespaces_with_one_side_plain_stays_tcp() {
     assert_over_the_pair(&ns, lines);
     assert_plain_tcp(&lines[0]);
 }
+
+/// An epoll program over soft between the namespaces: each preloaded end's soft queue pair
+/// has a UDP port of its own (the default), a third event fd beside the notification fd and
+/// the liveness connection; the preload's epoll must watch it too. `epoll-client` echoes its
+/// lines one by one waiting in an epoll, then checks that a deleted, hung-up connection
+/// leaves a wait idle (its CPU time).
+#[test]
+fn an_epoll_client_between_namespaces_over_soft() {
+    let test = "an_epoll_client_between_namespaces_over_soft";
+    let Some(ns) = namespaces(test) else {
+        return;
+    };
+    let rule = ns.subnet();
+    let dir = scratch("netns-epoll");
+    let report_path = dir.join("report");
+    let port = common::free_port().to_string();
+    let host = ns.server_address();
+    let _server = serve_in(
+        &ns.a,
+        peer_in(&ns.a, &host, &["echo-server", &port, "1"], Mode::Preloaded, &report_path, Some(&rule)),
+        port.parse().unwrap(),
+        "echo server",
+    );
+    let output = run(
+        peer_in(&ns.b, &host, &["epoll-client", &port, "300"], Mode::Preloaded, &report_path, Some(&rule)),
+        Duration::from_secs(60),
+        "epoll client",
+    );
+    assert!(output.status.success(), "epoll client failed: {}", String::from_utf8_lossy(&output.stderr));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let cpu: f64 = printed
+        .trim()
+        .strip_prefix("ok 300 cpu ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output: {printed}"));
+    // A wait that kept being woken (by the port, say) would spin for the whole second.
+    assert!(cpu < 0.2, "a 1 s wait with the deleted, hung-up connection took {cpu} s of CPU");
+    let lines = wait_for_lines(&report_path, 2, Duration::from_secs(10));
+    assert_over_the_pair(&ns, &lines);
+    assert!(lines.iter().all(|l| l.transport == "rdma/soft"), "{lines:#?}");
+    assert!(soft_bytes(&lines) > 0, "nothing went over soft: {lines:#?}");
+}
