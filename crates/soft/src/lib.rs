@@ -87,6 +87,7 @@ mod mr;
 mod pd;
 mod provider;
 mod qp;
+mod spin;
 mod sys;
 
 pub use config::{default_max_qp_ports, ProgressMode, SoftConfig, ROCE_PORT};
@@ -97,6 +98,7 @@ pub use mr::SoftMr;
 pub use pd::SoftPd;
 pub use provider::{parse_device_name, SoftProvider};
 pub use qp::SoftQp;
+pub use spin::AdaptiveSpin;
 
 pub use lightpath_roce::{EngineStats, QpStats};
 /// Out-of-band connection set-up (TCP exchange of QPN, PSN, GID, MTU and region keys), usable

@@ -27,7 +27,7 @@
 //! descriptor to sleep on beside the eventfd (`QueuePair::waiter_poll_fd`): its news arrives
 //! there, and the waiter's next arming takes it in; such a connection always waits on its
 //! doorbell, and a blocked thread polls the port for a while before it sleeps (see
-//! `OwnPortSpin`).
+//! `AdaptiveSpin`).
 //!
 //! Capacity: a hub's queue must hold every completion its connections can have outstanding,
 //! so each connection reserves its send plus receive depth when it attaches, and a full hub
@@ -40,10 +40,11 @@ mod notifier;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lightpath_soft::AdaptiveSpin;
 use lightpath_verbs::{CqOf, Device, QpOf, QueuePair, WakeFor, WorkCompletion};
 
 pub(crate) use hub::Hub;
@@ -164,52 +165,20 @@ pub(crate) struct ConnCompletions<D: Device> {
     device_connections: Arc<AtomicUsize>,
     /// How long a blocking wait on a queue pair's own descriptor polls it before it sleeps
     /// (see `spin_on_own_port`), and how that paid lately.
-    own_port_spin: OwnPortSpin,
+    own_port_spin: AdaptiveSpin,
 }
 
-/// The busy poll of a blocking wait on a queue pair's own descriptor (a soft queue pair's UDP
-/// port): a thread that sleeps on its port at once pays a kernel wake-up per message, where
-/// the device's shared socket had its watcher spin first (`SoftConfig::wait_spin`). Adaptive
-/// as that one is: after [`SPIN_GIVE_UP_AFTER`] spins in a row that found nothing (an idle
-/// connection, or a peer that cannot get a core) only one wait in [`SPIN_RETRY_EVERY`]
-/// spins.
-struct OwnPortSpin {
-    limit: Duration,
-    misses: AtomicU32,
-    skipped: AtomicU32,
-}
-
-/// Spins in a row that found nothing before a connection stops spinning (see `OwnPortSpin`).
+/// A blocking wait on a queue pair's own descriptor (a soft queue pair's UDP port) that slept
+/// at once paid a kernel wake-up per message, where the device's shared socket had its watcher
+/// spin first (`SoftConfig::wait_spin`): it spins too, adaptively (see `AdaptiveSpin`), given
+/// up after this many spins in a row found nothing...
 const SPIN_GIVE_UP_AFTER: u32 = 8;
-/// While a connection does not spin, one wait in this many still does.
+/// ... and then tried again once every this many waits.
 const SPIN_RETRY_EVERY: u32 = 64;
 
-impl OwnPortSpin {
-    fn new(limit: Duration) -> Self {
-        Self { limit, misses: AtomicU32::new(0), skipped: AtomicU32::new(0) }
-    }
-
-    /// How long this wait spins.
-    fn budget(&self) -> Duration {
-        if self.limit.is_zero() || self.misses.load(Ordering::Relaxed) < SPIN_GIVE_UP_AFTER {
-            return self.limit;
-        }
-        let skipped = self.skipped.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        if skipped.is_multiple_of(SPIN_RETRY_EVERY) {
-            self.limit
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    fn record(&self, hit: bool) {
-        if hit {
-            self.misses.store(0, Ordering::Relaxed);
-        } else {
-            let misses = self.misses.load(Ordering::Relaxed);
-            self.misses.store(misses.saturating_add(1), Ordering::Relaxed);
-        }
-    }
+/// The spin of a wait on a queue pair's own port, `limit` long while it pays.
+fn own_port_spin(limit: Duration) -> AdaptiveSpin {
+    AdaptiveSpin::new(limit, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY)
 }
 
 impl<D: Device> ConnCompletions<D> {
@@ -233,7 +202,7 @@ impl<D: Device> ConnCompletions<D> {
                     waiter: false,
                     doorbell_only: false,
                     device_connections,
-                    own_port_spin: OwnPortSpin::new(Duration::ZERO),
+                    own_port_spin: own_port_spin(Duration::ZERO),
                 })
             }
             Err(err) => {
@@ -267,9 +236,9 @@ impl<D: Device> ConnCompletions<D> {
     }
 
     /// How long a blocking wait on the queue pair's own descriptor busy-polls it before it
-    /// sleeps (see `OwnPortSpin`; zero, the default, never).
+    /// sleeps (see `AdaptiveSpin`; zero, the default, never).
     pub(crate) fn set_own_port_spin(&mut self, limit: Duration) {
-        self.own_port_spin = OwnPortSpin::new(limit);
+        self.own_port_spin = own_port_spin(limit);
     }
 
     /// The device's connections, this one included.
@@ -395,7 +364,7 @@ impl<D: Device> ConnCompletions<D> {
 
     /// Before a blocking wait sleeps on the queue pair's own descriptor: takes in the port
     /// (an arming, `QueuePair::arm_waiter`) and looks for completions over and over, yielding
-    /// the core in between, for the spin budget (see `OwnPortSpin`) or until `deadline`.
+    /// the core in between, for the spin budget (see `AdaptiveSpin`) or until `deadline`.
     /// `Some(0)` if nothing came, `None` if the queue pair has no port after all.
     fn spin_on_own_port(
         &self,

@@ -244,11 +244,8 @@ pub(crate) struct Shared {
     /// Application threads blocked in a progress-thread-mode `wait` that watch the socket
     /// themselves; while there are any, the progress thread leaves the socket to them.
     socket_watchers: AtomicU32,
-    /// Socket watchers' spins in a row that ended without a completion (see
-    /// [`Shared::spin_budget`]).
-    spin_misses: AtomicU32,
-    /// Waits that did not spin since spinning was given up (every so often one tries again).
-    spins_skipped: AtomicU32,
+    /// How long socket watchers spin, and how that paid lately (see [`Shared::spin_budget`]).
+    watcher_spin: crate::AdaptiveSpin,
     /// The epoll instances of the queue pairs' ports, all and fresh ones (see `ports`; made
     /// with the first port).
     port_set: OnceLock<(PortSet, PortSet)>,
@@ -306,6 +303,7 @@ impl Shared {
             arming_found: false,
             readable_ports: Vec::new(),
         };
+        let watcher_spin = crate::AdaptiveSpin::new(config.wait_spin, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY);
         Ok(Self {
             core: Mutex::new(core),
             tx: Mutex::new(TxBuffers::new(config.udp_offload)),
@@ -328,8 +326,7 @@ impl Shared {
             answers_held: AtomicBool::new(false),
             port_armings: AtomicU64::new(0),
             socket_watchers: AtomicU32::new(0),
-            spin_misses: AtomicU32::new(0),
-            spins_skipped: AtomicU32::new(0),
+            watcher_spin,
             port_set: OnceLock::new(),
             port_count: AtomicUsize::new(0),
             last_port_traffic: AtomicU64::new(0),
@@ -623,26 +620,12 @@ impl Shared {
     /// spinning pays, nothing once [`SPIN_GIVE_UP_AFTER`] spins in a row saw no datagram (an idle connection, or a peer that cannot get a core), except one
     /// wait in [`SPIN_RETRY_EVERY`], which tries again.
     pub(crate) fn spin_budget(&self) -> Duration {
-        let limit = self.config.wait_spin;
-        if limit.is_zero() || self.spin_misses.load(Ordering::Relaxed) < SPIN_GIVE_UP_AFTER {
-            return limit;
-        }
-        let skipped = self.spins_skipped.fetch_add(1, Ordering::Relaxed);
-        if skipped % SPIN_RETRY_EVERY == SPIN_RETRY_EVERY - 1 {
-            limit
-        } else {
-            Duration::ZERO
-        }
+        self.watcher_spin.budget()
     }
 
     /// Records whether a watcher's spin received anything.
     pub(crate) fn record_spin(&self, hit: bool) {
-        if hit {
-            self.spin_misses.store(0, Ordering::Relaxed);
-        } else {
-            let misses = self.spin_misses.load(Ordering::Relaxed);
-            self.spin_misses.store(misses.saturating_add(1), Ordering::Relaxed);
-        }
+        self.watcher_spin.record(hit);
     }
 
     /// Whether some application thread watches the socket (see [`Shared::try_watch_socket`]).
