@@ -384,14 +384,21 @@ impl<D: Device> RdmaConn<D> {
     /// Takes in and handles what waits in the queue pair's own port (see
     /// `ConnCompletions::take_in_own_port`).
     fn take_in_own_port(&mut self) {
-        match self.cq.take_in_own_port(&self.qp, &mut self.wcs) {
+        let taken = self.cq.take_in_own_port(&self.qp, &mut self.wcs);
+        self.after_widened_arming(taken, "taking in the queue pair's port");
+    }
+
+    /// After an arming for anything (`widen_arming`, `take_in_own_port`): handles the
+    /// completions it took (`taken` of `wcs`) and what they make due, or fails with what it
+    /// was `doing`.
+    fn after_widened_arming(&mut self, taken: lightpath_verbs::Result<usize>, doing: &str) {
+        self.armed_for_arrivals = false;
+        match taken {
             Ok(n) => {
-                // The arming was widened to anything.
-                self.armed_for_arrivals = false;
                 self.handle_taken(n);
                 self.pump();
             }
-            Err(err) => self.fail(io::ErrorKind::Other, format!("taking in the queue pair's port: {err}")),
+            Err(err) => self.fail(io::ErrorKind::Other, format!("{doing}: {err}")),
         }
     }
 
@@ -552,14 +559,8 @@ impl<D: Device> RdmaConn<D> {
     /// `WouldBlock`, so the loop's sleep ends when that comes; if it came already, the call
     /// looks again instead of returning (see `wait_woken_by`).
     fn widen_arming(&mut self) {
-        self.armed_for_arrivals = false;
-        match self.cq.widen_to_anything(&self.qp, &mut self.wcs) {
-            Ok(n) => {
-                self.handle_taken(n);
-                self.pump();
-            }
-            Err(err) => self.fail(io::ErrorKind::Other, format!("arming the completion queue: {err}")),
-        }
+        let taken = self.cq.widen_to_anything(&self.qp, &mut self.wcs);
+        self.after_widened_arming(taken, "arming the completion queue");
     }
 
     /// What a look of a nonblocking call may have changed that no event will announce:
