@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 
+use crate::completions::PortLook;
 use crate::negotiate::{self, Negotiated};
 use crate::options::Options;
 use crate::rdma::{Deadline, RdmaStream};
@@ -454,7 +455,7 @@ impl Stream {
                 // completions to go on (a later call that waits for them widens the arming:
                 // see `RdmaConn::widen_arming`).
                 let wake = conn.reader_wake();
-                conn.arm(wake)?;
+                conn.arm(wake, PortLook::TakeIn)?;
                 let (mut readable, mut writable) = Self::look(conn);
                 if wake == lightpath_verbs::WakeFor::Arrivals
                     && (!writable || conn.reader_wake() == lightpath_verbs::WakeFor::Anything)
@@ -464,7 +465,7 @@ impl Stream {
                     // peer is asked for a wake-up only once nothing of ours is in flight), so
                     // those wake it too. Arming takes what arrived meanwhile, which raises no
                     // event: if it took something, look again (still armed).
-                    if !conn.arm(lightpath_verbs::WakeFor::Anything)? {
+                    if !conn.arm(lightpath_verbs::WakeFor::Anything, PortLook::TakeIn)? {
                         (readable, writable) = Self::look(conn);
                     }
                 }

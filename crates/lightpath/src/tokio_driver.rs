@@ -70,6 +70,7 @@ use ::tokio::net::ToSocketAddrs;
 use ::tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use ::tokio::task::{AbortHandle, JoinSet};
 
+use crate::completions::PortLook;
 use crate::negotiate::{Handshake, Need, Negotiated};
 use crate::options::Options;
 use crate::rdma::RdmaStream;
@@ -89,6 +90,15 @@ pub struct Stream {
     /// Armings of the connection so far, by either side (they share the queue pair's
     /// doorbell: the later one's `WakeFor` holds).
     armings: u64,
+    /// Per side: its last arming took in the queue pair's own descriptor (or skipped it by
+    /// this rule), and the side's registration reported no readiness since. Every datagram
+    /// that reaches the descriptor makes the registration ready (an edge per arrival, through
+    /// the readiness epoll, seen when the reactor next turns), and a side looks at its
+    /// readiness before it arms: while this holds, nothing arrived since that look that will
+    /// not announce itself, and the next arming skips the look ([`PortLook::Skip`]), which
+    /// would have found nothing: one `recvmmsg` per wait, a fifth of a soft
+    /// request/response's system calls on each side.
+    port_seen: [bool; 2],
     inner: crate::Stream,
 }
 
@@ -216,9 +226,14 @@ impl Stream {
     /// request in `lightpath perf`'s request/response client).
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         match Self::registration(&mut inner) {
-            Ok(registration) => {
-                Ok(Stream { registration, waiting: [None, None], armed: [None, None], armings: 0, inner })
-            }
+            Ok(registration) => Ok(Stream {
+                registration,
+                waiting: [None, None],
+                armed: [None, None],
+                armings: 0,
+                port_seen: [false; 2],
+                inner,
+            }),
             Err(err) => {
                 inner.hand_off_close();
                 Err(err)
@@ -499,6 +514,7 @@ impl Stream {
                 if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
                     stale.clear_ready();
                     *armed = None;
+                    self.port_seen[side as usize] = false;
                     if conn.take_notify() {
                         return Poll::Ready(Ok(()));
                     }
@@ -532,13 +548,18 @@ impl Stream {
                     return Poll::Pending;
                 }
                 self.armings += 1;
-                if !conn.arm(wake)? {
+                // Either arming leaves the port taken in up to now (or the doorbell rung: see
+                // `QueuePair::arm_waiter`), whatever it found.
+                let seen = std::mem::replace(&mut self.port_seen[side as usize], true);
+                let look = if seen { PortLook::Skip } else { PortLook::TakeIn };
+                if !conn.arm(wake, look)? {
                     *armed = None;
                     return Poll::Ready(Ok(()));
                 }
                 *armed = Some(Armed { wake, events: conn.events(), arming: self.armings });
                 let mut guard = ready!(fd.poll_read_ready(cx))?;
                 *armed = None;
+                self.port_seen[side as usize] = false;
                 // Cleared before draining: an event after this point wakes the task again,
                 // one before it is drained below (and the caller retries its operation).
                 guard.clear_ready();

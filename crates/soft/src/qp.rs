@@ -164,6 +164,14 @@ impl QueuePair for SoftQp {
         Ok(true)
     }
 
+    /// Arms the doorbell for `wake` without receiving from the port (see the trait); answers
+    /// held for the caller's reply still go out. `Ok(false)` without a port.
+    fn arm_waiter_without_look(&self, wake: WakeFor) -> Result<bool> {
+        let Some(port) = self.port.get() else { return Ok(false) };
+        self.pd.device.arm_port_without_look(port, wake);
+        Ok(true)
+    }
+
     fn waiter_poll_fd(&self) -> Option<Arc<dyn AsFd + Send + Sync>> {
         let port = self.port.get()?;
         let socket: Arc<dyn AsFd + Send + Sync> = Arc::clone(&port.socket) as _;

@@ -311,11 +311,28 @@ pub trait QueuePair: Send + Sync {
     /// queue pair forward: completions for whatever arrived before the call are in the
     /// completion queue when it returns, and anything later makes the fd readable (once per
     /// call; a spurious wake-up is possible, a lost one is not). The caller then polls its
-    /// completion queue once more and sleeps on the fd if that found nothing. `Ok(false)` when
-    /// the queue pair has no such doorbell (the default).
+    /// completion queue once more and sleeps on the fd if that found nothing. With a
+    /// descriptor of its own ([`QueuePair::waiter_poll_fd`]), everything that reached it before
+    /// the call is taken in, or, where the look could not take it all (another thread was
+    /// receiving from it, a burst longer than one look takes), the doorbell is rung at once.
+    /// `Ok(false)` when the queue pair has no such doorbell (the default).
     fn arm_waiter(&self, wake: WakeFor) -> Result<bool> {
         let _ = wake;
         Ok(false)
+    }
+
+    /// [`QueuePair::arm_waiter`] without the look at the queue pair's own descriptor
+    /// ([`QueuePair::waiter_poll_fd`]): for a caller that watches that descriptor itself and
+    /// knows it got nothing since its last arming took it in, or that sleeps on it
+    /// level-triggered right after (what waits in it then ends the sleep at once, and the
+    /// next arming takes it in). Everything else an arming does still happens (the doorbell
+    /// is armed, answers owed go out), and completions already made are in the completion
+    /// queue. Saves the look's system call where it would find nothing: with a thread per
+    /// connection that waits and then takes in, the look before the sleep was one system call
+    /// in five per message. The default is `arm_waiter` (providers without such a
+    /// descriptor have nothing to skip).
+    fn arm_waiter_without_look(&self, wake: WakeFor) -> Result<bool> {
+        self.arm_waiter(wake)
     }
 
     /// A second descriptor a waiter on this queue pair's doorbell must sleep on besides the

@@ -176,6 +176,28 @@ const SPIN_GIVE_UP_AFTER: u32 = 8;
 /// ... and then tried again once every this many waits.
 const SPIN_RETRY_EVERY: u32 = 64;
 
+/// Whether an arming takes in the queue pair's own descriptor (a soft queue pair's UDP port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PortLook {
+    /// Receive what waits there (`QueuePair::arm_waiter`).
+    TakeIn,
+    /// The caller knows nothing came since its last arming took it in (an event loop whose
+    /// registration saw no readiness since), or sleeps on it level-triggered right after
+    /// (`QueuePair::arm_waiter_without_look`): one system call less per wait.
+    Skip,
+}
+
+/// What [`ConnCompletions::spin_on_own_port`] came to.
+enum Spun {
+    /// This many completions, in `out`.
+    Found(usize),
+    /// Nothing; `looked`: the port was taken in (an arming) at least once, the last time just
+    /// now (false when the spin was given up and did not run).
+    Nothing { looked: bool },
+    /// The queue pair has no port after all.
+    NoPort,
+}
+
 /// The spin of a wait on a queue pair's own port, `limit` long while it pays.
 fn own_port_spin(limit: Duration) -> AdaptiveSpin {
     AdaptiveSpin::new(limit, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY)
@@ -332,10 +354,14 @@ impl<D: Device> ConnCompletions<D> {
                     return Ok(Some(n));
                 }
             }
+            // The port was just looked at (by the spin): the arming before the sleep need not
+            // look again (the sleep watches the port, level-triggered, anyway).
+            let mut just_looked = false;
             if !woken && self.doorbell_only {
                 match self.spin_on_own_port(qp, qpn, out, wake, deadline)? {
-                    Some(0) => {}
-                    other => return Ok(other),
+                    Spun::Nothing { looked } => just_looked = looked,
+                    Spun::Found(n) => return Ok(Some(n)),
+                    Spun::NoPort => return Ok(None),
                 }
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -348,7 +374,8 @@ impl<D: Device> ConnCompletions<D> {
             // (the arm moved the provider forward, and the router lock waits for a thread that
             // is routing), and only then the sleep.
             woken = self.inbox.sleep_while(left, || {
-                found = match qp.arm_waiter(wake) {
+                let armed = if just_looked { qp.arm_waiter_without_look(wake) } else { qp.arm_waiter(wake) };
+                found = match armed {
                     Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
                     Err(err) => Err(err),
@@ -365,7 +392,6 @@ impl<D: Device> ConnCompletions<D> {
     /// Before a blocking wait sleeps on the queue pair's own descriptor: takes in the port
     /// (an arming, `QueuePair::arm_waiter`) and looks for completions over and over, yielding
     /// the core in between, for the spin budget (see `AdaptiveSpin`) or until `deadline`.
-    /// `Some(0)` if nothing came, `None` if the queue pair has no port after all.
     fn spin_on_own_port(
         &self,
         qp: &QpOf<D>,
@@ -373,25 +399,25 @@ impl<D: Device> ConnCompletions<D> {
         out: &mut [WorkCompletion],
         wake: WakeFor,
         deadline: std::time::Instant,
-    ) -> lightpath_verbs::Result<Option<usize>> {
+    ) -> lightpath_verbs::Result<Spun> {
         let budget = self.own_port_spin.budget();
         if budget.is_zero() {
-            return Ok(Some(0));
+            return Ok(Spun::Nothing { looked: false });
         }
         let until = (std::time::Instant::now() + budget).min(deadline);
         loop {
             if !qp.arm_waiter(wake)? {
-                return Ok(None);
+                return Ok(Spun::NoPort);
             }
             let n = self.hub.poll_for(&self.inbox, qpn, out)?;
             let n = if n > 0 { n } else { self.inbox.pop(out) };
             if n > 0 {
                 self.own_port_spin.record(true);
-                return Ok(Some(n));
+                return Ok(Spun::Found(n));
             }
             if std::time::Instant::now() >= until {
                 self.own_port_spin.record(false);
-                return Ok(Some(0));
+                return Ok(Spun::Nothing { looked: true });
             }
             // On few cores the peer (or the thread that answers) may need this one.
             std::thread::yield_now();
@@ -409,6 +435,7 @@ impl<D: Device> ConnCompletions<D> {
         out: &mut [WorkCompletion],
         wake: WakeFor,
         wait_for_router: bool,
+        look: PortLook,
     ) -> lightpath_verbs::Result<Option<usize>> {
         let (true, Some(qpn)) = (self.waiter, self.qpn) else { return Ok(None) };
         self.inbox.set_arrivals_only(wake == WakeFor::Arrivals);
@@ -417,7 +444,11 @@ impl<D: Device> ConnCompletions<D> {
         // taken below: the inbox is not armed as well, or a completion another thread routes
         // here would write the fd a second time (two wake-ups of the event loop per message).
         self.inbox.disarm();
-        if !qp.arm_waiter(wake)? {
+        let armed = match look {
+            PortLook::TakeIn => qp.arm_waiter(wake)?,
+            PortLook::Skip => qp.arm_waiter_without_look(wake)?,
+        };
+        if !armed {
             return Ok(None);
         }
         if wait_for_router {
@@ -436,7 +467,7 @@ impl<D: Device> ConnCompletions<D> {
         qp: &QpOf<D>,
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
-        Ok(self.arm_doorbell(qp, out, WakeFor::Anything, false)?.unwrap_or(0))
+        Ok(self.arm_doorbell(qp, out, WakeFor::Anything, false, PortLook::TakeIn)?.unwrap_or(0))
     }
 
     /// Takes in what waits in the queue pair's own descriptor (a soft queue pair's UDP port),
@@ -453,7 +484,7 @@ impl<D: Device> ConnCompletions<D> {
         if !self.doorbell_only {
             return Ok(0);
         }
-        Ok(self.arm_doorbell(qp, out, WakeFor::Anything, true)?.unwrap_or(0))
+        Ok(self.arm_doorbell(qp, out, WakeFor::Anything, true, PortLook::TakeIn)?.unwrap_or(0))
     }
 
     /// Leaves `note()` in the inbox as this connection's state at its latest wait, when
@@ -498,14 +529,16 @@ impl<D: Device + 'static> ConnCompletions<D> {
     /// Asks for the notification fd to become readable on the next completion of `qp` (the
     /// attached queue pair) that `wake` asks for. Completions that are already there go into
     /// `out` (their number is returned) or the inbox: the caller looks before it waits.
+    /// `look` says whether the queue pair's own descriptor is taken in too (see [`PortLook`]).
     pub(crate) fn request_notify(
         &self,
         qp: &QpOf<D>,
         out: &mut [WorkCompletion],
         wake: WakeFor,
+        look: PortLook,
     ) -> io::Result<usize> {
         // An event loop cannot lead: its own doorbell is the direct path even alone on the hub.
-        if let Some(n) = self.arm_doorbell(qp, out, wake, false).map_err(from_verbs)? {
+        if let Some(n) = self.arm_doorbell(qp, out, wake, false, look).map_err(from_verbs)? {
             return Ok(n);
         }
         self.inbox.set_arrivals_only(false);

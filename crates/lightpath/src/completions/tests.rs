@@ -219,7 +219,7 @@ fn an_armed_inbox_fd_fires_through_the_notifier() {
     let (_pd, ends) = pairs(&device, &hubs, 3);
     for (i, (a, b)) in ends.iter().enumerate() {
         b.qp.post_recv(&RecvWr::new(i as u64, &[])).unwrap();
-        b.completions.request_notify(&b.qp, &mut [], WakeFor::Anything).unwrap();
+        b.completions.request_notify(&b.qp, &mut [], WakeFor::Anything, super::PortLook::TakeIn).unwrap();
         let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 2];
         assert_eq!(b.completions.poll(&mut buf).unwrap(), 0);
         send_empty(&a.qp, 7);

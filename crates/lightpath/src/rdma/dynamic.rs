@@ -33,7 +33,7 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn peer_closed_its_side(&self) -> bool;
     fn linger(&self) -> Duration;
     fn tcp(&self) -> &TcpStream;
-    fn arm(&mut self, wake: WakeFor) -> io::Result<bool>;
+    fn arm(&mut self, wake: WakeFor, look: PortLook) -> io::Result<bool>;
     /// What a reader that found nothing would wait for (see `RdmaConn::reader_wake`).
     fn reader_wake(&self) -> WakeFor;
     /// Bytes a read could take now, as last polled (no completion is handled): the ring bytes
@@ -199,8 +199,8 @@ where
     fn tcp(&self) -> &TcpStream {
         RdmaConn::tcp(self)
     }
-    fn arm(&mut self, wake: WakeFor) -> io::Result<bool> {
-        RdmaConn::arm(self, wake)
+    fn arm(&mut self, wake: WakeFor, look: PortLook) -> io::Result<bool> {
+        RdmaConn::arm(self, wake, look)
     }
     fn reader_wake(&self) -> WakeFor {
         RdmaConn::reader_wake(self)
@@ -249,7 +249,7 @@ where
     }
     fn request_notify(&mut self) -> io::Result<()> {
         // No room for completions: whatever is there is routed to the inbox, for the look.
-        self.cq.request_notify(&self.qp, &mut [], WakeFor::Anything).map(drop)
+        self.cq.request_notify(&self.qp, &mut [], WakeFor::Anything, PortLook::TakeIn).map(drop)
     }
     fn notification_fds(&self) -> io::Result<Vec<std::os::fd::OwnedFd>> {
         self.cq.notification_fds()

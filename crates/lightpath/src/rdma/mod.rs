@@ -25,7 +25,7 @@ use lightpath_verbs::{
     QpOf, QueuePair, RecvWr, SendOp, SendWr, Sge, WakeFor, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::completions::{ConnCompletions, HubPool};
+use crate::completions::{ConnCompletions, HubPool, PortLook};
 use crate::error::{from_verbs, invalid, reset};
 use crate::options::Options;
 
@@ -602,10 +602,11 @@ impl<D: Device> RdmaConn<D> {
 
 impl<D: Device + 'static> RdmaConn<D> {
     /// Arms the notification fd; returns `false` if something is ready already (the caller
-    /// then does not wait).
-    pub(crate) fn arm(&mut self, wake: WakeFor) -> io::Result<bool> {
+    /// then does not wait). `look`: whether the queue pair's own descriptor is taken in too
+    /// (see `PortLook`).
+    pub(crate) fn arm(&mut self, wake: WakeFor, look: PortLook) -> io::Result<bool> {
         self.armed_for_arrivals = wake == WakeFor::Arrivals;
-        let n = self.cq.request_notify(&self.qp, &mut self.wcs, wake)?;
+        let n = self.cq.request_notify(&self.qp, &mut self.wcs, wake, look)?;
         self.handle_taken(n);
         let progressed = self.pump() || n > 0;
         // A reader armed for what the peer sends that found only its own requests'

@@ -81,7 +81,7 @@ fn a_peer_that_half_closed_then_died_ends_the_stream_cleanly() {
     // reaches its port at once (the device's progress thread drains armed ports only when
     // they stay unread for a tick).
     let Backend::Rdma(conn) = server.backend_mut() else { panic!("not an RDMA stream") };
-    conn.arm(lightpath_verbs::WakeFor::Arrivals).expect("arm");
+    conn.arm(lightpath_verbs::WakeFor::Arrivals, crate::completions::PortLook::TakeIn).expect("arm");
     // The close record goes out; then the client's process "dies": its TCP connection ends
     // without a goodbye.
     client.shutdown(std::net::Shutdown::Write).expect("half close");

@@ -65,6 +65,17 @@ pub(crate) struct WaitRound {
     pub(crate) next_timer: Option<Duration>,
 }
 
+/// What [`Shared::drain_port`] did.
+#[derive(Clone, Copy, Debug)]
+struct PortDrain {
+    /// Messages received.
+    received: usize,
+    /// The last receive found the port empty: everything that arrived before it is in the
+    /// engine. (False when another thread was receiving from the port, or the batches ran
+    /// out first.)
+    drained: bool,
+}
+
 /// Spins in a row that saw no traffic after which socket watchers stop spinning.
 const SPIN_GIVE_UP_AFTER: u32 = 4;
 
@@ -782,12 +793,7 @@ impl Shared {
     /// cores, threads that queued on the engine lock while its holder sat in a system call
     /// cost a futex wait and wake each.
     pub(crate) fn arm_port(&self, port: &QpPort, wake: WakeFor) {
-        self.port_armings.fetch_add(1, Ordering::Relaxed);
-        if port.leave_fresh() {
-            if let Some((_, fresh)) = self.port_set.get() {
-                fresh.remove(port);
-            }
-        }
+        self.count_arming(port);
         let handled = OWNER_RX.with(|cell| {
             let Ok(mut slot) = cell.try_borrow_mut() else { return false };
             if !port.start_receiving() {
@@ -809,6 +815,7 @@ impl Shared {
                 return true;
             }
             let (mut core, now) = self.start_arming(port);
+            let failed = received.is_err();
             let Core { engine, stats, .. } = &mut *core;
             let count = rx.deliver_received(&port.socket, engine, now, stats, received);
             if count > 0 {
@@ -817,16 +824,38 @@ impl Shared {
             }
             let more = count == RECV_BATCH;
             port.finish_receiving();
-            if more {
-                self.drain_port(&mut core, port, now);
-            }
-            self.finish_arming(&mut core, port, wake, now);
+            // A full batch or a failed receive: look again (what waits behind it is unknown).
+            let drained = !(more || failed) || self.drain_port(&mut core, port, now).drained;
+            self.finish_arming(&mut core, port, wake, now, drained);
             true
         });
         if !handled {
             let (mut core, now) = self.start_arming(port);
-            self.drain_port(&mut core, port, now);
-            self.finish_arming(&mut core, port, wake, now);
+            let drained = self.drain_port(&mut core, port, now).drained;
+            self.finish_arming(&mut core, port, wake, now, drained);
+        }
+    }
+
+    /// [`Shared::arm_port`] for an owner that watches the port itself (see
+    /// `QueuePair::arm_waiter_without_look`): no receive; with nothing owed, no lock either.
+    pub(crate) fn arm_port_without_look(&self, port: &QpPort, wake: WakeFor) {
+        if self.answers_held.load(Ordering::Relaxed) {
+            // The answers go now (the owner sleeps without a reply to carry them), with the
+            // look: a full arming.
+            self.arm_port(port, wake);
+            return;
+        }
+        self.count_arming(port);
+        port.arm(wake);
+    }
+
+    /// Counts an arming of `port`; its first takes it out of the fresh ports (see `ports`).
+    fn count_arming(&self, port: &QpPort) {
+        self.port_armings.fetch_add(1, Ordering::Relaxed);
+        if port.leave_fresh() {
+            if let Some((_, fresh)) = self.port_set.get() {
+                fresh.remove(port);
+            }
         }
     }
 
@@ -855,7 +884,12 @@ impl Shared {
 
     /// The end of [`Shared::arm_port`] once the port's datagrams are in the engine: runs
     /// timers, delivers news, holds the answers for the owner's reply or sends them, and arms.
-    fn finish_arming(&self, core: &mut Core, port: &QpPort, wake: WakeFor, now: Time) {
+    /// Not `drained` (another thread was taking datagrams out of the port, or a burst
+    /// outlasted the batches one look takes): the doorbell is rung at once, so the owner looks
+    /// again rather than trusting that whatever still waits will announce itself (an event
+    /// loop that saw the port's readiness since its last look arms without looking: see
+    /// `QueuePair::arm_waiter_without_look`).
+    fn finish_arming(&self, core: &mut Core, port: &QpPort, wake: WakeFor, now: Time, drained: bool) {
         run_due_timers(core, now);
         self.deliver_events(core);
         if core.arming_found && core.engine.has_output() {
@@ -866,32 +900,39 @@ impl Shared {
         }
         core.arming = None;
         port.arm(wake);
+        if !drained {
+            port.news(true);
+        }
         self.check_thread_deadline(core);
     }
 
     /// Receives what waits in `port` (up to [`MAX_RX_BATCHES_PER_DRIVE`] batches) into the
     /// engine, unless its owner is receiving from it right now (it hands what it took to the
-    /// engine itself, in order). Returns how many messages arrived.
-    fn drain_port(&self, core: &mut Core, port: &QpPort, now: Time) -> usize {
+    /// engine itself, in order).
+    fn drain_port(&self, core: &mut Core, port: &QpPort, now: Time) -> PortDrain {
         if !port.start_receiving() {
-            return 0;
+            return PortDrain { received: 0, drained: false };
         }
-        let mut received = 0;
+        let mut drain = PortDrain { received: 0, drained: false };
         for _ in 0..MAX_RX_BATCHES_PER_DRIVE {
             let Core { engine, rx, stats, .. } = &mut *core;
-            let count = rx.receive(&port.socket, engine, now, stats, RECV_BATCH);
-            if count == 0 {
-                break;
-            }
-            received += count;
-            self.port_received(port, now);
+            let received = rx.recv_only(&port.socket, RECV_BATCH);
+            // A failed receive says nothing about what waits behind it.
+            let failed = received.is_err();
+            let count = rx.deliver_received(&port.socket, engine, now, stats, received);
+            drain.received += count;
             if count < RECV_BATCH {
+                drain.drained = !failed;
+                if count > 0 {
+                    self.port_received(port, now);
+                }
                 break;
             }
+            self.port_received(port, now);
             self.transmit_if_burst(core, now, count);
         }
         port.finish_receiving();
-        received
+        drain
     }
 
     /// The progress thread's look at the ports: drains those readable now (`all`), or those
@@ -918,7 +959,7 @@ impl Shared {
         for &qpn in &readable {
             let Some(port) = core.ports.get(&qpn).map(Arc::clone) else { continue };
             if all || port.unread_since_last_tick() {
-                received += self.drain_port(core, &port, now);
+                received += self.drain_port(core, &port, now).received;
             }
         }
         core.readable_ports = readable;
@@ -1069,6 +1110,81 @@ impl Drop for DeviceInner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device (no progress thread: nothing else reads the port) with a port for queue pair
+    /// 7, its doorbell, and a plain UDP socket to send to the port from.
+    fn device_with_port() -> (Shared, Arc<QpPort>, Arc<OwnedFd>, std::net::UdpSocket) {
+        let mut config = SoftConfig::with_addr("127.0.0.1:0".parse().unwrap());
+        config.udp_offload = false;
+        let shared = Shared::new(config).expect("device");
+        let doorbell = Arc::new(
+            rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .expect("eventfd"),
+        );
+        let port = shared.open_port(7, &doorbell).expect("a port of its own");
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").expect("sender");
+        sender.connect(port.socket.local()).expect("connect");
+        (shared, port, doorbell, sender)
+    }
+
+    fn readable(fd: &impl AsFd) -> bool {
+        sys::wait_readable(&[fd.as_fd()], Some(Duration::ZERO)).expect("poll") != 0
+    }
+
+    /// Datagrams that are not RoCE (the engine drops them) stand in for a peer's: what is
+    /// tested is who takes them out of the port.
+    fn send_junk(sender: &std::net::UdpSocket, count: usize) {
+        for _ in 0..count {
+            sender.send(&[0x5a; 40]).expect("send");
+        }
+    }
+
+    #[test]
+    fn an_arming_that_takes_everything_in_rings_nothing() {
+        let (shared, port, doorbell, sender) = device_with_port();
+        send_junk(&sender, 3);
+        assert!(readable(&port.socket));
+        shared.arm_port(&port, WakeFor::Anything);
+        assert!(!readable(&port.socket), "the arming left datagrams in the port");
+        assert!(!readable(&*doorbell), "an arming that took everything in rang the doorbell");
+    }
+
+    /// A burst longer than one arming's look leaves datagrams in the port that announce
+    /// themselves to nobody (their readiness was seen before the look): the arming rings the
+    /// doorbell, so an event loop that arms without looking until it sees readiness again
+    /// looks once more.
+    #[test]
+    fn an_arming_that_leaves_datagrams_in_the_port_rings_the_doorbell() {
+        let (shared, port, doorbell, sender) = device_with_port();
+        // The owner's receive, then a drain of up to the batches of one drive.
+        send_junk(&sender, (1 + MAX_RX_BATCHES_PER_DRIVE) * RECV_BATCH + 5);
+        shared.arm_port(&port, WakeFor::Anything);
+        assert!(readable(&port.socket), "one look took the whole burst: the test proves nothing");
+        assert!(readable(&*doorbell), "datagrams were left in the port and the doorbell was not rung");
+        // The next arming takes the rest, and rings nothing more.
+        let mut count = [0u8; 8];
+        rustix::io::read(&*doorbell, &mut count).expect("the doorbell");
+        shared.arm_port(&port, WakeFor::Anything);
+        assert!(!readable(&port.socket));
+        assert!(!readable(&*doorbell));
+    }
+
+    #[test]
+    fn an_arming_without_look_leaves_the_port_alone_and_arms() {
+        let (shared, port, doorbell, sender) = device_with_port();
+        send_junk(&sender, 1);
+        let armings = shared.port_armings.load(Ordering::Relaxed);
+        shared.arm_port_without_look(&port, WakeFor::Arrivals);
+        assert_eq!(shared.port_armings.load(Ordering::Relaxed), armings + 1, "the arming was not counted");
+        assert!(readable(&port.socket), "the arming without look received from the port");
+        assert!(!readable(&*doorbell));
+        // Armed: news another thread makes rings the doorbell.
+        port.news(true);
+        assert!(readable(&*doorbell), "the doorbell was not armed");
+    }
 
     #[test]
     fn rx_pace_follows_the_traffic() {
