@@ -28,7 +28,7 @@ use lightpath_verbs::{lightpath_pmtu_for_link, WakeFor, WorkCompletion};
 use lightpath_verbs::{CompletionHook, Error, Gid, Mtu, Result};
 
 pub(crate) use ports::QpPort;
-use ports::{PortSet, PORTS_ACTIVE_FOR};
+use ports::{PortSet, PORTS_ACTIVE_FOR, PORT_TICK};
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
@@ -223,6 +223,9 @@ pub(crate) struct Shared {
     /// [`Shared::drive_for_progress`]). Changed with the engine locked; read without the lock
     /// too (`CompletionQueue::consumer_idle` takes it only when this is set).
     pub(crate) answers_held: AtomicBool,
+    /// Holds of answers by an arming so far: the owner whose arming made the latest hold may
+    /// keep it through its next empty arming (see [`Shared::owes_answers`]).
+    answer_holds: AtomicU64,
     /// Times a queue pair's owner armed its port ([`DriverStats::port_armings`]).
     port_armings: AtomicU64,
     socket: RoceSocket,
@@ -335,6 +338,7 @@ impl Shared {
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
             answers_held: AtomicBool::new(false),
+            answer_holds: AtomicU64::new(0),
             port_armings: AtomicU64::new(0),
             socket_watchers: AtomicU32::new(0),
             watcher_spin,
@@ -806,10 +810,10 @@ impl Shared {
                 _ => slot.insert(RxBuffers::new(&port.socket)),
             };
             let received = rx.recv_only(&port.socket, RECV_BATCH);
-            if matches!(received, Ok(0)) && !self.answers_held.load(Ordering::Relaxed) {
-                // Nothing waits in the port and nothing is owed: arming takes no lock (news
-                // another thread makes before the store is in the queue, where the caller
-                // looks next).
+            if matches!(received, Ok(0)) && !self.owes_answers(port, wake) {
+                // Nothing waits in the port and nothing is owed (or what is owed waits for
+                // this owner's reply): arming takes no lock (news another thread makes before
+                // the store is in the queue, where the caller looks next).
                 port.finish_receiving();
                 port.arm(wake);
                 return true;
@@ -839,7 +843,7 @@ impl Shared {
     /// [`Shared::arm_port`] for an owner that watches the port itself (see
     /// `QueuePair::arm_waiter_without_look`): no receive; with nothing owed, no lock either.
     pub(crate) fn arm_port_without_look(&self, port: &QpPort, wake: WakeFor) {
-        if self.answers_held.load(Ordering::Relaxed) {
+        if self.owes_answers(port, wake) {
             // The answers go now (the owner sleeps without a reply to carry them), with the
             // look: a full arming.
             self.arm_port(port, wake);
@@ -847,6 +851,32 @@ impl Shared {
         }
         self.count_arming(port);
         port.arm(wake);
+    }
+
+    /// Whether an arming of `port` for `wake` that finds nothing new must send the answers
+    /// the engine holds (ACKs held for a reply, see `finish_arming`) before its owner sleeps.
+    ///
+    /// Not when this owner's own arming held them, it waits for what the peer sends, and the
+    /// progress thread looks within a tick (it sends them then if no reply took them): once
+    /// only, so a second empty arming sends them. An event loop reads until a read would
+    /// block before it answers (hyper's dispatcher does, then calls the service and writes
+    /// the response): the arming of that last read sent the ACK of the request alone, and
+    /// the response went in a second `sendmmsg`, each side sending two datagrams in two
+    /// system calls per request where one call could carry both.
+    fn owes_answers(&self, port: &QpPort, wake: WakeFor) -> bool {
+        if !self.answers_held.load(Ordering::Relaxed) {
+            return false;
+        }
+        let held = self.answer_holds.load(Ordering::Relaxed);
+        let by_this_owner = port.take_reply_hold(held);
+        !(by_this_owner && wake == WakeFor::Arrivals && self.progress_looks_within(PORT_TICK))
+    }
+
+    /// Whether the progress thread will look at the device within `within` (it is awake, or
+    /// its sleep ends by then).
+    fn progress_looks_within(&self, within: Duration) -> bool {
+        let deadline = self.thread_deadline.load(Ordering::SeqCst);
+        deadline <= self.now().as_nanos().saturating_add(within.as_nanos() as u64)
     }
 
     /// Counts an arming of `port`; its first takes it out of the fresh ports (see `ports`).
@@ -895,6 +925,8 @@ impl Shared {
         if core.arming_found && core.engine.has_output() {
             // The reply carries them; the progress thread's next tick sends them otherwise.
             self.answers_held.store(true, Ordering::Relaxed);
+            let hold = self.answer_holds.fetch_add(1, Ordering::Relaxed) + 1;
+            port.hold_for_reply(hold);
         } else {
             self.transmit(core, now);
         }
@@ -1184,6 +1216,47 @@ mod tests {
         // Armed: news another thread makes rings the doorbell.
         port.news(true);
         assert!(readable(&*doorbell), "the doorbell was not armed");
+    }
+
+    /// The answers an owner's arming held for its reply are kept through its next arming that
+    /// finds nothing (once, for a reader, while the progress thread looks within a tick);
+    /// every other empty arming sends them.
+    #[test]
+    fn an_owner_keeps_the_answers_it_held_through_one_empty_arming() {
+        let (shared, port, _doorbell, _sender) = device_with_port();
+        let doorbell = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
+        let other = shared.open_port(8, &doorbell).expect("a second port");
+        let hold = |port: &QpPort| {
+            shared.answers_held.store(true, Ordering::Relaxed);
+            let n = shared.answer_holds.fetch_add(1, Ordering::Relaxed) + 1;
+            port.hold_for_reply(n);
+        };
+        // No progress thread here: it counts as awake (as it is when it runs its loop).
+        shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
+        assert!(!shared.owes_answers(&port, WakeFor::Arrivals), "nothing is held");
+
+        hold(&port);
+        assert!(!shared.owes_answers(&port, WakeFor::Arrivals), "the reader's own hold was not kept");
+        assert!(shared.owes_answers(&port, WakeFor::Arrivals), "kept through a second empty arming");
+
+        hold(&port);
+        assert!(
+            shared.owes_answers(&port, WakeFor::Anything),
+            "kept for a writer (it waits for the peer's answer)"
+        );
+
+        hold(&port);
+        assert!(shared.owes_answers(&other, WakeFor::Arrivals), "kept for another queue pair's owner");
+        hold(&other);
+        assert!(shared.owes_answers(&port, WakeFor::Arrivals), "kept for an owner whose hold was overtaken");
+
+        hold(&port);
+        let far = shared.now().as_nanos() + Duration::from_millis(50).as_nanos() as u64;
+        shared.thread_deadline.store(far, Ordering::SeqCst);
+        assert!(
+            shared.owes_answers(&port, WakeFor::Arrivals),
+            "kept while the progress thread sleeps past the tick that would send them"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,6 +82,9 @@ pub(crate) struct QpPort {
     receiving: AtomicBool,
     /// Its owner never armed it: it is in the device's set of fresh ports.
     fresh: AtomicBool,
+    /// The device's count of answer holds when this port's arming last held the answers for
+    /// its owner's reply (0: none to keep; see `Shared::owes_answers`).
+    reply_hold: AtomicU64,
 }
 
 impl QpPort {
@@ -111,6 +114,7 @@ impl QpPort {
             tick_mark: AtomicU32::new(0),
             receiving: AtomicBool::new(false),
             fresh: AtomicBool::new(true),
+            reply_hold: AtomicU64::new(0),
         })
     }
 
@@ -153,6 +157,17 @@ impl QpPort {
     /// Gives back what [`QpPort::start_receiving`] took (everything received was handed over).
     pub(crate) fn finish_receiving(&self) {
         self.receiving.store(false, Ordering::Release);
+    }
+
+    /// This port's arming held the device's answers for its owner's reply: hold number `hold`.
+    pub(crate) fn hold_for_reply(&self, hold: u64) {
+        self.reply_hold.store(hold, Ordering::Relaxed);
+    }
+
+    /// Whether the answers held now (hold number `current`) are the ones this port's arming
+    /// held; consumes that (once per hold).
+    pub(crate) fn take_reply_hold(&self, current: u64) -> bool {
+        current != 0 && self.reply_hold.swap(0, Ordering::Relaxed) == current
     }
 
     /// The owner arms for the first time: whether the port was fresh until now.
