@@ -504,20 +504,23 @@ impl Stream {
                     Side::Writer => writers,
                 };
                 let armed = &mut self.armed[side as usize];
-                // Readiness left from a datagram the last call took in without waiting (its
-                // arming drained the port) is consumed before this arming, which takes in
-                // everything up to now: left set, it made the wait below return at once, for
-                // one more round of call, arming and look at the socket per message. Cleared
-                // before the arming, so an event after this point wakes the task again.
-                // A pending notification is different: a doorbell rung for news, or a
-                // completion routed here, which only a retry of the call takes in.
+                // Readiness seen here is usually what woke the task (tokio polls the call
+                // again from the top), or left from a datagram the last call took in without
+                // waiting. Either way it is consumed before this arming, which takes in
+                // everything up to now: the port (a full look, since readiness was seen), the
+                // completions routed to this connection and those in the queue; if that finds
+                // anything, the caller retries its call. Left set, it made the wait below return
+                // at once, for one more round of call, arming and look at the socket per
+                // message. Cleared before the arming, so an event after this point wakes the
+                // task again. The notification eventfd is not read: every news it was rung for
+                // is in the port or the queue, where the arming looks, and a doorbell left rung
+                // costs nothing (the registration is edge-triggered, and every later ring is an
+                // edge again). Reading it was one system call per message that mostly found
+                // nothing (the wake-up came from the queue pair's port).
                 if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
                     stale.clear_ready();
                     *armed = None;
                     self.port_seen[side as usize] = false;
-                    if conn.take_notify() {
-                        return Poll::Ready(Ok(()));
-                    }
                 }
                 // A reader looks at the TCP connection only when it had news (see
                 // `Registration::Rdma`); the look reads it until it would block, and a clear
@@ -560,10 +563,9 @@ impl Stream {
                 let mut guard = ready!(fd.poll_read_ready(cx))?;
                 *armed = None;
                 self.port_seen[side as usize] = false;
-                // Cleared before draining: an event after this point wakes the task again,
-                // one before it is drained below (and the caller retries its operation).
+                // Cleared before the retry: an event after this point wakes the task again,
+                // one before it is handled by the retry (the eventfd is not read, as above).
                 guard.clear_ready();
-                conn.take_notify();
                 // The writer looks at the TCP connection every time: tokio keeps one waker per
                 // direction of a registration, which the reader's look takes.
                 if side == Side::Writer {
