@@ -26,7 +26,8 @@ pub struct DriverStats {
     /// Segmented sends the kernel refused (segmentation is then turned off for the device).
     pub segmentation_failures: u64,
     /// Times a queue pair's owner armed the queue pair's own UDP port to wait
-    /// (`QueuePair::arm_waiter`; each takes a look at the port): an event loop's waits.
+    /// (`QueuePair::arm_waiter`, which takes a look at the port, or
+    /// `QueuePair::arm_waiter_without_look`): its waits.
     pub port_armings: u64,
 }
 
