@@ -191,9 +191,8 @@ pub(crate) enum PortLook {
 enum Spun {
     /// This many completions, in `out`.
     Found(usize),
-    /// Nothing; `looked`: the port was taken in (an arming) at least once, the last time just
-    /// now (false when the spin was given up and did not run).
-    Nothing { looked: bool },
+    /// Nothing came.
+    Nothing,
     /// The queue pair has no port after all.
     NoPort,
 }
@@ -354,16 +353,19 @@ impl<D: Device> ConnCompletions<D> {
                     return Ok(Some(n));
                 }
             }
-            // The port was just looked at (by the spin): the arming before the sleep need not
-            // look again (the sleep watches the port, level-triggered, anyway).
-            let mut just_looked = false;
             if !woken && self.doorbell_only {
                 match self.spin_on_own_port(qp, qpn, out, wake, deadline)? {
-                    Spun::Nothing { looked } => just_looked = looked,
+                    Spun::Nothing => {}
                     Spun::Found(n) => return Ok(Some(n)),
                     Spun::NoPort => return Ok(None),
                 }
             }
+            // The arming before the sleep looks at the queue pair's own descriptor only after a
+            // wake-up (what woke it is there): otherwise it would mostly find nothing (the spin
+            // just looked, or the wait just began), and the sleep watches the descriptor,
+            // level-triggered, anyway: what waits there ends it at once, and the next round's
+            // arming takes it in. One `recvmmsg` less per sleep.
+            let look_before_sleep = woken;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Ok(Some(0));
@@ -374,7 +376,8 @@ impl<D: Device> ConnCompletions<D> {
             // (the arm moved the provider forward, and the router lock waits for a thread that
             // is routing), and only then the sleep.
             woken = self.inbox.sleep_while(left, || {
-                let armed = if just_looked { qp.arm_waiter_without_look(wake) } else { qp.arm_waiter(wake) };
+                let armed =
+                    if look_before_sleep { qp.arm_waiter(wake) } else { qp.arm_waiter_without_look(wake) };
                 found = match armed {
                     Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
@@ -402,7 +405,7 @@ impl<D: Device> ConnCompletions<D> {
     ) -> lightpath_verbs::Result<Spun> {
         let budget = self.own_port_spin.budget();
         if budget.is_zero() {
-            return Ok(Spun::Nothing { looked: false });
+            return Ok(Spun::Nothing);
         }
         let until = (std::time::Instant::now() + budget).min(deadline);
         loop {
@@ -417,7 +420,7 @@ impl<D: Device> ConnCompletions<D> {
             }
             if std::time::Instant::now() >= until {
                 self.own_port_spin.record(false);
-                return Ok(Spun::Nothing { looked: true });
+                return Ok(Spun::Nothing);
             }
             // On few cores the peer (or the thread that answers) may need this one.
             std::thread::yield_now();
