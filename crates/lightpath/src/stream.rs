@@ -777,7 +777,11 @@ impl Stream {
             tracing::debug!(transport = ?self.transport, peer = %self.peer, "stream closing in the background");
         }
         match std::mem::replace(&mut self.backend, Backend::Closed) {
-            Backend::Rdma(conn) => crate::reaper::close_rdma(conn),
+            Backend::Rdma(mut conn) => {
+                // Nobody watches its TCP connection any more (an event loop may have).
+                conn.set_tcp_watched(false);
+                crate::reaper::close_rdma(conn)
+            }
             Backend::Tcp(conn) => crate::reaper::close_tcp(conn),
             Backend::Closed => {}
         }

@@ -98,7 +98,7 @@ pub struct Stream {
     /// not announce itself, and the next arming skips the look ([`PortLook::Skip`]), which
     /// would have found nothing: one `recvmmsg` per wait, a fifth of a soft
     /// request/response's system calls on each side.
-    port_seen: [bool; 2],
+    port_quiet: [bool; 2],
     inner: crate::Stream,
 }
 
@@ -231,7 +231,7 @@ impl Stream {
                 waiting: [None, None],
                 armed: [None, None],
                 armings: 0,
-                port_seen: [false; 2],
+                port_quiet: [false; 2],
                 inner,
             }),
             Err(err) => {
@@ -247,7 +247,11 @@ impl Stream {
         // watches them, and refer to the same epoll instance (or socket) as the stream's fd.
         let registration = if inner.transport().is_rdma() {
             let tcp = match inner.backend_mut() {
-                Backend::Rdma(conn) => conn.tcp().as_fd().try_clone_to_owned()?,
+                Backend::Rdma(conn) => {
+                    // `liveness` below: the driver looks at the connection when it has news.
+                    conn.set_tcp_watched(true);
+                    conn.tcp().as_fd().try_clone_to_owned()?
+                }
                 _ => return Err(io::ErrorKind::NotConnected.into()),
             };
             let fd = inner.readiness_fd()?;
@@ -520,7 +524,16 @@ impl Stream {
                 if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
                     stale.clear_ready();
                     *armed = None;
-                    self.port_seen[side as usize] = false;
+                    self.port_quiet[side as usize] = false;
+                    if side == Side::Writer {
+                        // The readiness may be the TCP connection's news (the peer's goodbye,
+                        // its death), which only a look at it takes in (the writer looks after
+                        // every wake-up, see below; the stream itself does not, as the driver
+                        // watches the connection: `RdmaConn::set_tcp_watched`): the call is
+                        // retried after the look.
+                        conn.poll_tcp();
+                        return Poll::Ready(Ok(()));
+                    }
                 }
                 // A reader looks at the TCP connection only when it had news (see
                 // `Registration::Rdma`); the look reads it until it would block, and a clear
@@ -553,8 +566,8 @@ impl Stream {
                 self.armings += 1;
                 // Either arming leaves the port taken in up to now (or the doorbell rung: see
                 // `QueuePair::arm_waiter`), whatever it found.
-                let seen = std::mem::replace(&mut self.port_seen[side as usize], true);
-                let look = if seen { PortLook::Skip } else { PortLook::TakeIn };
+                let quiet = std::mem::replace(&mut self.port_quiet[side as usize], true);
+                let look = if quiet { PortLook::Skip } else { PortLook::TakeIn };
                 if !conn.arm(wake, look)? {
                     *armed = None;
                     return Poll::Ready(Ok(()));
@@ -562,7 +575,7 @@ impl Stream {
                 *armed = Some(Armed { wake, events: conn.events(), arming: self.armings });
                 let mut guard = ready!(fd.poll_read_ready(cx))?;
                 *armed = None;
-                self.port_seen[side as usize] = false;
+                self.port_quiet[side as usize] = false;
                 // Cleared before the retry: an event after this point wakes the task again,
                 // one before it is handled by the retry (the eventfd is not read, as above).
                 guard.clear_ready();

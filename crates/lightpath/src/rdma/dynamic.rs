@@ -53,6 +53,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn handed_over_now(&self) -> bool;
     fn writable_now(&mut self) -> bool;
     fn poll_tcp(&mut self);
+    /// See `RdmaConn::set_tcp_watched`.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn set_tcp_watched(&mut self, watched: bool);
     /// Completions and credit returns handled so far (see `RdmaConn::events`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn events(&self) -> u64;
@@ -231,6 +234,9 @@ where
     }
     fn poll_tcp(&mut self) {
         RdmaConn::poll_tcp(self)
+    }
+    fn set_tcp_watched(&mut self, watched: bool) {
+        RdmaConn::set_tcp_watched(self, watched)
     }
     fn events(&self) -> u64 {
         RdmaConn::events(self)

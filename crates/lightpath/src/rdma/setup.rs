@@ -160,6 +160,7 @@ impl<D: Device + 'static> RdmaSetup<D> {
             peer_bye: None,
             tcp_eof: false,
             tcp_checked_at: None,
+            tcp_watched: false,
             armed_for_arrivals: false,
             read_shut: false,
             spin: self.options.spin,
