@@ -430,27 +430,27 @@ impl Stream {
     /// When it reports "not writable" on an RDMA stream, it also makes sure the peer will wake
     /// this side once room returns (see [`Stream::readiness_fd`]).
     pub fn poll_ready(&mut self) -> io::Result<Readiness> {
-        // The readiness fd is level-triggered for its users: a notification left pending would
-        // keep it readable, so it is consumed here.
-        if let Backend::Rdma(conn) = &mut self.backend {
-            conn.take_notify();
-        }
-        self.poll_ready_after(false, true)
+        self.poll_ready_after(true, true)
     }
 
     /// [`Stream::poll_ready`] for an event loop that waits on the descriptors of
     /// [`Stream::event_fds`] itself, each registered **edge-triggered**, and so knows which of
     /// them signalled since its last call: `notified` for the notification fd, `liveness` for
-    /// the TCP connection. The notification fd is never read (`poll_ready` reads it): the
-    /// arming below looks at everything it can have been rung for (the queue pair's port, the
-    /// completions routed here, the queue), and with edge-triggered registrations a later
-    /// write raises a new edge whether or not the counter was drained; reading it was a
-    /// system call per wake-up that mostly found nothing. The TCP connection is read only when
-    /// it signalled. Over TCP it is `poll_ready`.
+    /// the TCP connection. A descriptor that did not signal is not read (`poll_ready` reads
+    /// both: a system call each that finds nothing on most wake-ups). Reading neither is right
+    /// only when neither had an edge since the last look; with edge-triggered registrations a
+    /// later write raises a new edge whether or not the counter was drained, and the arming
+    /// below looks at everything the notification fd can have been rung for (the queue pair's
+    /// port, the completions routed here, the queue), so a caller whose registrations are all
+    /// edge-triggered may pass `notified` false always (the tokio driver does the same). One
+    /// that also waits on the fds level-triggered (`poll`) must pass it when they signalled,
+    /// or a notification left pending keeps them readable. Over TCP it is `poll_ready`.
     pub fn poll_ready_after(&mut self, notified: bool, liveness: bool) -> io::Result<Readiness> {
-        let _ = notified;
         match &mut self.backend {
             Backend::Rdma(conn) => {
+                if notified {
+                    conn.take_notify();
+                }
                 if liveness {
                     conn.poll_tcp();
                 }
