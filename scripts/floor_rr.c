@@ -11,6 +11,9 @@
 //                                     # (recvmmsg), one unconnected socket per side sends
 //                                     # (sendmmsg with the peer's address), and an eventfd
 //                                     # read per message
+//   NESTED=1 /tmp/floor_rr udp-soft ...  # and each connection's socket inside an epoll of its
+//                                     # own, which the loop's epoll watches edge-triggered
+//                                     # (a Lightpath stream's readiness epoll under tokio)
 //
 // Prints requests/s and the CPU (user + system, both processes) per request. Run the modes
 // back to back and compare ratios: this machine is noisy.
@@ -119,9 +122,16 @@ int main(int argc, char **argv) {
         event = eventfd(0, EFD_NONBLOCK);
     }
     int ep = epoll_create1(0);
+    int nested = getenv("NESTED") != NULL;
     for (int i = 0; i < n; i++) {
         struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
-        if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &e)) die("epoll_ctl");
+        int watched = fds[i];
+        if (nested) {
+            watched = epoll_create1(0);
+            if (epoll_ctl(watched, EPOLL_CTL_ADD, fds[i], &e)) die("epoll_ctl inner");
+            e.events = EPOLLIN | EPOLLET;
+        }
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, watched, &e)) die("epoll_ctl");
     }
     char buf[SIZE];
     memset(buf, 7, sizeof buf);
