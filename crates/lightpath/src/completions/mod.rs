@@ -187,6 +187,17 @@ pub(crate) enum PortLook {
     Skip,
 }
 
+impl PortLook {
+    /// Arms `qp`'s doorbell for `wake`, taking its own descriptor in or not (see
+    /// `QueuePair::arm_waiter`); `Ok(false)` when it has no doorbell.
+    fn arm<Q: QueuePair + ?Sized>(self, qp: &Q, wake: WakeFor) -> lightpath_verbs::Result<bool> {
+        match self {
+            PortLook::TakeIn => qp.arm_waiter(wake),
+            PortLook::Skip => qp.arm_waiter_without_look(wake),
+        }
+    }
+}
+
 /// What [`ConnCompletions::spin_on_own_port`] came to.
 enum Spun {
     /// This many completions, in `out`.
@@ -365,7 +376,7 @@ impl<D: Device> ConnCompletions<D> {
             // just looked, or the wait just began), and the sleep watches the descriptor,
             // level-triggered, anyway: what waits there ends it at once, and the next round's
             // arming takes it in. One `recvmmsg` less per sleep.
-            let look_before_sleep = woken;
+            let look = if woken { PortLook::TakeIn } else { PortLook::Skip };
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Ok(Some(0));
@@ -376,9 +387,7 @@ impl<D: Device> ConnCompletions<D> {
             // (the arm moved the provider forward, and the router lock waits for a thread that
             // is routing), and only then the sleep.
             woken = self.inbox.sleep_while(left, || {
-                let armed =
-                    if look_before_sleep { qp.arm_waiter(wake) } else { qp.arm_waiter_without_look(wake) };
-                found = match armed {
+                found = match look.arm(qp, wake) {
                     Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
                     Err(err) => Err(err),
@@ -447,11 +456,7 @@ impl<D: Device> ConnCompletions<D> {
         // taken below: the inbox is not armed as well, or a completion another thread routes
         // here would write the fd a second time (two wake-ups of the event loop per message).
         self.inbox.disarm();
-        let armed = match look {
-            PortLook::TakeIn => qp.arm_waiter(wake)?,
-            PortLook::Skip => qp.arm_waiter_without_look(wake)?,
-        };
-        if !armed {
+        if !look.arm(qp, wake)? {
             return Ok(None);
         }
         if wait_for_router {
