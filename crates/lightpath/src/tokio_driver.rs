@@ -5,10 +5,12 @@
 //! A stream waits on its readiness fd ([`crate::Stream::readiness_fd`]) through `AsyncFd`: for
 //! an RDMA stream the epoll instance that holds its share of the completion queue's
 //! notification (armed before every wait, as a completion channel is) and its TCP liveness
-//! connection, registered twice (two duplicates) so that a reading task and a writing task
-//! (`tokio::io::split`) each keep their own waker; for a TCP stream the socket itself. An RDMA
-//! stream also registers a duplicate of its TCP connection, whose readiness tells a woken
-//! reader whether the connection had news (the peer's goodbye or death) worth a `recv`.
+//! connection; for a TCP stream the socket itself. A reading task and a writing task
+//! (`tokio::io::split`) share that one registration through a waker that wakes both
+//! ([`SideWakers`]). An RDMA stream also registers its TCP connection, whose readiness tells a
+//! woken reader whether the connection had news (the peer's goodbye or death) worth a `recv`.
+//! The descriptors are registered by number, not as duplicates: an RDMA stream costs its TCP
+//! socket and the readiness epoll, nothing more (issue 15).
 //!
 //! No lost wake-ups: whichever call polls an RDMA connection handles its completions, so a
 //! write, a flush or the look before a wait can take in the bytes a reader is waiting for (or
@@ -58,11 +60,11 @@
 use std::future::poll_fn;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll, Wake, Waker};
 
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -99,7 +101,62 @@ pub struct Stream {
     /// would have found nothing: one `recvmmsg` per wait, a fifth of a soft
     /// request/response's system calls on each side.
     port_quiet: [bool; 2],
+    /// The tasks waiting on the readiness registration, by side, and the waker tokio holds
+    /// for both (see [`SideWakers`]).
+    side_wakers: Arc<SideWakers>,
+    registration_waker: Waker,
     inner: crate::Stream,
+}
+
+/// The tasks of both sides waiting on one registration. tokio keeps one waker per direction
+/// of a registration, and an RDMA stream's readiness fd only ever reports readability, for
+/// readers and writers alike: the registration is given this waker, which wakes the task of
+/// each side that waits (in hyper both are one task; after `tokio::io::split` they are two,
+/// and each looks again when woken).
+#[derive(Debug, Default)]
+struct SideWakers(Mutex<[Option<Waker>; 2]>);
+
+impl SideWakers {
+    /// Records `waker` as the task of `side` waiting.
+    fn set(&self, side: Side, waker: &Waker) {
+        let mut wakers = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = &mut wakers[side as usize];
+        if !slot.as_ref().is_some_and(|held| held.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+    }
+
+    /// `side` waits no more.
+    fn clear(&self, side: Side) {
+        let mut wakers = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        wakers[side as usize] = None;
+    }
+}
+
+impl Wake for SideWakers {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let wakers = std::mem::take(&mut *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        for waker in wakers.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+}
+
+/// A descriptor the stream owns (its TCP socket, its readiness epoll), registered with tokio
+/// by number: a duplicate per registration was three descriptors more per RDMA stream. The
+/// registration is dropped before the stream hands its descriptors to the background close
+/// (see `Drop for Stream`), and nothing else closes or replaces them while the stream lives.
+#[derive(Debug)]
+struct StreamFd(RawFd);
+
+impl AsRawFd for StreamFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
 /// A side's wait in progress: what it armed for, the connection's event count right after
@@ -121,20 +178,19 @@ impl std::fmt::Debug for Stream {
 
 /// How tokio watches a stream.
 enum Registration {
-    /// Two duplicates of the stream's readiness epoll fd, each registered on its own, so that a
-    /// reading task and a writing task (`tokio::io::split`) each keep their own waker: tokio
-    /// keeps one waker per direction of a registration, and an RDMA stream's fd only ever
-    /// reports readability, for readers and writers alike.
+    /// The stream's readiness epoll fd, waited on by both sides (see [`SideWakers`]).
     ///
-    /// `liveness` is a duplicate of the TCP connection, registered too, only so that its
-    /// readiness says whether the connection had news (the peer's goodbye, an error, its
-    /// death): a reader woken by data then skips looking at it. Looking after every wake-up
-    /// was one `recv` system call per message (1.25 per request on a tokio `stream_rr` server
-    /// over soft, 7 % of an shm server's CPU). Its news still wakes both tasks through the
-    /// readiness fd, which holds the connection too.
-    Rdma { readers: AsyncFd<OwnedFd>, writers: AsyncFd<OwnedFd>, liveness: AsyncFd<OwnedFd> },
+    /// `liveness` is the TCP connection, registered too, only so that its readiness says
+    /// whether the connection had news (the peer's goodbye, an error, its death): a reader
+    /// woken by data then skips looking at it. Looking after every wake-up was one `recv`
+    /// system call per message (1.25 per request on a tokio `stream_rr` server over soft, 7 %
+    /// of an shm server's CPU). Its news still wakes both tasks through the readiness fd,
+    /// which holds the connection too.
+    Rdma { readiness: AsyncFd<StreamFd>, liveness: AsyncFd<StreamFd> },
     /// The TCP socket, readable and writable as any socket.
-    Tcp(AsyncFd<OwnedFd>),
+    Tcp(AsyncFd<StreamFd>),
+    /// Deregistered: the stream is being dropped.
+    Gone,
 }
 
 /// Which half of the stream a call belongs to.
@@ -176,12 +232,25 @@ impl Drop for AbandonOnDrop<'_, '_> {
     }
 }
 
-/// Registers `fd` with the current runtime's reactor.
-fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
+/// Registers `fd` with the current runtime's reactor, which owns it from now on.
+fn register_owned(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: `fd` is an `OwnedFd` moved into the registration: it is open, nothing else can
     // close or replace it while the `AsyncFd` owns it, and its `as_raw_fd` always returns the
     // same number.
     unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
+}
+
+/// Registers `fd` with the current runtime's reactor.
+///
+/// # Safety
+///
+/// `fd` is a descriptor of the stream the registration will be kept beside, in one
+/// [`Stream`] (see [`StreamFd`]): open now, and neither closed nor replaced while the
+/// registration lives.
+unsafe fn register(fd: RawFd, interest: Interest) -> io::Result<AsyncFd<StreamFd>> {
+    // SAFETY: upheld by the caller: the number refers to the same open file for the
+    // registration's whole life, and `StreamFd::as_raw_fd` always returns it.
+    unsafe { AsyncFd::register_with_interest(StreamFd(fd), interest) }.map_err(io::Error::from)
 }
 
 impl Stream {
@@ -226,14 +295,19 @@ impl Stream {
     /// request in `lightpath perf`'s request/response client).
     pub fn from_std(mut inner: crate::Stream) -> io::Result<Stream> {
         match Self::registration(&mut inner) {
-            Ok(registration) => Ok(Stream {
-                registration,
-                waiting: [None, None],
-                armed: [None, None],
-                armings: 0,
-                port_quiet: [false; 2],
-                inner,
-            }),
+            Ok(registration) => {
+                let side_wakers = Arc::new(SideWakers::default());
+                Ok(Stream {
+                    registration,
+                    waiting: [None, None],
+                    armed: [None, None],
+                    armings: 0,
+                    port_quiet: [false; 2],
+                    registration_waker: Waker::from(side_wakers.clone()),
+                    side_wakers,
+                    inner,
+                })
+            }
             Err(err) => {
                 inner.hand_off_close();
                 Err(err)
@@ -243,26 +317,28 @@ impl Stream {
 
     fn registration(inner: &mut crate::Stream) -> io::Result<Registration> {
         inner.set_nonblocking(true)?;
-        // Duplicates, owned by the registrations: they stay open exactly as long as tokio
-        // watches them, and refer to the same epoll instance (or socket) as the stream's fd.
         let registration = if inner.transport().is_rdma() {
             let tcp = match inner.backend_mut() {
                 Backend::Rdma(conn) => {
                     // `liveness` below: the driver looks at the connection when it has news.
                     conn.set_tcp_watched(true);
-                    conn.tcp().as_fd().try_clone_to_owned()?
+                    conn.tcp().as_raw_fd()
                 }
                 _ => return Err(io::ErrorKind::NotConnected.into()),
             };
-            let fd = inner.readiness_fd()?;
-            Registration::Rdma {
-                readers: register(fd.try_clone_to_owned()?, Interest::READABLE)?,
-                writers: register(fd.try_clone_to_owned()?, Interest::READABLE)?,
-                liveness: register(tcp, Interest::READABLE)?,
-            }
+            let readiness = inner.readiness_fd()?.as_raw_fd();
+            // The registrations go into the `Stream` that holds `inner`, which drops them
+            // before handing its backend off (`Drop for Stream`; only `hand_off_close` moves
+            // the backend, and with it the socket, out); the epoll lives as long as `inner`.
+            // SAFETY: the stream's readiness epoll, open now, kept as said above.
+            let readiness = unsafe { register(readiness, Interest::READABLE) }?;
+            // SAFETY: the stream's TCP socket, open now, kept as said above.
+            let liveness = unsafe { register(tcp, Interest::READABLE) }?;
+            Registration::Rdma { readiness, liveness }
         } else {
-            let fd = inner.readiness_fd()?.try_clone_to_owned()?;
-            Registration::Tcp(register(fd, Interest::READABLE | Interest::WRITABLE)?)
+            let fd = inner.readiness_fd()?.as_raw_fd();
+            // SAFETY: the stream's TCP socket, as above.
+            Registration::Tcp(unsafe { register(fd, Interest::READABLE | Interest::WRITABLE) }?)
         };
         Ok(registration)
     }
@@ -493,7 +569,7 @@ impl Stream {
     /// streams wait in `poll_io_inner`.
     fn poll_ready(&mut self, cx: &mut Context<'_>, side: Side, wait: Wait) -> Poll<io::Result<()>> {
         match (self.inner.backend_mut(), &self.registration) {
-            (Backend::Rdma(conn), Registration::Rdma { readers, writers, liveness }) => {
+            (Backend::Rdma(conn), Registration::Rdma { readiness, liveness }) => {
                 if wait == Wait::Room {
                     // Credit returns raise no completion here unless the peer knows we wait.
                     conn.note_write_blocked();
@@ -503,11 +579,10 @@ impl Stream {
                         return Poll::Ready(Ok(()));
                     }
                 }
-                let fd = match side {
-                    Side::Reader => readers,
-                    Side::Writer => writers,
-                };
-                let armed = &mut self.armed[side as usize];
+                // The registration wakes whichever sides wait (see `SideWakers`): this task is
+                // recorded for its side before tokio is asked, and tokio holds the shared waker.
+                self.side_wakers.set(side, cx.waker());
+                let mut shared = Context::from_waker(&self.registration_waker);
                 // Readiness seen here is usually what woke the task (tokio polls the call
                 // again from the top), or left from a datagram the last call took in without
                 // waiting. Either way it is consumed before this arming, which takes in
@@ -521,10 +596,12 @@ impl Stream {
                 // costs nothing (the registration is edge-triggered, and every later ring is an
                 // edge again). Reading it was one system call per message that mostly found
                 // nothing (the wake-up came from the queue pair's port).
-                if let Poll::Ready(mut stale) = fd.poll_read_ready(cx)? {
+                if let Poll::Ready(mut stale) = readiness.poll_read_ready(&mut shared)? {
                     stale.clear_ready();
-                    *armed = None;
-                    self.port_quiet[side as usize] = false;
+                    // Both sides wait on this registration: what one side consumed, the other
+                    // no longer sees, so neither may skip its next arming or look.
+                    self.armed = [None, None];
+                    self.port_quiet = [false; 2];
                     if side == Side::Writer {
                         // The readiness may be the TCP connection's news (the peer's goodbye,
                         // its death), which only a look at it takes in (the writer looks after
@@ -532,6 +609,7 @@ impl Stream {
                         // watches the connection: `RdmaConn::set_tcp_watched`): the call is
                         // retried after the look.
                         conn.poll_tcp();
+                        self.side_wakers.clear(side);
                         return Poll::Ready(Ok(()));
                     }
                 }
@@ -544,9 +622,11 @@ impl Stream {
                     if let Poll::Ready(mut news) = liveness.poll_read_ready(cx)? {
                         conn.poll_tcp();
                         news.clear_ready();
+                        self.side_wakers.clear(side);
                         return Poll::Ready(Ok(()));
                     }
                 }
+                let armed = &mut self.armed[side as usize];
                 // A reader is woken by what the peer sends, not by the acknowledgement of its
                 // own requests (unless it needs them to go on); a writer by anything.
                 let wake = match (side, wait) {
@@ -570,12 +650,14 @@ impl Stream {
                 let look = if quiet { PortLook::Skip } else { PortLook::TakeIn };
                 if !conn.arm(wake, look)? {
                     *armed = None;
+                    self.side_wakers.clear(side);
                     return Poll::Ready(Ok(()));
                 }
                 *armed = Some(Armed { wake, events: conn.events(), arming: self.armings });
-                let mut guard = ready!(fd.poll_read_ready(cx))?;
-                *armed = None;
-                self.port_quiet[side as usize] = false;
+                let mut guard = ready!(readiness.poll_read_ready(&mut shared))?;
+                self.armed = [None, None];
+                self.port_quiet = [false; 2];
+                self.side_wakers.clear(side);
                 // Cleared before the retry: an event after this point wakes the task again,
                 // one before it is handled by the retry (the eventfd is not read, as above).
                 guard.clear_ready();
@@ -595,6 +677,8 @@ impl Stream {
 /// thread (see the module documentation and [`Stream::close`]).
 impl Drop for Stream {
     fn drop(&mut self) {
+        // Deregistered while the descriptors are still the stream's (see `StreamFd`).
+        self.registration = Registration::Gone;
         self.inner.hand_off_close();
     }
 }
@@ -718,7 +802,7 @@ async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
     let fds = conn
         .notification_fds()?
         .into_iter()
-        .map(|fd| register(fd, Interest::READABLE))
+        .map(|fd| register_owned(fd, Interest::READABLE))
         .collect::<io::Result<Vec<_>>>()?;
     loop {
         // Armed before the look: a completion after it makes an fd readable.
