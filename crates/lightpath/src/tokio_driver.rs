@@ -2,15 +2,16 @@
 //! readiness instead of blocking. `AsyncRead`/`AsyncWrite` are implemented, so
 //! `tokio::io::split`, `copy` and `copy_bidirectional` work.
 //!
-//! A stream waits on its readiness fd ([`crate::Stream::readiness_fd`]) through `AsyncFd`: for
-//! an RDMA stream the epoll instance that holds its share of the completion queue's
-//! notification (armed before every wait, as a completion channel is) and its TCP liveness
-//! connection; for a TCP stream the socket itself. A reading task and a writing task
-//! (`tokio::io::split`) share that one registration through a waker that wakes both
-//! ([`SideWakers`]). An RDMA stream also registers its TCP connection, whose readiness tells a
-//! woken reader whether the connection had news (the peer's goodbye or death) worth a `recv`.
-//! The descriptors are registered by number, not as duplicates: an RDMA stream costs its TCP
-//! socket and the readiness epoll, nothing more (issue 15).
+//! A stream waits through `AsyncFd` on what its readiness fd ([`crate::Stream::readiness_fd`])
+//! would hold, each registered on its own: for an RDMA stream its share of the completion
+//! queue's notification (armed before every wait, as a completion channel is), its queue
+//! pair's own port if it has one (soft), and its TCP connection, whose readiness tells a woken
+//! task whether the connection had news (the peer's goodbye or death) worth a `recv`; for a
+//! TCP stream the socket itself. A reading task and a writing task (`tokio::io::split`) share
+//! the registrations through a waker that wakes both ([`SideWakers`]). The descriptors are
+//! registered by number, not as duplicates, and no readiness epoll is made: a tokio RDMA
+//! stream holds no descriptor beyond its connection's own (issue 15), and a datagram reaches
+//! the runtime's epoll without a nested one in between.
 //!
 //! No lost wake-ups: whichever call polls an RDMA connection handles its completions, so a
 //! write, a flush or the look before a wait can take in the bytes a reader is waiting for (or
@@ -101,18 +102,18 @@ pub struct Stream {
     /// would have found nothing: one `recvmmsg` per wait, a fifth of a soft
     /// request/response's system calls on each side.
     port_quiet: [bool; 2],
-    /// The tasks waiting on the readiness registration, by side, and the waker tokio holds
-    /// for both (see [`SideWakers`]).
+    /// The tasks waiting on the registrations, by side, and the waker tokio holds for both
+    /// (see [`SideWakers`]).
     side_wakers: Arc<SideWakers>,
     registration_waker: Waker,
     inner: crate::Stream,
 }
 
-/// The tasks of both sides waiting on one registration. tokio keeps one waker per direction
-/// of a registration, and an RDMA stream's readiness fd only ever reports readability, for
-/// readers and writers alike: the registration is given this waker, which wakes the task of
-/// each side that waits (in hyper both are one task; after `tokio::io::split` they are two,
-/// and each looks again when woken).
+/// The tasks of both sides waiting on the same registrations. tokio keeps one waker per
+/// direction of a registration, and what an RDMA stream waits on only ever reports
+/// readability, for readers and writers alike: the registrations are given this waker, which
+/// wakes the task of each side that waits (in hyper both are one task; after
+/// `tokio::io::split` they are two, and each looks again when woken).
 #[derive(Debug, Default)]
 struct SideWakers(Mutex<[Option<Waker>; 2]>);
 
@@ -146,8 +147,9 @@ impl Wake for SideWakers {
     }
 }
 
-/// A descriptor the stream owns (its TCP socket, its readiness epoll), registered with tokio
-/// by number: a duplicate per registration was three descriptors more per RDMA stream. The
+/// A descriptor the stream owns (its TCP socket, its connection's notification eventfd, its
+/// queue pair's port), registered with tokio by number: a duplicate per registration (and the
+/// readiness epoll they went through) was four descriptors more per RDMA stream. The
 /// registration is dropped before the stream hands its descriptors to the background close
 /// (see `Drop for Stream`), and nothing else closes or replaces them while the stream lives.
 #[derive(Debug)]
@@ -178,15 +180,18 @@ impl std::fmt::Debug for Stream {
 
 /// How tokio watches a stream.
 enum Registration {
-    /// The stream's readiness epoll fd, waited on by both sides (see [`SideWakers`]).
+    /// The descriptors behind an RDMA stream's readiness fd, registered each on its own
+    /// rather than through that epoll (no nested epoll between a datagram and the runtime, and
+    /// no epoll descriptor per stream): the connection's notification eventfd and, for a soft
+    /// queue pair with a UDP port of its own, that port (see [`crate::Stream::event_fds`]).
+    /// Both sides wait on them (see [`SideWakers`]).
     ///
-    /// `liveness` is the TCP connection, registered too, only so that its readiness says
-    /// whether the connection had news (the peer's goodbye, an error, its death): a reader
-    /// woken by data then skips looking at it. Looking after every wake-up was one `recv`
-    /// system call per message (1.25 per request on a tokio `stream_rr` server over soft, 7 %
-    /// of an shm server's CPU). Its news still wakes both tasks through the readiness fd,
-    /// which holds the connection too.
-    Rdma { readiness: AsyncFd<StreamFd>, liveness: AsyncFd<StreamFd> },
+    /// `liveness` is the TCP connection, registered so that its readiness says whether the
+    /// connection had news (the peer's goodbye, an error, its death): a side woken by data
+    /// then skips looking at it. Looking after every wake-up was one `recv` system call per
+    /// message (1.25 per request on a tokio `stream_rr` server over soft, 7 % of an shm
+    /// server's CPU).
+    Rdma { notify: AsyncFd<StreamFd>, port: Option<AsyncFd<StreamFd>>, liveness: AsyncFd<StreamFd> },
     /// The TCP socket, readable and writable as any socket.
     Tcp(AsyncFd<StreamFd>),
     /// Deregistered: the stream is being dropped.
@@ -318,26 +323,39 @@ impl Stream {
     fn registration(inner: &mut crate::Stream) -> io::Result<Registration> {
         inner.set_nonblocking(true)?;
         let registration = if inner.transport().is_rdma() {
-            let tcp = match inner.backend_mut() {
+            let (tcp, notify, port) = match inner.backend_mut() {
                 Backend::Rdma(conn) => {
                     // `liveness` below: the driver looks at the connection when it has news.
                     conn.set_tcp_watched(true);
-                    conn.tcp().as_raw_fd()
+                    let notify = conn.notify_fd().ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::Unsupported,
+                            "lightpath: this provider's completion queue has no notification fd",
+                        )
+                    })?;
+                    (conn.tcp().as_raw_fd(), notify, conn.poll_fd())
                 }
                 _ => return Err(io::ErrorKind::NotConnected.into()),
             };
-            let readiness = inner.readiness_fd()?.as_raw_fd();
             // The registrations go into the `Stream` that holds `inner`, which drops them
             // before handing its backend off (`Drop for Stream`; only `hand_off_close` moves
-            // the backend, and with it the socket, out); the epoll lives as long as `inner`.
-            // SAFETY: the stream's readiness epoll, open now, kept as said above.
-            let readiness = unsafe { register(readiness, Interest::READABLE) }?;
+            // the backend, and with it these descriptors, out). The connection's notification
+            // eventfd and its queue pair's port are its own (one inbox per connection, one
+            // port per queue pair), set before the connection was made, and kept as long as
+            // the connection.
+            // SAFETY: the connection's notification eventfd, open now, kept as said above.
+            let notify = unsafe { register(notify, Interest::READABLE) }?;
+            let port = match port {
+                // SAFETY: the queue pair's own port, open now, kept as said above.
+                Some(port) => Some(unsafe { register(port, Interest::READABLE) }?),
+                None => None,
+            };
             // SAFETY: the stream's TCP socket, open now, kept as said above.
             let liveness = unsafe { register(tcp, Interest::READABLE) }?;
-            Registration::Rdma { readiness, liveness }
+            Registration::Rdma { notify, port, liveness }
         } else {
             let fd = inner.readiness_fd()?.as_raw_fd();
-            // SAFETY: the stream's TCP socket, as above.
+            // SAFETY: the stream's TCP socket, kept in the `Stream` as above.
             Registration::Tcp(unsafe { register(fd, Interest::READABLE | Interest::WRITABLE) }?)
         };
         Ok(registration)
@@ -569,7 +587,7 @@ impl Stream {
     /// streams wait in `poll_io_inner`.
     fn poll_ready(&mut self, cx: &mut Context<'_>, side: Side, wait: Wait) -> Poll<io::Result<()>> {
         match (self.inner.backend_mut(), &self.registration) {
-            (Backend::Rdma(conn), Registration::Rdma { readiness, liveness }) => {
+            (Backend::Rdma(conn), Registration::Rdma { notify, port, liveness }) => {
                 if wait == Wait::Room {
                     // Credit returns raise no completion here unless the peer knows we wait.
                     conn.note_write_blocked();
@@ -579,10 +597,22 @@ impl Stream {
                         return Poll::Ready(Ok(()));
                     }
                 }
-                // The registration wakes whichever sides wait (see `SideWakers`): this task is
+                // The registrations wake whichever sides wait (see `SideWakers`): this task is
                 // recorded for its side before tokio is asked, and tokio holds the shared waker.
                 self.side_wakers.set(side, cx.waker());
                 let mut shared = Context::from_waker(&self.registration_waker);
+                // The TCP connection is looked at only when it had news (the peer's goodbye,
+                // its death; see `Registration::Rdma`); the look reads it until it would block,
+                // and a clear after news that came meanwhile is ignored by tokio, so none is
+                // slept through. Asked before every wait, by either side, which also leaves the
+                // shared waker with the registration: the news wakes both.
+                if let Poll::Ready(news) = liveness.poll_read_ready(&mut shared) {
+                    let mut news = news?;
+                    conn.poll_tcp();
+                    news.clear_ready();
+                    self.side_wakers.clear(side);
+                    return Poll::Ready(Ok(()));
+                }
                 // Readiness seen here is usually what woke the task (tokio polls the call
                 // again from the top), or left from a datagram the last call took in without
                 // waiting. Either way it is consumed before this arming, which takes in
@@ -596,35 +626,11 @@ impl Stream {
                 // costs nothing (the registration is edge-triggered, and every later ring is an
                 // edge again). Reading it was one system call per message that mostly found
                 // nothing (the wake-up came from the queue pair's port).
-                if let Poll::Ready(mut stale) = readiness.poll_read_ready(&mut shared)? {
-                    stale.clear_ready();
-                    // Both sides wait on this registration: what one side consumed, the other
-                    // no longer sees, so neither may skip its next arming or look.
+                if take_readiness(notify, port.as_ref(), &mut shared)? {
+                    // Both sides wait on these registrations: what one side consumed, the
+                    // other no longer sees, so neither may skip its next arming or look.
                     self.armed = [None, None];
                     self.port_quiet = [false; 2];
-                    if side == Side::Writer {
-                        // The readiness may be the TCP connection's news (the peer's goodbye,
-                        // its death), which only a look at it takes in (the writer looks after
-                        // every wake-up, see below; the stream itself does not, as the driver
-                        // watches the connection: `RdmaConn::set_tcp_watched`): the call is
-                        // retried after the look.
-                        conn.poll_tcp();
-                        self.side_wakers.clear(side);
-                        return Poll::Ready(Ok(()));
-                    }
-                }
-                // A reader looks at the TCP connection only when it had news (see
-                // `Registration::Rdma`); the look reads it until it would block, and a clear
-                // after news that came meanwhile is ignored by tokio, so none is slept
-                // through. Asked before every wait, which also leaves this task's waker with
-                // the registration: the peer's goodbye or death wakes it.
-                if side == Side::Reader {
-                    if let Poll::Ready(mut news) = liveness.poll_read_ready(cx)? {
-                        conn.poll_tcp();
-                        news.clear_ready();
-                        self.side_wakers.clear(side);
-                        return Poll::Ready(Ok(()));
-                    }
                 }
                 let armed = &mut self.armed[side as usize];
                 // A reader is woken by what the peer sends, not by the acknowledgement of its
@@ -654,23 +660,36 @@ impl Stream {
                     return Poll::Ready(Ok(()));
                 }
                 *armed = Some(Armed { wake, events: conn.events(), arming: self.armings });
-                let mut guard = ready!(readiness.poll_read_ready(&mut shared))?;
+                // Cleared before the retry: an event after this point wakes the task again,
+                // one before it is handled by the retry (the eventfd is not read, as above).
+                if !take_readiness(notify, port.as_ref(), &mut shared)? {
+                    return Poll::Pending;
+                }
                 self.armed = [None, None];
                 self.port_quiet = [false; 2];
                 self.side_wakers.clear(side);
-                // Cleared before the retry: an event after this point wakes the task again,
-                // one before it is handled by the retry (the eventfd is not read, as above).
-                guard.clear_ready();
-                // The writer looks at the TCP connection every time: tokio keeps one waker per
-                // direction of a registration, which the reader's look takes.
-                if side == Side::Writer {
-                    conn.poll_tcp();
-                }
                 Poll::Ready(Ok(()))
             }
             _ => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         }
     }
+}
+
+/// Whether `notify` or `port` (the registrations a wait covers besides the TCP connection) is
+/// ready, clearing what is; each one not ready keeps `cx`'s waker.
+fn take_readiness(
+    notify: &AsyncFd<StreamFd>,
+    port: Option<&AsyncFd<StreamFd>>,
+    cx: &mut Context<'_>,
+) -> io::Result<bool> {
+    let mut any = false;
+    for fd in std::iter::once(notify).chain(port) {
+        if let Poll::Ready(guard) = fd.poll_read_ready(cx) {
+            guard?.clear_ready();
+            any = true;
+        }
+    }
+    Ok(any)
 }
 
 /// Dropping never blocks the runtime: the clean close is handed to Lightpath's background
