@@ -605,13 +605,18 @@ impl Stream {
                 // its death; see `Registration::Rdma`); the look reads it until it would block,
                 // and a clear after news that came meanwhile is ignored by tokio, so none is
                 // slept through. Asked before every wait, by either side, which also leaves the
-                // shared waker with the registration: the news wakes both.
-                if let Poll::Ready(news) = liveness.poll_read_ready(&mut shared) {
-                    let mut news = news?;
-                    conn.poll_tcp();
-                    news.clear_ready();
-                    self.side_wakers.clear(side);
-                    return Poll::Ready(Ok(()));
+                // shared waker with the registration: the news wakes both. Not once the look
+                // found the connection's end: tokio keeps a closed socket ready for good (a
+                // writer flushing after the peer's goodbye spun on it), and nothing more can
+                // come on it.
+                if !conn.tcp_ended() {
+                    if let Poll::Ready(news) = liveness.poll_read_ready(&mut shared) {
+                        let mut news = news?;
+                        conn.poll_tcp();
+                        news.clear_ready();
+                        self.side_wakers.clear(side);
+                        return Poll::Ready(Ok(()));
+                    }
                 }
                 // Readiness seen here is usually what woke the task (tokio polls the call
                 // again from the top), or left from a datagram the last call took in without

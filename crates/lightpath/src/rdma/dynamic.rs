@@ -56,6 +56,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// See `RdmaConn::set_tcp_watched`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn set_tcp_watched(&mut self, watched: bool);
+    /// See `RdmaConn::tcp_ended`.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn tcp_ended(&self) -> bool;
     /// Completions and credit returns handled so far (see `RdmaConn::events`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn events(&self) -> u64;
@@ -237,6 +240,9 @@ where
     }
     fn set_tcp_watched(&mut self, watched: bool) {
         RdmaConn::set_tcp_watched(self, watched)
+    }
+    fn tcp_ended(&self) -> bool {
+        RdmaConn::tcp_ended(self)
     }
     fn events(&self) -> u64 {
         RdmaConn::events(self)

@@ -610,6 +610,13 @@ impl<D: Device> RdmaConn<D> {
     pub(crate) fn set_tcp_watched(&mut self, watched: bool) {
         self.tcp_watched = watched;
     }
+
+    /// Whether a look at the TCP connection found its end (EOF or an error): nothing further
+    /// can come on it, though it may report readable (or closed) for good.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    pub(crate) fn tcp_ended(&self) -> bool {
+        self.tcp_eof
+    }
 }
 
 impl<D: Device + 'static> RdmaConn<D> {
