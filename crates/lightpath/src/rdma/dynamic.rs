@@ -17,9 +17,6 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// A nonblocking call's step after it found nothing (`RdmaConn::wait` without a deadline).
     #[cfg(test)]
     fn look_without_waiting(&mut self) -> io::Result<()>;
-    /// The TCP connection ended (as last looked at).
-    #[cfg(test)]
-    fn tcp_ended(&self) -> bool;
     fn set_cork(&mut self, cork: bool);
     /// Posts corked records and pushes kept bytes without waiting (see `RdmaConn::hand_over`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
@@ -56,8 +53,8 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// See `RdmaConn::set_tcp_watched`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn set_tcp_watched(&mut self, watched: bool);
-    /// See `RdmaConn::tcp_ended`.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    /// The TCP connection ended, as last looked at (see `RdmaConn::tcp_ended`).
+    #[cfg_attr(not(any(feature = "tokio", test)), allow(dead_code))] // the tokio driver, tests
     fn tcp_ended(&self) -> bool;
     /// Completions and credit returns handled so far (see `RdmaConn::events`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
@@ -173,10 +170,6 @@ where
     #[cfg(test)]
     fn look_without_waiting(&mut self) -> io::Result<()> {
         RdmaConn::wait(self, Deadline::Now)
-    }
-    #[cfg(test)]
-    fn tcp_ended(&self) -> bool {
-        self.tcp_eof
     }
     fn set_cork(&mut self, cork: bool) {
         RdmaConn::set_cork(self, cork)

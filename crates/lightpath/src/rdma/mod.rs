@@ -613,7 +613,7 @@ impl<D: Device> RdmaConn<D> {
 
     /// Whether a look at the TCP connection found its end (EOF or an error): nothing further
     /// can come on it, though it may report readable (or closed) for good.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    #[cfg_attr(not(any(feature = "tokio", test)), allow(dead_code))] // the tokio driver, tests
     pub(crate) fn tcp_ended(&self) -> bool {
         self.tcp_eof
     }
