@@ -65,18 +65,19 @@ impl PeerStatus {
     }
 }
 
-/// A queue pair's own segment, mapped read-write.
+/// A queue pair's own segment, mapped read-write. The memfd is not kept: once it is handed to
+/// the peer, the mapping is all the owner needs (a descriptor per connection less, issue 15).
 #[derive(Debug)]
 pub(crate) struct OwnSegment {
-    memfd: Memfd,
     map: Mapping,
     capacity: usize,
 }
 
 impl OwnSegment {
     /// Creates, maps and seals a segment with a ring of `capacity` bytes whose records carry
-    /// at most `max_payload` bytes.
-    pub(crate) fn create(capacity: usize, max_payload: u32) -> io::Result<Self> {
+    /// at most `max_payload` bytes; returns it and the memfd to hand to the peer (close it
+    /// once sent).
+    pub(crate) fn create(capacity: usize, max_payload: u32) -> io::Result<(Self, Memfd)> {
         let memfd = Memfd::create("lightpath-shm-qp", (RING_OFFSET + capacity) as u64)?;
         let map = Mapping::new(&memfd, true)?;
         let header = [
@@ -91,12 +92,7 @@ impl OwnSegment {
             }
         }
         memfd.seal_future_writes()?;
-        Ok(Self { memfd, map, capacity })
-    }
-
-    /// The memfd to hand to the peer.
-    pub(crate) fn memfd(&self) -> &Memfd {
-        &self.memfd
+        Ok((Self { map, capacity }, memfd))
     }
 
     /// The mapping (for copying payloads into the ring).
@@ -277,8 +273,8 @@ mod tests {
 
     #[test]
     fn the_peer_sees_what_the_owner_publishes() {
-        let own = OwnSegment::create(4096, 992).expect("segment");
-        let peer = PeerSegment::from_memfd(own.memfd(), 1 << 20).expect("peer view");
+        let (own, memfd) = OwnSegment::create(4096, 992).expect("segment");
+        let peer = PeerSegment::from_memfd(&memfd, 1 << 20).expect("peer view");
         assert_eq!((peer.capacity(), peer.max_payload()), (4096, 992));
         assert!(peer.status_line().status.is_none(), "status before any was published");
         let status = PeerStatus { state: QpState::Rts, access: AccessFlags::REMOTE_READ, rnr_retry: 7 };
@@ -294,17 +290,14 @@ mod tests {
 
     #[test]
     fn forged_headers_are_refused() {
-        let own = OwnSegment::create(4096, 992).expect("segment");
-        assert!(PeerSegment::from_memfd(own.memfd(), 2048).is_err(), "ring larger than allowed");
+        let (own, memfd) = OwnSegment::create(4096, 992).expect("segment");
+        assert!(PeerSegment::from_memfd(&memfd, 2048).is_err(), "ring larger than allowed");
         for (offset, value) in
             [(OFF_MAGIC, 1u64), (OFF_CAPACITY, 3000), (OFF_CAPACITY, 1 << 40), (OFF_MAX_PAYLOAD, 4000)]
         {
-            let own = OwnSegment::create(4096, 992).expect("segment");
+            let (own, memfd) = OwnSegment::create(4096, 992).expect("segment");
             assert!(own.map.store_u64(offset, value, StdOrdering::Relaxed));
-            assert!(
-                PeerSegment::from_memfd(own.memfd(), 1 << 20).is_err(),
-                "word {offset} = {value} accepted"
-            );
+            assert!(PeerSegment::from_memfd(&memfd, 1 << 20).is_err(), "word {offset} = {value} accepted");
         }
     }
 

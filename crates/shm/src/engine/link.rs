@@ -123,7 +123,7 @@ impl Link {
         ctx: &DeviceContext,
     ) -> Result<Self> {
         let config = &ctx.config;
-        let outbox = OwnSegment::create(config.ring_bytes, config.max_fragment)?;
+        let (outbox, outbox_memfd) = OwnSegment::create(config.ring_bytes, config.max_fragment)?;
         outbox.publish_status(status);
         let producer = Producer::new(config.ring_bytes, config.max_fragment)
             .ok_or(Error::InvalidAttribute("ring size"))?;
@@ -139,9 +139,11 @@ impl Link {
         }
         let hello = Message::Hello { from_gid: ctx.gid, from_qpn: qpn, to_qpn: dqpn, slot };
         let (bytes, len) = hello.encode();
-        let mut fds = vec![outbox.memfd().as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
+        let mut fds = vec![outbox_memfd.as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
         fds.extend(waiter);
         socket.send(&bytes[..len], &fds)?;
+        // In flight, the message holds the file; the peer maps it, and so do we already.
+        drop(outbox_memfd);
         let client = ctx.registry.register(Arc::new(socket), SocketRole::Client);
         Ok(Self { outbox, producer, client, peer: None, rpc_tag: 0, rpc_timeout: config.rpc_timeout })
     }
