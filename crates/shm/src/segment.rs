@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn forged_headers_are_refused() {
-        let (own, memfd) = OwnSegment::create(4096, 992).expect("segment");
+        let (_own, memfd) = OwnSegment::create(4096, 992).expect("segment");
         assert!(PeerSegment::from_memfd(&memfd, 2048).is_err(), "ring larger than allowed");
         for (offset, value) in
             [(OFF_MAGIC, 1u64), (OFF_CAPACITY, 3000), (OFF_CAPACITY, 1 << 40), (OFF_MAX_PAYLOAD, 4000)]
