@@ -8,7 +8,7 @@
 //! pair's own port if it has one (soft), and its TCP connection, whose readiness tells a woken
 //! task whether the connection had news (the peer's goodbye or death) worth a `recv`; for a
 //! TCP stream the socket itself. A reading task and a writing task (`tokio::io::split`) share
-//! the registrations through a waker that wakes both ([`SideWakers`]). The descriptors are
+//! the registrations through a waker that wakes both (`SideWakers`). The descriptors are
 //! registered by number, not as duplicates, and no readiness epoll is made: a tokio RDMA
 //! stream holds no descriptor beyond its connection's own (issue 15), and a datagram reaches
 //! the runtime's epoll without a nested one in between.
