@@ -15,6 +15,10 @@
 #   CONNS="1000 5000" PROVIDERS="soft tcp" scripts/scale.sh
 #   SHAPES=loop ITERS=50 scripts/scale.sh
 #   B=path/to/lightpath scripts/scale.sh               # a binary already built
+#   PLACE=netns PROVIDERS="soft tcp" scripts/scale.sh  # server and client in two network
+#                                                      # namespaces over a veth pair (MTU 1500),
+#                                                      # the stand-in for two hosts (root; shm
+#                                                      # needs one namespace, so not there)
 #
 # The raw JSON lines (the client's result plus the measurements) go to $OUT
 # (default target/scale.jsonl). The descriptor limit applies to each process (`ulimit -n`).
@@ -30,6 +34,7 @@ CONNS=${CONNS:-1 100 1000}
 SHAPES=${SHAPES:-threads loop}
 ITERS=${ITERS:-20}
 OUT=${OUT:-target/scale.jsonl}
+PLACE=${PLACE:-loopback}
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
 work=$(mktemp -d)
@@ -37,6 +42,29 @@ trap 'rm -rf "$work"' EXIT
 # Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
 # was given could not be listened on.
 port=$((20000 + RANDOM % 10000))
+
+# Where the two processes run: the same commands, under `ip netns exec` between namespaces
+# (it execs the program, so the process /usr/bin/time and timeout start is still Lightpath).
+server_prefix=()
+client_prefix=()
+server_addr=127.0.0.1
+case "$PLACE" in
+    loopback) ;;
+    netns)
+        NS_A=lp-sa-$$ NS_B=lp-sb-$$ NS_VETH=lps NS_NET=10.78.0
+        # netns_up / netns_down
+        . scripts/netns.sh
+        trap 'netns_down; rm -rf "$work"' EXIT
+        netns_up
+        server_prefix=(ip netns exec "$NS_A")
+        client_prefix=(ip netns exec "$NS_B")
+        server_addr=$NS_NET.1
+        ;;
+    *)
+        echo "scale: PLACE must be loopback or netns, not $PLACE" >&2
+        exit 2
+        ;;
+esac
 
 # The first child of PID (the program /usr/bin/time runs), waited for up to 5 s.
 child_of() {
@@ -71,7 +99,7 @@ for provider in $PROVIDERS; do
             port=$((port + 1))
             rm -f "$work"/*
             /usr/bin/time -f '%M %U %S' -o "$work/server.time" \
-                "$B" perf stream_rr --provider "$provider" -p "$port" --server "$shape" \
+                "${server_prefix[@]}" "$B" perf stream_rr --provider "$provider" -p "$port" --server "$shape" \
                 > "$work/server.out" 2> "$work/server.err" &
             server_time=$!
             server=$(child_of "$server_time")
@@ -85,7 +113,8 @@ for provider in $PROVIDERS; do
             sample_fds "$server" "$work/server.fds" &
             rc=0
             /usr/bin/time -f '%M %U %S' -o "$work/client.time" \
-                timeout 600 "$B" perf stream_rr 127.0.0.1 --provider "$provider" -p "$port" --server "$shape" \
+                timeout 600 "${client_prefix[@]}" "$B" perf stream_rr "$server_addr" --provider "$provider" -p "$port" \
+                --server "$shape" \
                 -s 64 -n "$ITERS" --conns "$conns" --json > "$work/client.out" 2> "$work/client.err" &
             client_time=$!
             client=$(child_of "$client_time")
@@ -100,9 +129,9 @@ for provider in $PROVIDERS; do
                 failures=$((failures + 1))
                 continue
             fi
-            python3 - "$work" "$provider" "$shape" "$conns" "$idle_fds" "$idle_rss" >> "$OUT" << 'EOF'
+            python3 - "$work" "$provider" "$shape" "$conns" "$idle_fds" "$idle_rss" "$PLACE" >> "$OUT" << 'EOF'
 import json, sys
-work, provider, shape, conns, idle_fds, idle_rss = sys.argv[1:7]
+work, provider, shape, conns, idle_fds, idle_rss, place = sys.argv[1:8]
 def peak(name):
     try:
         return int(open(f"{work}/{name}").read().split()[0])
@@ -110,7 +139,7 @@ def peak(name):
         return 0
 result = json.loads(open(f"{work}/client.out").read().strip().splitlines()[-1])
 result.update({
-    "shape": shape,
+    "shape": shape, "place": place,
     "server_idle_fds": int(idle_fds or 0), "server_peak_fds": peak("server.fds"),
     "client_peak_fds": peak("client.fds"),
     "server_idle_rss_kb": int(idle_rss or 0), "server_peak_rss_kb": peak("server.time"),
