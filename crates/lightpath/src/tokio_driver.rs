@@ -94,12 +94,13 @@ pub struct Stream {
     /// doorbell: the later one's `WakeFor` holds).
     armings: u64,
     /// Per side: its last arming took in the queue pair's own descriptor (or skipped it by
-    /// this rule), and the side's registration reported no readiness since. Every datagram
-    /// that reaches the descriptor makes the registration ready (an edge per arrival, through
-    /// the readiness epoll, seen when the reactor next turns), and a side looks at its
-    /// readiness before it arms: while this holds, nothing arrived since that look that will
-    /// not announce itself, and the next arming skips the look ([`PortLook::Skip`]), which
-    /// would have found nothing: one `recvmmsg` per wait, a fifth of a soft
+    /// this rule), and neither the port's nor the notification's registration reported
+    /// readiness since (to either side). Every datagram that reaches the descriptor makes the
+    /// port's registration ready (an edge per arrival, seen when the reactor next turns), an
+    /// arming that could not take everything in rings the notification, and a side looks at
+    /// the readiness before it arms: while this holds, nothing arrived since that look that
+    /// will not announce itself, and the next arming skips the look ([`PortLook::Skip`]),
+    /// which would have found nothing: one `recvmmsg` per wait, a fifth of a soft
     /// request/response's system calls on each side.
     port_quiet: [bool; 2],
     /// The tasks waiting on the registrations, by side, and the waker tokio holds for both
@@ -644,8 +645,9 @@ impl Stream {
                     (Side::Reader, Wait::Completion) => conn.reader_wake(),
                     _ => lightpath_verbs::WakeFor::Anything,
                 };
-                // Still armed for the same thing and nothing seen since: the look above
-                // registered this task's waker, and arming again would only look at the port
+                // Still armed for the same thing and nothing seen since: the look above left
+                // the shared waker with the registrations (and this task with its side), and
+                // arming again would only look at the port
                 // once more (a system call per poll; hyper's client polled its reader five
                 // times per request). Any completion handled since (by the call just tried,
                 // or by the other side's arming, which takes in this side's news without a
