@@ -15,10 +15,10 @@
 #   CONNS="1000 5000" PROVIDERS="soft tcp" scripts/scale.sh
 #   SHAPES=loop ITERS=50 scripts/scale.sh
 #   B=path/to/lightpath scripts/scale.sh               # a binary already built
-#   PLACE=netns PROVIDERS="soft tcp" scripts/scale.sh  # server and client in two network
+#   PLACE=netns scripts/scale.sh                     # server and client in two network
 #                                                      # namespaces over a veth pair (MTU 1500),
-#                                                      # the stand-in for two hosts (root; shm
-#                                                      # needs one namespace, so not there)
+#                                                      # the stand-in for two hosts (root; tcp
+#                                                      # and soft: shm needs one namespace)
 #
 # The raw JSON lines (the client's result plus the measurements) go to $OUT
 # (default target/scale.jsonl). The descriptor limit applies to each process (`ulimit -n`).
@@ -29,12 +29,12 @@ if [ -z "${B:-}" ]; then
     B=${CARGO_TARGET_DIR:-target}/release/lightpath
 fi
 B=$(realpath "$B")
-PROVIDERS=${PROVIDERS:-tcp shm soft}
+PLACE=${PLACE:-loopback}
+if [ "$PLACE" = netns ]; then PROVIDERS=${PROVIDERS:-tcp soft}; else PROVIDERS=${PROVIDERS:-tcp shm soft}; fi
 CONNS=${CONNS:-1 100 1000}
 SHAPES=${SHAPES:-threads loop}
 ITERS=${ITERS:-20}
 OUT=${OUT:-target/scale.jsonl}
-PLACE=${PLACE:-loopback}
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
 work=$(mktemp -d)
