@@ -55,6 +55,13 @@ impl SoftDevice {
         self.inner.max_lightpath_pmtu
     }
 
+    /// The path MTU this device offers another Lightpath soft device by default: the largest
+    /// its link carries, at most [`PREFERRED_LIGHTPATH_PMTU`](lightpath_verbs::PREFERRED_LIGHTPATH_PMTU)
+    /// (32,448 bytes on loopback, where two packets then fit one segmented UDP message).
+    pub fn preferred_lightpath_pmtu(&self) -> u32 {
+        self.inner.max_lightpath_pmtu.min(lightpath_verbs::PREFERRED_LIGHTPATH_PMTU)
+    }
+
     /// A snapshot of the engine's and the driver's counters, including every kind of drop.
     pub fn stats(&self) -> SoftStats {
         self.inner.stats()

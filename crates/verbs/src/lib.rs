@@ -26,7 +26,9 @@ pub use access::AccessFlags;
 pub use device::{DeviceAttr, PortAttr, PortState, QpEndpoint, RemoteRegion};
 pub use error::{Error, Result};
 pub use gid::Gid;
-pub use mtu::{lightpath_pmtu_for_link, Mtu, MAX_LIGHTPATH_PMTU};
+pub use mtu::{
+    lightpath_pmtu_for_link, Mtu, MAX_LIGHTPATH_PMTU, MAX_SEGMENTED_UDP_BYTES, PREFERRED_LIGHTPATH_PMTU,
+};
 pub use provider::{
     BatchError, CompletionHook, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain,
     Provider, QpOf, QueuePair, WakeFor,

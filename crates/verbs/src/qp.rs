@@ -148,7 +148,8 @@ pub struct QpAttr {
     /// set). Any size from 256 to [`MAX_LIGHTPATH_PMTU`](crate::MAX_LIGHTPATH_PMTU) that the
     /// link carries ([`lightpath_pmtu_for_link`](crate::lightpath_pmtu_for_link)): 32 KiB on
     /// loopback, 1408 bytes on a 1500-byte Ethernet link (where IB's largest fitting size is
-    /// 1024), 8896 on a 9000-byte one. Fewer, larger packets cost fewer system calls, headers
+    /// 1024), 8896 on a 9000-byte one; soft devices offer at most
+    /// [`PREFERRED_LIGHTPATH_PMTU`](crate::PREFERRED_LIGHTPATH_PMTU), 32,448 bytes. Fewer, larger packets cost fewer system calls, headers
     /// and acknowledgements per byte. Both ends must set the same value (the stream
     /// negotiation takes the smaller of the two sides' offers); it replaces `path_mtu`, which
     /// stays required. Providers other than soft ignore it; the soft provider refuses a size

@@ -58,12 +58,13 @@ fn default_mtu(options: &EndpointOptions, ip: IpAddr) -> Mtu {
 
 /// What this side offers a soft peer through the Lightpath extension: an explicit non-IB
 /// `-m` as given (a size the link cannot carry is refused when the queue pair connects), no
-/// extension for an explicit IB size, and by default the largest the device's link carries.
+/// extension for an explicit IB size, and by default what the device offers (the largest its
+/// link carries, at most `PREFERRED_LIGHTPATH_PMTU`).
 fn lightpath_offer(options: &EndpointOptions, device: &SoftDevice) -> Option<u32> {
     match options.mtu {
         Some(bytes) if Mtu::from_bytes(bytes).is_some() => None,
         Some(bytes) => Some(bytes),
-        None => Some(device.max_lightpath_pmtu()),
+        None => Some(device.preferred_lightpath_pmtu()),
     }
 }
 

@@ -148,7 +148,7 @@ pub(crate) fn setup(
     let (device, hubs) = device_for(key, options, facing)?;
     let port = device.local_addr().port();
     let mtu = device.config().mtu.min(Mtu::Mtu4096);
-    let lightpath_pmtu = Some(device.max_lightpath_pmtu());
+    let lightpath_pmtu = Some(device.preferred_lightpath_pmtu());
     let options = Options {
         ring_size: options.soft_ring_size.max(4096) & !63,
         // Resolved: a port of its own unless the options say no (see the option).

@@ -25,9 +25,8 @@ pub(crate) const SEND_DATAGRAMS: usize = 64;
 /// Most datagrams one segmented message may carry (the kernel's `UDP_MAX_SEGMENTS` is 64 on
 /// older kernels, 128 on newer ones).
 pub(crate) const MAX_SEGMENTS: usize = 64;
-/// Most payload bytes of one segmented message: the whole must fit one IP packet's 16-bit
-/// length (65,535 minus the IPv4 and UDP headers, with room to spare for IPv6).
-pub(crate) const MAX_SEGMENTED_BYTES: usize = 65_000;
+/// Most payload bytes of one segmented message ([`lightpath_verbs::MAX_SEGMENTED_UDP_BYTES`]).
+pub(crate) const MAX_SEGMENTED_BYTES: usize = lightpath_verbs::MAX_SEGMENTED_UDP_BYTES as usize;
 
 /// `UDP_SEGMENT` (since Linux 4.18) and `UDP_GRO` (since 5.0): `SOL_UDP` options not defined
 /// by the `libc` crate for glibc targets. Kernel ABI values from `include/uapi/linux/udp.h`.
