@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -211,8 +211,20 @@ impl Inbox {
     /// asleep, `still_needed` says no. Returns whether it was woken (or found completions)
     /// rather than timed out.
     pub(super) fn sleep_while(&self, timeout: Duration, still_needed: impl FnOnce() -> bool) -> bool {
+        self.sleep_watching(timeout, None, still_needed).woken
+    }
+
+    /// [`Inbox::sleep_while`], also ended by `watch` turning readable (a stream's TCP
+    /// connection, whose news the caller looks at itself: see `RdmaConn::wait_woken_by`).
+    pub(super) fn sleep_watching(
+        &self,
+        timeout: Duration,
+        watch: Option<BorrowedFd<'_>>,
+        still_needed: impl FnOnce() -> bool,
+    ) -> Slept {
         self.sleeping.store(true, Ordering::SeqCst);
         let mut woken = !self.is_empty();
+        let mut watched = false;
         if !woken && still_needed() {
             let timeout = Timespec {
                 tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
@@ -223,22 +235,39 @@ impl Inbox {
             let mut fds = [
                 PollFd::new(&*self.event, PollFlags::IN),
                 PollFd::from_borrowed_fd(own.unwrap_or(self.event.as_fd()), PollFlags::IN),
+                PollFd::from_borrowed_fd(watch.unwrap_or(self.event.as_fd()), PollFlags::IN),
             ];
-            let watched = if own.is_some() { 2 } else { 1 };
-            let _ = rustix::event::poll(&mut fds[..watched], Some(&timeout));
+            // The eventfd, then the queue pair's own descriptor and the watched one if there
+            // are (a slot without one repeats the eventfd, unwatched).
+            if own.is_none() {
+                fds.swap(1, 2);
+            }
+            let count = 1 + usize::from(own.is_some()) + usize::from(watch.is_some());
+            let _ = rustix::event::poll(&mut fds[..count], Some(&timeout));
+            let fired = |i: usize| i < count && !fds[i].revents().is_empty();
             // News on the queue pair's own descriptor: the caller's next arming takes it in.
-            woken |= own.is_some() && !fds[1].revents().is_empty();
+            woken |= own.is_some() && fired(1);
+            watched = watch.is_some() && fired(if own.is_some() { 2 } else { 1 });
             // The eventfd is read only when it fired (a wake-up by the queue pair's own
             // descriptor alone, or by none, costs no read). A write it missed (after the sleep
             // ended, or while the arming looked and found work without sleeping) stays
             // pending: the next sleep returns at once and takes it, one more look at most.
-            if !fds[0].revents().is_empty() {
+            if fired(0) {
                 woken |= self.take_wake();
             }
         }
         self.sleeping.store(false, Ordering::SeqCst);
-        woken || !self.is_empty()
+        Slept { woken: woken || !self.is_empty(), watched }
     }
+}
+
+/// How a sleep on an inbox ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Slept {
+    /// Woken for the connection (or completions were waiting), rather than timed out.
+    pub(super) woken: bool,
+    /// The watched descriptor turned readable.
+    pub(super) watched: bool,
 }
 
 #[cfg(test)]

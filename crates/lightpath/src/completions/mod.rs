@@ -39,7 +39,7 @@ mod inbox;
 mod notifier;
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -331,7 +331,39 @@ impl<D: Device> ConnCompletions<D> {
         // for every routed completion, as before.
         self.inbox.set_arrivals_only(self.waiter && wake == WakeFor::Arrivals);
         if self.waits_alone() {
-            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake)? {
+            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake, None)? {
+                return Ok(n);
+            }
+        }
+        self.hub.wait(&self.inbox, qpn, out, timeout)
+    }
+
+    /// Whether [`ConnCompletions::wait_watching`] watches its descriptor: the wait goes
+    /// straight to the queue pair's doorbell (see `waits_alone`). Otherwise it waits as
+    /// [`ConnCompletions::wait`] does, and the caller must look at what it watches itself.
+    pub(crate) fn can_watch(&self) -> bool {
+        self.qpn.is_some() && self.waits_alone()
+    }
+
+    /// [`ConnCompletions::wait`], also ended (with 0) by `watch` turning readable when
+    /// [`ConnCompletions::can_watch`]: a blocked stream call sleeps on its TCP connection (the
+    /// liveness channel) beside its doorbell, rather than waking every few milliseconds to
+    /// look at it.
+    pub(crate) fn wait_watching(
+        &self,
+        qp: &QpOf<D>,
+        out: &mut [WorkCompletion],
+        timeout: Duration,
+        wake: WakeFor,
+        watch: BorrowedFd<'_>,
+    ) -> lightpath_verbs::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let Some(qpn) = self.qpn else { return Ok(0) };
+        self.inbox.set_arrivals_only(self.waiter && wake == WakeFor::Arrivals);
+        if self.waits_alone() {
+            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake, Some(watch))? {
                 return Ok(n);
             }
         }
@@ -347,6 +379,7 @@ impl<D: Device> ConnCompletions<D> {
         out: &mut [WorkCompletion],
         timeout: Duration,
         wake: WakeFor,
+        watch: Option<BorrowedFd<'_>>,
     ) -> lightpath_verbs::Result<Option<usize>> {
         let deadline = std::time::Instant::now() + timeout;
         let mut woken = false;
@@ -386,7 +419,7 @@ impl<D: Device> ConnCompletions<D> {
             // writes the eventfd; then armed, so the peer's next news does; then one more look
             // (the arm moved the provider forward, and the router lock waits for a thread that
             // is routing), and only then the sleep.
-            woken = self.inbox.sleep_while(left, || {
+            let slept = self.inbox.sleep_watching(left, watch, || {
                 found = match look.arm(qp, wake) {
                     Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
@@ -394,9 +427,15 @@ impl<D: Device> ConnCompletions<D> {
                 };
                 matches!(found, Ok(Some(0)))
             });
+            woken = slept.woken;
             match found {
                 Ok(Some(0)) => {}
                 other => return other,
+            }
+            if slept.watched {
+                // The caller looks at what it watches; the news it woke for, if any, waits
+                // for the next call.
+                return Ok(Some(self.inbox.pop(out)));
             }
         }
     }

@@ -10,9 +10,10 @@
 //!
 //! Completions of a connection arrive through a completion queue its device shares among
 //! many connections (`crate::completions`), polled by whichever thread is inside a call on
-//! the stream; a blocked call spins for `Options::spin`, then sleeps in `wait` in slices of
-//! [`LIVENESS_SLICE`], checking the TCP connection (the liveness channel) between slices so
-//! that a peer that died is noticed promptly.
+//! the stream; a blocked call spins for `Options::spin`, then sleeps on its doorbell and its
+//! TCP connection (the liveness channel), so that a peer's goodbye or death ends the sleep at
+//! once (where the wait cannot watch the TCP connection, in slices of [`LIVENESS_SLICE`] with
+//! a look at it between them).
 
 use std::io::{self, Write};
 use std::net::TcpStream;
@@ -43,8 +44,12 @@ pub(crate) use setup::RdmaSetup;
 
 /// Bytes before the ring in the receive region (the credit slot, padded to a cache line).
 const SLOT_AREA: usize = 64;
-/// Longest a blocked call sleeps before it looks at the TCP connection.
+/// Longest a blocked call sleeps before it looks at the TCP connection, where its sleep
+/// cannot watch it (see `RdmaConn::sleep`).
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(20);
+/// Longest a blocked call sleeps while it watches the TCP connection beside its doorbell: a
+/// safety net only, since everything the call waits for wakes it.
+const WATCHED_SLICE: Duration = Duration::from_secs(1);
 /// Work request id of the set-up probe (outside the core's sequence numbers).
 const PROBE_ID: u64 = u64::MAX;
 /// How long a nonblocking call that finds nothing may rely on the last look at the TCP
@@ -494,19 +499,42 @@ impl<D: Device> RdmaConn<D> {
             }
             std::hint::spin_loop();
         }
-        let now = Instant::now();
-        let slice = match deadline {
-            Some(deadline) if deadline <= now => return Err(io::ErrorKind::TimedOut.into()),
-            Some(deadline) => (deadline - now).min(LIVENESS_SLICE),
-            None => LIVENESS_SLICE,
-        };
-        let n = self.cq.wait(&self.qp, &mut self.wcs, slice, wake).map_err(from_verbs)?;
-        self.handle_taken(n);
+        let n = self.sleep(Deadline::At(deadline), wake)?;
         self.pump();
         if n == 0 {
             self.check_tcp();
         }
         Ok(())
+    }
+
+    /// Sleeps until completions arrive (handled, and their count returned), the TCP
+    /// connection has news, or a slice passes (0 then; the caller looks at the TCP
+    /// connection). `TimedOut` past the deadline.
+    ///
+    /// Where the wait goes straight to the queue pair's doorbell, the sleep watches the TCP
+    /// connection too (until its end is known: a closed socket stays readable), so a peer's
+    /// goodbye or death ends it at once and the slice is only a safety net
+    /// ([`WATCHED_SLICE`]). Otherwise the sleep is cut into [`LIVENESS_SLICE`]s. Waking every
+    /// 20 ms to look cost each blocked thread 50 wake-ups a second: with a thread per
+    /// connection and 1,000 connections, 50,000 a second on an idle server.
+    pub(super) fn sleep(&mut self, deadline: Deadline, wake: WakeFor) -> io::Result<usize> {
+        let watch = !self.tcp_eof && self.cq.can_watch();
+        let cap = if watch { WATCHED_SLICE } else { LIVENESS_SLICE };
+        let now = Instant::now();
+        let slice = match deadline {
+            Deadline::At(Some(at)) if at <= now => return Err(io::ErrorKind::TimedOut.into()),
+            Deadline::At(Some(at)) => (at - now).min(cap),
+            Deadline::At(None) | Deadline::Now => cap,
+        };
+        let n = if watch {
+            use std::os::fd::AsFd;
+            self.cq.wait_watching(&self.qp, &mut self.wcs, slice, wake, self.tcp.as_fd())
+        } else {
+            self.cq.wait(&self.qp, &mut self.wcs, slice, wake)
+        }
+        .map_err(from_verbs)?;
+        self.handle_taken(n);
+        Ok(n)
     }
 
     fn check_usable(&mut self) -> io::Result<()> {

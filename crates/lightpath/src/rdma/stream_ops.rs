@@ -479,14 +479,7 @@ impl<D: Device> RdmaConn<D> {
     /// Sleeps until a completion arrives (at most a liveness slice), handles it and posts
     /// nothing; looks at the TCP connection when none came. `TimedOut` past the deadline.
     fn wait_collecting(&mut self, deadline: Deadline) -> io::Result<()> {
-        let now = Instant::now();
-        let slice = match deadline {
-            Deadline::At(Some(at)) if at <= now => return Err(io::ErrorKind::TimedOut.into()),
-            Deadline::At(Some(at)) => (at - now).min(LIVENESS_SLICE),
-            Deadline::At(None) | Deadline::Now => LIVENESS_SLICE,
-        };
-        let n = self.cq.wait(&self.qp, &mut self.wcs, slice, WakeFor::Anything).map_err(from_verbs)?;
-        self.handle_taken(n);
+        let n = self.sleep(deadline, WakeFor::Anything)?;
         if n == 0 {
             self.check_tcp();
         }
