@@ -21,6 +21,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <netinet/udp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,12 @@ int main(int argc, char **argv) {
                 getsockname(client[i], (void *)&client_addr[i], &len) ||
                 getsockname(server[i], (void *)&server_addr[i], &len))
                 die("bind");
+            // Coalesced receives (UDP_GRO), as soft's sockets: a segmented message arrives whole.
+            int gro = 1;
+            if (soft && getenv("ACKS") && strcmp(getenv("ACKS"), "gso") == 0 &&
+                (setsockopt(client[i], SOL_UDP, 104, &gro, sizeof gro) ||
+                 setsockopt(server[i], SOL_UDP, 104, &gro, sizeof gro)))
+                die("UDP_GRO");
             // Shaped like soft, the sockets receive from anyone (the peer sends from another
             // socket); otherwise they are a connected pair.
             if (!soft && (connect(client[i], (void *)&server_addr[i], len) ||
@@ -123,6 +130,13 @@ int main(int argc, char **argv) {
     }
     int ep = epoll_create1(0);
     int nested = getenv("NESTED") != NULL;
+    // ACKS=1: each send carries a second, 28-byte datagram (as soft's RC acknowledgement of
+    // the peer's last message rides in the same sendmmsg as the reply).
+    // ACKS=gso: the two go as one segmented message (UDP_SEGMENT), the acknowledgement the
+    // shorter last segment, as soft joins an ACK to its reply while it serves several
+    // connections.
+    const char *acks_mode = getenv("ACKS");
+    int acks = acks_mode == NULL ? 0 : strcmp(acks_mode, "gso") == 0 ? 2 : 1;
     for (int i = 0; i < n; i++) {
         struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
         int watched = fds[i];
@@ -137,13 +151,29 @@ int main(int argc, char **argv) {
     memset(buf, 7, sizeof buf);
     long total = iters * n, done = 0;
     double started = now();
+#define ACK_SIZE 28
 #define SEND(i)                                                                                    \
     do {                                                                                           \
         if (soft) {                                                                                \
-            struct iovec v = {buf, SIZE};                                                          \
-            struct mmsghdr m = {.msg_hdr = {.msg_name = &peer[i], .msg_namelen = sizeof peer[i],  \
-                                            .msg_iov = &v, .msg_iovlen = 1}};                      \
-            sendmmsg(sender, &m, 1, 0);                                                            \
+            struct iovec v[2] = {{buf, SIZE}, {buf, ACK_SIZE}};                                    \
+            struct mmsghdr m[2] = {                                                                \
+                {.msg_hdr = {.msg_name = &peer[i], .msg_namelen = sizeof peer[i], .msg_iov = &v[0], \
+                             .msg_iovlen = 1}},                                                    \
+                {.msg_hdr = {.msg_name = &peer[i], .msg_namelen = sizeof peer[i], .msg_iov = &v[1], \
+                             .msg_iovlen = 1}}};                                                   \
+            char control[CMSG_SPACE(sizeof(uint16_t))] = {0};                                     \
+            if (acks == 2) {                                                                       \
+                m[0].msg_hdr.msg_iovlen = 2;                                                       \
+                m[0].msg_hdr.msg_control = control;                                                \
+                m[0].msg_hdr.msg_controllen = sizeof control;                                      \
+                struct cmsghdr *c = CMSG_FIRSTHDR(&m[0].msg_hdr);                                  \
+                c->cmsg_level = SOL_UDP;                                                           \
+                c->cmsg_type = 103; /* UDP_SEGMENT */                                              \
+                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));                                          \
+                uint16_t segment = SIZE;                                                           \
+                memcpy(CMSG_DATA(c), &segment, sizeof segment);                                    \
+            }                                                                                      \
+            sendmmsg(sender, m, acks == 1 ? 2 : 1, 0);                                             \
         } else {                                                                                   \
             send(fds[i], buf, SIZE, 0);                                                            \
         }                                                                                          \
@@ -172,6 +202,10 @@ int main(int argc, char **argv) {
                     m[q].msg_hdr.msg_iovlen = 1;
                 }
                 got = recvmmsg(fds[i], m, 4, MSG_DONTWAIT, 0);
+                // Requests only: an acknowledgement (ACKS=1) answers nothing.
+                int requests = 0;
+                for (int q = 0; q < got; q++) requests += m[q].msg_len >= SIZE;
+                if (got > 0 && requests == 0) continue;
                 uint64_t count;
                 if (got > 0 && read(event, &count, sizeof count) < 0) {
                     // Nobody writes it: the read finds nothing, as soft's mostly did.
