@@ -119,11 +119,9 @@ mod tests {
         assert_eq!(lightpath_pmtu_for_link(9000, false), Some(8896));
         assert_eq!(lightpath_pmtu_for_link(65536, false), Some(MAX_LIGHTPATH_PMTU), "loopback");
         assert_eq!(PREFERRED_LIGHTPATH_PMTU, 32_448);
-        assert!(
-            2 * (PREFERRED_LIGHTPATH_PMTU + 44) <= MAX_SEGMENTED_UDP_BYTES,
-            "two packets per segmented message"
-        );
-        assert!(2 * (PREFERRED_LIGHTPATH_PMTU + 64 + 44) > MAX_SEGMENTED_UDP_BYTES, "the largest such size");
+        // Two packets per segmented message, and the largest such size.
+        const { assert!(2 * (PREFERRED_LIGHTPATH_PMTU + 44) <= MAX_SEGMENTED_UDP_BYTES) };
+        const { assert!(2 * (PREFERRED_LIGHTPATH_PMTU + 64 + 44) > MAX_SEGMENTED_UDP_BYTES) };
         assert_eq!(lightpath_pmtu_for_link(256 + 72, false), Some(256));
         assert_eq!(lightpath_pmtu_for_link(256 + 71, false), None);
         assert_eq!(lightpath_pmtu_for_link(10, false), None);
