@@ -30,7 +30,7 @@ impl Mtu {
     /// 40 for IPv6), UDP (8), BTH (12), the largest extended headers (28: an AtomicETH, more
     /// than RETH with immediate data) and the ICRC (4).
     pub fn roce_overhead(ipv6: bool) -> u32 {
-        (if ipv6 { 40 } else { 20 }) + 8 + 12 + 28 + 4
+        (if ipv6 { 40 } else { 20 }) + 8 + ROCE_TRANSPORT_OVERHEAD
     }
 
     /// The largest path MTU whose packets fit a link of `link_mtu` bytes (as Linux rxe derives
@@ -78,6 +78,10 @@ impl Mtu {
 /// little more and make each loss cost more.
 pub const MAX_LIGHTPATH_PMTU: u32 = 32 << 10;
 
+/// The largest RoCE v2 overhead inside the UDP payload: BTH (12 bytes), the longest run of
+/// extension headers (28) and the ICRC (4).
+const ROCE_TRANSPORT_OVERHEAD: u32 = 12 + 28 + 4;
+
 /// Most UDP payload bytes of one segmented message (`UDP_SEGMENT`) a soft device sends: the
 /// whole must fit one IP packet's 16-bit length (65,535 minus the IPv4 and UDP headers, with
 /// room to spare for IPv6).
@@ -85,13 +89,13 @@ pub const MAX_SEGMENTED_UDP_BYTES: u32 = 65_000;
 
 /// The path MTU a Lightpath soft device offers where its link carries more (loopback's 64 KiB):
 /// 32,448 bytes, the largest multiple of 64 two of whose packets (each with the largest RoCE
-/// header, 44 bytes of BTH, extension headers and ICRC) fit one segmented message of
+/// overhead, 44 bytes of BTH, extension headers and ICRC) fit one segmented message of
 /// [`MAX_SEGMENTED_UDP_BYTES`]. With 32 KiB packets every message carried one packet: each
 /// took its own trip through the kernel's UDP stack, in a buffer of its own rather than the
 /// socket's recycled pages. Measured on loopback, `lightpath perf write_bw -s 1048576 -m M`,
 /// alternated: 3.9-4.0 GB/s with 32,768, 4.6-4.7 with 32,448. Larger sizes, up to
 /// [`MAX_LIGHTPATH_PMTU`], stay accepted when asked for.
-pub const PREFERRED_LIGHTPATH_PMTU: u32 = (MAX_SEGMENTED_UDP_BYTES / 2 - 44) / 64 * 64;
+pub const PREFERRED_LIGHTPATH_PMTU: u32 = (MAX_SEGMENTED_UDP_BYTES / 2 - ROCE_TRANSPORT_OVERHEAD) / 64 * 64;
 
 /// The largest path MTU two Lightpath soft devices can use on a link of `link_mtu` bytes: what
 /// is left after the RoCE v2 headers ([`Mtu::roce_overhead`]), rounded down to 64 bytes, at
@@ -120,8 +124,8 @@ mod tests {
         assert_eq!(lightpath_pmtu_for_link(65536, false), Some(MAX_LIGHTPATH_PMTU), "loopback");
         assert_eq!(PREFERRED_LIGHTPATH_PMTU, 32_448);
         // Two packets per segmented message, and the largest such size.
-        const { assert!(2 * (PREFERRED_LIGHTPATH_PMTU + 44) <= MAX_SEGMENTED_UDP_BYTES) };
-        const { assert!(2 * (PREFERRED_LIGHTPATH_PMTU + 64 + 44) > MAX_SEGMENTED_UDP_BYTES) };
+        const { assert!(2 * (PREFERRED_LIGHTPATH_PMTU + ROCE_TRANSPORT_OVERHEAD) <= MAX_SEGMENTED_UDP_BYTES) };
+        const { assert!(2 * (PREFERRED_LIGHTPATH_PMTU + 64 + ROCE_TRANSPORT_OVERHEAD) > MAX_SEGMENTED_UDP_BYTES) };
         assert_eq!(lightpath_pmtu_for_link(256 + 72, false), Some(256));
         assert_eq!(lightpath_pmtu_for_link(256 + 71, false), None);
         assert_eq!(lightpath_pmtu_for_link(10, false), None);

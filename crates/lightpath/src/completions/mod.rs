@@ -323,19 +323,7 @@ impl<D: Device> ConnCompletions<D> {
         timeout: Duration,
         wake: WakeFor,
     ) -> lightpath_verbs::Result<usize> {
-        if out.is_empty() {
-            return Ok(0);
-        }
-        let Some(qpn) = self.qpn else { return Ok(0) };
-        // Only with the queue pair's own doorbell: providers without one keep waking readers
-        // for every routed completion, as before.
-        self.inbox.set_arrivals_only(self.waiter && wake == WakeFor::Arrivals);
-        if self.waits_alone() {
-            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake, None)? {
-                return Ok(n);
-            }
-        }
-        self.hub.wait(&self.inbox, qpn, out, timeout)
+        self.wait_and_watch(qp, out, timeout, wake, None)
     }
 
     /// Whether [`ConnCompletions::wait_watching`] watches its descriptor: the wait goes
@@ -357,13 +345,27 @@ impl<D: Device> ConnCompletions<D> {
         wake: WakeFor,
         watch: BorrowedFd<'_>,
     ) -> lightpath_verbs::Result<usize> {
+        self.wait_and_watch(qp, out, timeout, wake, Some(watch))
+    }
+
+    /// [`ConnCompletions::wait`], watching `watch` too where the wait goes to the doorbell.
+    fn wait_and_watch(
+        &self,
+        qp: &QpOf<D>,
+        out: &mut [WorkCompletion],
+        timeout: Duration,
+        wake: WakeFor,
+        watch: Option<BorrowedFd<'_>>,
+    ) -> lightpath_verbs::Result<usize> {
         if out.is_empty() {
             return Ok(0);
         }
         let Some(qpn) = self.qpn else { return Ok(0) };
+        // Only with the queue pair's own doorbell: providers without one keep waking readers
+        // for every routed completion, as before.
         self.inbox.set_arrivals_only(self.waiter && wake == WakeFor::Arrivals);
         if self.waits_alone() {
-            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake, Some(watch))? {
+            if let Some(n) = self.wait_on_doorbell(qp, qpn, out, timeout, wake, watch)? {
                 return Ok(n);
             }
         }

@@ -524,7 +524,8 @@ impl<D: Device> RdmaConn<D> {
         let slice = match deadline {
             Deadline::At(Some(at)) if at <= now => return Err(io::ErrorKind::TimedOut.into()),
             Deadline::At(Some(at)) => (at - now).min(cap),
-            Deadline::At(None) | Deadline::Now => cap,
+            Deadline::At(None) => cap,
+            Deadline::Now => LIVENESS_SLICE,
         };
         let n = if watch {
             use std::os::fd::AsFd;
