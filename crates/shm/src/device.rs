@@ -392,6 +392,7 @@ impl ShmDevice {
             doorbell: EventFd::new(false)?,
             activity,
             registry: Arc::new(SocketRegistry::new()?),
+            links: crate::engine::Links::default(),
         };
         let shared = Arc::new(DeviceShared {
             name,

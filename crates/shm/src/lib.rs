@@ -27,9 +27,11 @@
 //!   it reads, so a broken or hostile peer can fail its own connection but not corrupt or crash
 //!   this process. See [`ring`] for the memory-ordering design (model-checked with loom).
 //! - **Connecting**: a device's GID is random and names the abstract Unix socket it listens on
-//!   ([`address`]); at INIT→RTR a queue pair connects to its destination's socket and hands
-//!   over its segment, its device's doorbell eventfd and its device's activity area (with its
-//!   slot there). No file is ever created, so nothing
+//!   ([`address`]); at INIT→RTR a queue pair introduces itself on its device's *link* to the
+//!   destination's device (one Unix socket per pair of devices and direction, opened by the
+//!   first queue pair and shared by all, as SMC-R's link groups) and hands over its segment,
+//!   its device's doorbell eventfd and its device's activity area (with its slot there); a
+//!   queue pair that goes says goodbye on the link. No file is ever created, so nothing
 //!   outlives the processes, crash or not. Because the GID is the address, the ordinary
 //!   out-of-band exchange ([`connect`], re-exported from `lightpath-verbs`) connects shm queue
 //!   pairs of two processes as it does soft ones.

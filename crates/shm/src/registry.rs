@@ -1,37 +1,129 @@
-//! The sockets a device's socket thread watches, and who owns them.
+//! The connections this device opened to other devices (its *links*, one per peer device, shared
+//! by every queue pair linked there), and who owns them.
 //!
-//! Every connection between two queue pairs' devices is a Unix socket; when the peer process
-//! dies, the kernel closes its end and ours reports a hang-up, which is how a survivor learns
-//! about a crash within microseconds. The queue pair owns its sockets through
-//! [`SocketGuard`]s; the socket thread watches whatever is registered. Dropping a guard
-//! records the removal and pokes the thread, which lets go of its copy, so the socket closes
-//! and the peer in turn sees the hang-up.
+//! Every link is a Unix socket; when the peer process dies, the kernel closes its end and ours
+//! reports a hang-up, which is how a survivor learns about a crash within microseconds. The
+//! queue pairs own a link through a [`SocketGuard`] they share; the socket thread watches
+//! whatever is registered and reads everything that arrives on it (answers to our questions go
+//! to the asker through the link's [`Replies`]). Dropping the guard records the removal and
+//! pokes the thread, which lets go of its copy, so the socket closes and the peer in turn sees
+//! the hang-up. (Connections other devices opened to us are the socket thread's own.)
 //!
 //! The registry keeps no table of what is watched: the thread keeps that. It keeps only the
 //! changes since the thread last looked, which the thread takes in one swap under the lock, so
 //! learning about a change costs the thread O(1) whatever the number of connections (comparing
 //! whole tables on every change made setting up N connections cost N²).
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::sys::{EventFd, SeqPacket};
-
-/// What a watched socket is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SocketRole {
-    /// Our connection to a peer's device (we send questions): watched for hang-ups only.
-    Client,
-    /// A peer's connection to us (it sends questions about our queue pair `qpn`).
-    Served { qpn: u32 },
-}
+use crate::wire::Message;
 
 /// One registered socket.
 #[derive(Clone, Debug)]
 pub(crate) struct Watched {
     pub(crate) id: u64,
     pub(crate) socket: Arc<SeqPacket>,
-    pub(crate) role: SocketRole,
+    pub(crate) replies: Arc<Replies>,
+}
+
+/// An answer the socket thread read for a caller that asked a question on a link.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) message: Message,
+    pub(crate) fds: Vec<OwnedFd>,
+}
+
+/// The questions outstanding on one link, by tag, and the answers the socket thread read for
+/// them. The caller that asks registers its tag before sending and waits here; an answer
+/// nobody waits for (its asker gave up) is dropped with its descriptors.
+#[derive(Debug, Default)]
+pub(crate) struct Replies {
+    state: Mutex<ReplyState>,
+    arrived: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct ReplyState {
+    waiting: HashMap<u32, Option<Reply>>,
+    /// The link hung up: nothing more will arrive.
+    closed: bool,
+}
+
+/// Why no answer came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoReply {
+    Closed,
+    TimedOut,
+}
+
+impl Replies {
+    fn lock(&self) -> MutexGuard<'_, ReplyState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers question `tag` (before it is sent, so its answer cannot come first).
+    pub(crate) fn expect(&self, tag: u32) {
+        self.lock().waiting.insert(tag, None);
+    }
+
+    /// Gives question `tag` up (it could not be sent).
+    pub(crate) fn forget(&self, tag: u32) {
+        self.lock().waiting.remove(&tag);
+    }
+
+    /// Whether the link hung up.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Waits for the answer to `tag` until `deadline`; the question is forgotten either way.
+    pub(crate) fn wait(&self, tag: u32, deadline: Instant) -> Result<Reply, NoReply> {
+        let mut state = self.lock();
+        loop {
+            if let Some(reply) = state.waiting.get_mut(&tag).and_then(Option::take) {
+                state.waiting.remove(&tag);
+                return Ok(reply);
+            }
+            let failure = if state.closed {
+                Some(NoReply::Closed)
+            } else if Instant::now() >= deadline {
+                Some(NoReply::TimedOut)
+            } else {
+                None
+            };
+            if let Some(failure) = failure {
+                state.waiting.remove(&tag);
+                return Err(failure);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            state = self.arrived.wait_timeout(state, left).unwrap_or_else(|poisoned| poisoned.into_inner()).0;
+        }
+    }
+
+    /// Hands the answer to `tag` to its asker; false (and the answer dropped) if nobody waits
+    /// for it: its asker gave up, or the peer answered twice or what nobody asked.
+    pub(crate) fn deliver(&self, tag: u32, reply: Reply) -> bool {
+        let mut state = self.lock();
+        match state.waiting.get_mut(&tag) {
+            Some(slot @ None) => {
+                *slot = Some(reply);
+                drop(state);
+                self.arrived.notify_all();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The link hung up: every asker is told at once.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.arrived.notify_all();
+    }
 }
 
 /// What changed since the socket thread last looked. No id is in both lists: a socket
@@ -81,16 +173,28 @@ impl SocketRegistry {
     }
 
     /// Registers `socket`; it stays watched until the guard is dropped.
-    pub(crate) fn register(self: &Arc<Self>, socket: Arc<SeqPacket>, role: SocketRole) -> SocketGuard {
+    pub(crate) fn register(self: &Arc<Self>, socket: Arc<SeqPacket>) -> SocketGuard {
+        let replies = Arc::new(Replies::default());
         let id = {
             let mut pending = self.lock();
             let id = pending.next_id;
             pending.next_id += 1;
-            pending.added.insert(id, Watched { id, socket: Arc::clone(&socket), role });
+            pending
+                .added
+                .insert(id, Watched { id, socket: Arc::clone(&socket), replies: Arc::clone(&replies) });
             id
         };
         self.changed.signal(1);
-        SocketGuard { id, socket, registry: Arc::clone(self) }
+        SocketGuard { id, socket, replies, registry: Arc::clone(self) }
+    }
+
+    /// An id no registered socket has or will have, for a connection the socket thread keeps
+    /// itself (one a peer opened to us), so every hang-up names one connection.
+    pub(crate) fn allocate_id(&self) -> u64 {
+        let mut pending = self.lock();
+        let id = pending.next_id;
+        pending.next_id += 1;
+        id
     }
 
     /// Hands the changes since the last call to the thread, leaving none behind. `into` must
@@ -131,6 +235,7 @@ impl SocketRegistry {
 pub(crate) struct SocketGuard {
     pub(crate) id: u64,
     pub(crate) socket: Arc<SeqPacket>,
+    pub(crate) replies: Arc<Replies>,
     registry: Arc<SocketRegistry>,
 }
 
@@ -187,28 +292,21 @@ mod tests {
     fn adds_and_removes_are_seen_once_and_in_order() {
         let (_listener, sock) = socket();
         let registry = Arc::new(SocketRegistry::new().expect("registry"));
-        let a = registry.register(Arc::clone(&sock), SocketRole::Client);
-        let b = registry.register(Arc::clone(&sock), SocketRole::Served { qpn: 3 });
-        let c = registry.register(Arc::clone(&sock), SocketRole::Client);
+        let a = registry.register(Arc::clone(&sock));
+        let b = registry.register(Arc::clone(&sock));
+        let c = registry.register(Arc::clone(&sock));
         assert_eq!(registry.changed.take(), 3, "every registration rings the bell");
 
         let mut changes = Changes::default();
         registry.take_changes(&mut changes);
-        let added: Vec<(u64, SocketRole)> = changes.added.iter().map(|w| (w.id, w.role)).collect();
-        assert_eq!(
-            added,
-            vec![
-                (a.id, SocketRole::Client),
-                (b.id, SocketRole::Served { qpn: 3 }),
-                (c.id, SocketRole::Client)
-            ]
-        );
+        let added: Vec<u64> = changes.added.iter().map(|w| w.id).collect();
+        assert_eq!(added, vec![a.id, b.id, c.id]);
         assert!(changes.removed.is_empty());
         assert_eq!(take(&registry), (vec![], vec![]), "taken changes are gone");
 
         let (b_id, a_id) = (b.id, a.id);
         drop(b);
-        let d = registry.register(Arc::clone(&sock), SocketRole::Client);
+        let d = registry.register(Arc::clone(&sock));
         drop(a);
         assert_eq!(registry.changed.take(), 3, "removals of seen sockets ring the bell too");
         assert_eq!(take(&registry), (vec![d.id], vec![b_id, a_id]));
@@ -224,8 +322,8 @@ mod tests {
     fn a_socket_let_go_before_the_thread_looked_is_never_shown_and_not_kept() {
         let (_listener, sock) = socket();
         let registry = Arc::new(SocketRegistry::new().expect("registry"));
-        let kept = registry.register(Arc::clone(&sock), SocketRole::Client);
-        let gone = registry.register(Arc::clone(&sock), SocketRole::Client);
+        let kept = registry.register(Arc::clone(&sock));
+        let gone = registry.register(Arc::clone(&sock));
         // Ours, and for each guard its own and the registry's copy.
         assert_eq!(Arc::strong_count(&sock), 5);
         drop(gone);
@@ -259,7 +357,7 @@ mod tests {
             let mut due: Vec<u64> = Vec::new();
             for _ in 0..400 {
                 match next() % 5 {
-                    0 | 1 => live.push(registry.register(Arc::clone(&sock), SocketRole::Client)),
+                    0 | 1 => live.push(registry.register(Arc::clone(&sock))),
                     2 | 3 if !live.is_empty() => {
                         let guard = live.swap_remove((next() % live.len() as u64) as usize);
                         if view.watched.contains(&guard.id) {
@@ -300,7 +398,7 @@ mod tests {
                     scope.spawn(move || {
                         let mut kept = Vec::new();
                         for round in 0..2_000 {
-                            let guard = registry.register(Arc::clone(sock), SocketRole::Client);
+                            let guard = registry.register(Arc::clone(sock));
                             if round % 7 == owner {
                                 kept.push(guard);
                             } else if round % 3 == 0 {

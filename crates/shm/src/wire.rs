@@ -1,6 +1,11 @@
 //! The few messages shm devices exchange over their Unix sockets (everything else moves through
-//! shared memory): a queue pair introducing itself to its peer's device, and a question about
-//! a memory region with its answer.
+//! shared memory): a queue pair introducing itself to its peer's device, a queue pair leaving
+//! its peer (or refusing an introduction), and a question about a memory region with its
+//! answer.
+//!
+//! Version 4: one connection carries the messages of every queue pair of one device towards
+//! another device (a *link*, see `engine/link.rs`), so a queue pair that goes says
+//! so (`Goodbye`) instead of closing a connection of its own.
 //!
 //! Every message starts with the 4-byte magic `LPSM`, a version byte and a kind byte; fields
 //! are little-endian at fixed offsets. Decoding checks the exact length of each kind and
@@ -10,7 +15,7 @@
 use lightpath_verbs::Gid;
 
 const MAGIC: [u8; 4] = *b"LPSM";
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
 /// Largest encoded message.
 pub(crate) const MAX_MESSAGE: usize = 64;
 
@@ -19,6 +24,7 @@ const KIND_REGION_QUERY: u8 = 2;
 const KIND_REGION_REPLY: u8 = 3;
 const KIND_PING: u8 = 4;
 const KIND_PONG: u8 = 5;
+const KIND_GOODBYE: u8 = 6;
 
 /// A control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +43,10 @@ pub(crate) enum Message {
     Ping { tag: u32 },
     /// Yes.
     Pong { tag: u32 },
+    /// "My queue pair `from_qpn` is no longer paired with your `to_qpn`": it was destroyed or
+    /// reset, or (sent back on the connection an introduction came over) the introduction of
+    /// `to_qpn` names a queue pair that does not exist or does not expect it.
+    Goodbye { from_qpn: u32, to_qpn: u32 },
 }
 
 struct Writer {
@@ -125,6 +135,12 @@ impl Message {
                 w.u32(tag);
                 w
             }
+            Message::Goodbye { from_qpn, to_qpn } => {
+                let mut w = Writer::new(KIND_GOODBYE);
+                w.u32(from_qpn);
+                w.u32(to_qpn);
+                w
+            }
         };
         (writer.bytes, writer.len)
     }
@@ -165,6 +181,10 @@ impl Message {
                 expect(4)?;
                 Message::Pong { tag: r.u32() }
             }
+            KIND_GOODBYE => {
+                expect(8)?;
+                Message::Goodbye { from_qpn: r.u32(), to_qpn: r.u32() }
+            }
             _ => return None,
         })
     }
@@ -188,6 +208,7 @@ mod tests {
             Message::RegionReply { tag: 10, found: false, addr: 0, len: 0, access: 0 },
             Message::Ping { tag: 1 },
             Message::Pong { tag: u32::MAX },
+            Message::Goodbye { from_qpn: 5, to_qpn: 0xFF_FFFF },
         ]
     }
 

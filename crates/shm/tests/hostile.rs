@@ -61,7 +61,7 @@ fn assert_dropped(fd: &OwnedFd, what: &str) {
 /// An introduction as a Lightpath device would send it, for `to_qpn`, from activity slot
 /// `slot`.
 fn hello_from_slot(to_qpn: u32, slot: u32) -> Vec<u8> {
-    let mut bytes = b"LPSM\x03\x01".to_vec();
+    let mut bytes = b"LPSM\x04\x01".to_vec();
     bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
     bytes.extend_from_slice(&2u32.to_le_bytes());
     bytes.extend_from_slice(&to_qpn.to_le_bytes());
@@ -81,10 +81,10 @@ fn first_hello(to_qpn: u32) -> Vec<u8> {
     bytes
 }
 
-/// An introduction as version 2 sent it (its activity areas had no waiting bits).
+/// An introduction as version 3 sent it (every queue pair had a connection of its own).
 fn previous_hello(to_qpn: u32) -> Vec<u8> {
     let mut bytes = hello(to_qpn);
-    bytes[4] = 2;
+    bytes[4] = 3;
     bytes
 }
 
@@ -125,7 +125,7 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
 
     let cases: Vec<(&str, Vec<u8>, Vec<BorrowedFd<'_>>)> = vec![
         ("junk bytes", b"GET / HTTP/1.1\r\n".to_vec(), vec![]),
-        ("a question before any introduction", b"LPSM\x03\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
+        ("a question before any introduction", b"LPSM\x04\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
         ("an introduction without descriptors", hello(target), vec![]),
         ("an introduction of version 1", first_hello(target), vec![seg, bell, area.as_fd()]),
         ("an introduction of the previous version", previous_hello(target), vec![seg, bell, area.as_fd()]),

@@ -7,13 +7,19 @@
 //! would keep a dead link's socket open. So: link `LINKS` pairs, drop half of one side, check
 //! each orphan goes to ERR (its receive flushed) and each survivor still carries WRITEs, then
 //! link a fresh wave on top of the survivors and check that too.
+//!
+//! The queue pairs of one device towards another share one connection (wire version 4), so a
+//! queue pair that goes says goodbye on it instead of closing a connection of its own, and an
+//! introduction nobody takes is answered with a goodbye: the last tests check both, and that the
+//! connections do not grow with the queue pairs.
 
 mod common;
 
 use common::{open_device, to_init, to_rtr, to_rts, End};
 use lightpath_shm::ShmDevice;
+use lightpath_verbs::conformance::harness::FULL_REMOTE_ACCESS;
 use lightpath_verbs::conformance::harness::{assert_empty, wait_n};
-use lightpath_verbs::{QpState, QueuePair, WcStatus};
+use lightpath_verbs::{AddressVector, Mtu, QpAttr, QpState, QueuePair, WcStatus};
 
 /// Links per wave.
 const LINKS: usize = 48;
@@ -93,4 +99,86 @@ fn hang_ups_across_many_links_are_all_noticed_and_survivors_keep_working() {
     for (round, (a, b)) in survivors.iter().enumerate() {
         check_link(a, b, round);
     }
+}
+
+/// Unix sockets this process holds.
+fn unix_sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("fd list")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Two waves of queue pairs between two devices open one connection each way, whatever the
+/// number of queue pairs (this test binary's other tests run in parallel and hold sockets
+/// of their own, so the count is checked against the pairs, not exactly).
+#[test]
+fn queue_pairs_between_two_devices_share_their_connections() {
+    let left = open_device();
+    let right = open_device();
+    let before = unix_sockets();
+    let first = link_wave(&left, &right, 1);
+    let second = link_wave(&left, &right, 2);
+    let opened = unix_sockets().saturating_sub(before);
+    for (round, (a, b)) in first.iter().chain(&second).enumerate() {
+        check_link(a, b, round);
+    }
+    assert!(opened < LINKS, "{} linked pairs opened {opened} sockets", 2 * LINKS);
+}
+
+/// INIT→RTR towards queue pair number `dqpn` of `peer`'s device.
+fn to_rtr_towards(qp: &lightpath_shm::ShmQp, peer: &lightpath_shm::ShmQp, dqpn: u32) {
+    let av = AddressVector::new(peer.endpoint().gid, 0);
+    qp.modify(&QpAttr::to_rtr(av, Mtu::Mtu4096, dqpn, 0)).expect("modify to RTR");
+}
+
+/// An introduction to a queue pair number the peer's device does not have, or to one that
+/// expects another peer, is refused: the introducer goes to ERR at once, as it did when the
+/// refused connection closed.
+#[test]
+fn an_introduction_nobody_takes_fails_the_introducer() {
+    let left = open_device();
+    let right = open_device();
+    let target = End::new(&right, 1);
+    // No such queue pair.
+    let lost = End::new(&left, 2);
+    to_init(&lost.qp);
+    lost.post_recv();
+    to_rtr_towards(&lost.qp, &target.qp, target.qp.qpn() + 1000);
+    check_orphan(&lost, 0);
+    // A queue pair that expects another peer.
+    let expected = End::new(&left, 3);
+    let intruder = End::new(&left, 4);
+    to_init(&target.qp);
+    to_init(&expected.qp);
+    to_init(&intruder.qp);
+    intruder.post_recv();
+    target.post_recv();
+    expected.post_recv();
+    to_rtr(&target.qp, &expected.qp);
+    to_rtr(&intruder.qp, &target.qp);
+    check_orphan(&intruder, 1);
+    // The expected peer still links and carries data both ways.
+    to_rtr(&expected.qp, &target.qp);
+    to_rts(&expected.qp);
+    to_rts(&target.qp);
+    check_link(&expected, &target, 2);
+}
+
+/// An introduction held by a queue pair that has not reached RTR is answered with a goodbye
+/// when that queue pair goes.
+#[test]
+fn a_held_introduction_is_refused_when_its_queue_pair_goes() {
+    let left = open_device();
+    let right = open_device();
+    let early = End::new(&left, 1);
+    let late = End::new(&right, 2);
+    to_init(&early.qp);
+    early.post_recv();
+    to_init(&late.qp);
+    late.qp.modify(&QpAttr::to_init(FULL_REMOTE_ACCESS)).expect("INIT again");
+    to_rtr(&early.qp, &late.qp);
+    drop(late);
+    check_orphan(&early, 0);
 }

@@ -443,6 +443,9 @@ impl DeviceCore {
                     self.with_qp(qpn, |qp, regions| qp.socket_closed(id, regions));
                 }
             }
+            Event::PeerLeft { link, qpn, from_qpn } => {
+                self.with_qp(qpn, |qp, regions| qp.peer_left(link, from_qpn, regions));
+            }
         }
     }
 

@@ -1,10 +1,20 @@
 //! The connection between a queue pair and its peer: our segment (where we publish), the
-//! peer's segment (where we read), the sockets that carry the introductions and region
-//! questions and whose hang-up reports a dead peer, and the peer's regions mapped here.
+//! peer's segment (where we read), the peer's regions mapped here, and the device links that
+//! carry the introductions, goodbyes and region questions and whose hang-up reports a dead
+//! peer.
+//!
+//! A device opens one Unix socket to each peer device it links queue pairs with (a
+//! [`DeviceLink`]), shared by all of them, as SMC-R shares one link among the connections
+//! between two hosts: a thousand connections between two processes cost two sockets per
+//! process, not two thousand. Since a queue pair no longer closes a connection of its own when
+//! it goes, it says goodbye on its device's link (and an introduction nobody takes is answered
+//! with a goodbye on the connection it came over), so its peer fails at once, as before. A
+//! process that dies closes all of its links: every queue pair linked with it fails.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use lightpath_verbs::{AccessFlags, Error, Gid, Result};
@@ -14,14 +24,116 @@ use super::DeviceContext;
 use crate::activity::area::PeerArea;
 use crate::address::rendezvous_name;
 use crate::region::{self, PeerRegion};
-use crate::registry::{SocketGuard, SocketRole};
+use crate::registry::{SocketGuard, SocketRegistry};
 use crate::ring::{Consumer, Producer};
 use crate::segment::{OwnSegment, PeerSegment, PeerStatus};
 use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
-use crate::wire::{Message, MAX_MESSAGE};
+use crate::wire::Message;
 
 /// Most peer regions kept mapped per link (the cache is emptied when it would grow past this).
 const MAX_CACHED_REGIONS: usize = 1024;
+
+/// How long a goodbye may wait for room in a connection whose reader (the peer's socket
+/// thread, which never blocks on anything else) is behind; after that the connection is shut
+/// down, which tells the peer's queue pairs on it that we are gone.
+const GOODBYE_PATIENCE: Duration = Duration::from_millis(200);
+
+/// Sends `message` on `socket`, waiting up to `patience` for room if the peer's socket thread
+/// is behind.
+pub(crate) fn send_patiently(
+    socket: &SeqPacket,
+    message: Message,
+    fds: &[BorrowedFd<'_>],
+    patience: Duration,
+) -> std::io::Result<()> {
+    let (bytes, len) = message.encode();
+    let deadline = Instant::now() + patience;
+    loop {
+        match socket.send(&bytes[..len], fds) {
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(err);
+                }
+                let mut ready = [PollFd::new(socket, PollFlags::OUT)];
+                poll_fds(&mut ready, Some(left))?;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Our connection to one peer device, shared by every queue pair of ours linked there.
+#[derive(Debug)]
+pub(crate) struct DeviceLink {
+    guard: SocketGuard,
+    /// Tags of region questions, unique on this link.
+    next_tag: AtomicU32,
+    /// A send failed or timed out: the link is shut down and new queue pairs connect afresh.
+    broken: AtomicBool,
+}
+
+impl DeviceLink {
+    /// The socket registry's id of the connection (named in hang-up and goodbye events).
+    pub(crate) fn id(&self) -> u64 {
+        self.guard.id
+    }
+
+    fn usable(&self) -> bool {
+        !self.broken.load(Ordering::Acquire) && !self.guard.replies.is_closed()
+    }
+
+    /// Sends `message`; a failure breaks the link (see [`Self::give_up`]).
+    fn send(&self, message: Message, fds: &[BorrowedFd<'_>], patience: Duration) -> std::io::Result<()> {
+        send_patiently(&self.guard.socket, message, fds, patience).inspect_err(|_| self.give_up())
+    }
+
+    /// Shuts the connection down: the peer's socket thread sees it hang up (every peer queue
+    /// pair on it fails, as it would if we had died), and so does ours (ours fail too). A link
+    /// that cannot carry a goodbye must not leave peers waiting for one.
+    fn give_up(&self) {
+        self.broken.store(true, Ordering::Release);
+        let _ = rustix::net::shutdown(self.guard.socket.as_fd(), rustix::net::Shutdown::Both);
+    }
+}
+
+/// A device's links, by the GID of the peer device. Entries live as long as a queue pair
+/// holds the link.
+#[derive(Debug, Default)]
+pub(crate) struct Links {
+    by_gid: Mutex<HashMap<Gid, Weak<DeviceLink>>>,
+}
+
+impl Links {
+    /// The usable link to the device with GID `dgid`, connecting one if there is none; true
+    /// if it was just connected.
+    fn get_or_connect(&self, dgid: Gid, ctx: &DeviceContext) -> Result<(Arc<DeviceLink>, bool)> {
+        let mut by_gid = self.by_gid.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(link) = by_gid.get(&dgid).and_then(Weak::upgrade).filter(|link| link.usable()) {
+            return Ok((link, false));
+        }
+        let link = Arc::new(connect(dgid, ctx)?);
+        by_gid.retain(|_, link| link.strong_count() > 0);
+        by_gid.insert(dgid, Arc::downgrade(&link));
+        Ok((link, true))
+    }
+}
+
+/// Connects to the device with GID `dgid` (a new link).
+fn connect(dgid: Gid, ctx: &DeviceContext) -> Result<DeviceLink> {
+    let socket = SeqPacket::connect_abstract(&rendezvous_name(dgid)).map_err(|err| {
+        Error::Unavailable(format!(
+            "no shm device with GID {dgid} reachable from this process ({err}); shm connects processes \
+             of one host and network namespace"
+        ))
+    })?;
+    let uid = socket.peer_uid()?;
+    if uid != ctx.uid && !ctx.config.allow_other_users {
+        return Err(Error::Unavailable(format!("the shm device with GID {dgid} belongs to user {uid}")));
+    }
+    let guard = SocketRegistry::register(&ctx.registry, Arc::new(socket));
+    Ok(DeviceLink { guard, next_tag: AtomicU32::new(0), broken: AtomicBool::new(false) })
+}
 
 /// Why a link was given up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,8 +178,34 @@ pub(crate) struct PeerAttach {
     /// Its device's activity area (with the device's doorbell), and its slot there.
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
-    /// The socket it connected with.
-    pub(crate) served: SocketGuard,
+    /// The id of the connection it came over (the peer device's link to us).
+    pub(crate) served: u64,
+    /// Answers the introduction with a goodbye if it is dropped without being taken.
+    pub(crate) refusal: Refusal,
+}
+
+/// The goodbye owed to a peer queue pair whose introduction was not taken: sent when dropped
+/// unless disarmed. An introduction refused for any reason (no such queue pair, another peer
+/// expected, a reset, a destroyed queue pair that held it) so fails the peer at once, as the
+/// connection of its own that closed used to.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) socket: Arc<SeqPacket>,
+    /// Our queue pair the introduction named, and the peer queue pair that sent it.
+    pub(crate) qpn: u32,
+    pub(crate) from_qpn: u32,
+    pub(crate) armed: bool,
+}
+
+impl Drop for Refusal {
+    fn drop(&mut self) {
+        if self.armed {
+            let goodbye = Message::Goodbye { from_qpn: self.qpn, to_qpn: self.from_qpn };
+            if send_patiently(&self.socket, goodbye, &[], GOODBYE_PATIENCE).is_err() {
+                let _ = rustix::net::shutdown(self.socket.as_fd(), rustix::net::Shutdown::Both);
+            }
+        }
+    }
 }
 
 /// What we know of an attached peer.
@@ -78,7 +216,8 @@ pub(crate) struct PeerSide {
     pub(crate) waiter: Option<EventFd>,
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
-    pub(crate) served: SocketGuard,
+    /// The id of the connection its introduction came over.
+    pub(crate) served: u64,
     /// Shared so that a direct write can copy into one after the device lock is released.
     pub(crate) regions: HashMap<u32, std::sync::Arc<PeerRegion>>,
 }
@@ -99,10 +238,21 @@ impl PeerSide {
 pub(crate) struct Link {
     pub(crate) outbox: OwnSegment,
     pub(crate) producer: Producer,
-    pub(crate) client: SocketGuard,
+    /// Our device's link to the peer's device (shared with our other queue pairs there).
+    pub(crate) client: Arc<DeviceLink>,
     pub(crate) peer: Option<PeerSide>,
-    rpc_tag: u32,
+    /// Our queue pair and the peer's, for the goodbye.
+    qpn: u32,
+    dqpn: u32,
     rpc_timeout: Duration,
+}
+
+impl Drop for Link {
+    /// Tells the peer's queue pair this one is gone (destroyed, reset or failed).
+    fn drop(&mut self) {
+        let goodbye = Message::Goodbye { from_qpn: self.qpn, to_qpn: self.dqpn };
+        let _ = self.client.send(goodbye, &[], GOODBYE_PATIENCE);
+    }
 }
 
 impl Link {
@@ -119,7 +269,7 @@ impl Link {
         dgid: Gid,
         dqpn: u32,
         status: PeerStatus,
-        waiter: Option<std::os::fd::BorrowedFd<'_>>,
+        waiter: Option<BorrowedFd<'_>>,
         ctx: &DeviceContext,
     ) -> Result<Self> {
         let config = &ctx.config;
@@ -127,32 +277,30 @@ impl Link {
         outbox.publish_status(status);
         let producer = Producer::new(config.ring_bytes, config.max_fragment)
             .ok_or(Error::InvalidAttribute("ring size"))?;
-        let socket = SeqPacket::connect_abstract(&rendezvous_name(dgid)).map_err(|err| {
-            Error::Unavailable(format!(
-                "no shm device with GID {dgid} reachable from this process ({err}); shm connects processes \
-                 of one host and network namespace"
-            ))
-        })?;
-        let uid = socket.peer_uid()?;
-        if uid != ctx.uid && !config.allow_other_users {
-            return Err(Error::Unavailable(format!("the shm device with GID {dgid} belongs to user {uid}")));
-        }
         let hello = Message::Hello { from_gid: ctx.gid, from_qpn: qpn, to_qpn: dqpn, slot };
-        let (bytes, len) = hello.encode();
         let mut fds = vec![outbox_memfd.as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
         fds.extend(waiter);
-        socket.send(&bytes[..len], &fds)?;
+        let (mut client, fresh) = ctx.links.get_or_connect(dgid, ctx)?;
+        if let Err(err) = client.send(hello, &fds, config.rpc_timeout) {
+            // A link that served earlier queue pairs may have died since (its device closed,
+            // or it broke): one fresh try tells which.
+            if fresh {
+                return Err(unreachable(dgid, &err));
+            }
+            client = ctx.links.get_or_connect(dgid, ctx)?.0;
+            client.send(hello, &fds, config.rpc_timeout).map_err(|err| unreachable(dgid, &err))?;
+        }
         // In flight, the message holds the file; the peer maps it, and so do we already.
         drop(outbox_memfd);
-        let client = ctx.registry.register(Arc::new(socket), SocketRole::Client);
-        Ok(Self { outbox, producer, client, peer: None, rpc_tag: 0, rpc_timeout: config.rpc_timeout })
+        Ok(Self { outbox, producer, client, peer: None, qpn, dqpn, rpc_timeout: config.rpc_timeout })
     }
 
     /// Starts reading the peer's segment.
-    pub(crate) fn attach(&mut self, attach: PeerAttach) -> std::result::Result<(), PeerAttach> {
+    pub(crate) fn attach(&mut self, mut attach: PeerAttach) -> std::result::Result<(), PeerAttach> {
         let Some(consumer) = Consumer::new(attach.segment.capacity(), attach.segment.max_payload()) else {
             return Err(attach);
         };
+        attach.refusal.armed = false;
         self.peer = Some(PeerSide {
             segment: attach.segment,
             consumer,
@@ -166,7 +314,7 @@ impl Link {
     }
 
     /// The peer's region with remote key `rkey` as seen by its queue pair `dqpn`: from the
-    /// cache if still registered, else asked for over the socket. `Ok(None)` if the peer has no
+    /// cache if still registered, else asked for over the link. `Ok(None)` if the peer has no
     /// such region for that queue pair.
     pub(crate) fn peer_region(
         &mut self,
@@ -178,9 +326,7 @@ impl Link {
             peer.regions.remove(&rkey);
         }
         if !peer.regions.contains_key(&rkey) {
-            self.rpc_tag = self.rpc_tag.wrapping_add(1);
-            let Some(region) = query_region(&self.client.socket, self.rpc_tag, rkey, dqpn, self.rpc_timeout)?
-            else {
+            let Some(region) = query_region(&self.client, rkey, dqpn, self.rpc_timeout)? else {
                 return Ok(None);
             };
             if !region.is_valid() {
@@ -195,55 +341,39 @@ impl Link {
     }
 }
 
-/// Asks the peer's device about region `rkey` and waits for the answer.
+fn unreachable(dgid: Gid, err: &std::io::Error) -> Error {
+    Error::Unavailable(format!("the shm device with GID {dgid} did not take the introduction ({err})"))
+}
+
+/// Asks the peer's device about region `rkey` and waits for the answer (the socket thread
+/// reads it and hands it over).
 fn query_region(
-    socket: &SeqPacket,
-    tag: u32,
+    link: &DeviceLink,
     rkey: u32,
     dqpn: u32,
     timeout: Duration,
 ) -> std::result::Result<Option<PeerRegion>, LinkFailure> {
-    let (bytes, len) = Message::RegionQuery { tag, qpn: dqpn, rkey }.encode();
-    socket.send(&bytes[..len], &[]).map_err(|_| LinkFailure::PeerGone)?;
+    let tag = link.next_tag.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + timeout;
-    loop {
-        let mut buf = [0u8; MAX_MESSAGE];
-        let received = match socket.recv(&mut buf) {
-            Ok(Some(received)) => received,
-            Ok(None) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(LinkFailure::PeerGone);
-                }
-                let mut fds = [PollFd::new(socket, PollFlags::IN)];
-                poll_fds(&mut fds, Some(left)).map_err(|_| LinkFailure::PeerGone)?;
-                continue;
-            }
-            Err(_) => return Err(LinkFailure::PeerGone),
-        };
-        if received.len == 0 {
-            return Err(LinkFailure::PeerGone);
-        }
-        let Some(Message::RegionReply { tag: reply_tag, found, addr, len, access }) =
-            Message::decode(&buf[..received.len])
-        else {
-            return Err(LinkFailure::PeerCorrupt);
-        };
-        if reply_tag != tag {
-            return Err(LinkFailure::PeerCorrupt);
-        }
-        if !found {
-            return Ok(None);
-        }
-        let access = AccessFlags::from_raw(access).ok_or(LinkFailure::PeerCorrupt)?;
-        let mut fds = received.fds.into_iter();
-        let (Some(fd), None) = (fds.next(), fds.next()) else { return Err(LinkFailure::PeerCorrupt) };
-        let (_, file_len) = region::layout(len).ok_or(LinkFailure::PeerCorrupt)?;
-        let memfd = Memfd::from_peer(fd, file_len).map_err(|_| LinkFailure::PeerCorrupt)?;
-        return PeerRegion::map(memfd, rkey, addr, len, access)
-            .map(Some)
-            .map_err(|_| LinkFailure::PeerCorrupt);
+    let replies = &link.guard.replies;
+    replies.expect(tag);
+    if link.send(Message::RegionQuery { tag, qpn: dqpn, rkey }, &[], timeout).is_err() {
+        replies.forget(tag);
+        return Err(LinkFailure::PeerGone);
     }
+    let reply = replies.wait(tag, deadline).map_err(|_| LinkFailure::PeerGone)?;
+    let Message::RegionReply { found, addr, len, access, .. } = reply.message else {
+        return Err(LinkFailure::PeerCorrupt);
+    };
+    if !found {
+        return Ok(None);
+    }
+    let access = AccessFlags::from_raw(access).ok_or(LinkFailure::PeerCorrupt)?;
+    let mut fds = reply.fds.into_iter();
+    let (Some(fd), None) = (fds.next(), fds.next()) else { return Err(LinkFailure::PeerCorrupt) };
+    let (_, file_len) = region::layout(len).ok_or(LinkFailure::PeerCorrupt)?;
+    let memfd = Memfd::from_peer(fd, file_len).map_err(|_| LinkFailure::PeerCorrupt)?;
+    PeerRegion::map(memfd, rkey, addr, len, access).map(Some).map_err(|_| LinkFailure::PeerCorrupt)
 }
 
 #[cfg(test)]
@@ -256,6 +386,27 @@ mod tests {
     use crate::registry::SocketRegistry;
     use crate::segment::RING_OFFSET;
     use crate::sys::Listener;
+    use crate::wire::MAX_MESSAGE;
+
+    fn context() -> DeviceContext {
+        DeviceContext {
+            gid: crate::address::random_gid().expect("gid"),
+            uid: rustix::process::getuid().as_raw(),
+            config: ShmConfig { ring_bytes: 4096, max_fragment: 512, ..ShmConfig::default() },
+            doorbell: EventFd::new(false).expect("eventfd"),
+            activity: Arc::new(OwnArea::create(64).expect("activity area")),
+            registry: Arc::new(SocketRegistry::new().expect("registry")),
+            links: Links::default(),
+        }
+    }
+
+    fn next_message(socket: &SeqPacket) -> (Option<Message>, usize) {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let mut ready = [PollFd::new(socket, PollFlags::IN)];
+        poll_fds(&mut ready, Some(Duration::from_secs(5))).expect("poll");
+        let received = socket.recv(&mut buf).expect("recv").expect("a message");
+        (Message::decode(&buf[..received.len]), received.fds.len())
+    }
 
     /// The segment handed over with the introduction already says RTR: a peer that attaches
     /// the moment it reads the introduction (before `modify` returns) sees a queue pair ready to
@@ -264,14 +415,7 @@ mod tests {
     fn the_introduced_segment_already_says_rtr() {
         let peer_gid = crate::address::random_gid().expect("gid");
         let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
-        let ctx = DeviceContext {
-            gid: crate::address::random_gid().expect("gid"),
-            uid: rustix::process::getuid().as_raw(),
-            config: ShmConfig { ring_bytes: 4096, max_fragment: 512, ..ShmConfig::default() },
-            doorbell: EventFd::new(false).expect("eventfd"),
-            activity: Arc::new(OwnArea::create(64).expect("activity area")),
-            registry: Arc::new(SocketRegistry::new().expect("registry")),
-        };
+        let ctx = context();
         let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
         let link = Link::establish(7, 5, peer_gid, 9, status, None, &ctx).expect("establish");
 
@@ -288,5 +432,37 @@ mod tests {
         let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).expect("segment");
         assert_eq!(segment.status_line().status, Some(status));
         drop(link);
+    }
+
+    /// Queue pairs linked with one peer device share one connection; each one that goes says
+    /// goodbye on it, and the connection closes with the last.
+    #[test]
+    fn queue_pairs_towards_one_device_share_a_connection_and_say_goodbye() {
+        let peer_gid = crate::address::random_gid().expect("gid");
+        let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
+        let ctx = context();
+        let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
+        let first = Link::establish(7, 5, peer_gid, 9, status, None, &ctx).expect("establish");
+        let second = Link::establish(8, 6, peer_gid, 10, status, None, &ctx).expect("establish");
+        assert_eq!(first.client.id(), second.client.id(), "two links to one device");
+
+        let served = listener.accept().expect("accept").expect("a connection");
+        assert!(listener.accept().expect("accept").is_none(), "a second connection was opened");
+        assert_eq!(
+            next_message(&served),
+            (Some(Message::Hello { from_gid: ctx.gid, from_qpn: 7, to_qpn: 9, slot: 5 }), 3)
+        );
+        assert_eq!(
+            next_message(&served),
+            (Some(Message::Hello { from_gid: ctx.gid, from_qpn: 8, to_qpn: 10, slot: 6 }), 3)
+        );
+        drop(first);
+        assert_eq!(next_message(&served), (Some(Message::Goodbye { from_qpn: 7, to_qpn: 9 }), 0));
+        drop(second);
+        assert_eq!(next_message(&served), (Some(Message::Goodbye { from_qpn: 8, to_qpn: 10 }), 0));
+        let mut buf = [0u8; MAX_MESSAGE];
+        let mut ready = [PollFd::new(&served, PollFlags::IN)];
+        poll_fds(&mut ready, Some(Duration::from_secs(5))).expect("poll");
+        assert_eq!(served.recv(&mut buf).expect("recv").expect("end").len, 0, "the link stayed open");
     }
 }

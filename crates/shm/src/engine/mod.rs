@@ -47,7 +47,7 @@ use std::sync::Arc;
 use lightpath_verbs::Gid;
 
 pub(crate) use device_core::{lock_qp, DeviceCore, Hints, QpCell, Tables};
-pub(crate) use link::PeerAttach;
+pub(crate) use link::{send_patiently, Links, PeerAttach, Refusal};
 pub(crate) use qp::QpCore;
 pub(crate) use sge::{IdMap, Regions};
 
@@ -78,6 +78,8 @@ pub(crate) struct DeviceContext {
     /// Where peers mark which of our queue pairs has news (see [`crate::activity`]).
     pub(crate) activity: Arc<OwnArea>,
     pub(crate) registry: Arc<SocketRegistry>,
+    /// Our connections to peer devices, shared by the queue pairs linked there.
+    pub(crate) links: Links,
 }
 
 /// Something the socket thread learned, applied under the device lock.
@@ -85,6 +87,9 @@ pub(crate) struct DeviceContext {
 pub(crate) enum Event {
     /// A peer queue pair introduced itself.
     Attach(PeerAttach),
-    /// The socket with this registry id hung up or misbehaved.
+    /// The connection with this id hung up or misbehaved.
     SocketClosed(u64),
+    /// The peer queue pair `from_qpn` said goodbye to our `qpn` on connection `link` (it went,
+    /// or refused our introduction).
+    PeerLeft { link: u64, qpn: u32, from_qpn: u32 },
 }

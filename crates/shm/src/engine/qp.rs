@@ -212,8 +212,8 @@ impl QpCore {
         Ok(())
     }
 
-    /// RESET: everything is dropped without completions, the link closed (the peer sees the
-    /// hang-up), and the queue pair can be connected anew.
+    /// RESET: everything is dropped without completions, the link let go (the peer hears our
+    /// goodbye), and the queue pair can be connected anew.
     fn reset(&mut self) {
         self.state = QpState::Reset;
         self.link = None;
@@ -265,8 +265,8 @@ impl QpCore {
         }
     }
 
-    /// Gives the link up: the queue pair goes to ERR, the request in flight reports why, and the
-    /// peer's memory is unmapped and its sockets closed at once.
+    /// Gives the link up: the queue pair goes to ERR, the request in flight reports why, the
+    /// peer's memory is unmapped and the peer hears our goodbye at once.
     pub(crate) fn fail_link(&mut self, failure: LinkFailure) {
         self.failure = Some(failure);
         self.enter_error(Some(failure.head_status()));
@@ -274,8 +274,8 @@ impl QpCore {
     }
 
     /// A peer introduced itself: attach now if this queue pair expects exactly that peer,
-    /// keep it for later if this queue pair has not reached RTR, refuse it otherwise (which
-    /// closes its socket).
+    /// keep it for later if this queue pair has not reached RTR, refuse it otherwise (dropped,
+    /// the introduction answers the peer with a goodbye).
     pub(crate) fn offer_attach(&mut self, attach: PeerAttach, regions: &Regions) {
         match self.state {
             QpState::Reset | QpState::Init => self.pending = Some(attach),
@@ -293,30 +293,58 @@ impl QpCore {
         }
     }
 
-    /// The socket with registry id `id` hung up: if it is one of this queue pair's, the peer
-    /// is gone. What it published before it went (records, acknowledgements) is still in its
-    /// segment, which stays mapped until the link fails: that is taken in first, as a TCP
-    /// socket delivers the bytes that arrived before the peer's reset. A process that sends
-    /// and exits at once (a close record, a collective's last part) then loses nothing the
-    /// kernel would have delivered for a socket.
+    /// The connection with id `id` hung up: if this queue pair's link or its peer's
+    /// introduction uses it, the peer is gone.
     pub(crate) fn socket_closed(&mut self, id: u64, regions: &Regions) {
-        if self.pending.as_ref().is_some_and(|p| p.served.id == id) {
-            self.pending = None;
+        if self.pending.as_ref().is_some_and(|p| p.served == id) {
+            self.drop_pending_silently();
         }
         let ours = self.link.as_ref().is_some_and(|link| {
-            link.client.id == id || link.peer.as_ref().is_some_and(|peer| peer.served.id == id)
+            link.client.id() == id || link.peer.as_ref().is_some_and(|peer| peer.served == id)
         });
         if ours {
-            // Bounded: a peer can have published at most one ring of records.
-            for _ in 0..DRAIN_ROUNDS_AT_HANG_UP {
-                self.progress(regions);
-                if !self.more_to_read || self.link.is_none() {
-                    break;
-                }
+            self.lose_peer(regions);
+        }
+    }
+
+    /// Peer queue pair `from_qpn` said goodbye on connection `id`: if it is this queue pair's
+    /// peer (on the connection its introduction came over, or, refusing ours, on our link),
+    /// the peer is gone.
+    pub(crate) fn peer_left(&mut self, id: u64, from_qpn: u32, regions: &Regions) {
+        if self.pending.as_ref().is_some_and(|p| p.served == id && p.from_qpn == from_qpn) {
+            self.drop_pending_silently();
+        }
+        let ours = self.dest.is_some_and(|(_, dqpn)| dqpn == from_qpn)
+            && self.link.as_ref().is_some_and(|link| {
+                link.client.id() == id || link.peer.as_ref().is_some_and(|peer| peer.served == id)
+            });
+        if ours {
+            self.lose_peer(regions);
+        }
+    }
+
+    /// Forgets an introduction whose sender is gone (no goodbye back).
+    fn drop_pending_silently(&mut self) {
+        if let Some(mut pending) = self.pending.take() {
+            pending.refusal.armed = false;
+        }
+    }
+
+    /// The peer went. What it published before it went (records, acknowledgements) is still
+    /// in its segment, which stays mapped until the link fails: that is taken in first, as a
+    /// TCP socket delivers the bytes that arrived before the peer's reset. A process that
+    /// sends and exits at once (a close record, a collective's last part) then loses nothing
+    /// the kernel would have delivered for a socket.
+    fn lose_peer(&mut self, regions: &Regions) {
+        // Bounded: a peer can have published at most one ring of records.
+        for _ in 0..DRAIN_ROUNDS_AT_HANG_UP {
+            self.progress(regions);
+            if !self.more_to_read || self.link.is_none() {
+                break;
             }
-            if self.link.is_some() {
-                self.fail_link(LinkFailure::PeerGone);
-            }
+        }
+        if self.link.is_some() {
+            self.fail_link(LinkFailure::PeerGone);
         }
     }
 

@@ -1,9 +1,10 @@
 //! The device's helper threads: the part of the device that runs when the application does
 //! not. There are two, with separate jobs, because one of them must never wait for anything.
 //!
-//! - The **socket thread** ([`sockets`]) accepts peers' introductions on the rendezvous
-//!   socket, answers their questions about memory regions, and notices hang-ups (a peer that
-//!   crashed or closed) on every connection, within microseconds. It never takes the engine
+//! - The **socket thread** ([`sockets`]) accepts peer devices' links on the rendezvous
+//!   socket, reads every link (peers' introductions, goodbyes and questions about memory
+//!   regions on theirs; the answers to our questions on ours, handed to the asker), and
+//!   notices hang-ups (a peer that crashed or closed) on every link, within microseconds. It never takes the engine
 //!   lock and never waits for another device: everything it answers comes from the device's
 //!   exports, and everything it learns it posts to the mailbox and then rings the driver's
 //!   bell.

@@ -1,15 +1,17 @@
 //! The socket thread: everything a device does on its sockets.
 //!
-//! It accepts connections on the rendezvous socket and reads their introductions (or probes),
-//! answers peers' questions about memory regions from the device's exports, and watches every
-//! registered connection for a hang-up — how a crashed or closed peer is noticed within
-//! microseconds. What it learns (an introduction, a hang-up) it posts to the mailbox and then
-//! rings the driver thread's bell. It never takes the engine lock and never waits for another
+//! It accepts connections on the rendezvous socket and reads their first message (a probe, or
+//! the introduction that makes the connection a peer device's link to us), then reads every
+//! link: on peers' links to us, introductions, goodbyes and questions about memory regions
+//! (answered from the device's exports); on our links to peers, the answers to our questions
+//! (handed to whoever asked) and goodbyes. A hang-up on any link is how a crashed or closed
+//! peer is noticed within microseconds. What it learns (an introduction, a goodbye, a hang-up)
+//! it posts to the mailbox and then rings the driver thread's bell. It never takes the engine lock and never waits for another
 //! device, so a question to this device is answered whatever this device's driver thread, or
 //! its application, is blocked on (see the [module docs](super)).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,29 +19,38 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::config::ShmConfig;
 use crate::device::DeviceShared;
-use crate::engine::{Event, PeerAttach};
-use crate::registry::{Changes, SocketRole, Watched};
+use crate::engine::{send_patiently, Event, PeerAttach, Refusal};
+use crate::registry::{Changes, Reply, Watched};
 use crate::segment::{PeerSegment, RING_OFFSET};
-use crate::sys::{poll_fds, Epoll, EventFd, Interest, Memfd, SeqPacket};
+use crate::sys::{poll_fds, Epoll, EventFd, Memfd, SeqPacket};
 use crate::wire::{Message, MAX_MESSAGE};
 
 /// Connections that have not introduced themselves yet, at most.
 const MAX_PENDING: usize = 256;
 /// How long a new connection may take to introduce itself.
 const HELLO_PATIENCE: Duration = Duration::from_secs(5);
+/// How long an answer may wait for room in a peer's connection (its socket thread reads all
+/// the time); a peer that does not take it in that time loses the link.
+const REPLY_PATIENCE: Duration = Duration::from_millis(50);
+/// Most (our queue pair, peer queue pair) introductions one peer link may have standing: more
+/// queue pairs than a device has.
+const MAX_PAIRS_PER_LINK: usize = 1 << 20;
 /// How long to wait before trying again to set the thread up (its epoll instance) after the
 /// system refused, e.g. for want of descriptors.
 const SETUP_RETRY: Duration = Duration::from_millis(10);
 
 /// What an epoll token stands for. The top two bits say which kind of descriptor it is; the
-/// rest is the newcomer's sequence number or the registry's id of a watched socket.
+/// rest is the newcomer's sequence number or the id of a link (ours or a peer's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Token {
     Stop,
     Changed,
     Listener,
     Newcomer(u64),
+    /// Our link to a peer device (registered by the queue pairs that use it).
     Watched(u64),
+    /// A peer device's link to us.
+    Served(u64),
 }
 
 impl Token {
@@ -53,6 +64,7 @@ impl Token {
             Token::Listener => (0, 2),
             Token::Newcomer(seq) => (1, seq),
             Token::Watched(id) => (2, id),
+            Token::Served(id) => (3, id),
         };
         (kind << Self::KIND_SHIFT) | (id & Self::ID_MASK)
     }
@@ -65,6 +77,7 @@ impl Token {
             (0, 2) => Some(Token::Listener),
             (1, _) => Some(Token::Newcomer(id)),
             (2, _) => Some(Token::Watched(id)),
+            (3, _) => Some(Token::Served(id)),
             _ => None,
         }
     }
@@ -74,6 +87,15 @@ impl Token {
 struct Newcomer {
     socket: SeqPacket,
     since: Instant,
+}
+
+/// A peer device's link to us, and the introductions that came over it and stand: (our queue
+/// pair, the peer's). A question about a region is answered only for a queue pair of ours some
+/// peer queue pair on this link introduced itself to.
+struct ServedLink {
+    socket: Arc<SeqPacket>,
+    pairs: HashMap<u32, HashSet<u32>>,
+    pair_count: usize,
 }
 
 /// The thread's state between rounds.
@@ -92,6 +114,9 @@ struct SocketThread<'a> {
     watched: HashMap<u64, Watched>,
     /// Sockets already reported closed (no longer in `epoll`: a hang-up stays readable).
     closed: HashSet<u64>,
+    /// Peer devices' links to us, by id (from the registry's counter, so ids never collide
+    /// with our own links').
+    served: HashMap<u64, ServedLink>,
     /// The registry's changes being applied; empty between rounds, kept for its buffers.
     changes: Changes,
 }
@@ -116,9 +141,9 @@ pub(super) fn run(shared: &DeviceShared) {
 impl<'a> SocketThread<'a> {
     fn new(shared: &'a DeviceShared) -> std::io::Result<Self> {
         let epoll = Epoll::new()?;
-        epoll.add(&shared.stop, Token::Stop.encode(), Interest::Readable)?;
-        epoll.add(&shared.ctx.registry.changed, Token::Changed.encode(), Interest::Readable)?;
-        epoll.add(&shared.listener, Token::Listener.encode(), Interest::Readable)?;
+        epoll.add(&shared.stop, Token::Stop.encode())?;
+        epoll.add(&shared.ctx.registry.changed, Token::Changed.encode())?;
+        epoll.add(&shared.listener, Token::Listener.encode())?;
         let mut thread = Self {
             shared,
             epoll,
@@ -126,6 +151,7 @@ impl<'a> SocketThread<'a> {
             next_newcomer: 0,
             watched: HashMap::new(),
             closed: HashSet::new(),
+            served: HashMap::new(),
             changes: Changes::default(),
         };
         thread.apply_registry_changes();
@@ -170,6 +196,7 @@ impl<'a> SocketThread<'a> {
                 Token::Listener => listener = true,
                 Token::Newcomer(seq) => introduced.push(seq),
                 Token::Watched(id) => self.watched_ready(id),
+                Token::Served(id) => self.served_ready(id),
             }
         }
         if changed {
@@ -179,7 +206,7 @@ impl<'a> SocketThread<'a> {
             if let Some(newcomer) = self.newcomers.remove(&seq) {
                 self.epoll.remove(&newcomer.socket);
                 // Introduced (or failed to): either way it leaves the list.
-                introduce(self.shared, newcomer.socket);
+                self.introduce(newcomer.socket);
             }
         }
         self.drop_impatient_newcomers(Instant::now());
@@ -189,20 +216,56 @@ impl<'a> SocketThread<'a> {
         true
     }
 
-    /// Serves a ready watched socket, or reports it closed.
+    /// Reads what arrived on one of our links, or reports it closed.
     fn watched_ready(&mut self, id: u64) {
         let Some(watched) = self.watched.get(&id) else { return };
         if self.closed.contains(&id) {
             return;
         }
-        let keep = match watched.role {
-            SocketRole::Served { qpn } => serve(self.shared, &watched.socket, qpn),
-            SocketRole::Client => false,
-        };
-        if !keep {
+        if !read_own_link(self.shared, watched) {
             self.epoll.remove(&*watched.socket);
             self.closed.insert(id);
+            watched.replies.close();
             self.shared.post_event(Event::SocketClosed(id));
+        }
+    }
+
+    /// Serves what arrived on a peer's link to us, or closes it (which the peer sees).
+    fn served_ready(&mut self, id: u64) {
+        let Some(link) = self.served.get_mut(&id) else { return };
+        if !serve(self.shared, link, id) {
+            self.epoll.remove(&*link.socket);
+            self.served.remove(&id);
+            self.shared.post_event(Event::SocketClosed(id));
+        }
+    }
+
+    /// Handles the first message of a new connection: a probe, or a queue pair's
+    /// introduction, which makes the connection a peer device's link to us.
+    fn introduce(&mut self, socket: SeqPacket) {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let Ok(Some(received)) = socket.recv(&mut buf) else { return };
+        match Message::decode(&buf[..received.len]) {
+            Some(Message::Ping { tag }) => {
+                let _ = send_patiently(&socket, Message::Pong { tag }, &[], REPLY_PATIENCE);
+            }
+            Some(hello @ Message::Hello { .. }) => {
+                let id = self.shared.ctx.registry.allocate_id();
+                let socket = Arc::new(socket);
+                let Some(attach) = accept_hello(self.shared, &socket, id, received.fds, hello) else {
+                    return;
+                };
+                // A link whose hang-up could go unnoticed is not taken (the introduction
+                // dropped here says goodbye).
+                if self.epoll.add(&*socket, Token::Served(id).encode()).is_err() {
+                    return;
+                }
+                let mut link = ServedLink { socket, pairs: HashMap::new(), pair_count: 0 };
+                link.add_pair(attach.qpn, attach.from_qpn);
+                self.served.insert(id, link);
+                self.shared.post_event(Event::Attach(attach));
+            }
+            _ => {}
         }
     }
 
@@ -223,15 +286,10 @@ impl<'a> SocketThread<'a> {
         }
         for watched in self.changes.added.drain(..) {
             let id = watched.id;
-            // Our own connections only ever need hang-ups (replies are read by the caller that
-            // asked); peers' connections bring questions.
-            let interest = match watched.role {
-                SocketRole::Client => Interest::HangUp,
-                SocketRole::Served { .. } => Interest::Readable,
-            };
-            if self.epoll.add(&*watched.socket, Token::Watched(id).encode(), interest).is_err() {
+            if self.epoll.add(&*watched.socket, Token::Watched(id).encode()).is_err() {
                 // A connection whose hang-up could go unnoticed is given up now, loudly.
                 self.closed.insert(id);
+                watched.replies.close();
                 self.shared.post_event(Event::SocketClosed(id));
             }
             self.watched.insert(id, watched);
@@ -261,7 +319,7 @@ impl<'a> SocketThread<'a> {
                     let seq = self.next_newcomer;
                     self.next_newcomer += 1;
                     // A newcomer that cannot be watched is dropped, as one over the limit is.
-                    if self.epoll.add(&socket, Token::Newcomer(seq).encode(), Interest::Readable).is_ok() {
+                    if self.epoll.add(&socket, Token::Newcomer(seq).encode()).is_ok() {
                         self.newcomers.insert(seq, Newcomer { socket, since: Instant::now() });
                     }
                 }
@@ -271,38 +329,117 @@ impl<'a> SocketThread<'a> {
     }
 }
 
-/// Answers what a peer's connection sent; false if the connection is closed or misbehaved.
-fn serve(shared: &DeviceShared, socket: &SeqPacket, qpn: u32) -> bool {
+impl ServedLink {
+    /// Records a standing introduction; false if the link has too many.
+    fn add_pair(&mut self, qpn: u32, from_qpn: u32) -> bool {
+        if self.pair_count >= MAX_PAIRS_PER_LINK {
+            return false;
+        }
+        if self.pairs.entry(qpn).or_default().insert(from_qpn) {
+            self.pair_count += 1;
+        }
+        true
+    }
+
+    fn remove_pair(&mut self, qpn: u32, from_qpn: u32) {
+        let Some(peers) = self.pairs.get_mut(&qpn) else { return };
+        if peers.remove(&from_qpn) {
+            self.pair_count -= 1;
+        }
+        if peers.is_empty() {
+            self.pairs.remove(&qpn);
+        }
+    }
+}
+
+/// Serves what a peer device sent on its link to us (link `id`); false if the link is closed
+/// or misbehaved.
+fn serve(shared: &DeviceShared, link: &mut ServedLink, id: u64) -> bool {
     for _ in 0..64 {
         let mut buf = [0u8; MAX_MESSAGE];
-        let received = match socket.recv(&mut buf) {
-            Ok(Some(received)) if received.len > 0 && received.fds.is_empty() => received,
+        let received = match link.socket.recv(&mut buf) {
+            Ok(Some(received)) if received.len > 0 => received,
             Ok(None) => return true,
             _ => return false,
         };
-        let reply = match Message::decode(&buf[..received.len]) {
-            Some(Message::RegionQuery { tag, qpn: asked, rkey }) if asked == qpn => {
-                answer_region(shared, socket, tag, qpn, rkey)
+        let message = Message::decode(&buf[..received.len]);
+        if let Some(hello @ Message::Hello { .. }) = message {
+            let Some(attach) = accept_hello(shared, &link.socket, id, received.fds, hello) else {
+                return false;
+            };
+            if !link.add_pair(attach.qpn, attach.from_qpn) {
+                return false;
             }
-            Some(Message::Ping { tag }) => send(socket, Message::Pong { tag }, &[]),
+            shared.post_event(Event::Attach(attach));
+            continue;
+        }
+        if !received.fds.is_empty() {
+            return false;
+        }
+        let keep = match message {
+            Some(Message::RegionQuery { tag, qpn, rkey }) => {
+                let introduced = link.pairs.contains_key(&qpn);
+                answer_region(shared, &link.socket, tag, qpn, rkey, introduced)
+            }
+            Some(Message::Ping { tag }) => send(&link.socket, Message::Pong { tag }, &[]),
+            Some(Message::Goodbye { from_qpn, to_qpn }) => {
+                link.remove_pair(to_qpn, from_qpn);
+                shared.post_event(Event::PeerLeft { link: id, qpn: to_qpn, from_qpn });
+                true
+            }
             _ => false,
         };
-        if !reply {
+        if !keep {
             return false;
         }
     }
     true
 }
 
-fn send(socket: &SeqPacket, message: Message, fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
-    let (bytes, len) = message.encode();
-    socket.send(&bytes[..len], fds).is_ok()
+/// Reads what a peer device sent on our link to it: answers to our questions (handed to the
+/// asker) and goodbyes; false if the link is closed or misbehaved.
+fn read_own_link(shared: &DeviceShared, watched: &Watched) -> bool {
+    for _ in 0..64 {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let received = match watched.socket.recv(&mut buf) {
+            Ok(Some(received)) if received.len > 0 => received,
+            Ok(None) => return true,
+            _ => return false,
+        };
+        match Message::decode(&buf[..received.len]) {
+            Some(message @ Message::RegionReply { tag, .. }) => {
+                // An answer nobody waits for any more (its asker gave up) is dropped.
+                watched.replies.deliver(tag, Reply { message, fds: received.fds });
+            }
+            Some(Message::Pong { .. }) if received.fds.is_empty() => {}
+            Some(Message::Goodbye { from_qpn, to_qpn }) if received.fds.is_empty() => {
+                shared.post_event(Event::PeerLeft { link: watched.id, qpn: to_qpn, from_qpn });
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
-/// Describes region `rkey` if it belongs to the protection domain of queue pair `qpn`.
-fn answer_region(shared: &DeviceShared, socket: &SeqPacket, tag: u32, qpn: u32, rkey: u32) -> bool {
+fn send(socket: &SeqPacket, message: Message, fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
+    send_patiently(socket, message, fds, REPLY_PATIENCE).is_ok()
+}
+
+/// Describes region `rkey` if it belongs to the protection domain of queue pair `qpn`, which
+/// must have been `introduced` to the asker.
+fn answer_region(
+    shared: &DeviceShared,
+    socket: &SeqPacket,
+    tag: u32,
+    qpn: u32,
+    rkey: u32,
+    introduced: bool,
+) -> bool {
     let exports = shared.exports_read();
-    let region = exports.regions.get(&rkey).filter(|region| exports.qp_pds.get(&qpn) == Some(&region.pd));
+    let region = exports
+        .regions
+        .get(&rkey)
+        .filter(|region| introduced && exports.qp_pds.get(&qpn) == Some(&region.pd));
     match region {
         Some(region) => {
             let reply = Message::RegionReply {
@@ -312,27 +449,9 @@ fn answer_region(shared: &DeviceShared, socket: &SeqPacket, tag: u32, qpn: u32, 
                 len: region.len,
                 access: region.access.bits(),
             };
-            use std::os::fd::AsFd;
             send(socket, reply, &[region.memfd.as_fd()])
         }
         None => send(socket, Message::RegionReply { tag, found: false, addr: 0, len: 0, access: 0 }, &[]),
-    }
-}
-
-/// Handles the first message of a new connection: a probe, or a queue pair's introduction.
-fn introduce(shared: &DeviceShared, socket: SeqPacket) {
-    let mut buf = [0u8; MAX_MESSAGE];
-    let Ok(Some(received)) = socket.recv(&mut buf) else { return };
-    match Message::decode(&buf[..received.len]) {
-        Some(Message::Ping { tag }) => {
-            send(&socket, Message::Pong { tag }, &[]);
-        }
-        Some(hello @ Message::Hello { .. }) => {
-            if let Some(attach) = accept_hello(shared, socket, received.fds, hello) {
-                shared.post_event(Event::Attach(attach));
-            }
-        }
-        _ => {}
     }
 }
 
@@ -341,7 +460,8 @@ fn introduce(shared: &DeviceShared, socket: SeqPacket) {
 /// optionally the queue pair's own doorbell (an eventfd).
 fn accept_hello(
     shared: &DeviceShared,
-    socket: SeqPacket,
+    socket: &Arc<SeqPacket>,
+    link: u64,
     fds: Vec<OwnedFd>,
     hello: Message,
 ) -> Option<PeerAttach> {
@@ -364,8 +484,8 @@ fn accept_hello(
     if !area.has_slot(slot) {
         return None;
     }
-    let served = shared.ctx.registry.register(Arc::new(socket), SocketRole::Served { qpn: to_qpn });
-    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, waiter, area, slot, served })
+    let refusal = Refusal { socket: Arc::clone(socket), qpn: to_qpn, from_qpn, armed: true };
+    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, waiter, area, slot, served: link, refusal })
 }
 
 #[cfg(test)]
@@ -383,6 +503,9 @@ mod tests {
             Token::Watched(0),
             Token::Watched(2),
             Token::Watched(Token::ID_MASK),
+            Token::Served(0),
+            Token::Served(2),
+            Token::Served(Token::ID_MASK),
         ];
         for token in tokens {
             assert_eq!(Token::decode(token.encode()), Some(token));
@@ -391,7 +514,6 @@ mod tests {
         encoded.sort_unstable();
         encoded.dedup();
         assert_eq!(encoded.len(), tokens.len());
-        assert_eq!(Token::decode(3 << Token::KIND_SHIFT), None);
-        assert_eq!(Token::decode(3), None);
+        assert_eq!(Token::decode(3), None, "an unknown fixed token");
     }
 }

@@ -14,15 +14,6 @@ use rustix::buffer::spare_capacity;
 use rustix::event::epoll::{self, CreateFlags, EventData, EventFlags};
 use rustix::event::Timespec;
 
-/// What a registered descriptor is watched for; hang-ups and errors are always reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Interest {
-    /// Readable data (and hang-ups).
-    Readable,
-    /// Hang-ups and errors only.
-    HangUp,
-}
-
 /// An epoll instance.
 pub(crate) struct Epoll {
     fd: OwnedFd,
@@ -44,15 +35,12 @@ impl Epoll {
         Ok(Self { fd, events: Vec::with_capacity(Self::BATCH) })
     }
 
-    /// Watches `source`; its events come back with `token`. The descriptor must stay open until
+    /// Watches `source` for readable data (hang-ups and errors are always reported); its
+    /// events come back with `token`. The descriptor must stay open until
     /// [`Epoll::remove`] (the kernel drops a registration only when the last descriptor for the
     /// open file closes, so a copy elsewhere would keep a forgotten one alive).
-    pub(crate) fn add(&self, source: impl AsFd, token: u64, interest: Interest) -> io::Result<()> {
-        let flags = match interest {
-            Interest::Readable => EventFlags::IN,
-            Interest::HangUp => EventFlags::empty(),
-        };
-        Ok(epoll::add(&self.fd, source, EventData::new_u64(token), flags)?)
+    pub(crate) fn add(&self, source: impl AsFd, token: u64) -> io::Result<()> {
+        Ok(epoll::add(&self.fd, source, EventData::new_u64(token), EventFlags::IN)?)
     }
 
     /// Stops watching `source`. Removing what is not registered is harmless (and ignored).
@@ -87,8 +75,8 @@ mod tests {
         let mut epoll = Epoll::new().unwrap();
         let quiet = EventFd::new(false).unwrap();
         let rung = EventFd::new(false).unwrap();
-        epoll.add(&quiet, 7, Interest::Readable).unwrap();
-        epoll.add(&rung, 9, Interest::Readable).unwrap();
+        epoll.add(&quiet, 7).unwrap();
+        epoll.add(&rung, 9).unwrap();
         rung.signal(1);
         let ready = epoll.wait(Some(Duration::ZERO)).unwrap();
         assert_eq!(ready, vec![9]);
@@ -102,25 +90,11 @@ mod tests {
     fn removed_descriptors_are_no_longer_reported() {
         let mut epoll = Epoll::new().unwrap();
         let rung = EventFd::new(false).unwrap();
-        epoll.add(&rung, 1, Interest::Readable).unwrap();
+        epoll.add(&rung, 1).unwrap();
         rung.signal(1);
         epoll.remove(&rung);
         assert!(epoll.wait(Some(Duration::ZERO)).unwrap().is_empty());
         // Removing twice is harmless.
         epoll.remove(&rung);
-    }
-
-    #[test]
-    fn hang_up_interest_ignores_data_but_reports_the_hang_up() {
-        let mut epoll = Epoll::new().unwrap();
-        let name = format!("lightpath-shm-test/epoll/{}/{:x}", std::process::id(), crate::sys::random_u64());
-        let listener = crate::sys::Listener::bind_abstract(name.as_bytes()).unwrap();
-        let theirs = crate::sys::SeqPacket::connect_abstract(name.as_bytes()).unwrap();
-        let ours = listener.accept().unwrap().unwrap();
-        epoll.add(&ours, 3, Interest::HangUp).unwrap();
-        theirs.send(b"hi", &[]).unwrap();
-        assert!(epoll.wait(Some(Duration::ZERO)).unwrap().is_empty());
-        drop(theirs);
-        assert_eq!(epoll.wait(Some(Duration::ZERO)).unwrap(), vec![3]);
     }
 }

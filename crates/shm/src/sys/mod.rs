@@ -14,7 +14,7 @@ mod memfd;
 mod poll;
 mod socket;
 
-pub(crate) use epoll::{Epoll, Interest};
+pub(crate) use epoll::Epoll;
 pub(crate) use eventfd::EventFd;
 pub(crate) use mapping::Mapping;
 pub(crate) use memfd::Memfd;
