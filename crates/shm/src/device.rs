@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,11 @@ const LOCKED_DRIVE_EVERY: u64 = 256;
 /// A region other devices may ask about.
 #[derive(Debug)]
 pub(crate) struct ExportedRegion {
-    pub(crate) memfd: Arc<Memfd>,
+    /// What a peer maps; `None` once the one peer a region is shared with has it (see
+    /// `MemoryRegion::share_with_first_peer_only`): later questions are refused.
+    pub(crate) memfd: Option<Memfd>,
+    /// Shared with the first peer that asks, and with no other.
+    pub(crate) first_peer_only: bool,
     pub(crate) addr: u64,
     pub(crate) len: u64,
     pub(crate) access: AccessFlags,
@@ -55,7 +59,7 @@ pub(crate) struct DeviceShared {
     /// The region table and agenda, shared with calls that lock one queue pair only, and the
     /// hints that say without any lock whether the engine has anything to do.
     pub(crate) tables: Arc<Tables>,
-    pub(crate) exports: RwLock<Exports>,
+    pub(crate) exports: Mutex<Exports>,
     /// Peer devices' activity areas, mapped once each (the socket thread maps them).
     pub(crate) peer_areas: PeerAreas,
     /// Events the socket thread learned, applied by whoever next holds the engine lock.
@@ -95,12 +99,8 @@ impl DeviceShared {
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn exports_read(&self) -> RwLockReadGuard<'_, Exports> {
-        self.exports.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(crate) fn exports_write(&self) -> RwLockWriteGuard<'_, Exports> {
-        self.exports.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub(crate) fn lock_exports(&self) -> MutexGuard<'_, Exports> {
+        self.exports.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Queues something the socket thread learned and rings the driver thread.
@@ -399,7 +399,7 @@ impl ShmDevice {
             ctx,
             core: Mutex::new(DeviceCore::new(Arc::clone(&tables))),
             tables,
-            exports: RwLock::new(Exports::default()),
+            exports: Mutex::new(Exports::default()),
             peer_areas: PeerAreas::default(),
             mailbox: Mutex::new(Vec::new()),
             mailbox_pending: AtomicBool::new(false),

@@ -92,6 +92,16 @@ impl MemoryRegion for ShmMr {
         }
         self.write(offset, &value.to_ne_bytes())
     }
+
+    /// Marks the export: the socket thread answers the first question about the region and
+    /// closes its memfd once that answer is sent; later questions get "no such region".
+    fn share_with_first_peer_only(&self) -> bool {
+        let shared = &self.device.shared;
+        if let Some(export) = shared.lock_exports().regions.get_mut(&self.region.rkey) {
+            export.first_peer_only = true;
+        }
+        true
+    }
 }
 
 impl Drop for ShmMr {
@@ -99,6 +109,6 @@ impl Drop for ShmMr {
         self.region.invalidate();
         let shared = &self.device.shared;
         shared.tables.regions_mut().remove(&self.region.lkey);
-        shared.exports_write().regions.remove(&self.region.rkey);
+        shared.lock_exports().regions.remove(&self.region.rkey);
     }
 }

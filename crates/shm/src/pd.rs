@@ -58,7 +58,8 @@ impl ProtectionDomain for ShmPd {
         }
         let shared = &self.device.shared;
         let (lkey, rkey) = shared.alloc_keys();
-        let region = Arc::new(LocalRegion::alloc(len, access, lkey, rkey, self.id)?);
+        let (region, memfd) = LocalRegion::alloc(len, access, lkey, rkey, self.id)?;
+        let region = Arc::new(region);
         {
             let mut regions = shared.tables.regions_mut();
             if regions.len() >= shared.ctx.config.max_mrs as usize {
@@ -69,13 +70,14 @@ impl ProtectionDomain for ShmPd {
             // for one-sided operations (which the asking side checks against `access`) and as
             // the source of direct SENDs (which the receiver copies out of).
             let export = ExportedRegion {
-                memfd: Arc::clone(&region.memfd),
+                memfd: Some(memfd),
+                first_peer_only: false,
                 addr: region.addr(),
                 len: len as u64,
                 access,
                 pd: self.id,
             };
-            shared.exports_write().regions.insert(rkey, export);
+            shared.lock_exports().regions.insert(rkey, export);
         }
         Ok(ShmMr { device: Arc::clone(&self.device), region })
     }
@@ -110,7 +112,7 @@ impl ProtectionDomain for ShmPd {
             if !Arc::ptr_eq(&send_cq.shared, &recv_cq.shared) {
                 recv_cq.shared.attach(&cell);
             }
-            shared.exports_write().qp_pds.insert(qpn, self.id);
+            shared.lock_exports().qp_pds.insert(qpn, self.id);
             (qpn, slot, waiter_linked, cell)
         };
         Ok(ShmQp { pd: self.clone(), qpn, slot, waiter_linked, caps, cell })

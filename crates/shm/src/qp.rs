@@ -164,7 +164,7 @@ impl Drop for ShmQp {
             qp.send_cq.detach(&self.cell);
             qp.recv_cq.detach(&self.cell);
         }
-        shared.exports_write().qp_pds.remove(&self.qpn);
+        shared.lock_exports().qp_pds.remove(&self.qpn);
         // Unmapping and closing happen here, outside the lock.
         drop(removed);
     }

@@ -13,7 +13,6 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use lightpath_verbs::AccessFlags;
 
@@ -41,7 +40,6 @@ pub(crate) fn peer_writes(access: AccessFlags) -> bool {
 /// A region this process owns.
 #[derive(Debug)]
 pub(crate) struct LocalRegion {
-    pub(crate) memfd: Arc<Memfd>,
     pub(crate) map: Mapping,
     pub(crate) len: usize,
     pub(crate) access: AccessFlags,
@@ -52,8 +50,15 @@ pub(crate) struct LocalRegion {
 }
 
 impl LocalRegion {
-    /// Allocates a zero-filled region of `len` bytes.
-    pub(crate) fn alloc(len: usize, access: AccessFlags, lkey: u32, rkey: u32, pd: u32) -> io::Result<Self> {
+    /// Allocates a zero-filled region of `len` bytes; returns it with its memfd (what peers
+    /// map: the region itself keeps only its mapping).
+    pub(crate) fn alloc(
+        len: usize,
+        access: AccessFlags,
+        lkey: u32,
+        rkey: u32,
+        pd: u32,
+    ) -> io::Result<(Self, Memfd)> {
         let (header, file) = layout(len as u64)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
         let memfd = Memfd::create("lightpath-shm-mr", file)?;
@@ -69,7 +74,7 @@ impl LocalRegion {
         } else {
             memfd.seal_future_writes()?;
         }
-        Ok(Self { memfd: Arc::new(memfd), map, len, access, lkey, rkey, pd, header })
+        Ok((Self { map, len, access, lkey, rkey, pd, header }, memfd))
     }
 
     /// The region's address in this process (what `MemoryRegion::addr` reports).
@@ -149,16 +154,16 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
-    fn peer_copy(region: &LocalRegion) -> Memfd {
-        let fd = region.memfd.as_fd().try_clone_to_owned().expect("dup");
+    fn peer_copy(memfd: &Memfd) -> Memfd {
+        let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
         Memfd::from_peer(fd, 1).expect("accepted")
     }
 
     #[test]
     fn peers_share_bytes_and_see_deregistration() {
-        let region = LocalRegion::alloc(10_000, AccessFlags::ALL, 1, 2, 0).expect("region");
+        let (region, memfd) = LocalRegion::alloc(10_000, AccessFlags::ALL, 1, 2, 0).expect("region");
         let peer =
-            PeerRegion::map(peer_copy(&region), 2, region.addr(), 10_000, AccessFlags::ALL).expect("map");
+            PeerRegion::map(peer_copy(&memfd), 2, region.addr(), 10_000, AccessFlags::ALL).expect("map");
         assert!(peer.map.write(9_990, b"0123456789"));
         let mut out = [0u8; 10];
         assert!(region.map.read(9_990, &mut out));
@@ -173,10 +178,10 @@ mod tests {
 
     #[test]
     fn read_only_regions_cannot_be_mapped_writable_by_peers() {
-        let region = LocalRegion::alloc(4096, AccessFlags::REMOTE_READ, 1, 2, 0).expect("region");
+        let (region, memfd) = LocalRegion::alloc(4096, AccessFlags::REMOTE_READ, 1, 2, 0).expect("region");
         // A peer that claims write access (or simply tries) cannot get a writable mapping.
-        assert!(PeerRegion::map(peer_copy(&region), 2, region.addr(), 4096, AccessFlags::ALL).is_err());
-        let peer = PeerRegion::map(peer_copy(&region), 2, region.addr(), 4096, AccessFlags::REMOTE_READ)
+        assert!(PeerRegion::map(peer_copy(&memfd), 2, region.addr(), 4096, AccessFlags::ALL).is_err());
+        let peer = PeerRegion::map(peer_copy(&memfd), 2, region.addr(), 4096, AccessFlags::REMOTE_READ)
             .expect("read-only");
         assert!(!peer.map.write(0, b"x"));
         assert!(region.map.write(0, b"owner writes"), "the owner's mapping stays writable");
@@ -184,21 +189,18 @@ mod tests {
 
     #[test]
     fn descriptions_that_disagree_with_the_header_are_refused() {
-        let region = LocalRegion::alloc(4096, AccessFlags::ALL, 1, 2, 0).expect("region");
+        let (region, memfd) = LocalRegion::alloc(4096, AccessFlags::ALL, 1, 2, 0).expect("region");
         assert!(
-            PeerRegion::map(peer_copy(&region), 3, region.addr(), 4096, AccessFlags::ALL).is_err(),
+            PeerRegion::map(peer_copy(&memfd), 3, region.addr(), 4096, AccessFlags::ALL).is_err(),
             "rkey"
         );
+        assert!(PeerRegion::map(peer_copy(&memfd), 2, region.addr(), 4000, AccessFlags::ALL).is_err(), "len");
         assert!(
-            PeerRegion::map(peer_copy(&region), 2, region.addr(), 4000, AccessFlags::ALL).is_err(),
-            "len"
-        );
-        assert!(
-            PeerRegion::map(peer_copy(&region), 2, region.addr(), 1 << 40, AccessFlags::ALL).is_err(),
+            PeerRegion::map(peer_copy(&memfd), 2, region.addr(), 1 << 40, AccessFlags::ALL).is_err(),
             "file"
         );
         assert!(
-            PeerRegion::map(peer_copy(&region), 2, u64::MAX - 10, 4096, AccessFlags::ALL).is_err(),
+            PeerRegion::map(peer_copy(&memfd), 2, u64::MAX - 10, 4096, AccessFlags::ALL).is_err(),
             "overflow"
         );
     }

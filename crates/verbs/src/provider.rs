@@ -184,6 +184,18 @@ pub trait MemoryRegion: Send + Sync {
     fn remote(&self) -> RemoteRegion {
         RemoteRegion { addr: self.addr(), len: self.len() as u64, rkey: self.rkey() }
     }
+
+    /// Lets only the first peer queue pair that reaches this region remotely keep doing so,
+    /// much as a memory window bound to a queue pair: a provider that learns about a peer's
+    /// access by a question (shm) answers the first and refuses every later one, and drops
+    /// what it kept only to share the region (shm: the region's memfd) once that peer has it.
+    /// For a region meant for one connection's peer, such as a stream's receive ring, so that
+    /// an idle connection costs no descriptor for it. Returns whether the provider does
+    /// anything; the default does nothing and returns false (RDMA hardware and soft check each
+    /// access against the rkey alone and keep nothing per region to share).
+    fn share_with_first_peer_only(&self) -> bool {
+        false
+    }
 }
 
 /// A function a provider calls when a completion queue gains entries (see

@@ -59,6 +59,10 @@ impl<D: Device + 'static> RdmaSetup<D> {
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         qp.modify(&QpAttr::to_init(access)).map_err(from_verbs)?;
         let recv_mr = pd.alloc_mr(SLOT_AREA + ring as usize, access).map_err(from_verbs)?;
+        // Only the peer's queue pair ever writes here (this connection's protection domain
+        // holds this one queue pair): shm then keeps no descriptor for the ring once the peer
+        // has it.
+        recv_mr.share_with_first_peer_only();
         let gid = qp.endpoint().gid;
         let psn = random_psn(qp.qpn());
         let options = Options { ring_size: ring, ..options.clone() };

@@ -132,8 +132,8 @@ mod tests {
 
     fn regions() -> (Regions, Arc<LocalRegion>, Arc<LocalRegion>) {
         let writable =
-            Arc::new(LocalRegion::alloc(4096, AccessFlags::LOCAL_WRITE, 1, 11, 7).expect("region"));
-        let read_only = Arc::new(LocalRegion::alloc(4096, AccessFlags::NONE, 2, 12, 7).expect("region"));
+            Arc::new(LocalRegion::alloc(4096, AccessFlags::LOCAL_WRITE, 1, 11, 7).expect("region").0);
+        let read_only = Arc::new(LocalRegion::alloc(4096, AccessFlags::NONE, 2, 12, 7).expect("region").0);
         let mut map = Regions::default();
         map.insert(1, Arc::clone(&writable));
         map.insert(2, Arc::clone(&read_only));

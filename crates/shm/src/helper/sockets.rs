@@ -426,7 +426,8 @@ fn send(socket: &SeqPacket, message: Message, fds: &[std::os::fd::BorrowedFd<'_>
 }
 
 /// Describes region `rkey` if it belongs to the protection domain of queue pair `qpn`, which
-/// must have been `introduced` to the asker.
+/// must have been `introduced` to the asker. A region shared with its first peer only is
+/// described once: its memfd goes with that answer and is not kept.
 fn answer_region(
     shared: &DeviceShared,
     socket: &SeqPacket,
@@ -435,23 +436,27 @@ fn answer_region(
     rkey: u32,
     introduced: bool,
 ) -> bool {
-    let exports = shared.exports_read();
+    let mut exports = shared.lock_exports();
+    let pd = exports.qp_pds.get(&qpn).copied();
     let region = exports
         .regions
-        .get(&rkey)
-        .filter(|region| introduced && exports.qp_pds.get(&qpn) == Some(&region.pd));
-    match region {
-        Some(region) => {
-            let reply = Message::RegionReply {
-                tag,
-                found: true,
-                addr: region.addr,
-                len: region.len,
-                access: region.access.bits(),
-            };
-            send(socket, reply, &[region.memfd.as_fd()])
-        }
-        None => send(socket, Message::RegionReply { tag, found: false, addr: 0, len: 0, access: 0 }, &[]),
+        .get_mut(&rkey)
+        .filter(|region| introduced && pd == Some(region.pd) && region.memfd.is_some());
+    let Some(region) = region else {
+        drop(exports);
+        return send(socket, Message::RegionReply { tag, found: false, addr: 0, len: 0, access: 0 }, &[]);
+    };
+    let reply = Message::RegionReply {
+        tag,
+        found: true,
+        addr: region.addr,
+        len: region.len,
+        access: region.access.bits(),
+    };
+    let taken = if region.first_peer_only { region.memfd.take() } else { None };
+    match taken.as_ref().or(region.memfd.as_ref()) {
+        Some(memfd) => send(socket, reply, &[memfd.as_fd()]),
+        None => false,
     }
 }
 
