@@ -21,6 +21,7 @@ use crate::engine::{lock_qp, DeviceContext, DeviceCore, Event, Hints, QpCell, Qp
 use crate::pd::ShmPd;
 use crate::registry::SocketRegistry;
 use crate::sys::{poll_fds, EventFd, Listener, Memfd};
+use crate::wire::RegionOffer;
 
 /// Of the application's calls that find nothing to do, one in this many takes the engine lock
 /// anyway (see [`DeviceShared::drive`]).
@@ -48,6 +49,30 @@ pub(crate) struct Exports {
     pub(crate) regions: HashMap<u32, ExportedRegion>,
     /// The protection domain of each queue pair.
     pub(crate) qp_pds: HashMap<u32, u32>,
+    /// A region shared with its first peer only and not handed out yet, per protection domain
+    /// (by rkey): the next queue pair of that domain to reach RTR hands it over with its
+    /// introduction (so the peer never has to ask, and the memfd goes at once).
+    pub(crate) offers: HashMap<u32, u32>,
+}
+
+impl Exports {
+    /// Takes protection domain `pd`'s offered region, with its memfd, out of the exports
+    /// (later questions about it are refused, as after a first answer).
+    pub(crate) fn take_offer(&mut self, pd: u32) -> Option<(RegionOffer, Memfd)> {
+        let rkey = self.offers.remove(&pd)?;
+        let region = self.regions.get_mut(&rkey)?;
+        let memfd = region.memfd.take()?;
+        let offer = RegionOffer { rkey, addr: region.addr, len: region.len, access: region.access.bits() };
+        Some((offer, memfd))
+    }
+
+    /// Puts back an offer that did not go (the transition to RTR failed).
+    pub(crate) fn return_offer(&mut self, pd: u32, offer: RegionOffer, memfd: Memfd) {
+        if let Some(region) = self.regions.get_mut(&offer.rkey) {
+            region.memfd = Some(memfd);
+            self.offers.entry(pd).or_insert(offer.rkey);
+        }
+    }
 }
 
 /// Everything the device's objects and its helper threads share.

@@ -93,12 +93,18 @@ impl MemoryRegion for ShmMr {
         self.write(offset, &value.to_ne_bytes())
     }
 
-    /// Marks the export: the socket thread answers the first question about the region and
-    /// closes its memfd once that answer is sent; later questions get "no such region".
+    /// Marks the export: the next queue pair of the region's protection domain to reach RTR
+    /// hands it to its peer with its introduction (or, if none does first, the socket thread
+    /// answers the first question about it), and its memfd is closed once it went; later
+    /// questions get "no such region".
     fn share_with_first_peer_only(&self) -> bool {
         let shared = &self.device.shared;
-        if let Some(export) = shared.lock_exports().regions.get_mut(&self.region.rkey) {
+        let mut exports = shared.lock_exports();
+        if let Some(export) = exports.regions.get_mut(&self.region.rkey) {
             export.first_peer_only = true;
+            if export.memfd.is_some() {
+                exports.offers.entry(self.region.pd).or_insert(self.region.rkey);
+            }
         }
         true
     }
@@ -109,6 +115,10 @@ impl Drop for ShmMr {
         self.region.invalidate();
         let shared = &self.device.shared;
         shared.tables.regions_mut().remove(&self.region.lkey);
-        shared.lock_exports().regions.remove(&self.region.rkey);
+        let mut exports = shared.lock_exports();
+        exports.regions.remove(&self.region.rkey);
+        if exports.offers.get(&self.region.pd) == Some(&self.region.rkey) {
+            exports.offers.remove(&self.region.pd);
+        }
     }
 }

@@ -58,8 +58,18 @@ impl QueuePair for ShmQp {
     }
 
     fn modify(&self, attr: &QpAttr) -> Result<()> {
-        let ctx = &self.pd.device.shared.ctx;
-        self.with_core(|qp, regions| qp.modify(attr, regions, ctx))?
+        let shared = &self.pd.device.shared;
+        // Going to RTR, the queue pair hands its domain's region for the peer only (if one
+        // waits) to the peer with its introduction; one that did not go is put back.
+        let mut offer = match attr.state {
+            Some(QpState::Rtr) => shared.lock_exports().take_offer(self.pd.id),
+            _ => None,
+        };
+        let result = self.with_core(|qp, regions| qp.modify(attr, regions, &shared.ctx, &mut offer));
+        if let Some((offer, memfd)) = offer {
+            shared.lock_exports().return_offer(self.pd.id, offer, memfd);
+        }
+        result?
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {

@@ -26,15 +26,30 @@ const KIND_PING: u8 = 4;
 const KIND_PONG: u8 = 5;
 const KIND_GOODBYE: u8 = 6;
 
+/// A region handed over with an introduction: what a region question's answer says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RegionOffer {
+    pub(crate) rkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: u32,
+}
+
+/// `Hello` flags: which optional descriptors follow the three fixed ones.
+const HELLO_WAITER: u32 = 1;
+const HELLO_REGION: u32 = 2;
+
 /// A control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Message {
     /// A queue pair reached RTR and introduces itself to the device of its destination. Carries
-    /// three or four descriptors: the queue pair's shared segment, its device's doorbell, its
-    /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`), and,
-    /// if its owner waits for it alone, the queue pair's own doorbell (an eventfd, written when
-    /// the slot's waiting bit is set). Version 3: the area has waiting bits.
-    Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32, slot: u32 },
+    /// three to five descriptors: the queue pair's shared segment, its device's doorbell, its
+    /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`),
+    /// then, if `waiter`, the queue pair's own doorbell (an eventfd, written when the slot's
+    /// waiting bit is set: its owner waits for it alone), then, with `region`, the memfd of a
+    /// region shared with this queue pair's peer only (handed over here instead of on the
+    /// first question about it). Version 3: the area has waiting bits; version 4: the region.
+    Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32, slot: u32, waiter: bool, region: Option<RegionOffer> },
     /// "Describe your region with remote key `rkey`, as seen by your queue pair `qpn`."
     RegionQuery { tag: u32, qpn: u32, rkey: u32 },
     /// The answer; when `found`, carries the region's memfd.
@@ -101,12 +116,20 @@ impl Message {
     /// The encoded message.
     pub(crate) fn encode(&self) -> ([u8; MAX_MESSAGE], usize) {
         let writer = match *self {
-            Message::Hello { from_gid, from_qpn, to_qpn, slot } => {
+            Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region } => {
                 let mut w = Writer::new(KIND_HELLO);
                 w.put(&from_gid.0);
                 w.u32(from_qpn);
                 w.u32(to_qpn);
                 w.u32(slot);
+                let flags =
+                    if waiter { HELLO_WAITER } else { 0 } | if region.is_some() { HELLO_REGION } else { 0 };
+                w.u32(flags);
+                let offer = region.unwrap_or(RegionOffer { rkey: 0, addr: 0, len: 0, access: 0 });
+                w.u32(offer.rkey);
+                w.u64(offer.addr);
+                w.u64(offer.len);
+                w.u32(offer.access);
                 w
             }
             Message::RegionQuery { tag, qpn, rkey } => {
@@ -156,8 +179,21 @@ impl Message {
         let expect = |len: usize| (body_len == len).then_some(());
         Some(match kind {
             KIND_HELLO => {
-                expect(28)?;
-                Message::Hello { from_gid: Gid(r.take()), from_qpn: r.u32(), to_qpn: r.u32(), slot: r.u32() }
+                expect(56)?;
+                let (from_gid, from_qpn, to_qpn, slot) = (Gid(r.take()), r.u32(), r.u32(), r.u32());
+                let flags = r.u32();
+                if flags & !(HELLO_WAITER | HELLO_REGION) != 0 {
+                    return None;
+                }
+                let offer = RegionOffer { rkey: r.u32(), addr: r.u64(), len: r.u64(), access: r.u32() };
+                let region = if flags & HELLO_REGION != 0 {
+                    Some(offer)
+                } else if offer == (RegionOffer { rkey: 0, addr: 0, len: 0, access: 0 }) {
+                    None
+                } else {
+                    return None;
+                };
+                Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter: flags & HELLO_WAITER != 0, region }
             }
             KIND_REGION_QUERY => {
                 expect(12)?;
@@ -196,7 +232,27 @@ mod tests {
 
     fn samples() -> Vec<Message> {
         vec![
-            Message::Hello { from_gid: Gid([7; 16]), from_qpn: 0x12, to_qpn: 0xFF_FFFF, slot: 4095 },
+            Message::Hello {
+                from_gid: Gid([7; 16]),
+                from_qpn: 0x12,
+                to_qpn: 0xFF_FFFF,
+                slot: 4095,
+                waiter: false,
+                region: None,
+            },
+            Message::Hello {
+                from_gid: Gid([8; 16]),
+                from_qpn: 1,
+                to_qpn: 2,
+                slot: 0,
+                waiter: true,
+                region: Some(RegionOffer {
+                    rkey: 0xDEAD_BEEF,
+                    addr: 0x7f00_0000_1000,
+                    len: 1 << 20,
+                    access: 0b111,
+                }),
+            },
             Message::RegionQuery { tag: 9, qpn: 3, rkey: 0xDEAD_BEEF },
             Message::RegionReply {
                 tag: 9,
@@ -232,10 +288,16 @@ mod tests {
             wrong_version[4] = 1;
             assert_eq!(Message::decode(&wrong_version[..len]), None);
         }
-        let (mut reply, len) = samples()[2].encode();
+        let (mut reply, len) = samples()[3].encode();
         reply[10] = 2;
         assert_eq!(Message::decode(&reply[..len]), None, "a found flag of 2");
         assert_eq!(Message::decode(b"LPSM\x01\x63"), None, "unknown kind");
+        let (mut hello, len) = samples()[0].encode();
+        hello[34] = 4;
+        assert_eq!(Message::decode(&hello[..len]), None, "an unknown hello flag");
+        hello[34] = 0;
+        hello[40] = 1;
+        assert_eq!(Message::decode(&hello[..len]), None, "region fields without the region flag");
         assert_eq!(Message::decode(b"6.22\0\0\0\0\0\0\0\0"), None);
     }
 }

@@ -59,14 +59,26 @@ fn assert_dropped(fd: &OwnedFd, what: &str) {
 }
 
 /// An introduction as a Lightpath device would send it, for `to_qpn`, from activity slot
-/// `slot`.
-fn hello_from_slot(to_qpn: u32, slot: u32) -> Vec<u8> {
+/// `slot`, with `flags` (1: the queue pair's own doorbell follows, 2: a region follows) and no
+/// region described.
+fn hello_with(to_qpn: u32, slot: u32, flags: u32) -> Vec<u8> {
     let mut bytes = b"LPSM\x04\x01".to_vec();
     bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
     bytes.extend_from_slice(&2u32.to_le_bytes());
     bytes.extend_from_slice(&to_qpn.to_le_bytes());
     bytes.extend_from_slice(&slot.to_le_bytes());
+    bytes.extend_from_slice(&flags.to_le_bytes());
+    bytes.extend_from_slice(&[0; 24]);
     bytes
+}
+
+fn hello_from_slot(to_qpn: u32, slot: u32) -> Vec<u8> {
+    hello_with(to_qpn, slot, 0)
+}
+
+/// An introduction that says the queue pair's own doorbell follows.
+fn hello_with_waiter(to_qpn: u32) -> Vec<u8> {
+    hello_with(to_qpn, 0, 1)
 }
 
 fn hello(to_qpn: u32) -> Vec<u8> {
@@ -76,14 +88,16 @@ fn hello(to_qpn: u32) -> Vec<u8> {
 /// An introduction as version 1 sent it (no slot: its devices had no activity area).
 fn first_hello(to_qpn: u32) -> Vec<u8> {
     let mut bytes = hello(to_qpn);
-    bytes.truncate(bytes.len() - 4);
+    bytes.truncate(bytes.len() - 32);
     bytes[4] = 1;
     bytes
 }
 
-/// An introduction as version 3 sent it (every queue pair had a connection of its own).
+/// An introduction as version 3 sent it (every queue pair had a connection of its own, and
+/// the introduction had no flags and no region).
 fn previous_hello(to_qpn: u32) -> Vec<u8> {
     let mut bytes = hello(to_qpn);
+    bytes.truncate(bytes.len() - 28);
     bytes[4] = 3;
     bytes
 }
@@ -138,13 +152,27 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
         ("an activity area too small for one slot", hello(target), vec![seg, bell, tiny.as_fd()]),
         ("a pipe for an activity area", hello(target), vec![seg, bell, pipe.as_fd()]),
         ("a slot outside the activity area", hello_from_slot(target, 1 << 20), vec![seg, bell, area.as_fd()]),
-        ("a memfd for the queue pair's own doorbell", hello(target), vec![seg, bell, area.as_fd(), seg]),
+        (
+            "a memfd for the queue pair's own doorbell",
+            hello_with_waiter(target),
+            vec![seg, bell, area.as_fd(), seg],
+        ),
         (
             "a pipe for the queue pair's own doorbell",
-            hello(target),
+            hello_with_waiter(target),
             vec![seg, bell, area.as_fd(), pipe.as_fd()],
         ),
-        ("five descriptors", hello(target), vec![seg, bell, area.as_fd(), bell, bell]),
+        ("a fourth descriptor the flags do not announce", hello(target), vec![seg, bell, area.as_fd(), bell]),
+        ("a missing own doorbell", hello_with_waiter(target), vec![seg, bell, area.as_fd()]),
+        ("a region announced but not sent", hello_with(target, 0, 2), vec![seg, bell, area.as_fd()]),
+        ("a pipe for a region", hello_with(target, 0, 2), vec![seg, bell, area.as_fd(), pipe.as_fd()]),
+        (
+            "a headerless memfd for a region",
+            hello_with(target, 0, 2),
+            vec![seg, bell, area.as_fd(), headerless.as_fd()],
+        ),
+        ("an unknown flag", hello_with(target, 0, 4), vec![seg, bell, area.as_fd()]),
+        ("five descriptors", hello_with_waiter(target), vec![seg, bell, area.as_fd(), bell, bell]),
     ];
     for (what, bytes, fds) in cases {
         let fd = raw_connect(victim);

@@ -28,7 +28,7 @@ use crate::registry::{SocketGuard, SocketRegistry};
 use crate::ring::{Consumer, Producer};
 use crate::segment::{OwnSegment, PeerSegment, PeerStatus};
 use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
-use crate::wire::Message;
+use crate::wire::{Message, RegionOffer};
 
 /// Most peer regions kept mapped per link (the cache is emptied when it would grow past this).
 const MAX_CACHED_REGIONS: usize = 1024;
@@ -180,6 +180,9 @@ pub(crate) struct PeerAttach {
     pub(crate) slot: u32,
     /// The id of the connection it came over (the peer device's link to us).
     pub(crate) served: u64,
+    /// A region of the peer's for this queue pair only, handed over with the introduction
+    /// (by rkey).
+    pub(crate) region: Option<(u32, PeerRegion)>,
     /// Answers the introduction with a goodbye if it is dropped without being taken.
     pub(crate) refusal: Refusal,
 }
@@ -233,6 +236,21 @@ impl PeerSide {
     }
 }
 
+/// What a queue pair going to RTR introduces itself with.
+pub(crate) struct Introduction<'a> {
+    pub(crate) qpn: u32,
+    /// Its slot in our device's activity area.
+    pub(crate) slot: u32,
+    /// The peer device's GID and queue pair.
+    pub(crate) dgid: Gid,
+    pub(crate) dqpn: u32,
+    pub(crate) status: PeerStatus,
+    /// The queue pair's own doorbell, if a thread waits for it alone.
+    pub(crate) waiter: Option<BorrowedFd<'a>>,
+    /// A region of its protection domain for this peer only.
+    pub(crate) offer: Option<&'a (RegionOffer, Memfd)>,
+}
+
 /// One queue pair's connection.
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -256,30 +274,31 @@ impl Drop for Link {
 }
 
 impl Link {
-    /// Creates our segment and introduces queue pair `qpn` (in activity slot `slot`) to the
-    /// device with GID `dgid`, asking for its queue pair `dqpn`, handing over `waiter` (the
-    /// queue pair's own doorbell) if there is one. Fails if no such device is reachable.
+    /// Creates our segment and introduces queue pair `intro.qpn` to the device with GID
+    /// `intro.dgid`, asking for its queue pair `intro.dqpn`. Fails if no such device is
+    /// reachable.
     ///
-    /// `status` (the queue pair's status once in RTR) is published before the introduction is
-    /// sent: the peer may attach and carry out requests the moment it reads the introduction,
-    /// and would fail them against a segment that does not say RTR yet.
-    pub(crate) fn establish(
-        qpn: u32,
-        slot: u32,
-        dgid: Gid,
-        dqpn: u32,
-        status: PeerStatus,
-        waiter: Option<BorrowedFd<'_>>,
-        ctx: &DeviceContext,
-    ) -> Result<Self> {
+    /// `intro.status` (the queue pair's status once in RTR) is published before the
+    /// introduction is sent: the peer may attach and carry out requests the moment it reads the
+    /// introduction, and would fail them against a segment that does not say RTR yet.
+    pub(crate) fn establish(intro: Introduction<'_>, ctx: &DeviceContext) -> Result<Self> {
+        let Introduction { qpn, slot, dgid, dqpn, status, waiter, offer } = intro;
         let config = &ctx.config;
         let (outbox, outbox_memfd) = OwnSegment::create(config.ring_bytes, config.max_fragment)?;
         outbox.publish_status(status);
         let producer = Producer::new(config.ring_bytes, config.max_fragment)
             .ok_or(Error::InvalidAttribute("ring size"))?;
-        let hello = Message::Hello { from_gid: ctx.gid, from_qpn: qpn, to_qpn: dqpn, slot };
+        let hello = Message::Hello {
+            from_gid: ctx.gid,
+            from_qpn: qpn,
+            to_qpn: dqpn,
+            slot,
+            waiter: waiter.is_some(),
+            region: offer.map(|(offer, _)| *offer),
+        };
         let mut fds = vec![outbox_memfd.as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
         fds.extend(waiter);
+        fds.extend(offer.map(|(_, memfd)| memfd.as_fd()));
         let (mut client, fresh) = ctx.links.get_or_connect(dgid, ctx)?;
         if let Err(err) = client.send(hello, &fds, config.rpc_timeout) {
             // A link that served earlier queue pairs may have died since (its device closed,
@@ -295,12 +314,17 @@ impl Link {
         Ok(Self { outbox, producer, client, peer: None, qpn, dqpn, rpc_timeout: config.rpc_timeout })
     }
 
-    /// Starts reading the peer's segment.
-    pub(crate) fn attach(&mut self, mut attach: PeerAttach) -> std::result::Result<(), PeerAttach> {
+    /// Starts reading the peer's segment; false (and the introduction refused) if its ring
+    /// is unusable.
+    pub(crate) fn attach(&mut self, mut attach: PeerAttach) -> bool {
         let Some(consumer) = Consumer::new(attach.segment.capacity(), attach.segment.max_payload()) else {
-            return Err(attach);
+            return false;
         };
         attach.refusal.armed = false;
+        let mut regions = HashMap::new();
+        if let Some((rkey, region)) = attach.region {
+            regions.insert(rkey, Arc::new(region));
+        }
         self.peer = Some(PeerSide {
             segment: attach.segment,
             consumer,
@@ -308,9 +332,9 @@ impl Link {
             area: attach.area,
             slot: attach.slot,
             served: attach.served,
-            regions: HashMap::new(),
+            regions,
         });
-        Ok(())
+        true
     }
 
     /// The peer's region with remote key `rkey` as seen by its queue pair `dqpn`: from the
@@ -417,14 +441,25 @@ mod tests {
         let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
         let ctx = context();
         let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let link = Link::establish(7, 5, peer_gid, 9, status, None, &ctx).expect("establish");
+        let link = Link::establish(
+            Introduction { qpn: 7, slot: 5, dgid: peer_gid, dqpn: 9, status, waiter: None, offer: None },
+            &ctx,
+        )
+        .expect("establish");
 
         let served = listener.accept().expect("accept").expect("a connection");
         let mut buf = [0u8; MAX_MESSAGE];
         let hello = served.recv(&mut buf).expect("recv").expect("the introduction");
         assert_eq!(
             Message::decode(&buf[..hello.len]),
-            Some(Message::Hello { from_gid: ctx.gid, from_qpn: 7, to_qpn: 9, slot: 5 })
+            Some(Message::Hello {
+                from_gid: ctx.gid,
+                from_qpn: 7,
+                to_qpn: 9,
+                slot: 5,
+                waiter: false,
+                region: None
+            })
         );
         assert_eq!(hello.fds.len(), 3, "segment, doorbell and activity area");
         let segment_fd = hello.fds.into_iter().next().expect("the segment");
@@ -442,19 +477,47 @@ mod tests {
         let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
         let ctx = context();
         let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let first = Link::establish(7, 5, peer_gid, 9, status, None, &ctx).expect("establish");
-        let second = Link::establish(8, 6, peer_gid, 10, status, None, &ctx).expect("establish");
+        let first = Link::establish(
+            Introduction { qpn: 7, slot: 5, dgid: peer_gid, dqpn: 9, status, waiter: None, offer: None },
+            &ctx,
+        )
+        .expect("establish");
+        let second = Link::establish(
+            Introduction { qpn: 8, slot: 6, dgid: peer_gid, dqpn: 10, status, waiter: None, offer: None },
+            &ctx,
+        )
+        .expect("establish");
         assert_eq!(first.client.id(), second.client.id(), "two links to one device");
 
         let served = listener.accept().expect("accept").expect("a connection");
         assert!(listener.accept().expect("accept").is_none(), "a second connection was opened");
         assert_eq!(
             next_message(&served),
-            (Some(Message::Hello { from_gid: ctx.gid, from_qpn: 7, to_qpn: 9, slot: 5 }), 3)
+            (
+                Some(Message::Hello {
+                    from_gid: ctx.gid,
+                    from_qpn: 7,
+                    to_qpn: 9,
+                    slot: 5,
+                    waiter: false,
+                    region: None
+                }),
+                3
+            )
         );
         assert_eq!(
             next_message(&served),
-            (Some(Message::Hello { from_gid: ctx.gid, from_qpn: 8, to_qpn: 10, slot: 6 }), 3)
+            (
+                Some(Message::Hello {
+                    from_gid: ctx.gid,
+                    from_qpn: 8,
+                    to_qpn: 10,
+                    slot: 6,
+                    waiter: false,
+                    region: None
+                }),
+                3
+            )
         );
         drop(first);
         assert_eq!(next_message(&served), (Some(Message::Goodbye { from_qpn: 7, to_qpn: 9 }), 0));

@@ -8,7 +8,7 @@ use lightpath_verbs::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::link::{Link, LinkFailure, PeerAttach};
+use super::link::{Introduction, Link, LinkFailure, PeerAttach};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::sge::{Regions, SgeList};
@@ -17,6 +17,8 @@ use super::DeviceContext;
 use crate::address::is_shm_gid;
 use crate::cq::CqShared;
 use crate::segment::PeerStatus;
+use crate::sys::Memfd;
+use crate::wire::RegionOffer;
 
 /// Most rounds of taking in what a peer that hung up had published (each reads up to the
 /// responder's batch of records): more than a ring holds.
@@ -154,7 +156,15 @@ impl QpCore {
     }
 
     /// `modify_qp`.
-    pub(crate) fn modify(&mut self, attr: &QpAttr, regions: &Regions, ctx: &DeviceContext) -> Result<()> {
+    /// `offer`: a region for the peer only, handed over with the introduction at INIT→RTR
+    /// (taken out of the option once it went).
+    pub(crate) fn modify(
+        &mut self,
+        attr: &QpAttr,
+        regions: &Regions,
+        ctx: &DeviceContext,
+        offer: &mut Option<(RegionOffer, Memfd)>,
+    ) -> Result<()> {
         check_addressing(attr)?;
         attr.validate_transition(self.state)?;
         let from = self.state;
@@ -173,7 +183,18 @@ impl QpCore {
                 let access = attr.access.unwrap_or(self.access);
                 let status = PeerStatus { state: QpState::Rtr, access, rnr_retry: self.rnr_retry };
                 let waiter = self.waiter_fd.as_deref().map(std::os::fd::AsFd::as_fd);
-                let link = Link::establish(self.qpn, self.slot, av.dgid, dqpn, status, waiter, ctx)?;
+                let intro = Introduction {
+                    qpn: self.qpn,
+                    slot: self.slot,
+                    dgid: av.dgid,
+                    dqpn,
+                    status,
+                    waiter,
+                    offer: offer.as_ref(),
+                };
+                let link = Link::establish(intro, ctx)?;
+                // In flight, the introduction holds the region's file; the peer maps it.
+                *offer = None;
                 self.link = Some(link);
                 self.waiter_linked.store(self.waiter_fd.is_some(), std::sync::atomic::Ordering::Release);
                 self.dest = Some((av.dgid, dqpn));
@@ -284,7 +305,7 @@ impl QpCore {
                 let Some(link) = self.link.as_mut().filter(|link| expected && link.peer.is_none()) else {
                     return;
                 };
-                if link.attach(attach).is_err() {
+                if !link.attach(attach) {
                     return;
                 }
                 self.progress(regions);

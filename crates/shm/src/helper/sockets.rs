@@ -20,6 +20,7 @@ use rustix::event::{PollFd, PollFlags};
 use crate::config::ShmConfig;
 use crate::device::DeviceShared;
 use crate::engine::{send_patiently, Event, PeerAttach, Refusal};
+use crate::region::PeerRegion;
 use crate::registry::{Changes, Reply, Watched};
 use crate::segment::{PeerSegment, RING_OFFSET};
 use crate::sys::{poll_fds, Epoll, EventFd, Memfd, SeqPacket};
@@ -453,7 +454,11 @@ fn answer_region(
         len: region.len,
         access: region.access.bits(),
     };
-    let taken = if region.first_peer_only { region.memfd.take() } else { None };
+    let (taken, pd) = (if region.first_peer_only { region.memfd.take() } else { None }, region.pd);
+    if taken.is_some() && exports.offers.get(&pd) == Some(&rkey) {
+        exports.offers.remove(&pd);
+    }
+    let Some(region) = exports.regions.get(&rkey) else { return false };
     match taken.as_ref().or(region.memfd.as_ref()) {
         Some(memfd) => send(socket, reply, &[memfd.as_fd()]),
         None => false,
@@ -461,8 +466,9 @@ fn answer_region(
 }
 
 /// Checks an introduction's descriptors: a sealed memfd holding a valid segment, an eventfd
-/// doorbell, a sealed memfd holding a valid activity area with the queue pair's slot, and
-/// optionally the queue pair's own doorbell (an eventfd).
+/// doorbell, a sealed memfd holding a valid activity area with the queue pair's slot, then as
+/// its flags say the queue pair's own doorbell (an eventfd) and a region for our queue pair
+/// alone (a memfd that maps as the region it is described as), and nothing more.
 fn accept_hello(
     shared: &DeviceShared,
     socket: &Arc<SeqPacket>,
@@ -470,13 +476,16 @@ fn accept_hello(
     fds: Vec<OwnedFd>,
     hello: Message,
 ) -> Option<PeerAttach> {
-    let Message::Hello { from_gid, from_qpn, to_qpn, slot } = hello else { return None };
+    let Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region } = hello else { return None };
     let mut fds = fds.into_iter();
-    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd), waiter_fd, None) =
-        (fds.next(), fds.next(), fds.next(), fds.next(), fds.next())
-    else {
+    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd)) = (fds.next(), fds.next(), fds.next()) else {
         return None;
     };
+    let waiter_fd = if waiter { Some(fds.next()?) } else { None };
+    let region_fd = if region.is_some() { Some(fds.next()?) } else { None };
+    if fds.next().is_some() {
+        return None;
+    }
     let min_len = (RING_OFFSET + crate::ring::MIN_CAPACITY) as u64;
     let memfd = Memfd::from_peer(segment_fd, min_len).ok()?;
     let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).ok()?;
@@ -489,8 +498,29 @@ fn accept_hello(
     if !area.has_slot(slot) {
         return None;
     }
+    let region = match (region, region_fd) {
+        (Some(offer), Some(fd)) => {
+            let access = lightpath_verbs::AccessFlags::from_raw(offer.access)?;
+            let (_, file_len) = crate::region::layout(offer.len)?;
+            let memfd = Memfd::from_peer(fd, file_len).ok()?;
+            let mapped = PeerRegion::map(memfd, offer.rkey, offer.addr, offer.len, access).ok()?;
+            Some((offer.rkey, mapped))
+        }
+        _ => None,
+    };
     let refusal = Refusal { socket: Arc::clone(socket), qpn: to_qpn, from_qpn, armed: true };
-    Some(PeerAttach { qpn: to_qpn, from_gid, from_qpn, segment, waiter, area, slot, served: link, refusal })
+    Some(PeerAttach {
+        qpn: to_qpn,
+        from_gid,
+        from_qpn,
+        segment,
+        waiter,
+        area,
+        slot,
+        served: link,
+        region,
+        refusal,
+    })
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use rustix::net::{
 };
 
 /// Most descriptors one message carries.
-pub(crate) const MAX_FDS: usize = 4;
+pub(crate) const MAX_FDS: usize = 5;
 
 /// A listening socket bound to an abstract name.
 #[derive(Debug)]
