@@ -122,6 +122,8 @@ for provider in $PROVIDERS; do
             client=$(child_of "$client")
             [ -n "$client" ] && sample_fds "$client" "$work/client.fds" &
             wait "$client_time" || rc=$?
+            # A server whose client failed may wait for it for good: stop it.
+            if [ "$rc" != 0 ] && [ -n "$server" ]; then kill "$server" 2> /dev/null || true; fi
             wait "$server_time" || true
             wait
             if [ "$rc" != 0 ] || ! [ -s "$work/client.out" ]; then
