@@ -363,6 +363,17 @@ impl Handshake {
             },
             State::ClientReady { conn, provider } => match self.take_message()? {
                 None => State::ClientReady { conn, provider },
+                // Between shm devices the path is proven already: the queue pair's introduction
+                // reached the server's device over its Unix socket (same host and network
+                // namespace, same user), and whatever is posted waits for the server's own
+                // introduction. The probe would only wait for the helper threads to apply it
+                // (a wake-up chain through both processes per connection).
+                Some(Message::Ready) if provider == ProviderId::Shm => {
+                    let mut conn = conn;
+                    conn.activate()?;
+                    self.send(&Message::Confirm);
+                    State::Finished(Outcome::Rdma { conn, provider })
+                }
                 Some(Message::Ready) => {
                     let mut conn = conn;
                     conn.start_probe()?;
