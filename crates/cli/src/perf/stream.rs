@@ -647,45 +647,56 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let started = Instant::now();
+        // Each connection gets its plan as soon as it is open (the server waits for a plan
+        // `PLAN_PATIENCE` after accepting, however long the others take to open).
         if is_kernel_tcp(&args.provider) {
-            let mut streams = Vec::with_capacity(plan.conns);
-            for _ in 0..plan.conns {
+            let (mut streams, mut shape) = (Vec::with_capacity(plan.conns), ServerShape::Threads);
+            for c in 0..plan.conns {
                 let KernelTcp(tcp) = connect_kernel(server, args)?;
                 tcp.set_nonblocking(true)?;
-                streams.push(tokio::net::TcpStream::from_std(tcp)?);
+                let mut stream = tokio::net::TcpStream::from_std(tcp)?;
+                shape = send_rr_plan(&mut stream, plan, c, args).await?;
+                streams.push(stream);
             }
             let transport = streams[0].transport_name();
-            return rr_measure(args, plan, streams, &transport, started).await;
+            return rr_measure(args, plan, streams, shape, &transport, started).await;
         }
         // Connected as `lightpath::tokio::Stream::connect_with` would (each soft queue pair
         // with a UDP port of its own, as every soft stream by default).
-        let mut streams = Vec::with_capacity(plan.conns);
-        for _ in 0..plan.conns {
-            let stream = lightpath::tokio::Stream::from_std(connect(server, args, options)?)?;
+        let (mut streams, mut shape) = (Vec::with_capacity(plan.conns), ServerShape::Threads);
+        for c in 0..plan.conns {
+            let mut stream = lightpath::tokio::Stream::from_std(connect(server, args, options)?)?;
+            shape = send_rr_plan(&mut stream, plan, c, args).await?;
             streams.push(stream);
         }
         let transport = check_transport(streams[0].get_ref(), args)?;
-        rr_measure(args, plan, streams, &transport, started).await
+        rr_measure(args, plan, streams, shape, &transport, started).await
     })
 }
 
-/// The request/response test over connected streams: sends each its plan, then measures.
+/// Sends connection `c` its plan (the first carries the CPU probes) and checks the answer.
+async fn send_rr_plan<S: AsyncConn>(
+    stream: &mut S,
+    plan: &Plan,
+    c: usize,
+    args: &StreamArgs,
+) -> Result<ServerShape> {
+    let plan = Plan { cpu_probe: c == 0, ..plan.clone() };
+    stream.send_msg(&serde_json::to_vec(&plan)?).await?;
+    let reply = stream.recv_msg().await?.context(NO_ANSWER)?;
+    check_info(&reply, args)
+}
+
+/// The request/response test over connected streams whose plans were answered: measures.
 async fn rr_measure<S: AsyncConn>(
     args: &StreamArgs,
     plan: &Plan,
     mut streams: Vec<S>,
+    shape: ServerShape,
     transport: &str,
     connecting_since: Instant,
 ) -> Result<Vec<StreamResult>> {
     {
-        let mut shape = ServerShape::Threads;
-        for (c, stream) in streams.iter_mut().enumerate() {
-            // The first connection carries the CPU probes.
-            let plan = Plan { cpu_probe: c == 0, ..plan.clone() };
-            stream.send_msg(&serde_json::to_vec(&plan)?).await?;
-            let reply = stream.recv_msg().await?.context(NO_ANSWER)?;
-            shape = check_info(&reply, args)?;
-        }
         let setup_per_s = Some(plan.conns as f64 / connecting_since.elapsed().as_secs_f64().max(1e-9));
         let mut results = Vec::new();
         for &(size, iters) in &plan.sizes {
