@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{open_device, to_init, to_rtr, to_rts};
+use common::{open_descriptors, open_device, to_init, to_rtr, to_rts};
 use lightpath_shm::{ShmCq, ShmDevice, ShmQp};
 use lightpath_verbs::conformance::harness::{assert_success, read_region, wait_n};
 use lightpath_verbs::{
@@ -18,21 +18,39 @@ use lightpath_verbs::{
 /// The tests count this process's descriptors: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Region memfds this process holds.
-fn region_memfds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("fd list")
-        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().contains("lightpath-shm-mr"))
-        .count()
-}
-
 fn writer(device: &ShmDevice) -> (ShmQp, ShmCq, lightpath_shm::ShmMr) {
     let pd = device.alloc_pd().expect("pd");
     let cq = device.create_cq(16).expect("cq");
     let qp = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
     let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).expect("src");
     (qp, cq, src)
+}
+
+/// Two devices; on the right, two queue pairs and a ring in one protection domain; on the
+/// left, two writers (each its own queue pair, queue and filled source).
+struct Scene {
+    _devices: (ShmDevice, ShmDevice),
+    targets: (ShmQp, ShmQp),
+    ring: lightpath_shm::ShmMr,
+    first: (ShmQp, ShmCq, lightpath_shm::ShmMr),
+    second: (ShmQp, ShmCq, lightpath_shm::ShmMr),
+}
+
+impl Scene {
+    fn new() -> Self {
+        let left = open_device();
+        let right = open_device();
+        let pd = right.alloc_pd().expect("pd");
+        let cq = right.create_cq(16).expect("cq");
+        let first_target = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
+        let second_target = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
+        let ring = pd.alloc_mr(4096, AccessFlags::ALL).expect("ring");
+        let first = writer(&left);
+        let second = writer(&left);
+        first.2.write(0, &[7; 64]).expect("fill");
+        second.2.write(0, &[9; 64]).expect("fill");
+        Self { _devices: (left, right), targets: (first_target, second_target), ring, first, second }
+    }
 }
 
 /// Links `qp` (left) and `target` (right) up to RTS both ways.
@@ -54,23 +72,19 @@ fn write(qp: &ShmQp, src: &lightpath_shm::ShmMr, ring: &lightpath_shm::ShmMr, wr
 #[test]
 fn a_region_for_the_first_peer_goes_with_the_introduction() {
     let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let left = open_device();
-    let right = open_device();
-    let pd = right.alloc_pd().expect("pd");
-    let cq = right.create_cq(16).expect("cq");
-    let first_target = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
-    let second_target = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
-    let ring = pd.alloc_mr(4096, AccessFlags::ALL).expect("ring");
+    let Scene {
+        targets,
+        ring,
+        first: (first, first_cq, first_src),
+        second: (second, second_cq, second_src),
+        ..
+    } = Scene::new();
     assert!(ring.share_with_first_peer_only(), "shm supports it");
-    let (first, first_cq, first_src) = writer(&left);
-    let (second, second_cq, second_src) = writer(&left);
-    first_src.write(0, &[7; 64]).expect("fill");
-    second_src.write(0, &[9; 64]).expect("fill");
 
-    let before = region_memfds();
-    link(&first, &first_target);
+    let before = open_descriptors("lightpath-shm-mr");
+    link(&first, &targets.0);
     assert_eq!(
-        region_memfds(),
+        open_descriptors("lightpath-shm-mr"),
         before - 1,
         "the ring's memfd is still open after it went with the introduction"
     );
@@ -78,7 +92,7 @@ fn a_region_for_the_first_peer_goes_with_the_introduction() {
     assert_success(&wait_n(&first_cq, 1)[0], 1, WcOpcode::RdmaWrite);
     assert_eq!(read_region(&ring, 0, 64), vec![7; 64]);
 
-    link(&second, &second_target);
+    link(&second, &targets.1);
     write(&second, &second_src, &ring, 2, 64);
     let refused = wait_n(&second_cq, 1)[0];
     assert_eq!(refused.status, WcStatus::RemAccessErr, "{refused:?}");
@@ -94,26 +108,26 @@ fn a_region_for_the_first_peer_goes_with_the_introduction() {
 #[test]
 fn a_region_for_the_first_peer_marked_late_goes_to_the_first_that_asks() {
     let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let left = open_device();
-    let right = open_device();
-    let pd = right.alloc_pd().expect("pd");
-    let cq = right.create_cq(16).expect("cq");
-    let first_target = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
-    let second_target = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
-    let ring = pd.alloc_mr(4096, AccessFlags::ALL).expect("ring");
-    let (first, first_cq, first_src) = writer(&left);
-    let (second, second_cq, second_src) = writer(&left);
-    link(&first, &first_target);
-    link(&second, &second_target);
+    let Scene {
+        targets,
+        ring,
+        first: (first, first_cq, first_src),
+        second: (second, second_cq, second_src),
+        ..
+    } = Scene::new();
+    link(&first, &targets.0);
+    link(&second, &targets.1);
     assert!(ring.share_with_first_peer_only(), "shm supports it");
-    first_src.write(0, &[7; 64]).expect("fill");
-    second_src.write(0, &[9; 64]).expect("fill");
 
-    let before = region_memfds();
+    let before = open_descriptors("lightpath-shm-mr");
     write(&first, &first_src, &ring, 1, 0);
     assert_success(&wait_n(&first_cq, 1)[0], 1, WcOpcode::RdmaWrite);
     assert_eq!(read_region(&ring, 0, 64), vec![7; 64]);
-    assert_eq!(region_memfds(), before - 1, "the ring's memfd is still open after its peer took it");
+    assert_eq!(
+        open_descriptors("lightpath-shm-mr"),
+        before - 1,
+        "the ring's memfd is still open after its peer took it"
+    );
 
     write(&second, &second_src, &ring, 2, 64);
     let refused = wait_n(&second_cq, 1)[0];

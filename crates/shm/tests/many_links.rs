@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{open_device, to_init, to_rtr, to_rts, End};
+use common::{open_descriptors, open_device, to_init, to_rtr, to_rts, End};
 use lightpath_shm::ShmDevice;
 use lightpath_verbs::conformance::harness::FULL_REMOTE_ACCESS;
 use lightpath_verbs::conformance::harness::{assert_empty, wait_n};
@@ -101,15 +101,6 @@ fn hang_ups_across_many_links_are_all_noticed_and_survivors_keep_working() {
     }
 }
 
-/// Unix sockets this process holds.
-fn unix_sockets() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("fd list")
-        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().starts_with("socket:"))
-        .count()
-}
-
 /// Two waves of queue pairs between two devices open one connection each way, whatever the
 /// number of queue pairs (this test binary's other tests run in parallel and hold sockets
 /// of their own, so the count is checked against the pairs, not exactly).
@@ -117,10 +108,10 @@ fn unix_sockets() -> usize {
 fn queue_pairs_between_two_devices_share_their_connections() {
     let left = open_device();
     let right = open_device();
-    let before = unix_sockets();
+    let before = open_descriptors("socket:");
     let first = link_wave(&left, &right, 1);
     let second = link_wave(&left, &right, 2);
-    let opened = unix_sockets().saturating_sub(before);
+    let opened = open_descriptors("socket:").saturating_sub(before);
     for (round, (a, b)) in first.iter().chain(&second).enumerate() {
         check_link(a, b, round);
     }

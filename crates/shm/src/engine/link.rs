@@ -424,6 +424,14 @@ mod tests {
         }
     }
 
+    /// Introduces queue pair `qpn` (slot `slot`) of `ctx`'s device to queue pair `dqpn` of the
+    /// device with GID `peer_gid`, as RTR does.
+    fn introduce(ctx: &DeviceContext, peer_gid: Gid, qpn: u32, slot: u32, dqpn: u32) -> (Link, PeerStatus) {
+        let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
+        let intro = Introduction { qpn, slot, dgid: peer_gid, dqpn, status, waiter: None, offer: None };
+        (Link::establish(intro, ctx).expect("establish"), status)
+    }
+
     fn next_message(socket: &SeqPacket) -> (Option<Message>, usize) {
         let mut buf = [0u8; MAX_MESSAGE];
         let mut ready = [PollFd::new(socket, PollFlags::IN)];
@@ -440,12 +448,7 @@ mod tests {
         let peer_gid = crate::address::random_gid().expect("gid");
         let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
         let ctx = context();
-        let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let link = Link::establish(
-            Introduction { qpn: 7, slot: 5, dgid: peer_gid, dqpn: 9, status, waiter: None, offer: None },
-            &ctx,
-        )
-        .expect("establish");
+        let (link, status) = introduce(&ctx, peer_gid, 7, 5, 9);
 
         let served = listener.accept().expect("accept").expect("a connection");
         let mut buf = [0u8; MAX_MESSAGE];
@@ -476,17 +479,8 @@ mod tests {
         let peer_gid = crate::address::random_gid().expect("gid");
         let listener = Listener::bind_abstract(&rendezvous_name(peer_gid)).expect("listener");
         let ctx = context();
-        let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let first = Link::establish(
-            Introduction { qpn: 7, slot: 5, dgid: peer_gid, dqpn: 9, status, waiter: None, offer: None },
-            &ctx,
-        )
-        .expect("establish");
-        let second = Link::establish(
-            Introduction { qpn: 8, slot: 6, dgid: peer_gid, dqpn: 10, status, waiter: None, offer: None },
-            &ctx,
-        )
-        .expect("establish");
+        let (first, _) = introduce(&ctx, peer_gid, 7, 5, 9);
+        let (second, _) = introduce(&ctx, peer_gid, 8, 6, 10);
         assert_eq!(first.client.id(), second.client.id(), "two links to one device");
 
         let served = listener.accept().expect("accept").expect("a connection");

@@ -146,3 +146,13 @@ pub fn wait_for_notification(cq: &ShmCq, round: usize) {
     assert_eq!(poll(&mut fds, Some(&timeout)).expect("poll(2)"), 1, "round {round}: no notification");
     assert!(cq.take_notify().expect("take"), "round {round}: readable fd without a notification");
 }
+
+/// Descriptors of this process whose `/proc/self/fd` link contains `name` (`socket:`, a memfd's
+/// name).
+pub fn open_descriptors(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("fd list")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(name))
+        .count()
+}
