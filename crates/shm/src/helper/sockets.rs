@@ -6,9 +6,10 @@
 //! (answered from the device's exports); on our links to peers, the answers to our questions
 //! (handed to whoever asked) and goodbyes. A hang-up on any link is how a crashed or closed
 //! peer is noticed within microseconds. What it learns (an introduction, a goodbye, a hang-up)
-//! it posts to the mailbox and then rings the driver thread's bell. It never takes the engine lock and never waits for another
-//! device, so a question to this device is answered whatever this device's driver thread, or
-//! its application, is blocked on (see the [module docs](super)).
+//! it posts to the mailbox and then rings the driver thread's bell. It never takes the engine
+//! lock and never waits for another device (beyond [`REPLY_PATIENCE`] for room to answer in a
+//! peer's full socket), so a question to this device is answered whatever this device's driver
+//! thread, or its application, is blocked on (see the [module docs](super)).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
