@@ -432,6 +432,11 @@ mod tests {
         (Link::establish(intro, ctx).expect("establish"), status)
     }
 
+    /// The introduction `introduce` sends: no own doorbell, no region.
+    fn plain_hello(ctx: &DeviceContext, from_qpn: u32, to_qpn: u32, slot: u32) -> Message {
+        Message::Hello { from_gid: ctx.gid, from_qpn, to_qpn, slot, waiter: false, region: None }
+    }
+
     fn next_message(socket: &SeqPacket) -> (Option<Message>, usize) {
         let mut buf = [0u8; MAX_MESSAGE];
         let mut ready = [PollFd::new(socket, PollFlags::IN)];
@@ -453,17 +458,7 @@ mod tests {
         let served = listener.accept().expect("accept").expect("a connection");
         let mut buf = [0u8; MAX_MESSAGE];
         let hello = served.recv(&mut buf).expect("recv").expect("the introduction");
-        assert_eq!(
-            Message::decode(&buf[..hello.len]),
-            Some(Message::Hello {
-                from_gid: ctx.gid,
-                from_qpn: 7,
-                to_qpn: 9,
-                slot: 5,
-                waiter: false,
-                region: None
-            })
-        );
+        assert_eq!(Message::decode(&buf[..hello.len]), Some(plain_hello(&ctx, 7, 9, 5)));
         assert_eq!(hello.fds.len(), 3, "segment, doorbell and activity area");
         let segment_fd = hello.fds.into_iter().next().expect("the segment");
         let memfd = Memfd::from_peer(segment_fd, RING_OFFSET as u64).expect("memfd");
@@ -485,34 +480,8 @@ mod tests {
 
         let served = listener.accept().expect("accept").expect("a connection");
         assert!(listener.accept().expect("accept").is_none(), "a second connection was opened");
-        assert_eq!(
-            next_message(&served),
-            (
-                Some(Message::Hello {
-                    from_gid: ctx.gid,
-                    from_qpn: 7,
-                    to_qpn: 9,
-                    slot: 5,
-                    waiter: false,
-                    region: None
-                }),
-                3
-            )
-        );
-        assert_eq!(
-            next_message(&served),
-            (
-                Some(Message::Hello {
-                    from_gid: ctx.gid,
-                    from_qpn: 8,
-                    to_qpn: 10,
-                    slot: 6,
-                    waiter: false,
-                    region: None
-                }),
-                3
-            )
-        );
+        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 7, 9, 5)), 3));
+        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 8, 10, 6)), 3));
         drop(first);
         assert_eq!(next_message(&served), (Some(Message::Goodbye { from_qpn: 7, to_qpn: 9 }), 0));
         drop(second);
