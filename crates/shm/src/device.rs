@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -75,6 +75,14 @@ impl Exports {
     }
 }
 
+/// What the socket thread posted and nobody applied yet.
+#[derive(Debug, Default)]
+struct Mailbox {
+    events: Vec<Event>,
+    /// Bumped by every post and by every application of posted events.
+    changes: u64,
+}
+
 /// Everything the device's objects and its helper threads share.
 #[derive(Debug)]
 pub(crate) struct DeviceShared {
@@ -88,7 +96,10 @@ pub(crate) struct DeviceShared {
     /// Peer devices' activity areas, mapped once each (the socket thread maps them).
     pub(crate) peer_areas: PeerAreas,
     /// Events the socket thread learned, applied by whoever next holds the engine lock.
-    mailbox: Mutex<Vec<Event>>,
+    mailbox: Mutex<Mailbox>,
+    /// Signalled whenever mail is posted or applied, for application threads that wait for
+    /// an event to take effect (see [`DeviceShared::wait_for_mail`]).
+    mail_changed: Condvar,
     mailbox_pending: AtomicBool,
     /// Rung by the socket thread after it posted an event, so the driver thread applies it
     /// even while the application is idle.
@@ -128,11 +139,38 @@ impl DeviceShared {
         self.exports.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Queues something the socket thread learned and rings the driver thread.
+    fn lock_mailbox(&self) -> MutexGuard<'_, Mailbox> {
+        self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues something the socket thread learned, rings the driver thread and wakes the
+    /// application threads waiting for mail.
     pub(crate) fn post_event(&self, event: Event) {
-        self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(event);
+        let mut mailbox = self.lock_mailbox();
+        mailbox.events.push(event);
+        mailbox.changes = mailbox.changes.wrapping_add(1);
         self.mailbox_pending.store(true, Ordering::Release);
+        drop(mailbox);
+        self.mail_changed.notify_all();
         self.events_bell.signal(1);
+    }
+
+    /// How often mail was posted or applied so far: read before a look that may find the
+    /// result of an event missing, then handed to [`DeviceShared::wait_for_mail`].
+    pub(crate) fn mail_seen(&self) -> u64 {
+        self.lock_mailbox().changes
+    }
+
+    /// Blocks until mail is posted or applied after `seen` changes (at once if it was
+    /// already) or `timeout` passes. Both count: the caller's next look applies what was posted
+    /// (every engine call does first), and what another thread took out of the mailbox is in
+    /// effect once that thread says it applied it.
+    pub(crate) fn wait_for_mail(&self, seen: u64, timeout: Duration) {
+        let mailbox = self.lock_mailbox();
+        let _ = self
+            .mail_changed
+            .wait_timeout_while(mailbox, timeout, |mailbox| mailbox.changes == seen)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
     }
 
     /// Whether the socket thread queued events not yet applied.
@@ -147,11 +185,14 @@ impl DeviceShared {
         {
             return;
         }
-        let events =
-            std::mem::take(&mut *self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let events = std::mem::take(&mut self.lock_mailbox().events);
         for event in events {
             core.apply(event);
         }
+        let mut mailbox = self.lock_mailbox();
+        mailbox.changes = mailbox.changes.wrapping_add(1);
+        drop(mailbox);
+        self.mail_changed.notify_all();
     }
 
     /// Notes that the application is driving the device (so the driver thread stays out);
@@ -426,7 +467,8 @@ impl ShmDevice {
             tables,
             exports: Mutex::new(Exports::default()),
             peer_areas: PeerAreas::default(),
-            mailbox: Mutex::new(Vec::new()),
+            mailbox: Mutex::new(Mailbox::default()),
+            mail_changed: Condvar::new(),
             mailbox_pending: AtomicBool::new(false),
             events_bell: EventFd::new(false)?,
             listener,
@@ -566,6 +608,36 @@ mod tests {
         shared.doorbell_watched.store(false, Ordering::Relaxed);
         assert_eq!(shared.sleep_until_rung(&cq, &mut out(), Some(Duration::ZERO)).expect("wait"), 0);
         assert!(!shared.doorbell_watched.load(Ordering::Relaxed), "the watcher kept the watch");
+    }
+
+    #[test]
+    fn a_wait_for_mail_ends_with_a_post_or_an_application_after_the_look() {
+        let device = ShmDevice::open(ShmConfig::default()).expect("device");
+        let shared = &device.inner.shared;
+        // Nothing posted since the look: the wait lasts its timeout.
+        let seen = shared.mail_seen();
+        let started = Instant::now();
+        shared.wait_for_mail(seen, Duration::from_millis(30));
+        assert!(started.elapsed() >= Duration::from_millis(30), "a wait with no mail ended early");
+        // Mail posted between the look and the wait: the wait ends at once.
+        let seen = shared.mail_seen();
+        shared.post_event(Event::SocketClosed(u64::MAX));
+        let started = Instant::now();
+        shared.wait_for_mail(seen, Duration::from_secs(10));
+        assert!(started.elapsed() < Duration::from_secs(5), "a wait missed the post before it");
+        // Mail another thread took out and applied after the look (the driver thread holding
+        // the engine lock, say): that ends the wait too, though nothing is posted any more.
+        let seen = shared.mail_seen();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                shared.apply_events(&mut shared.lock_core());
+            });
+            let started = Instant::now();
+            shared.wait_for_mail(seen, Duration::from_secs(10));
+            assert!(started.elapsed() < Duration::from_secs(5), "a wait missed mail applied after its look");
+        });
+        assert!(!shared.has_events());
     }
 
     #[test]

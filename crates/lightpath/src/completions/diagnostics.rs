@@ -17,19 +17,34 @@ pub(super) trait Describe: Send + Sync {
     fn describe(&self, out: &mut String);
 }
 
-static HUBS: OnceLock<Mutex<Vec<Weak<dyn Describe>>>> = OnceLock::new();
+/// The registered hubs, and the length at which [`register`] next prunes the dropped ones.
+struct Registered {
+    hubs: Vec<Weak<dyn Describe>>,
+    prune_at: usize,
+}
+
+static HUBS: OnceLock<Mutex<Registered>> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-fn hubs() -> std::sync::MutexGuard<'static, Vec<Weak<dyn Describe>>> {
-    HUBS.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn hubs() -> std::sync::MutexGuard<'static, Registered> {
+    HUBS.get_or_init(|| Mutex::new(Registered { hubs: Vec::new(), prune_at: MIN_PRUNE_AT }))
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Adds a hub to the snapshot (dropped hubs are pruned here).
+/// Adds a hub to the snapshot. Dropped hubs are pruned here once the list has doubled since
+/// the last pruning (a shm connection has a hub of its own: pruning at every registration
+/// made each new connection walk all the others).
 pub(super) fn register(hub: Weak<dyn Describe>) {
-    let mut hubs = hubs();
-    hubs.retain(|hub| hub.strong_count() > 0);
-    hubs.push(hub);
+    let mut registered = hubs();
+    if registered.hubs.len() >= registered.prune_at {
+        registered.hubs.retain(|hub| hub.strong_count() > 0);
+        registered.prune_at = (registered.hubs.len() * 2).max(MIN_PRUNE_AT);
+    }
+    registered.hubs.push(hub);
 }
+
+const MIN_PRUNE_AT: usize = 64;
 
 /// Whether inboxes count and connections leave notes (see [`enable`]).
 #[inline]
@@ -47,7 +62,7 @@ pub(crate) fn enable() {
 
 /// Every live hub's state and its inboxes', one line each.
 pub(crate) fn snapshot() -> String {
-    let live: Vec<_> = hubs().iter().filter_map(Weak::upgrade).collect();
+    let live: Vec<_> = hubs().hubs.iter().filter_map(Weak::upgrade).collect();
     let mut out = String::new();
     let _ = writeln!(out, "lightpath completion queues: {}", live.len());
     for hub in live {
