@@ -63,6 +63,21 @@ for dtype in [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch
     dist.reduce_scatter_tensor(out, torch.cat([val(q, shape, dtype) for q in range(p)]))
     assert torch.equal(out, (val(r, shape, dtype).to(torch.float64) * p).to(dtype))
 
+# all_gather into a list of large blocks (over the backend's per-rank broadcasts when every
+# output is contiguous, through its staging tensor when one is not) and from a transposed input
+n = 96 * 1024  # 384 KiB of float32 per rank: above LIGHTPATH_TORCH_LIST_ALLGATHER_MIN's default
+ins = [torch.arange(n, dtype=torch.float32) * (q + 1) + q for q in range(p)]
+outs = [torch.full((n,), -1.0) for _ in range(p)]
+dist.all_gather(outs, ins[r])
+assert all(torch.equal(o, i) for o, i in zip(outs, ins)), "large all_gather into contiguous outputs"
+outs = [torch.full((2 * n,), -1.0)[::2] for _ in range(p)]  # strided: not contiguous
+dist.all_gather(outs, ins[r])
+assert all(torch.equal(o, i) for o, i in zip(outs, ins)), "large all_gather into strided outputs"
+square = [torch.arange(512 * 256, dtype=torch.float32).reshape(512, 256) + q for q in range(p)]
+outs = [torch.empty(256, 512) for _ in range(p)]
+dist.all_gather(outs, square[r].t())
+assert all(torch.equal(o, sq.t()) for o, sq in zip(outs, square)), "large all_gather of a transposed input"
+
 # all_to_all_single, equal and uneven splits; all_to_all with tensor lists
 inp = torch.arange(p * 4, dtype=torch.int64) + 100 * r
 out = torch.empty(p * 4, dtype=torch.int64)
