@@ -75,14 +75,6 @@ impl Exports {
     }
 }
 
-/// What the socket thread posted and nobody applied yet.
-#[derive(Debug, Default)]
-struct Mailbox {
-    events: Vec<Event>,
-    /// Bumped by every post and by every application of posted events.
-    changes: u64,
-}
-
 /// Everything the device's objects and its helper threads share.
 #[derive(Debug)]
 pub(crate) struct DeviceShared {
@@ -96,8 +88,12 @@ pub(crate) struct DeviceShared {
     /// Peer devices' activity areas, mapped once each (the socket thread maps them).
     pub(crate) peer_areas: PeerAreas,
     /// Events the socket thread learned, applied by whoever next holds the engine lock.
-    mailbox: Mutex<Mailbox>,
-    /// Signalled whenever mail is posted or applied, for application threads that wait for
+    mailbox: Mutex<Vec<Event>>,
+    /// Bumped by every post and by every application of posted events, always with the
+    /// mailbox locked (so a waiter that checks it under that lock misses no bump), and read
+    /// without the lock by [`DeviceShared::mail_seen`] (a shm write asks on every call).
+    mail_changes: AtomicU64,
+    /// Signalled after every bump of `mail_changes`, for application threads that wait for
     /// an event to take effect (see [`DeviceShared::wait_for_mail`]).
     mail_changed: Condvar,
     mailbox_pending: AtomicBool,
@@ -139,7 +135,7 @@ impl DeviceShared {
         self.exports.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lock_mailbox(&self) -> MutexGuard<'_, Mailbox> {
+    fn lock_mailbox(&self) -> MutexGuard<'_, Vec<Event>> {
         self.mailbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -147,8 +143,8 @@ impl DeviceShared {
     /// application threads waiting for mail.
     pub(crate) fn post_event(&self, event: Event) {
         let mut mailbox = self.lock_mailbox();
-        mailbox.events.push(event);
-        mailbox.changes = mailbox.changes.wrapping_add(1);
+        mailbox.push(event);
+        self.mail_changes.fetch_add(1, Ordering::Release);
         self.mailbox_pending.store(true, Ordering::Release);
         drop(mailbox);
         self.mail_changed.notify_all();
@@ -158,7 +154,7 @@ impl DeviceShared {
     /// How often mail was posted or applied so far: read before a look that may find the
     /// result of an event missing, then handed to [`DeviceShared::wait_for_mail`].
     pub(crate) fn mail_seen(&self) -> u64 {
-        self.lock_mailbox().changes
+        self.mail_changes.load(Ordering::Acquire)
     }
 
     /// Blocks until mail is posted or applied after `seen` changes (at once if it was
@@ -169,7 +165,7 @@ impl DeviceShared {
         let mailbox = self.lock_mailbox();
         let _ = self
             .mail_changed
-            .wait_timeout_while(mailbox, timeout, |mailbox| mailbox.changes == seen)
+            .wait_timeout_while(mailbox, timeout, |_| self.mail_changes.load(Ordering::Acquire) == seen)
             .unwrap_or_else(|poisoned| poisoned.into_inner());
     }
 
@@ -185,12 +181,12 @@ impl DeviceShared {
         {
             return;
         }
-        let events = std::mem::take(&mut self.lock_mailbox().events);
+        let events = std::mem::take(&mut *self.lock_mailbox());
         for event in events {
             core.apply(event);
         }
-        let mut mailbox = self.lock_mailbox();
-        mailbox.changes = mailbox.changes.wrapping_add(1);
+        let mailbox = self.lock_mailbox();
+        self.mail_changes.fetch_add(1, Ordering::Release);
         drop(mailbox);
         self.mail_changed.notify_all();
     }
@@ -467,7 +463,8 @@ impl ShmDevice {
             tables,
             exports: Mutex::new(Exports::default()),
             peer_areas: PeerAreas::default(),
-            mailbox: Mutex::new(Mailbox::default()),
+            mailbox: Mutex::new(Vec::new()),
+            mail_changes: AtomicU64::new(0),
             mail_changed: Condvar::new(),
             mailbox_pending: AtomicBool::new(false),
             events_bell: EventFd::new(false)?,
