@@ -119,11 +119,24 @@ pub(crate) struct Handshake {
     fallback_by_peer: bool,
 }
 
-/// The span of one connection, named after its side and addresses.
+/// The span of one connection, named after its side and addresses. The addresses (two
+/// system calls) are asked for only when a subscriber takes the span.
 fn connection_span(role: &'static str, tcp: &TcpStream) -> tracing::Span {
-    let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let local = tcp.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    tracing::debug_span!("lightpath_connection", role, %peer, %local)
+    let span = tracing::debug_span!(
+        "lightpath_connection",
+        role,
+        peer = tracing::field::Empty,
+        local = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        if let Ok(peer) = tcp.peer_addr() {
+            span.record("peer", tracing::field::display(peer));
+        }
+        if let Ok(local) = tcp.local_addr() {
+            span.record("local", tracing::field::display(local));
+        }
+    }
+    span
 }
 
 impl Handshake {

@@ -57,7 +57,14 @@ impl tracing::Subscriber for Capture {
         spans.push(fields);
         tracing::span::Id::from_u64(spans.len() as u64)
     }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    /// Fields a span was given after it was made (the connection span records the addresses
+    /// only when a subscriber takes it).
+    fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        let mut spans = self.spans.lock().unwrap();
+        if let Some(fields) = spans.get_mut(id.into_u64() as usize - 1) {
+            values.record(&mut FieldText(fields));
+        }
+    }
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
         let mut fields = BTreeMap::new();
