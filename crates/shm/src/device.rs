@@ -24,7 +24,7 @@ use crate::sys::{poll_fds, EventFd, Listener, Memfd};
 use crate::wire::RegionOffer;
 
 /// Of the application's calls that find nothing to do, one in this many takes the engine lock
-/// anyway (see [`DeviceShared::drive`]).
+/// anyway (see [`DeviceShared::poll_gate`]).
 const LOCKED_DRIVE_EVERY: u64 = 256;
 
 /// A region other devices may ask about.
@@ -205,29 +205,38 @@ impl DeviceShared {
         self.drives.load(Ordering::Relaxed)
     }
 
-    /// One round of work for the application: apply events, move forward the queue pairs that
-    /// have something to do.
-    pub(crate) fn drive(&self) {
-        self.drive_waiting(true);
-    }
-
-    /// As [`DeviceShared::drive`], unless another thread holds the engine lock: that thread
-    /// is working for the device (a caller whose own queue pairs were just looked at loses
-    /// nothing by not queueing up behind it, and polls again anyway).
+    /// One round of work for the application, unless the device has nothing to do by its
+    /// hints (see [`DeviceShared::poll_gate`]) or another thread holds the engine lock: that
+    /// thread is working for the device (a caller whose own queue pairs were just looked at
+    /// loses nothing by not queueing up behind it, and polls again anyway).
     pub(crate) fn try_drive(&self) {
-        self.drive_waiting(false);
+        if self.poll_gate().is_some() {
+            self.drive_now(false);
+        }
     }
 
-    /// [`DeviceShared::drive`] (`wait`: for the engine lock) or [`DeviceShared::try_drive`].
-    fn drive_waiting(&self, wait: bool) {
-        let drives = self.touch();
-        if self.idle(drives) {
-            return;
-        }
+    /// One round of work for the application: apply events, move forward the queue pairs that
+    /// have something to do (`wait`: for the engine lock, else only if it is free). No test of
+    /// the hints: the caller made it ([`DeviceShared::poll_gate`]).
+    pub(crate) fn drive_now(&self, wait: bool) {
         let core = if wait { Some(self.lock_core()) } else { crate::engine::try_lock(&self.core) };
         let Some(mut core) = core else { return };
         self.apply_events(&mut core);
         core.progress();
+    }
+
+    /// For a poll that found no completion: `None` when
+    /// the device has nothing to do by its hints (the poll may skip the engine), else whether
+    /// this is one of the calls that look at the device whatever the hints say (one in
+    /// [`LOCKED_DRIVE_EVERY`], which finds lost marks). Counts as the application driving the
+    /// device.
+    pub(crate) fn poll_gate(&self) -> Option<bool> {
+        let drives = self.touch();
+        if self.idle(drives) {
+            None
+        } else {
+            Some(drives.is_multiple_of(LOCKED_DRIVE_EVERY))
+        }
     }
 
     /// Applies what the socket thread learned, if anything (only then taking the engine lock):
@@ -624,12 +633,22 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5), "a wait missed the post before it");
         // Mail another thread took out and applied after the look (the driver thread holding
         // the engine lock, say): that ends the wait too, though nothing is posted any more.
-        let seen = shared.mail_seen();
+        // The applying thread holds the engine lock from before the post, so the device's own
+        // driver thread (which only try-locks it) cannot apply the mail first.
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
         std::thread::scope(|scope| {
-            scope.spawn(|| {
+            scope.spawn(move || {
+                let mut core = shared.lock_core();
+                locked_tx.send(()).expect("main thread");
+                go_rx.recv().expect("main thread");
                 std::thread::sleep(Duration::from_millis(20));
-                shared.apply_events(&mut shared.lock_core());
+                shared.apply_events(&mut core);
             });
+            locked.recv().expect("applying thread");
+            shared.post_event(Event::SocketClosed(u64::MAX));
+            let seen = shared.mail_seen();
+            go.send(()).expect("applying thread");
             let started = Instant::now();
             shared.wait_for_mail(seen, Duration::from_secs(10));
             assert!(started.elapsed() < Duration::from_secs(5), "a wait missed mail applied after its look");
