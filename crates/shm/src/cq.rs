@@ -256,37 +256,24 @@ impl CompletionQueue for ShmCq {
     /// a queue with few queue pairs, those alone (their own locks, not the device's: the
     /// threads of a server with a connection each do not queue up behind one another), and if
     /// that made none, everything the device has to do (skipped while another thread holds
-    /// the device lock: it is doing that work). Neither look is taken while the device has
-    /// nothing to do by its hints (no mark, no owed look, no event; one call in
-    /// `LOCKED_DRIVE_EVERY` looks at the whole device anyway: `DeviceShared::poll_gate`): a
-    /// peer that publishes for a queue pair marks it unless its waiter is armed, and then
-    /// rings that waiter, whose arming looks at its queue pair itself; a device with at most
-    /// `LOOK_EVERYWHERE_MAX` queue pairs, whose peers do not mark, never counts as idle.
-    /// Looking anyway was a third of an event loop's read path over shm (hyper, 8 connections,
-    /// 100-byte bodies: the read after each request finds nothing and polls).
+    /// the device lock: it is doing that work).
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let count = self.shared.pop(out);
         if count > 0 || out.is_empty() {
             return Ok(count);
         }
-        let device = &self.device.shared;
-        let Some(look_at_all) = device.poll_gate() else { return Ok(0) };
         if let Some(few) = self.shared.few_attached() {
             for cell in few.iter().flatten() {
-                device.progress_alone(cell, false);
+                self.device.shared.progress_alone(cell, false);
             }
             let count = self.shared.pop(out);
             if count > 0 {
                 return Ok(count);
             }
-            if look_at_all {
-                device.drive_now(false);
-            } else {
-                device.try_drive();
-            }
+            self.device.shared.try_drive();
             return Ok(self.shared.pop(out));
         }
-        device.drive_now(true);
+        self.device.shared.drive();
         Ok(self.shared.pop(out))
     }
 

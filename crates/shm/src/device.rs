@@ -24,7 +24,7 @@ use crate::sys::{poll_fds, EventFd, Listener, Memfd};
 use crate::wire::RegionOffer;
 
 /// Of the application's calls that find nothing to do, one in this many takes the engine lock
-/// anyway (see [`DeviceShared::poll_gate`]).
+/// anyway (see [`DeviceShared::drive`]).
 const LOCKED_DRIVE_EVERY: u64 = 256;
 
 /// A region other devices may ask about.
@@ -205,38 +205,29 @@ impl DeviceShared {
         self.drives.load(Ordering::Relaxed)
     }
 
-    /// One round of work for the application, unless the device has nothing to do by its
-    /// hints (see [`DeviceShared::poll_gate`]) or another thread holds the engine lock: that
-    /// thread is working for the device (a caller whose own queue pairs were just looked at
-    /// loses nothing by not queueing up behind it, and polls again anyway).
-    pub(crate) fn try_drive(&self) {
-        if self.poll_gate().is_some() {
-            self.drive_now(false);
-        }
+    /// One round of work for the application: apply events, move forward the queue pairs that
+    /// have something to do.
+    pub(crate) fn drive(&self) {
+        self.drive_waiting(true);
     }
 
-    /// One round of work for the application: apply events, move forward the queue pairs that
-    /// have something to do (`wait`: for the engine lock, else only if it is free). No test of
-    /// the hints: the caller made it ([`DeviceShared::poll_gate`]).
-    pub(crate) fn drive_now(&self, wait: bool) {
+    /// As [`DeviceShared::drive`], unless another thread holds the engine lock: that thread
+    /// is working for the device (a caller whose own queue pairs were just looked at loses
+    /// nothing by not queueing up behind it, and polls again anyway).
+    pub(crate) fn try_drive(&self) {
+        self.drive_waiting(false);
+    }
+
+    /// [`DeviceShared::drive`] (`wait`: for the engine lock) or [`DeviceShared::try_drive`].
+    fn drive_waiting(&self, wait: bool) {
+        let drives = self.touch();
+        if self.idle(drives) {
+            return;
+        }
         let core = if wait { Some(self.lock_core()) } else { crate::engine::try_lock(&self.core) };
         let Some(mut core) = core else { return };
         self.apply_events(&mut core);
         core.progress();
-    }
-
-    /// For a poll that found no completion: `None` when
-    /// the device has nothing to do by its hints (the poll may skip the engine), else whether
-    /// this is one of the calls that look at the device whatever the hints say (one in
-    /// [`LOCKED_DRIVE_EVERY`], which finds lost marks). Counts as the application driving the
-    /// device.
-    pub(crate) fn poll_gate(&self) -> Option<bool> {
-        let drives = self.touch();
-        if self.idle(drives) {
-            None
-        } else {
-            Some(drives.is_multiple_of(LOCKED_DRIVE_EVERY))
-        }
     }
 
     /// Applies what the socket thread learned, if anything (only then taking the engine lock):
