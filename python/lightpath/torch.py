@@ -281,7 +281,7 @@ class ProcessGroupLightpath(ProcessGroup):
         tensor (rank ``q``'s own block copied in first). For large blocks this saves the
         staging tensor and the copy of every block out of it (at 4 MiB per rank on 2 ranks the
         copies were half the call). False, having done nothing, unless every output is a
-        plain contiguous CPU tensor shaped and typed as the input."""
+        plain contiguous CPU tensor with the input's element type and count."""
         if not all(
             o.dtype == inp.dtype
             and o.numel() == inp.numel()

@@ -93,9 +93,13 @@ pub(crate) struct DeviceShared {
     /// mailbox locked (so a waiter that checks it under that lock misses no bump), and read
     /// without the lock by [`DeviceShared::mail_seen`] (a shm write asks on every call).
     mail_changes: AtomicU64,
-    /// Signalled after every bump of `mail_changes`, for application threads that wait for
+    /// Signalled after a bump of `mail_changes` when `mail_waiters` says a thread waits for
     /// an event to take effect (see [`DeviceShared::wait_for_mail`]).
     mail_changed: Condvar,
+    /// Threads in [`DeviceShared::wait_for_mail`], counted with the mailbox locked: a signal
+    /// nobody waits for is still a `futex` system call, and every post and every application
+    /// of posted events would pay it.
+    mail_waiters: AtomicU32,
     mailbox_pending: AtomicBool,
     /// Rung by the socket thread after it posted an event, so the driver thread applies it
     /// even while the application is idle.
@@ -144,11 +148,20 @@ impl DeviceShared {
     pub(crate) fn post_event(&self, event: Event) {
         let mut mailbox = self.lock_mailbox();
         mailbox.push(event);
-        self.mail_changes.fetch_add(1, Ordering::Release);
         self.mailbox_pending.store(true, Ordering::Release);
-        drop(mailbox);
-        self.mail_changed.notify_all();
+        self.mail_changed_locked(mailbox);
         self.events_bell.signal(1);
+    }
+
+    /// Bumps `mail_changes` with the mailbox locked (by `mailbox`), then wakes the threads
+    /// waiting for mail, if any.
+    fn mail_changed_locked(&self, mailbox: MutexGuard<'_, Vec<Event>>) {
+        self.mail_changes.fetch_add(1, Ordering::Release);
+        let waiters = self.mail_waiters.load(Ordering::Relaxed);
+        drop(mailbox);
+        if waiters > 0 {
+            self.mail_changed.notify_all();
+        }
     }
 
     /// How often mail was posted or applied so far: read before a look that may find the
@@ -163,10 +176,13 @@ impl DeviceShared {
     /// effect once that thread says it applied it.
     pub(crate) fn wait_for_mail(&self, seen: u64, timeout: Duration) {
         let mailbox = self.lock_mailbox();
-        let _ = self
+        self.mail_waiters.fetch_add(1, Ordering::Relaxed);
+        let (mailbox, _) = self
             .mail_changed
             .wait_timeout_while(mailbox, timeout, |_| self.mail_changes.load(Ordering::Acquire) == seen)
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.mail_waiters.fetch_sub(1, Ordering::Relaxed);
+        drop(mailbox);
     }
 
     /// Whether the socket thread queued events not yet applied.
@@ -185,10 +201,7 @@ impl DeviceShared {
         for event in events {
             core.apply(event);
         }
-        let mailbox = self.lock_mailbox();
-        self.mail_changes.fetch_add(1, Ordering::Release);
-        drop(mailbox);
-        self.mail_changed.notify_all();
+        self.mail_changed_locked(self.lock_mailbox());
     }
 
     /// Notes that the application is driving the device (so the driver thread stays out);
@@ -466,6 +479,7 @@ impl ShmDevice {
             mailbox: Mutex::new(Vec::new()),
             mail_changes: AtomicU64::new(0),
             mail_changed: Condvar::new(),
+            mail_waiters: AtomicU32::new(0),
             mailbox_pending: AtomicBool::new(false),
             events_bell: EventFd::new(false)?,
             listener,
