@@ -7,6 +7,7 @@
 //! reused no longer matches (the generation byte changed), and a local key presented as a
 //! remote one (or the reverse) is refused, which catches a common application mistake.
 
+use lightpath_verbs::copy::copy_bytes;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -88,11 +89,11 @@ impl RegionMemory for VecMemory {
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) {
-        dst.copy_from_slice(&self.lock()[offset..offset + dst.len()]);
+        copy_bytes(dst, &self.lock()[offset..offset + dst.len()]);
     }
 
     fn write(&self, offset: usize, src: &[u8]) {
-        self.lock()[offset..offset + src.len()].copy_from_slice(src);
+        copy_bytes(&mut self.lock()[offset..offset + src.len()], src);
     }
 
     fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> u64 {

@@ -1,5 +1,6 @@
 //! [`SoftMr`]: a registered region over library-owned (or moved-in) memory.
 
+use lightpath_verbs::copy::copy_bytes;
 use std::sync::Arc;
 
 use lightpath_roce::MrKeys;
@@ -85,13 +86,13 @@ impl MemoryRegion for SoftMr {
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let range = self.range(offset, dst.len())?;
-        self.memory.with_bytes(|bytes| dst.copy_from_slice(&bytes[range]));
+        self.memory.with_bytes(|bytes| copy_bytes(dst, &bytes[range]));
         Ok(())
     }
 
     fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         let range = self.range(offset, src.len())?;
-        self.memory.with_bytes_mut(|bytes| bytes[range].copy_from_slice(src));
+        self.memory.with_bytes_mut(|bytes| copy_bytes(&mut bytes[range], src));
         Ok(())
     }
 }

@@ -13,6 +13,7 @@
 mod access;
 pub mod conformance;
 pub mod connect;
+pub mod copy;
 mod device;
 mod error;
 mod gid;

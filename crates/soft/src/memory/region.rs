@@ -1,6 +1,7 @@
 //! [`RegionBytes`]: the memory of one region, shared between the application and the engine,
 //! every access under the region's lock (see the module doc of `memory` for the model).
 
+use lightpath_verbs::copy::copy_bytes;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use lightpath_roce::RegionMemory;
@@ -106,11 +107,11 @@ impl RegionMemory for RegionBytes {
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) {
-        dst.copy_from_slice(&self.read_guard().bytes()[offset..offset + dst.len()]);
+        copy_bytes(dst, &self.read_guard().bytes()[offset..offset + dst.len()]);
     }
 
     fn write(&self, offset: usize, src: &[u8]) {
-        self.write_guard().bytes_mut()[offset..offset + src.len()].copy_from_slice(src);
+        copy_bytes(&mut self.write_guard().bytes_mut()[offset..offset + src.len()], src);
     }
 
     fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> u64 {
