@@ -210,7 +210,17 @@ pub struct PipeReceiver {
     /// The sender's process id (whose memory `read_sender_memory` reads).
     pid: u32,
     acks: u64,
+    /// Where the kernel copies sender memory that `dst` lies at a slow distance from (see
+    /// [`PipeReceiver::read_sender_memory`]); empty until first needed.
+    bounce: std::sync::Mutex<Vec<u8>>,
 }
+
+/// Bytes a read of sender memory at a slow distance moves through the bounce buffer at a time
+/// (it stays in the L2 cache while it is copied on).
+pub const BOUNCE: usize = 256 << 10;
+/// Reads from this size on go through the bounce buffer at a slow distance: the extra copy
+/// costs less than the kernel's slow one.
+const BOUNCE_FROM: usize = 16 << 10;
 
 impl PipeReceiver {
     /// Opens the pipe a [`PipeSender`] of another process (or this one) created, from its
@@ -238,7 +248,7 @@ impl PipeReceiver {
         if map.load_u64(NONCE_OFFSET, Ordering::Acquire) != Some(nonce) {
             return Err(bad("the file there is not that pipe"));
         }
-        Ok(PipeReceiver { map, consumer, pid, acks: 0 })
+        Ok(PipeReceiver { map, consumer, pid, acks: 0, bounce: std::sync::Mutex::new(Vec::new()) })
     }
 
     /// Whether this process may read the sender's memory: reads the word at `probe` (the
@@ -252,7 +262,36 @@ impl PipeReceiver {
     /// copy by the kernel (`process_vm_readv`). An address the sender does not have mapped, or
     /// a sender that has exited, is an error; nothing of this process other than `dst` is
     /// written.
+    ///
+    /// Where `dst` lies 1-63 bytes past `addr` modulo the page, the kernel's copy (`rep movsb`
+    /// on CPUs with fast string moves) runs at a quarter of its speed on AMD Zen 3/4 (see
+    /// `lightpath_verbs::copy`; measured here, 8 MiB: 1.9 against 7.1 GB/s). There the kernel
+    /// copies into a bounce buffer placed at the sender's page offset, [`BOUNCE`] bytes at a
+    /// time, and each piece is copied on from there.
     pub fn read_sender_memory(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+        if dst.len() < BOUNCE_FROM
+            || !lightpath_verbs::copy::slow_distance(dst.as_ptr() as usize, addr as usize)
+        {
+            return self.read_sender_memory_directly(addr, dst);
+        }
+        let mut bounce = self.bounce.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        bounce.resize(BOUNCE + 4096, 0);
+        // `at` puts the bounce buffer's piece at the sender's offset in its page.
+        let at = (addr as usize).wrapping_sub(bounce.as_ptr() as usize) % 4096;
+        let mut done = 0;
+        while done < dst.len() {
+            let n = BOUNCE.min(dst.len() - done);
+            let from =
+                addr.checked_add(done as u64).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+            self.read_sender_memory_directly(from, &mut bounce[at..at + n])?;
+            lightpath_verbs::copy::copy_bytes(&mut dst[done..done + n], &bounce[at..at + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// [`PipeReceiver::read_sender_memory`] with the kernel copying straight into `dst`.
+    fn read_sender_memory_directly(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
         let mut done = 0;
         while done < dst.len() {
             let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
@@ -349,6 +388,25 @@ mod tests {
         rx.acknowledge();
         rx.acknowledge();
         assert_eq!(tx.acknowledged(), 2);
+    }
+
+    /// A destination 16 bytes past the source, modulo the page, goes through the bounce
+    /// buffer, in several pieces, and lands exactly; a source that runs into unmapped memory
+    /// is an error there too.
+    #[test]
+    fn reads_at_a_slow_distance_go_through_the_bounce_buffer() {
+        let tx = PipeSender::create(1024).expect("pipe");
+        let rx = PipeReceiver::open(&tx.address(), tx.capacity()).expect("open");
+        let source: Vec<u8> = (0..(2 * BOUNCE + 5_000) as u32).map(|i| (i * 13 + i / 509) as u8).collect();
+        let mut dst = vec![0u8; source.len() + 4096];
+        let at = (source.as_ptr() as usize + 16).wrapping_sub(dst.as_ptr() as usize) % 4096;
+        let target = &mut dst[at..at + source.len()];
+        assert!(lightpath_verbs::copy::slow_distance(target.as_ptr() as usize, source.as_ptr() as usize));
+        rx.read_sender_memory(source.as_ptr() as u64, target).expect("read");
+        assert_eq!(target, &source[..]);
+        assert!(!rx.bounce.lock().expect("lock").is_empty(), "the bounce buffer was used");
+        let unmapped = rx.read_sender_memory(8, &mut dst[16..16 + (64 << 10)]);
+        assert!(unmapped.is_err(), "an unmapped address");
     }
 
     #[test]
