@@ -435,6 +435,28 @@ fn every_collective_on_8_ranks_with_forced_algorithms() {
     }
 }
 
+/// Messages read from the sender's memory, half of each copied by the sender into the
+/// receiver (`LIGHTPATH_COLL_CMA_HELP_MIN`): every collective gives the reference result with
+/// every descriptor message helped, on an odd and an even number of ranks; and a rank that
+/// dies mid-job still fails the others' calls, naming it.
+#[test]
+fn every_collective_with_descriptor_messages_copied_half_by_their_sender() {
+    let env = [
+        ("LIGHTPATH_COLL_CMA_MIN", "5000"),
+        ("LIGHTPATH_COLL_CMA_HELP_MIN", "5000"),
+        ("LIGHTPATH_COLL_TIMEOUT_MS", "20000"),
+    ];
+    for ranks in [2, 3, 4] {
+        let out = run(ranks, "all", &env);
+        assert_eq!(out.first_failure, None, "{ranks} ranks: {:?}", out.statuses);
+    }
+    let out = run(3, "die", &env[..2]);
+    assert!(!out.statuses[2].success());
+    for (r, s) in out.statuses[..2].iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
 /// Ranks that say they run on different hosts (`LIGHTPATH_COLL_HOST`) allreduce
 /// hierarchically: every collective, with hosts round-robin and uneven.
 #[test]

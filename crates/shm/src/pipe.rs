@@ -34,6 +34,15 @@
 //! message. The kernel allows that read only to a process that may trace the sender (same
 //! user, no stricter Yama setting, or root): [`PipeReceiver::can_read_sender_memory`] tries
 //! it on a word whose address the sender gives ([`PipeSender::probe_address`]).
+//!
+//! A sender that waits for that acknowledgement has a core with nothing to do, so a receiver
+//! may ask it to copy part of the message itself ([`PipeReceiver::ask_help`]: where the part
+//! goes in the receiver's memory), and copies the rest at the same time: the sender finds the
+//! request with [`PipeSender::help_asked`], writes the part into the receiver
+//! ([`PipeReceiver::write_sender_memory`] on the pipe coming the other way, whose sender is
+//! that receiver, checked by its nonce) and answers ([`PipeSender::answer_help`]); the
+//! receiver acknowledges once the answer came ([`PipeReceiver::help_answer`]) and copies the
+//! part itself if the sender could not.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -50,6 +59,16 @@ const ACK_OFFSET: usize = 8;
 /// A random word the sender writes and names in its address, so that a receiver that opened
 /// some other file (a pid of another PID namespace, a reused descriptor) finds out.
 const NONCE_OFFSET: usize = 16;
+/// A receiver's request that the sender copy part of a message itself (see
+/// [`PipeReceiver::ask_help`]): the message's number (written last), then where the part goes
+/// in the receiver's memory, its offset in the message and its length.
+const HELP_NUMBER_OFFSET: usize = 24;
+const HELP_DST_OFFSET: usize = 32;
+const HELP_FROM_OFFSET: usize = 40;
+const HELP_LEN_OFFSET: usize = 48;
+/// The sender's answer to a request for help: the message's number times two, plus one if it
+/// copied the part.
+const HELP_ANSWER_OFFSET: usize = 56;
 /// What [`PipeSender::probe_address`] points at.
 static PROBE: u64 = 0x4C50_434D_4150_5242; // "LPCMAPRB"
 /// The record kind of a message.
@@ -189,6 +208,27 @@ impl PipeSender {
         self.map.load_u64(ACK_OFFSET, Ordering::Acquire).unwrap_or(0)
     }
 
+    /// The receiver's latest request for help ([`PipeReceiver::ask_help`]), if it made one.
+    /// The receiver writes these words: check the number and the part against the message
+    /// before acting on them.
+    pub fn help_asked(&self) -> Option<HelpAsk> {
+        let number = self.map.load_u64(HELP_NUMBER_OFFSET, Ordering::Acquire).filter(|&n| n > 0)?;
+        let word = |offset| self.map.load_u64(offset, Ordering::Relaxed).unwrap_or(0);
+        Some(HelpAsk {
+            number,
+            dst: word(HELP_DST_OFFSET),
+            from: word(HELP_FROM_OFFSET),
+            len: word(HELP_LEN_OFFSET),
+        })
+    }
+
+    /// Answers the request for help with message `number`: `copied`, or the receiver must copy
+    /// the part itself.
+    pub fn answer_help(&self, number: u64, copied: bool) {
+        let answer = number.wrapping_mul(2) | u64::from(copied);
+        let _ = self.map.store_u64(HELP_ANSWER_OFFSET, answer, Ordering::Release);
+    }
+
     /// The address, in this process, of a word a receiver may read with
     /// [`PipeReceiver::can_read_sender_memory`] to learn whether it may read this process's
     /// memory.
@@ -200,6 +240,21 @@ impl PipeSender {
     pub fn is_drained(&self) -> bool {
         HeadWord(&self.map).load(Ordering::Acquire) == self.producer.tail()
     }
+}
+
+/// A receiver's request that the sender copy part of message `number` (counted from 1, as
+/// acknowledgements count) itself: `len` bytes from offset `from` of the message, to address
+/// `dst` of the receiver (see [`PipeReceiver::ask_help`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelpAsk {
+    /// The message's number.
+    pub number: u64,
+    /// Where the part goes, in the receiver's memory.
+    pub dst: u64,
+    /// The part's offset in the message.
+    pub from: u64,
+    /// The part's length.
+    pub len: u64,
 }
 
 /// The receiving end of a pipe (see the [module](self) docs).
@@ -321,6 +376,96 @@ impl PipeReceiver {
         Ok(())
     }
 
+    /// Copies `src` into the sender's process at address `addr` (`process_vm_writev`): how a
+    /// process helps the peer whose pipe this is with a message of its own (see
+    /// [`PipeSender::help_asked`]). An address the peer does not have mapped writable, or a
+    /// peer that has exited, is an error.
+    pub fn write_sender_memory(&self, addr: u64, src: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < src.len() {
+            let local =
+                libc::iovec { iov_base: src[done..].as_ptr().cast_mut().cast(), iov_len: src.len() - done };
+            let remote = libc::iovec {
+                iov_base: addr
+                    .checked_add(done as u64)
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
+                    as usize as *mut libc::c_void,
+                iov_len: src.len() - done,
+            };
+            // SAFETY: `local` describes `src[done..]`, which the kernel only reads (the
+            // mutable pointer is the iovec type's, nothing writes through it); `remote` is an
+            // address in the other process, which the kernel checks (and faults on) itself:
+            // it is never dereferenced here. One iovec each, as the counts say.
+            let n = unsafe { libc::process_vm_writev(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of the next message read from sender memory (acknowledgements count them
+    /// from 1, in order).
+    pub fn next_number(&self) -> u64 {
+        self.acks + 1
+    }
+
+    /// Asks the sender to copy `len` bytes from offset `from` of message `number` (see
+    /// [`PipeReceiver::next_number`]) to address `dst` of this process itself, while this
+    /// process copies the rest; then wait for [`PipeReceiver::help_answer`] before
+    /// acknowledging the message, and copy the part yourself if the sender did not.
+    pub fn ask_help(&self, number: u64, dst: u64, from: u64, len: u64) {
+        let _ = self.map.store_u64(HELP_DST_OFFSET, dst, Ordering::Relaxed);
+        let _ = self.map.store_u64(HELP_FROM_OFFSET, from, Ordering::Relaxed);
+        let _ = self.map.store_u64(HELP_LEN_OFFSET, len, Ordering::Relaxed);
+        let _ = self.map.store_u64(HELP_NUMBER_OFFSET, number, Ordering::Release);
+    }
+
+    /// The sender's answer to the request for help with message `number`: `None` while it has
+    /// not answered, `Some(true)` once it copied the part, `Some(false)` if it could not.
+    pub fn help_answer(&self, number: u64) -> Option<bool> {
+        let answer = self.map.load_u64(HELP_ANSWER_OFFSET, Ordering::Acquire)?;
+        (answer / 2 == number && number > 0).then_some(answer & 1 == 1)
+    }
+
+    /// Withdraws a request for help with message `number` that this process no longer waits
+    /// for (its call failed), and waits until the sender can no longer write into this
+    /// process for it: it answered (it copies before it answers, and a sender that gives up
+    /// on the message answers that it did not), or it exited. Gives up after `patience`
+    /// (returns `false`): a sender stopped for that long in the middle of its copy could
+    /// still write the part later.
+    pub fn withdraw_help(&self, number: u64, patience: std::time::Duration) -> bool {
+        let _ = self.map.store_u64(HELP_NUMBER_OFFSET, 0, Ordering::Release);
+        let start = std::time::Instant::now();
+        loop {
+            if self.help_answer(number).is_some() || !self.sender_alive() {
+                return true;
+            }
+            if start.elapsed() >= patience {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
+    /// Whether the sender's process still exists.
+    fn sender_alive(&self) -> bool {
+        // Any read checks the target process first: ESRCH once it is gone (the address need
+        // not be mapped there; EFAULT still means the process exists).
+        let mut word = [0u8; 1];
+        match self.read_sender_memory_directly(PipeSender::probe_address(), &mut word) {
+            Ok(()) => true,
+            Err(e) => e.raw_os_error() != Some(libc::ESRCH),
+        }
+    }
+
     /// Tells the sender that one more message read from its memory is done with.
     pub fn acknowledge(&mut self) {
         self.acks += 1;
@@ -407,6 +552,39 @@ mod tests {
         assert!(!rx.bounce.lock().expect("lock").is_empty(), "the bounce buffer was used");
         let unmapped = rx.read_sender_memory(8, &mut dst[16..16 + (64 << 10)]);
         assert!(unmapped.is_err(), "an unmapped address");
+    }
+
+    /// The help protocol between two pipes, one each way, in one process: the receiver asks,
+    /// the sender finds the request, writes the part through the pipe coming the other way
+    /// and answers; a request it cannot serve is answered as not copied.
+    #[test]
+    fn a_sender_copies_the_part_a_receiver_asked_for() {
+        let tx = PipeSender::create(1024).expect("pipe");
+        let rx = PipeReceiver::open(&tx.address(), tx.capacity()).expect("open");
+        let back = PipeSender::create(1024).expect("pipe the other way");
+        let back_rx = PipeReceiver::open(&back.address(), back.capacity()).expect("open");
+        assert_eq!(tx.help_asked(), None, "nothing asked yet");
+        assert_eq!(rx.help_answer(1), None);
+        let message: Vec<u8> = (0..100_000u32).map(|i| (i * 3 + i / 7) as u8).collect();
+        let mut dst = vec![0u8; message.len()];
+        let number = rx.next_number();
+        assert_eq!(number, 1);
+        let part = 40_000..message.len();
+        // The address is taken from a mutable borrow: the kernel writes through it.
+        let target = dst[part.start..].as_mut_ptr() as u64;
+        rx.ask_help(number, target, part.start as u64, part.len() as u64);
+        let ask = tx.help_asked().expect("asked");
+        assert_eq!(ask, HelpAsk { number, dst: target, from: 40_000, len: 60_000 });
+        let from = ask.from as usize;
+        back_rx.write_sender_memory(ask.dst, &message[from..from + ask.len as usize]).expect("write");
+        tx.answer_help(number, true);
+        assert_eq!(rx.help_answer(number), Some(true));
+        assert_eq!(rx.help_answer(number + 1), None, "an answer names its message");
+        assert_eq!(&dst[part.clone()], &message[part]);
+        assert!(dst[..40_000].iter().all(|&b| b == 0), "nothing else written");
+        assert!(back_rx.write_sender_memory(8, &message[..64]).is_err(), "an unmapped address");
+        tx.answer_help(2, false);
+        assert_eq!(rx.help_answer(2), Some(false));
     }
 
     #[test]
