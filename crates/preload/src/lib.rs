@@ -185,7 +185,7 @@ unsafe fn recv_vectored(conn: &Arc<Conn>, fd: c_int, iov: &[iovec], flags: c_int
         }
         let take = v.iov_len.min(rest.len());
         // SAFETY: the caller's contract (`take` is within the buffer, possibly 0).
-        unsafe { bytes_mut(v.iov_base, take) }.copy_from_slice(&rest[..take]);
+        lightpath_verbs::copy::copy_bytes(unsafe { bytes_mut(v.iov_base, take) }, &rest[..take]);
         rest = &rest[take..];
     }
     Ok(received)
