@@ -266,6 +266,9 @@ impl Mesh {
         timeout: Duration,
         init_timeout: Duration,
     ) -> Result<Mesh, Error> {
+        if std::env::var_os("LIGHTPATH_COLL_DIAGNOSE").is_some() {
+            lightpath::enable_diagnostics();
+        }
         let mut peers: Vec<Option<Peer>> = (0..size).map(|_| None).collect();
         let deadline = Instant::now() + init_timeout;
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
@@ -375,7 +378,14 @@ impl Mesh {
         let max = env("LIGHTPATH_COLL_PIPE_MAX", PIPE_MAX);
         let cma_min = env("LIGHTPATH_COLL_CMA_MIN", CMA_MIN);
         let fail = |j: usize, what: &str, e: io::Error| {
-            Error::bootstrap(format!("rank {rank}: setting up the pipe with rank {j}: {what}: {e}"))
+            // `LIGHTPATH_COLL_DIAGNOSE=1`: the state of every connection of this process, for
+            // a set-up that stalled (see `lightpath::diagnostics`).
+            let state = if std::env::var_os("LIGHTPATH_COLL_DIAGNOSE").is_some() {
+                format!("\n{}", lightpath::diagnostics())
+            } else {
+                String::new()
+            };
+            Error::bootstrap(format!("rank {rank}: setting up the pipe with rank {j}: {what}: {e}{state}"))
         };
         let left = || Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
         let shm =
@@ -397,6 +407,10 @@ impl Mesh {
                         offer[72..80].copy_from_slice(&PipeSender::probe_address().to_le_bytes());
                         offer[80..88].copy_from_slice(&(cma_min as u64).to_le_bytes());
                     }
+                    // Writes have the set-up's deadline too: a flush waits for the peer's
+                    // acknowledgement, and one that never comes must fail the set-up, not
+                    // hang it.
+                    p.data.set_write_timeout(left()).map_err(|e| fail(j, "timeout", e))?;
                     p.data.write_all(&offer).map_err(|e| fail(j, "offer", e))?;
                     p.data.flush().map_err(|e| fail(j, "offer", e))?;
                     sender
@@ -430,6 +444,7 @@ impl Mesh {
                         .filter(|r| cma_min > 0 && theirs > 0 && r.can_read_sender_memory(long(72)))
                         .map(|_| cma_min.max(theirs));
                     let answer = u8::from(receiver.is_some()) | u8::from(cma.is_some()) << 1;
+                    p.data.set_write_timeout(left()).map_err(|e| fail(j, "timeout", e))?;
                     p.data.write_all(&[answer]).map_err(|e| fail(j, "answer", e))?;
                     p.data.flush().map_err(|e| fail(j, "answer", e))?;
                     receiver.map(|r| (r, word(8), cma))
@@ -446,6 +461,7 @@ impl Mesh {
             let mut ack = [0u8; 1];
             p.data.read_exact(&mut ack).map_err(|e| fail(j, "reading the answer", e))?;
             p.data.set_read_timeout(None).map_err(|e| fail(j, "timeout", e))?;
+            p.data.set_write_timeout(None).map_err(|e| fail(j, "timeout", e))?;
             if let (true, Some(tx), Some((rx, theirs, cma))) =
                 (ack[0] & 1 == 1, senders[j].take(), opened[j].take())
             {
