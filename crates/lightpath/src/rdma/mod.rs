@@ -473,7 +473,10 @@ impl<D: Device> RdmaConn<D> {
         if self.peer_vanished() {
             return Err(reset("the peer vanished (its TCP connection closed without a clean close)"));
         }
-        self.wait_woken_by(deadline, self.reader_wake())?;
+        if let Err(err) = self.wait_woken_by(deadline, self.reader_wake()) {
+            self.cq.note_wait(|| format!("read's wait failed ({err}): {:?}", self.core));
+            return Err(err);
+        }
         Ok(true)
     }
 

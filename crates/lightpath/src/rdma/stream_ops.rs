@@ -325,7 +325,11 @@ impl<D: Device> RdmaConn<D> {
                     self.cq.note_wait(|| format!("flush awaiting the peer: {:?}", self.core));
                     return Err(crate::stream::AwaitingPeer::would_block());
                 }
-                other => other?,
+                Err(err) => {
+                    self.cq.note_wait(|| format!("flush's wait failed ({err}): {:?}", self.core));
+                    return Err(err);
+                }
+                Ok(()) => {}
             }
         }
     }

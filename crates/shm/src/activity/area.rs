@@ -7,7 +7,7 @@ use std::io;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{slot_position, waiting_position, AtomicWord, Wake, Word, SLOTS_PER_WORD};
-use crate::sync::{fence, Ordering};
+use crate::sync::Ordering;
 use crate::sys::{EventFd, Mapping, Memfd};
 
 const OFF_STATE: usize = 0;
@@ -242,27 +242,34 @@ impl PeerArea {
         self.mark(slot) && self.ring_needed()
     }
 
-    /// After publishing news for the queue pair in `slot`: wakes whoever the news is for,
-    /// once — the thread waiting for that queue pair alone if one waits for such news
-    /// (writing `waiter`, the queue pair's own doorbell; `arrival` as in
-    /// [`take_waiter`](super::take_waiter)), which looks at its queue pair alone and needs no
-    /// mark (the mark word is shared by 64 queue pairs: a mark moves its cache line between
-    /// the producers); else it marks the slot and rings the device if it sleeps and nobody
-    /// rang for this sleep yet. Not both: the woken waiter looks at its queue pair itself, so
-    /// ringing the device too would only wake its driver thread (asleep, armed, while the
-    /// application waits on queue pairs' doorbells) to contend for the engine. Hyper over shm
-    /// paid one eventfd write here and one driver wake-up there per message for it.
+    /// After publishing news for the queue pair in `slot`: marks the slot, then wakes whoever
+    /// the news is for, once — the thread waiting for that queue pair alone if one waits for
+    /// such news (writing `waiter`, the queue pair's own doorbell; `arrival` as in
+    /// [`take_waiter`](super::take_waiter)), else the device if it sleeps and nobody rang for
+    /// this sleep yet. Not both: the woken waiter looks at its queue pair itself (taking the
+    /// mark), so ringing the device too would only wake its driver thread (asleep, armed,
+    /// while the application waits on queue pairs' doorbells) to contend for the engine; hyper
+    /// over shm paid one eventfd write here and one driver wake-up there per message for it.
+    ///
+    /// The mark is made even when a waiter is woken: a waiting bit stays set after its thread
+    /// stopped waiting (only a producer clears it), so the thread rung may be gone, on to wait
+    /// for another connection. Without the mark, news rung to such a stale bit stayed
+    /// invisible to the owner's device until one of its drives looked at every queue pair
+    /// (every 256th): a peer waiting for that queue pair's acknowledgement stalled. Seen with
+    /// 8 collective ranks setting up at once under load (1 run in 12 to 30): each rank blocked
+    /// in a flush waiting for the acknowledgement of a peer blocked in a flush of its own,
+    /// for the whole set-up deadline.
     pub(crate) fn notify(&self, slot: u32, waiter: Option<&EventFd>, arrival: bool) {
+        // `mark` fences after marking: what was published before is seen by a waiter that
+        // armed before the load in `take_waiter` (it fences between arming and its last look).
+        let marked = self.mark(slot);
         if let Some(waiter) = waiter {
-            // What was published before this fence is seen by a waiter that armed before the
-            // load below (it fences between arming and its last look).
-            fence(Ordering::SeqCst);
             if self.take_waiter(slot, arrival) {
                 waiter.signal(1);
                 return;
             }
         }
-        if self.mark(slot) && self.ring_needed() {
+        if marked && self.ring_needed() {
             self.ring();
         }
     }
@@ -391,7 +398,9 @@ mod tests {
         // An arrival for the waiting reader: its doorbell only.
         peer.notify(5, Some(&waiter), true);
         assert_eq!((waiter.take(), device_bell.take()), (1, 0), "the reader's arrival");
-        assert_eq!(own.take(0), 0, "news its waiter was woken for was marked too");
+        // Marked too: the waiting bit outlives the wait (only a producer clears it), so the
+        // thread rung may have stopped waiting; the mark makes the device's next drive look.
+        assert_eq!(own.take(0), 1 << 5, "news a waiter was rung for is marked as well");
         // An acknowledgement the reader does not wait for: the sleeping device, once per sleep.
         own.arm_waiter(5, Wake::Arrivals);
         peer.notify(5, Some(&waiter), false);
