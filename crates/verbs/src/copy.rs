@@ -10,8 +10,8 @@
 //! glibc 2.39 by not using `rep movsb` on those CPUs; Debian 12's 2.36 and Ubuntu 22.04's 2.35
 //! still do). Measured with `scripts/copy_distance.c` here (glibc 2.36, EPYC family 25): a
 //! 32 KiB copy at distance 16 moves 2-3 GB/s against 40-50 GB/s at any distance from 32 on
-//! (20-50 there on a busy run); every size from
-//! 4 KiB to 256 KiB is hit, 512 KiB and more are not (glibc's non-temporal path). Where a copy
+//! (20-50 there on a busy run); every size from 4 KiB to 256 KiB is hit, 512 KiB and more
+//! are not (glibc's non-temporal path). Where a copy
 //! lands is up to the application's buffers and the rings' positions, so one copy in a hundred
 //! or so is hit at random, and some layouts hit every time: a 2-rank `allgather` of 64 KiB,
 //! whose own block is copied from the input to the output, took 25 µs instead of 3.
