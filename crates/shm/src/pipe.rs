@@ -347,33 +347,15 @@ impl PipeReceiver {
 
     /// [`PipeReceiver::read_sender_memory`] with the kernel copying straight into `dst`.
     fn read_sender_memory_directly(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
-        let mut done = 0;
-        while done < dst.len() {
-            let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
-            let remote = libc::iovec {
-                iov_base: addr
-                    .checked_add(done as u64)
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
-                    as usize as *mut libc::c_void,
-                iov_len: dst.len() - done,
-            };
+        let len = dst.len();
+        copy_across(addr, len, io::ErrorKind::UnexpectedEof, |done, remote| {
+            let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: len - done };
             // SAFETY: `local` describes `dst[done..]`, memory this call borrows mutably, so the
             // kernel writes only there; `remote` is an address in the other process, which the
             // kernel checks (and faults on) itself: it is never dereferenced here. One iovec
             // each, as the counts say.
-            let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-            match n {
-                n if n > 0 => done += n as usize,
-                0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(())
+            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) }
+        })
     }
 
     /// Copies `src` into the sender's process at address `addr` (`process_vm_writev`): how a
@@ -381,34 +363,15 @@ impl PipeReceiver {
     /// [`PipeSender::help_asked`]). An address the peer does not have mapped writable, or a
     /// peer that has exited, is an error.
     pub fn write_sender_memory(&self, addr: u64, src: &[u8]) -> io::Result<()> {
-        let mut done = 0;
-        while done < src.len() {
+        copy_across(addr, src.len(), io::ErrorKind::WriteZero, |done, remote| {
             let local =
                 libc::iovec { iov_base: src[done..].as_ptr().cast_mut().cast(), iov_len: src.len() - done };
-            let remote = libc::iovec {
-                iov_base: addr
-                    .checked_add(done as u64)
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
-                    as usize as *mut libc::c_void,
-                iov_len: src.len() - done,
-            };
             // SAFETY: `local` describes `src[done..]`, which the kernel only reads (the
             // mutable pointer is the iovec type's, nothing writes through it); `remote` is an
             // address in the other process, which the kernel checks (and faults on) itself:
             // it is never dereferenced here. One iovec each, as the counts say.
-            let n = unsafe { libc::process_vm_writev(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-            match n {
-                n if n > 0 => done += n as usize,
-                0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(())
+            unsafe { libc::process_vm_writev(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) }
+        })
     }
 
     /// The number of the next message read from sender memory (acknowledgements count them
@@ -487,6 +450,39 @@ impl PipeReceiver {
         self.consumer.release(&record, &HeadWord(map));
         Ok(Some(len))
     }
+}
+
+/// A copy of `len` bytes between this process and another at `addr` there, in as many system
+/// calls as the kernel needs: `call(done, remote)` makes one (`process_vm_readv` or
+/// `process_vm_writev`) for the bytes from `done` on, `remote` describing them in the other
+/// process; `nothing` is the error when a call moves no byte. Interrupted calls are retried.
+fn copy_across(
+    addr: u64,
+    len: usize,
+    nothing: io::ErrorKind,
+    mut call: impl FnMut(usize, libc::iovec) -> isize,
+) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let remote = libc::iovec {
+            iov_base: addr
+                .checked_add(done as u64)
+                .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))? as usize
+                as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        match call(done, remote) {
+            n if n > 0 => done += n as usize,
+            0 => return Err(io::Error::from(nothing)),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
