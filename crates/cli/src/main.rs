@@ -31,6 +31,7 @@ mod pingpong;
 mod plot;
 mod run;
 mod sim;
+mod size;
 
 /// Lightpath: RDMA (RoCE v2) for everyone — tools and diagnostics.
 #[derive(Debug, Parser)]

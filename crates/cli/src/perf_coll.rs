@@ -37,14 +37,14 @@ const TESTS: [&str; 7] =
 struct CollArgs {
     /// allreduce, reduce, bcast, allgather, reduce_scatter, alltoall or barrier.
     test: String,
-    /// One size in bytes (suffixes K, M: 64K, 1M). Default: -a.
-    #[arg(short = 's', long, value_parser = parse_size)]
+    /// One size in bytes, suffixes allowed (64K, 1M). Default: -a.
+    #[arg(short = 's', long, value_parser = crate::size::parse_usize)]
     size: Option<usize>,
     /// Every power of two from 8 B to --max-size.
     #[arg(short = 'a', long)]
     all: bool,
     /// Largest size for -a.
-    #[arg(long, value_parser = parse_size, default_value = "64M")]
+    #[arg(long, value_parser = crate::size::parse_usize, default_value = "64M")]
     max_size: usize,
     /// Timed calls per size (default: 1000 up to 64 KiB, fewer above, at least 20).
     #[arg(short = 'n', long)]
@@ -55,17 +55,6 @@ struct CollArgs {
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_size(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<usize>().map(|n| n * mult).map_err(|_| format!("{text:?} is not a size (e.g. 8, 64K, 1M)"))
 }
 
 /// Parses and runs from the full argument list.

@@ -112,8 +112,9 @@ pub struct Args {
     /// GID index of the device to use.
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<u8>,
-    /// Message size in bytes (default 2 for latency tests, 65536 for bandwidth tests).
-    #[arg(short = 's', long)]
+    /// Message size in bytes, suffixes allowed (64K, 1M; default 2 for latency tests, 65536
+    /// for bandwidth tests).
+    #[arg(short = 's', long, value_parser = crate::size::parse_usize)]
     pub size: Option<usize>,
     /// Iterations per size (default 1000 for latency tests, 5000 for bandwidth tests).
     #[arg(short = 'n', long = "iters")]

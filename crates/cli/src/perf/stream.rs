@@ -108,8 +108,9 @@ pub struct StreamArgs {
     /// their TCP fallback). Server and client must name the same.
     #[arg(long, default_value = "soft")]
     pub provider: String,
-    /// Message size in bytes (default 8 for latency and rr, 65536 for bandwidth).
-    #[arg(short = 's', long)]
+    /// Message size in bytes, suffixes allowed (64K, 1M; default 8 for latency and rr, 65536
+    /// for bandwidth).
+    #[arg(short = 's', long, value_parser = crate::size::parse_usize)]
     pub size: Option<usize>,
     /// Iterations per size (default 1000 for latency and rr, 5000 for bandwidth).
     #[arg(short = 'n', long = "iters")]
@@ -138,8 +139,9 @@ pub struct StreamArgs {
     #[arg(long)]
     pub spin_us: Option<u64>,
     /// Bytes of each connection's receive ring, over every provider (default: the library's,
-    /// `Options::ring_size` and `Options::soft_ring_size`). Each side uses its own.
-    #[arg(long)]
+    /// `Options::ring_size` and `Options::soft_ring_size`). Each side uses its own. Suffixes
+    /// allowed (256K, 4M).
+    #[arg(long, value_parser = crate::size::parse_u32)]
     pub ring_size: Option<u32>,
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
@@ -149,7 +151,8 @@ pub struct StreamArgs {
     #[arg(long)]
     pub zero_copy: bool,
     /// Rendezvous threshold in bytes for this side's zero-copy writes (default: the library's).
-    #[arg(long)]
+    /// Suffixes allowed (64K).
+    #[arg(long, value_parser = crate::size::parse_usize)]
     pub rendezvous_min: Option<usize>,
 }
 
