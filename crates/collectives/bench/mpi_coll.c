@@ -1,6 +1,6 @@
 /* The Open MPI side of scripts/coll_compare.sh: the same loop as `lightpath perf <collective>`
- * (warm-up, then N calls each timed alone; avg = mean over ranks of each rank's mean, p50 = mean
- * over ranks of each rank's median, min and max over all calls and ranks; f32 sums, out of place
+ * (warm-up, then N calls each timed alone; avg = mean over ranks of each rank's mean, p50, p90
+ * and p99 = mean over ranks of each rank's percentile, min and max over all calls and ranks; f32 sums, out of place
  * where the call has both buffers), printing the same JSON lines with "impl": "openmpi".
  *
  * Build: mpicc -O2 -o mpi_coll mpi_coll.c
@@ -65,23 +65,29 @@ int main(int argc, char **argv) {
             }
         }
         qsort(times, iters, sizeof(double), cmp_double);
+        size_t i90 = iters * 90 / 100, i99 = iters * 99 / 100;
         double median = times[iters / 2], gmedian;
+        double tail[2] = {times[i90 < iters ? i90 : iters - 1], times[i99 < iters ? i99 : iters - 1]}, gtail[2];
         free(times);
         double avg = sum / iters, gavg, glo, ghi;
         MPI_Reduce(&median, &gmedian, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+        MPI_Reduce(tail, gtail, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(&avg, &gavg, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(&lo, &glo, 1, MPI_DOUBLE, MPI_MIN, 0, MPI_COMM_WORLD);
         MPI_Reduce(&hi, &ghi, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         if (rank == 0) {
             gavg /= p;
             gmedian /= p;
+            gtail[0] /= p;
+            gtail[1] /= p;
             size_t total = (size_t)count * 4;
             double algbw = gavg > 0 ? total / (gavg * 1e-6) / 1e9 : 0;
             double factor = !strcmp(test, "allreduce") ? 2.0 * (p - 1) / p
                           : (!strcmp(test, "allgather") || !strcmp(test, "reduce_scatter") || !strcmp(test, "alltoall")) ? (double)(p - 1) / p : 1.0;
             printf("{\"test\":\"%s\",\"impl\":\"openmpi\",\"ranks\":%d,\"dtype\":\"f32\",\"size\":%zu,\"iters\":%zu,"
-                   "\"avg_us\":%.3f,\"p50_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-                   test, p, total, iters, gavg, gmedian, glo, ghi, algbw, algbw * factor);
+                   "\"avg_us\":%.3f,\"p50_us\":%.3f,\"p90_us\":%.3f,\"p99_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,"
+                   "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
+                   test, p, total, iters, gavg, gmedian, gtail[0], gtail[1], glo, ghi, algbw, algbw * factor);
             fflush(stdout);
         }
         if (bytes == 0) break;
