@@ -36,7 +36,10 @@ sizes = sorted(set(sizes))
 
 
 def calls(op, n, group):
-    x = torch.zeros(n // 4)
+    # Data, not zeros: a zeroed allocation is untouched memory whose reads all hit one shared
+    # zero page, and on this kind of VM even written zeros copy ~1.5x faster than data
+    # (scripts/coll_compare.sh). Repeated sums overflow to inf, which costs nothing extra.
+    x = torch.ones(n // 4)
     if op == "all_reduce":
         return lambda: dist.all_reduce(x, group=group)
     if op == "broadcast":
