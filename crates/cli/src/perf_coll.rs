@@ -125,7 +125,8 @@ fn run(args: &CollArgs) -> Result<ExitCode> {
         }
         times.sort_by(f64::total_cmp);
         // Median and tail (90th, 99th percentile) of each rank's calls, averaged over ranks.
-        let percentile = |q: usize| times.get((times.len() * q / 100).min(times.len().saturating_sub(1))).copied();
+        let percentile =
+            |q: usize| times.get((times.len() * q / 100).min(times.len().saturating_sub(1))).copied();
         let mut median = [percentile(50).unwrap_or(0.0)];
         comm.allreduce_in_place(&mut median, ReduceOp::Avg)?;
         let mut tail = [percentile(90).unwrap_or(0.0), percentile(99).unwrap_or(0.0)];
