@@ -2,9 +2,10 @@
 # Lightpath collectives against Open MPI's, side by side: for every size, `lightpath perf TEST`
 # under `lightpath launch` and the same loop with MPI (crates/collectives/bench/mpi_coll.c,
 # built with Debian's mpicc) under mpirun, one right after the other, then a table with the
-# ratios lightpath / Open MPI of the average, median (p50) and minimum call times (< 1:
-# Lightpath is faster). On a shared machine the median is the steadiest of the three: a few
-# calls that lose the CPU for milliseconds move the average.
+# ratios lightpath / Open MPI of the average, median (p50), 90th percentile (p90) and minimum
+# call times (< 1: Lightpath is faster). On a shared machine the median is the steadiest: a few
+# calls that lose the CPU for milliseconds move the average; p90 shows whether such calls are
+# rare. Both loops fill their buffers with the same bytes (ones: see mpi_coll.c).
 #
 #   scripts/coll_compare.sh [TEST...]        default: allreduce bcast
 #   RANKS=2 MIN=8 MAX=64M MPI_ARGS="" ROUNDS=1 scripts/coll_compare.sh allreduce
@@ -63,14 +64,20 @@ for line in open(sys.argv[1]):
         continue
     r = json.loads(line)
     rows[(r["test"], r["size"])][r["impl"]].append(r)
-print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'p50':>9}{'min':>9}{'openmpi avg':>13}{'p50':>9}{'min':>9}{'ratio avg':>11}{'ratio p50':>10}{'ratio min':>10}")
+print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'p50':>9}{'p90':>9}{'min':>9}{'openmpi avg':>13}{'p50':>9}{'p90':>9}{'min':>9}"
+      f"{'ratio avg':>11}{'ratio p50':>10}{'ratio p90':>10}{'ratio min':>10}")
 for (test, size), impls in sorted(rows.items()):
     lp, mp = impls.get("lightpath"), impls.get("openmpi")
     if not lp or not mp:
         continue
-    med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]
-    la, lm, oa, om = med(lp, "avg_us"), med(lp, "min_us"), med(mp, "avg_us"), med(mp, "min_us")
-    lp50, op50 = med(lp, "p50_us"), med(mp, "p50_us")
-    print(f"{test:<15}{size:>10}{la:>15.2f}{lp50:>9.2f}{lm:>9.2f}{oa:>13.2f}{op50:>9.2f}{om:>9.2f}"
-          f"{la / oa:>11.2f}{lp50 / op50:>10.2f}{lm / om:>10.2f}")
+    # Median over rounds; None where a run did not report the figure (an older binary: no p90).
+    def med(xs, k):
+        vals = sorted(x[k] for x in xs if k in x)
+        return vals[len(vals) // 2] if vals else None
+    num = lambda v, w: f"{v:>{w}.2f}" if v is not None else f"{'-':>{w}}"
+    ratio = lambda a, b, w: num(a / b if a is not None and b else None, w)
+    la, lp50, lp90, lm = (med(lp, k) for k in ("avg_us", "p50_us", "p90_us", "min_us"))
+    oa, op50, op90, om = (med(mp, k) for k in ("avg_us", "p50_us", "p90_us", "min_us"))
+    print(f"{test:<15}{size:>10}{num(la, 15)}{num(lp50, 9)}{num(lp90, 9)}{num(lm, 9)}{num(oa, 13)}{num(op50, 9)}{num(op90, 9)}{num(om, 9)}"
+          f"{ratio(la, oa, 11)}{ratio(lp50, op50, 10)}{ratio(lp90, op90, 10)}{ratio(lm, om, 10)}")
 PY
