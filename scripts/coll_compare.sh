@@ -66,16 +66,16 @@ for line in open(sys.argv[1]):
     rows[(r["test"], r["size"])][r["impl"]].append(r)
 print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'p50':>9}{'p90':>9}{'min':>9}{'openmpi avg':>13}{'p50':>9}{'p90':>9}{'min':>9}"
       f"{'ratio avg':>11}{'ratio p50':>10}{'ratio p90':>10}{'ratio min':>10}")
+# Median over rounds; None where a run did not report the figure (an older binary: no p90).
+def med(xs, k):
+    vals = sorted(x[k] for x in xs if k in x)
+    return vals[len(vals) // 2] if vals else None
+num = lambda v, w: f"{v:>{w}.2f}" if v is not None else f"{'-':>{w}}"
+ratio = lambda a, b, w: num(a / b if a is not None and b else None, w)
 for (test, size), impls in sorted(rows.items()):
     lp, mp = impls.get("lightpath"), impls.get("openmpi")
     if not lp or not mp:
         continue
-    # Median over rounds; None where a run did not report the figure (an older binary: no p90).
-    def med(xs, k):
-        vals = sorted(x[k] for x in xs if k in x)
-        return vals[len(vals) // 2] if vals else None
-    num = lambda v, w: f"{v:>{w}.2f}" if v is not None else f"{'-':>{w}}"
-    ratio = lambda a, b, w: num(a / b if a is not None and b else None, w)
     la, lp50, lp90, lm = (med(lp, k) for k in ("avg_us", "p50_us", "p90_us", "min_us"))
     oa, op50, op90, om = (med(mp, k) for k in ("avg_us", "p50_us", "p90_us", "min_us"))
     print(f"{test:<15}{size:>10}{num(la, 15)}{num(lp50, 9)}{num(lp90, 9)}{num(lm, 9)}{num(oa, 13)}{num(op50, 9)}{num(op90, 9)}{num(om, 9)}"
