@@ -26,8 +26,8 @@ use crate::options::Options;
 use crate::rdma::{PendingSetup, RdmaStream};
 use crate::Transport;
 use lightpath_stream::negotiate::{
-    match_magic, pick_version, Choice, FallbackReason, MagicMatch, Message, ProviderId, CLIENT_MAGIC,
-    SERVER_MAGIC, VERSION,
+    match_magic, pick_version, Choice, FallbackReason, MagicMatch, Message, ProviderId, BUNDLES_VERSION,
+    CLIENT_MAGIC, MIN_VERSION, SERVER_MAGIC, VERSION,
 };
 
 /// How a negotiation ended.
@@ -71,8 +71,9 @@ enum State {
     ServerMagic,
     /// Server: waiting for the client's hello.
     ServerHello,
-    /// Server: hello answered with an endpoint, waiting for the client's Connect.
-    ServerConnect { provider: ProviderId, setup: Box<dyn PendingSetup> },
+    /// Server: hello answered with an endpoint (in protocol `version`), waiting for the
+    /// client's Connect.
+    ServerConnect { provider: ProviderId, setup: Box<dyn PendingSetup>, version: u8 },
     /// Server: Ready sent, waiting for the client's confirmation that its probe passed.
     ServerConfirm { conn: Box<dyn RdmaStream>, provider: ProviderId },
     /// Over, once `out` has gone.
@@ -117,6 +118,8 @@ pub(crate) struct Handshake {
     /// code (an error text, or the peer's detail); and whether the peer decided it.
     fallback_detail: String,
     fallback_by_peer: bool,
+    /// The newest protocol version this side offers (a client) or speaks (a server).
+    max_version: u8,
 }
 
 /// The span of one connection, named after its side and addresses. The addresses (two
@@ -143,7 +146,7 @@ impl Handshake {
     /// The client side on a connected TCP stream: the hello is ready to be written.
     pub(crate) fn client(tcp: &TcpStream, options: &Options) -> io::Result<Handshake> {
         tcp.set_nodelay(true)?;
-        let (min_version, max_version) = options.fault_versions.unwrap_or((VERSION, VERSION));
+        let (min_version, max_version) = options.fault_versions.unwrap_or((MIN_VERSION, VERSION));
         let providers: Vec<ProviderId> =
             options.providers.iter().copied().filter(|p| devices::usable(*p, tcp)).collect();
         let mut host_id = devices::shm::host_id();
@@ -167,6 +170,7 @@ impl Handshake {
             span,
             fallback_detail: String::new(),
             fallback_by_peer: false,
+            max_version,
         })
     }
 
@@ -185,6 +189,7 @@ impl Handshake {
             span: connection_span("server", tcp),
             fallback_detail: String::new(),
             fallback_by_peer: false,
+            max_version: VERSION,
         })
     }
 
@@ -418,10 +423,11 @@ impl Handshake {
                     return Err(invalid(format!("expected a client hello, got {:?}", other.message_type())))
                 }
             },
-            State::ServerConnect { provider, setup } => match self.take_message()? {
-                None => State::ServerConnect { provider, setup },
+            State::ServerConnect { provider, setup, version } => match self.take_message()? {
+                None => State::ServerConnect { provider, setup, version },
                 Some(Message::Connect(endpoint)) => {
-                    match tcp.try_clone().and_then(|clone| setup.connect(&endpoint, clone)) {
+                    let bundles = version >= BUNDLES_VERSION;
+                    match tcp.try_clone().and_then(|clone| setup.connect(&endpoint, clone, bundles)) {
                         Ok(conn) => {
                             self.send(&Message::Ready);
                             // The client's probe may take up to its probe timeout.
@@ -469,11 +475,13 @@ impl Handshake {
         providers: Vec<ProviderId>,
         tcp: &TcpStream,
     ) -> io::Result<State> {
-        let (provider, server_endpoint) = match message {
+        let (provider, server_endpoint, version) = match message {
             Message::ServerHello { choice: Choice::Tcp(reason), .. } => {
                 return Ok(self.peer_fell_back(reason, String::new()))
             }
-            Message::ServerHello { choice: Choice::Rdma(provider, endpoint), .. } => (provider, endpoint),
+            Message::ServerHello { choice: Choice::Rdma(provider, endpoint), version } => {
+                (provider, endpoint, version)
+            }
             Message::Error(text) => return Err(invalid(format!("the server refused: {text}"))),
             other => {
                 return Err(invalid(format!("expected the server's hello, got {:?}", other.message_type())))
@@ -506,7 +514,9 @@ impl Handshake {
             Err(err) => return Ok(fallback(self, FallbackReason::NoDevice, err.to_string())),
         };
         let endpoint = setup.endpoint();
-        match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone)) {
+        // The server picked the version; this side speaks it only up to its own newest.
+        let bundles = (BUNDLES_VERSION..=self.max_version).contains(&version);
+        match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone, bundles)) {
             Ok(conn) => {
                 self.send(&Message::Connect(endpoint));
                 self.deadline = Instant::now() + self.options.handshake_timeout;
@@ -546,7 +556,7 @@ impl Handshake {
                     choice: Choice::Rdma(announced, setup.endpoint()),
                 });
                 self.deadline = Instant::now() + self.options.handshake_timeout;
-                State::ServerConnect { provider, setup }
+                State::ServerConnect { provider, setup, version }
             }
             Err(reason) => {
                 self.send(&Message::ServerHello { version, choice: Choice::Tcp(reason) });

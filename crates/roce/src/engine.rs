@@ -11,7 +11,8 @@ use lightpath_verbs::{
     AccessFlags, Error, Gid, QpAttr, QpCaps, QpState, RecvWr, Result, SendWr, WorkCompletion,
 };
 use lightpath_wire::icrc::{self, Endpoints, Ipv4IdFlags};
-use lightpath_wire::{Error as WireError, Transport, TransportRepr};
+use lightpath_wire::transport::ICRC_LEN;
+use lightpath_wire::{BthPacket, BthRepr, Error as WireError, Opcode, Transport, TransportRepr};
 
 use crate::config::EngineConfig;
 use crate::cq::{CqHandle, CqTable};
@@ -25,6 +26,10 @@ use crate::time::Time;
 /// payload ([`MAX_LIGHTPATH_PMTU`](lightpath_verbs::MAX_LIGHTPATH_PMTU) between Lightpath soft
 /// devices; 4096 towards anybody else) + 4 ICRC, and 4 spare.
 pub const MAX_DATAGRAM: usize = lightpath_verbs::MAX_LIGHTPATH_PMTU as usize + 12 + 28 + 4 + 4;
+
+/// Bytes of an RC Acknowledge datagram (BTH, AETH, ICRC): the head of an acknowledgement
+/// bundle (see [`Engine::handle_datagram`]).
+pub const ACK_DATAGRAM_LEN: usize = BthRepr::LEN + 4 + ICRC_LEN;
 
 /// A sans-I/O RoCE v2 RC transport engine. See the crate documentation for the contract.
 pub struct Engine {
@@ -230,7 +235,37 @@ impl Engine {
 
     /// A UDP payload (BTH … ICRC) arrived from IP `from` (UDP source port `src_port`) to the
     /// local IP `to`. Every datagram is either processed or counted as one kind of drop.
+    ///
+    /// An *acknowledgement bundle* is a datagram that starts with an RC Acknowledge of
+    /// [`ACK_DATAGRAM_LEN`] bytes and goes on with a second packet (a request, or another
+    /// response): a Lightpath soft peer sends the acknowledgement of this side's last message
+    /// with its own next one (address vector `lightpath_bundles`). It is taken apart here and
+    /// each packet handled as if it had come alone (both are counted in `rx_datagrams`, the
+    /// bundle in `rx_bundles`), but only when the acknowledgement names a queue pair whose
+    /// peer is a Lightpath soft device (`lightpath_peer`); towards anybody else such a
+    /// datagram is a malformed acknowledgement, as before.
     pub fn handle_datagram(&mut self, now: Time, from: IpAddr, to: IpAddr, src_port: u16, datagram: &[u8]) {
+        if let Some((ack, rest)) = self.split_bundle(datagram) {
+            self.stats.rx_bundles += 1;
+            self.handle_packet(now, from, to, src_port, ack);
+            self.handle_packet(now, from, to, src_port, rest);
+        } else {
+            self.handle_packet(now, from, to, src_port, datagram);
+        }
+    }
+
+    /// The acknowledgement and the rest, if `datagram` is a bundle from a Lightpath peer.
+    fn split_bundle<'a>(&self, datagram: &'a [u8]) -> Option<(&'a [u8], &'a [u8])> {
+        if datagram.len() <= ACK_DATAGRAM_LEN || datagram[0] != Opcode::RC_ACKNOWLEDGE.0 {
+            return None;
+        }
+        let qpn = BthPacket::new_checked(datagram).ok()?.dest_qpn();
+        self.qps.get(qpn).filter(|qp| qp.params.lightpath_peer)?;
+        Some(datagram.split_at(ACK_DATAGRAM_LEN))
+    }
+
+    /// One packet: a datagram, or one of a bundle's two.
+    fn handle_packet(&mut self, now: Time, from: IpAddr, to: IpAddr, src_port: u16, datagram: &[u8]) {
         self.stats.rx_datagrams += 1;
         self.stats.rx_bytes += datagram.len() as u64;
         let repr = match TransportRepr::parse(datagram) {
@@ -333,8 +368,13 @@ impl Engine {
                 0 => default_dst_port,
                 port => port,
             };
-            let (dst, local_ip, segmentable) =
-                (qp.params.peer_ip, qp.params.local_ip, qp.params.lightpath_peer);
+            let (dst, local_ip, segmentable, bundles, pmtu) = (
+                qp.params.peer_ip,
+                qp.params.local_ip,
+                qp.params.lightpath_peer,
+                qp.params.lightpath_bundles,
+                qp.params.pmtu,
+            );
             // The datagram's bytes on the wire: a gathered payload (and its trailer) is not in
             // `buf`, only the headers are.
             let wire_len = produced.map_or(0, |len| len + gathered.map_or(0, |g| g.len + g.trailer));
@@ -359,7 +399,11 @@ impl Engine {
             }
             self.stats.tx_datagrams += 1;
             self.stats.tx_bytes += wire_len as u64;
-            return Some(Transmit { dst, dst_port, src_port, len, segmentable, gathered });
+            // A bundle (an acknowledgement in front of this datagram) must fit wherever a full
+            // datagram of this queue pair does: a middle packet (BTH, a path MTU of payload,
+            // ICRC) is the smallest full one.
+            let bundles = bundles && wire_len + ACK_DATAGRAM_LEN <= pmtu as usize + BthRepr::LEN + ICRC_LEN;
+            return Some(Transmit { dst, dst_port, src_port, len, segmentable, bundles, gathered });
         }
         None
     }

@@ -30,6 +30,11 @@ pub struct Transmit {
     /// address vector says so: `lightpath_peer`), so the driver may let the kernel segment
     /// this datagram out of a larger send.
     pub segmentable: bool,
+    /// The peer takes an acknowledgement and a request in one datagram (address vector
+    /// `lightpath_bundles`): the driver may put an RC Acknowledge of
+    /// [`ACK_DATAGRAM_LEN`](crate::ACK_DATAGRAM_LEN) bytes in front of a request to the same
+    /// destination and send the two as one UDP datagram (see [`Engine::handle_datagram`](crate::Engine::handle_datagram)).
+    pub bundles: bool,
     /// The payload is not in the buffer: it is `gathered.len` bytes of registered memory at
     /// `gathered.addr`, followed by `gathered.trailer` zero bytes (pad and ICRC, which a
     /// Lightpath peer does not check). Only with

@@ -112,7 +112,7 @@ mod time;
 
 pub use config::EngineConfig;
 pub use cq::CqHandle;
-pub use engine::{Engine, MAX_DATAGRAM};
+pub use engine::{Engine, ACK_DATAGRAM_LEN, MAX_DATAGRAM};
 pub use event::{EngineEvent, Gathered, Transmit};
 pub use memory::{MrKeys, RegionMemory, VecMemory};
 pub use stats::{EngineStats, QpStats};

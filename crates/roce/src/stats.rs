@@ -8,6 +8,9 @@ pub struct EngineStats {
     pub rx_datagrams: u64,
     /// Bytes (UDP payload: BTH to ICRC) of the datagrams handed to `handle_datagram`.
     pub rx_bytes: u64,
+    /// Acknowledgement bundles among the datagrams handed in: each held two packets, and
+    /// both are counted in `rx_datagrams` (see `Engine::handle_datagram`).
+    pub rx_bundles: u64,
     /// Datagrams returned by `poll_transmit`.
     pub tx_datagrams: u64,
     /// Bytes (UDP payload: BTH to ICRC) of the datagrams returned by `poll_transmit`.

@@ -105,6 +105,14 @@ pub struct AddressVector {
     /// check the ICRC and would drop every datagram. False by default; IPv6 (no ID) and
     /// loopback peers are segmented regardless; other providers ignore it.
     pub lightpath_peer: bool,
+    /// The peer (a Lightpath soft device, `lightpath_peer`) takes an acknowledgement and a
+    /// request in one datagram: the 20-byte RC Acknowledge first, the request right behind it.
+    /// Request/response traffic then sends one datagram per message instead of two (the
+    /// acknowledgement of the peer's last message rides with this side's next one), which
+    /// halves the kernel's per-datagram work. The stream negotiation sets it when both sides
+    /// speak stream protocol version 3. Only with `lightpath_peer`; false by default; other
+    /// providers ignore it.
+    pub lightpath_bundles: bool,
 }
 
 impl AddressVector {
@@ -122,6 +130,7 @@ impl AddressVector {
             port_num: 1,
             udp_dport: 0,
             lightpath_peer: false,
+            lightpath_bundles: false,
         }
     }
 }

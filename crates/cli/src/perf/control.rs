@@ -16,7 +16,7 @@ use super::args::{PerfTest, ProviderKind};
 /// Identifies the protocol in the first message.
 pub const MAGIC: &str = "lightpath-perf";
 /// Protocol version; both sides must match.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Largest control message accepted (anything larger is not from a peer speaking this protocol).
 const MAX_MESSAGE: u32 = 64 * 1024;
 

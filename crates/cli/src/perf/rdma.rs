@@ -227,6 +227,8 @@ impl<D: Device> Side<D> {
         .filter(|&bytes| bytes > mtu.bytes());
         let av = AddressVector {
             lightpath_peer: peer.lightpath_soft,
+            // Both sides run this build (the control exchange checks its version).
+            lightpath_bundles: peer.lightpath_soft,
             ..AddressVector::new(gid, self.qp.endpoint().gid_index)
         };
         let mut rtr = QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn);

@@ -130,6 +130,7 @@ impl<D: Device> PingPong<D> {
             udp_dport: 0,
             // The peer may be the real ibv_rc_pingpong over rxe or an RNIC.
             lightpath_peer: false,
+            lightpath_bundles: false,
         };
         let mut rtr = QpAttr::to_rtr(av, path.mtu, remote.qpn, remote.psn);
         rtr.max_dest_rd_atomic = Some(1);

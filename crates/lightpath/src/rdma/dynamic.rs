@@ -370,7 +370,12 @@ pub(crate) trait PendingSetup: Send {
     /// What the peer needs to reach this side.
     fn endpoint(&self) -> RdmaEndpoint;
     /// Connects to the peer (see [`RdmaSetup::connect`]).
-    fn connect(self: Box<Self>, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<Box<dyn RdmaStream>>;
+    fn connect(
+        self: Box<Self>,
+        peer: &RdmaEndpoint,
+        tcp: TcpStream,
+        bundles: bool,
+    ) -> io::Result<Box<dyn RdmaStream>>;
 }
 
 impl<D: Device + 'static> PendingSetup for RdmaSetup<D>
@@ -380,7 +385,12 @@ where
     fn endpoint(&self) -> RdmaEndpoint {
         RdmaSetup::endpoint(self)
     }
-    fn connect(self: Box<Self>, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<Box<dyn RdmaStream>> {
-        Ok(Box::new(RdmaSetup::connect(*self, peer, tcp)?))
+    fn connect(
+        self: Box<Self>,
+        peer: &RdmaEndpoint,
+        tcp: TcpStream,
+        bundles: bool,
+    ) -> io::Result<Box<dyn RdmaStream>> {
+        Ok(Box::new(RdmaSetup::connect(*self, peer, tcp, bundles)?))
     }
 }

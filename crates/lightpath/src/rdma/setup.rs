@@ -100,7 +100,14 @@ impl<D: Device + 'static> RdmaSetup<D> {
 
     /// Connects the queue pair to `peer`, allocates the staging mirror and posts the initial
     /// receives. The result may receive at once; it sends only after the caller says so.
-    pub(crate) fn connect(self, peer: &RdmaEndpoint, tcp: TcpStream) -> io::Result<RdmaConn<D>> {
+    /// `bundles`: both sides speak a stream protocol version whose soft devices take
+    /// acknowledgement bundles (`AddressVector::lightpath_bundles`).
+    pub(crate) fn connect(
+        self,
+        peer: &RdmaEndpoint,
+        tcp: TcpStream,
+        bundles: bool,
+    ) -> io::Result<RdmaConn<D>> {
         let offered = u32::from(peer.mtu);
         let mtu = Mtu::largest_fitting(offered).unwrap_or(Mtu::Mtu256).min(self.mtu);
         // Between two soft devices (the peer advertises its UDP port, and this side has a
@@ -118,6 +125,7 @@ impl<D: Device + 'static> RdmaSetup<D> {
         // the IPv4 identification: our soft device may then let the kernel segment large sends
         // to it (rxe and RNICs, behind an ibverbs peer, would drop renumbered segments).
         av.lightpath_peer = peer.udp_port != 0;
+        av.lightpath_bundles = av.lightpath_peer && bundles;
         let rtr = QpAttr { lightpath_pmtu, ..QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn) };
         self.qp.modify(&rtr).map_err(from_verbs)?;
         let mut rts = QpAttr::to_rts(self.psn);

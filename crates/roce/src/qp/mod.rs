@@ -59,6 +59,9 @@ pub(crate) struct Params {
     pub(crate) dst_port: u16,
     /// The address vector's `lightpath_peer`: datagrams to this peer may be segmented.
     pub(crate) lightpath_peer: bool,
+    /// The address vector's `lightpath_bundles` (with `lightpath_peer`): an acknowledgement to
+    /// this peer may share a datagram with a request.
+    pub(crate) lightpath_bundles: bool,
     pub(crate) flow_label: u32,
     pub(crate) rq_psn: u32,
     pub(crate) sq_psn: u32,
@@ -81,6 +84,7 @@ impl Params {
             src_port: 0xC000,
             dst_port: 0,
             lightpath_peer: false,
+            lightpath_bundles: false,
             flow_label: 0,
             rq_psn: 0,
             sq_psn: 0,

@@ -46,6 +46,7 @@ impl Qp {
             p.flow_label = av.flow_label;
             p.dst_port = av.udp_dport;
             p.lightpath_peer = av.lightpath_peer;
+            p.lightpath_bundles = av.lightpath_peer && av.lightpath_bundles;
         }
         if let Some(mtu) = attr.path_mtu {
             p.pmtu = mtu.bytes();

@@ -1063,6 +1063,7 @@ impl Shared {
             tx_batches: sent.tx_batches,
             tx_errors: sent.tx_errors,
             tx_segmented: sent.tx_segmented,
+            tx_bundles: sent.tx_bundles,
             segmentation_failures: sent.segmentation_failures,
             ..core.stats.clone()
         };

@@ -4,7 +4,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 
-use lightpath_roce::{Engine, Gathered, Time, MAX_DATAGRAM};
+use lightpath_roce::{Engine, Gathered, Time, ACK_DATAGRAM_LEN, MAX_DATAGRAM};
 use lightpath_wire::{BthPacket, Opcode};
 
 use super::stats::DriverStats;
@@ -191,7 +191,18 @@ struct Outgoing {
     response: bool,
     /// The peer tolerates renumbered IPv4 identifications ([`lightpath_roce::Transmit::segmentable`]).
     segmentable: bool,
+    /// The peer takes an acknowledgement in front of this datagram
+    /// ([`lightpath_roce::Transmit::bundles`]).
+    bundles: bool,
+    /// An RC Acknowledge of [`ACK_DATAGRAM_LEN`] bytes to such a peer: it may ride in front of
+    /// a request (see [`TxBuffers::plan`]).
+    bundled_ack: bool,
 }
+
+/// [`TxBuffers::partner`] of a datagram that goes alone.
+const ALONE: usize = usize::MAX;
+/// [`TxBuffers::partner`] of an acknowledgement that rides in front of a request.
+const PAIRED: usize = usize::MAX - 1;
 
 /// Buffers for one `sendmmsg` batch.
 pub(crate) struct TxBuffers {
@@ -200,6 +211,10 @@ pub(crate) struct TxBuffers {
     /// Send order: positions into `bufs`.
     order: Vec<usize>,
     messages: Vec<OutMessage>,
+    /// Per datagram of the batch (see [`TxBuffers::pair_acknowledgements`]): for a request, the
+    /// acknowledgement that rides in front of it; [`PAIRED`] for that acknowledgement;
+    /// [`ALONE`] for everything else.
+    partner: Vec<usize>,
     batch: SendBatch,
     /// Segmentation offload is allowed and has not failed.
     segmentation: bool,
@@ -217,6 +232,7 @@ impl TxBuffers {
             outgoing: Vec::with_capacity(SEND_DATAGRAMS),
             order: Vec::with_capacity(SEND_DATAGRAMS),
             messages: Vec::with_capacity(SEND_DATAGRAMS),
+            partner: Vec::with_capacity(SEND_DATAGRAMS),
             batch: SendBatch::new(),
             segmentation: offload,
             flows: FlowMix::default(),
@@ -254,6 +270,10 @@ impl TxBuffers {
             let segmentable = transmit.segmentable;
             let gathered = transmit.gathered;
             let len = transmit.len + gathered.map_or(0, |g| g.len + g.trailer);
+            let bundled_ack = transmit.bundles
+                && len == ACK_DATAGRAM_LEN
+                && gathered.is_none()
+                && buf.first() == Some(&Opcode::RC_ACKNOWLEDGE.0);
             self.outgoing.push(Outgoing {
                 dst,
                 len,
@@ -261,6 +281,8 @@ impl TxBuffers {
                 gathered,
                 response,
                 segmentable,
+                bundles: transmit.bundles,
+                bundled_ack,
             });
         }
         let filled = self.outgoing.len();
@@ -289,14 +311,39 @@ impl TxBuffers {
     /// on. Runs of equal-size datagrams to one peer become one segmented message where that is
     /// safe (see [`segmentation_safe`]); with `join_answers`, an ACK (or another response)
     /// shorter than the requests before it ends their message (see [`joins`]).
+    ///
+    /// First, each acknowledgement to a peer that takes bundles goes in front of the last
+    /// request to the same destination, if one has room for it: the two leave as one datagram
+    /// (an *acknowledgement bundle*, see `Engine::handle_datagram`), through each network stack
+    /// once instead of twice. Nothing joins a bundle and a bundle joins nothing.
     fn plan(&mut self, join_answers: bool) {
+        self.pair_acknowledgements();
         self.order.clear();
-        let outgoing = &self.outgoing;
-        self.order.extend((0..outgoing.len()).filter(|&i| !outgoing[i].response));
-        self.order.extend((0..outgoing.len()).filter(|&i| outgoing[i].response));
+        let (outgoing, partner) = (&self.outgoing, &self.partner);
+        for i in (0..outgoing.len()).filter(|&i| !outgoing[i].response) {
+            if partner[i] != ALONE {
+                self.order.push(partner[i]);
+            }
+            self.order.push(i);
+        }
+        self.order.extend((0..outgoing.len()).filter(|&i| outgoing[i].response && partner[i] == ALONE));
         self.messages.clear();
-        for (position, &index) in self.order.iter().enumerate() {
+        let mut position = 0;
+        while position < self.order.len() {
+            let index = self.order[position];
             let datagram = outgoing[index];
+            if partner[index] == PAIRED {
+                self.messages.push(OutMessage {
+                    dst: datagram.dst,
+                    first: position,
+                    count: 2,
+                    segment_size: None,
+                });
+                position += 2;
+                continue;
+            }
+            position += 1;
+            let position = position - 1;
             if let Some(last) = self.messages.last_mut() {
                 if self.segmentation && joins(last, datagram, outgoing, &self.order, join_answers) {
                     last.count += 1;
@@ -305,6 +352,27 @@ impl TxBuffers {
             }
             let segment_size = u16::try_from(datagram.len).ok().filter(|_| segmentation_safe(datagram));
             self.messages.push(OutMessage { dst: datagram.dst, first: position, count: 1, segment_size });
+        }
+    }
+
+    /// Fills `partner`: each acknowledgement that may ride in front of a request
+    /// ([`Outgoing::bundled_ack`]) gets the last request of the batch to its destination that
+    /// has room for it ([`Outgoing::bundles`]) and no acknowledgement yet. The last one, since
+    /// earlier requests to a peer often form a segmented run that the pair would cut short.
+    fn pair_acknowledgements(&mut self) {
+        let outgoing = &self.outgoing;
+        let partner = &mut self.partner;
+        partner.clear();
+        partner.resize(outgoing.len(), ALONE);
+        for ack in (0..outgoing.len()).filter(|&i| outgoing[i].bundled_ack) {
+            let dst = outgoing[ack].dst;
+            let request = (0..outgoing.len()).rev().find(|&i| {
+                !outgoing[i].response && outgoing[i].bundles && outgoing[i].dst == dst && partner[i] == ALONE
+            });
+            if let Some(request) = request {
+                partner[request] = ack;
+                partner[ack] = PAIRED;
+            }
         }
     }
 
@@ -330,15 +398,23 @@ impl TxBuffers {
             match self.batch.send(socket.as_fd(), datagram, &self.order, &self.messages[start..]) {
                 Ok(0) => break,
                 Ok(sent) => {
-                    stats.tx_segmented +=
-                        self.messages[start..start + sent].iter().filter(|m| m.count > 1).count() as u64;
+                    for message in &self.messages[start..start + sent] {
+                        match (message.count, message.segment_size) {
+                            (1, _) => {}
+                            (_, Some(_)) => stats.tx_segmented += 1,
+                            (_, None) => stats.tx_bundles += 1,
+                        }
+                    }
                     start += sent;
                 }
                 // A segmented message the kernel refuses (no checksum offload on the route, an
                 // old kernel): stop segmenting on this device and send its datagrams one by one.
+                // A bundle the kernel refuses goes as its two datagrams, bundles go on.
                 Err(_) if self.messages[start].count > 1 => {
-                    self.segmentation = false;
-                    stats.segmentation_failures += 1;
+                    if self.messages[start].segment_size.is_some() {
+                        self.segmentation = false;
+                        stats.segmentation_failures += 1;
+                    }
                     let failed = self.messages[start];
                     let singles = (0..failed.count).map(|k| OutMessage {
                         first: failed.first + k,
@@ -471,6 +547,8 @@ mod tests {
                 gathered: None,
                 response,
                 segmentable: false,
+                bundles: false,
+                bundled_ack: false,
             });
         }
         tx.plan(join_answers);
@@ -550,6 +628,8 @@ mod tests {
                 gathered: None,
                 response: false,
                 segmentable,
+                bundles: false,
+                bundled_ack: false,
             });
         }
         tx.plan(false);
@@ -565,6 +645,8 @@ mod tests {
                 gathered: None,
                 response: false,
                 segmentable: true,
+                bundles: false,
+                bundled_ack: false,
             });
         }
         off.plan(false);
@@ -608,6 +690,64 @@ mod tests {
         assert_eq!(messages, [message(lo, 0, 1, Some(108)), message(lo, 1, 1, Some(200))]);
         let (_, messages) = planned_joining(true, true, &[(lo, 108, false), (other_lo, 20, true)]);
         assert_eq!(messages.len(), 2);
+    }
+
+    /// A batch of (destination, length, response, room for an acknowledgement in front,
+    /// acknowledgement that may ride in front) planned with offload on, answers not joining.
+    fn planned_bundling(batch: &[(&str, usize, bool, bool, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
+        let mut tx = TxBuffers::new(true);
+        for &(dst, len, response, bundles, bundled_ack) in batch {
+            tx.outgoing.push(Outgoing {
+                dst: dst.parse().expect("addr"),
+                len,
+                head_len: len,
+                gathered: None,
+                response,
+                segmentable: true,
+                bundles,
+                bundled_ack,
+            });
+        }
+        tx.plan(false);
+        (tx.order, tx.messages)
+    }
+
+    #[test]
+    fn an_acknowledgement_rides_in_front_of_the_last_request_to_its_peer() {
+        let (lo, other_lo) = ("127.0.0.2:4791", "127.0.0.3:4791");
+        let batch = [
+            (lo, 108, false, true, false),        // 0: a request with room
+            (lo, 108, false, true, false),        // 1: the last one to lo: it takes the ACK
+            (other_lo, 108, false, false, false), // 2: no room (or a peer without bundles)
+            (lo, 20, true, true, true),           // 3: the ACK to lo
+            (other_lo, 20, true, true, true),     // 4: an ACK with no request to ride with
+        ];
+        let (order, messages) = planned_bundling(&batch);
+        assert_eq!(order, [0, 3, 1, 2, 4], "the bundle's ACK goes first, where its request was");
+        assert_eq!(
+            messages,
+            [
+                message(lo, 0, 1, Some(108)),
+                message(lo, 1, 2, None), // one datagram: no segment size
+                message(other_lo, 3, 1, Some(108)),
+                message(other_lo, 4, 1, Some(20)),
+            ]
+        );
+        // Two ACKs for one request: the second goes alone; a request takes one ACK at most.
+        let batch = [(lo, 64, false, true, false), (lo, 20, true, true, true), (lo, 20, true, true, true)];
+        let (order, messages) = planned_bundling(&batch);
+        assert_eq!(order, [1, 0, 2]);
+        assert_eq!(messages, [message(lo, 0, 2, None), message(lo, 2, 1, Some(20))]);
+        // Nothing joins a bundle, even a run of equal requests to the same peer.
+        let batch = [
+            (lo, 100, false, true, false),
+            (lo, 100, false, true, false),
+            (lo, 100, false, true, false),
+            (lo, 20, true, true, true),
+        ];
+        let (order, messages) = planned_bundling(&batch);
+        assert_eq!(order, [0, 1, 3, 2]);
+        assert_eq!(messages, [message(lo, 0, 2, Some(100)), message(lo, 2, 2, None)]);
     }
 
     #[test]

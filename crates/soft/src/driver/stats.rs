@@ -23,6 +23,8 @@ pub struct DriverStats {
     pub rx_coalesced: u64,
     /// Sent messages that carried several datagrams (segmentation offload).
     pub tx_segmented: u64,
+    /// Sent datagrams that carried an acknowledgement in front of a request (bundles).
+    pub tx_bundles: u64,
     /// Segmented sends the kernel refused (segmentation is then turned off for the device).
     pub segmentation_failures: u64,
     /// Times a queue pair's owner armed the queue pair's own UDP port to wait

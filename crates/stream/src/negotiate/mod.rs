@@ -24,11 +24,21 @@ pub use message::{Choice, FallbackReason, Message, MessageType, ParseError, MAX_
 pub const CLIENT_MAGIC: [u8; 8] = *b"\x89LPATH/C";
 /// What a Lightpath server sends first.
 pub const SERVER_MAGIC: [u8; 8] = *b"\x89LPATH/S";
-/// The protocol version this implementation speaks. Version 2 added rendezvous (record
-/// kinds 8 and 9, a fourth reserved receive credit); a version-1 peer would reset the
+/// The newest protocol version this implementation speaks. Version 2 added rendezvous
+/// (record kinds 8 and 9, a fourth reserved receive credit); a version-1 peer would reset the
 /// connection on the first of those records, so the two are not mixed: a version-1 client
-/// gets `ServerHello{Tcp(VersionMismatch)}` and both sides fall back to raw TCP.
-pub const VERSION: u8 = 2;
+/// gets `ServerHello{Tcp(VersionMismatch)}` and both sides fall back to raw TCP. Version 3
+/// changes nothing on the stream itself: it says that the side's soft device takes
+/// acknowledgement bundles (an RC Acknowledge and a request in one datagram; the address
+/// vector's `lightpath_bundles`), so two version-3 soft peers send them and a version-2 peer
+/// never gets one.
+pub const VERSION: u8 = 3;
+
+/// The oldest protocol version this implementation speaks (see [`VERSION`]).
+pub const MIN_VERSION: u8 = 2;
+
+/// The first version whose soft peers take acknowledgement bundles (see [`VERSION`]).
+pub const BUNDLES_VERSION: u8 = 3;
 
 /// How a received prefix compares with an expected magic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +65,8 @@ pub fn match_magic(received: &[u8], magic: &[u8; 8]) -> MagicMatch {
 
 /// Picks the version both sides speak: the highest in both ranges.
 pub fn pick_version(peer_min: u8, peer_max: u8) -> Option<u8> {
-    (peer_min <= VERSION && VERSION <= peer_max).then_some(VERSION)
+    let highest = peer_max.min(VERSION);
+    (highest >= peer_min.max(MIN_VERSION)).then_some(highest)
 }
 
 #[cfg(test)]
@@ -73,9 +84,12 @@ mod tests {
 
     #[test]
     fn versions() {
-        assert_eq!(pick_version(2, 2), Some(2));
-        assert_eq!(pick_version(0, 3), Some(2));
+        assert_eq!(pick_version(2, 2), Some(2), "a version-2 peer: no bundles");
+        assert_eq!(pick_version(2, 3), Some(3));
+        assert_eq!(pick_version(0, 3), Some(3));
+        assert_eq!(pick_version(3, 4), Some(3), "a newer peer that still speaks 3");
         assert_eq!(pick_version(1, 1), None, "version 1 has no rendezvous");
-        assert_eq!(pick_version(3, 4), None);
+        assert_eq!(pick_version(4, 5), None);
+        assert_eq!(pick_version(3, 2), None, "an empty range");
     }
 }
