@@ -78,6 +78,8 @@ pub fn named_counters(stats: &SoftStats) -> Vec<(&'static str, u64)> {
         ("tx_batches", d.tx_batches),
         ("rx_coalesced", d.rx_coalesced),
         ("tx_segmented", d.tx_segmented),
+        ("tx_bundles", d.tx_bundles),
+        ("rx_bundles", e.rx_bundles),
         ("segmentation_failures", d.segmentation_failures),
         ("port_armings", d.port_armings),
     ]
