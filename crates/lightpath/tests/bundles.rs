@@ -16,11 +16,9 @@ fn soft() -> Options {
 
 /// Bundles sent and taken apart by this process's soft devices so far.
 fn bundles() -> (u64, u64) {
-    soft_device_stats()
-        .iter()
-        .fold((0, 0), |(sent, taken), device| {
-            (sent + device.stats.driver.tx_bundles, taken + device.stats.engine.rx_bundles)
-        })
+    soft_device_stats().iter().fold((0, 0), |(sent, taken), device| {
+        (sent + device.stats.driver.tx_bundles, taken + device.stats.engine.rx_bundles)
+    })
 }
 
 /// `rounds` ping-pongs of 8 bytes between a client with `client` options and a version-3

@@ -247,8 +247,10 @@ impl Engine {
     pub fn handle_datagram(&mut self, now: Time, from: IpAddr, to: IpAddr, src_port: u16, datagram: &[u8]) {
         if let Some((ack, rest)) = self.split_bundle(datagram) {
             self.stats.rx_bundles += 1;
-            self.handle_packet(now, from, to, src_port, ack);
+            // The packet behind the acknowledgement first: it is what the application waits
+            // for (the sender puts requests before responses for the same reason).
             self.handle_packet(now, from, to, src_port, rest);
+            self.handle_packet(now, from, to, src_port, ack);
         } else {
             self.handle_packet(now, from, to, src_port, datagram);
         }
