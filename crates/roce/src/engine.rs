@@ -29,7 +29,7 @@ pub const MAX_DATAGRAM: usize = lightpath_verbs::MAX_LIGHTPATH_PMTU as usize + 1
 
 /// Bytes of an RC Acknowledge datagram (BTH, AETH, ICRC): the head of an acknowledgement
 /// bundle (see [`Engine::handle_datagram`]).
-pub const ACK_DATAGRAM_LEN: usize = BthRepr::LEN + 4 + ICRC_LEN;
+pub const ACK_DATAGRAM_LEN: usize = lightpath_wire::transport::ACK_PACKET_LEN;
 
 /// A sans-I/O RoCE v2 RC transport engine. See the crate documentation for the contract.
 pub struct Engine {

@@ -15,6 +15,12 @@ use crate::reth::{RethPacket, RethRepr};
 /// Bytes of ICRC at the end of every RoCE v2 UDP payload.
 pub const ICRC_LEN: usize = 4;
 
+/// Bytes of an RC Acknowledge packet: BTH, AETH, ICRC. Between two Lightpath soft devices
+/// such a packet may lead an *acknowledgement bundle*, a UDP payload that goes on with a second
+/// packet (see `lightpath_roce::Engine::handle_datagram`); a longer RC Acknowledge is otherwise
+/// malformed.
+pub const ACK_PACKET_LEN: usize = crate::bth::BthRepr::LEN + crate::aeth::AethRepr::LEN + ICRC_LEN;
+
 /// Pad bytes that follow a payload of `payload_len` bytes (to a multiple of 4).
 pub const fn pad_len(payload_len: usize) -> usize {
     payload_len.wrapping_neg() & 3

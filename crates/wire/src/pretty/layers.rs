@@ -6,8 +6,9 @@ use crate::bth::BthPacket;
 use crate::ethernet::EthernetFrame;
 use crate::ipv4::Ipv4Packet;
 use crate::ipv6::Ipv6Packet;
+use crate::opcode::Opcode;
 use crate::opcode::{PayloadRule, CNP_RESERVED_LEN};
-use crate::transport::{TransportHeader, TransportRepr, ICRC_LEN};
+use crate::transport::{TransportHeader, TransportRepr, ACK_PACKET_LEN, ICRC_LEN};
 use crate::udp::UdpPacket;
 
 /// Payload bytes shown in a dump before eliding the rest.
@@ -71,6 +72,26 @@ pub(super) fn udp(udp: &UdpPacket<&[u8]>) -> Layer {
 
 /// Appends the BTH, extension headers and payload of a UDP payload to `dump`.
 pub(super) fn transport(mut dump: Dump, datagram: &[u8]) -> Dump {
+    // Between Lightpath soft devices an RC Acknowledge may lead a second packet in one UDP
+    // payload (an acknowledgement bundle): both are shown, the ACK's layers first.
+    if datagram.len() > ACK_PACKET_LEN && datagram[0] == Opcode::RC_ACKNOWLEDGE.0 {
+        let (ack, rest) = datagram.split_at(ACK_PACKET_LEN);
+        dump.notes.push(format!(
+            "an acknowledgement bundle (Lightpath soft devices only): a {ACK_PACKET_LEN}-byte RC \
+             Acknowledge, then a packet of {} bytes",
+            rest.len()
+        ));
+        let dump = packet(dump, ack);
+        if dump.error.is_some() {
+            return dump;
+        }
+        return packet(dump, rest);
+    }
+    packet(dump, datagram)
+}
+
+/// One packet's layers (BTH … payload).
+fn packet(mut dump: Dump, datagram: &[u8]) -> Dump {
     let bth = match BthPacket::new_checked(datagram) {
         Ok(bth) => bth,
         Err(err) => return dump.fail(format!("BTH: {err} ({} bytes)", datagram.len())),

@@ -114,3 +114,21 @@ fn foreign_and_broken_packets() {
         assert!(!dump.is_good());
     }
 }
+
+#[test]
+fn an_acknowledgement_bundle_shows_both_packets() {
+    // The worked example's RC Acknowledge (UDP payload), then a SEND ONLY of 4 bytes to the
+    // same queue pair with a zero ICRC (Lightpath soft devices do not compute it).
+    let ack = hex("1100ffff 00000012 00123456 1f000001 aba96887");
+    let send = hex("0400ffff 00000012 00000007 deadbeef 00000000");
+    let dump = datagram(&[ack.clone(), send].concat(), None);
+    assert!(dump.error.is_none(), "{dump}");
+    let names: Vec<_> = dump.layers.iter().map(|l| l.name).collect();
+    assert_eq!(names, ["bth", "aeth", "payload", "bth", "payload"], "{dump}");
+    assert_eq!(dump.layers[3].get("opcode_name"), Some(&Value::Text("RC_SEND_ONLY".into())));
+    assert_eq!(dump.layers[4].get("len"), Some(&Value::Uint(4)));
+    assert!(dump.notes.iter().any(|n| n.contains("acknowledgement bundle")), "{:?}", dump.notes);
+    // An acknowledgement alone is no bundle.
+    let alone = datagram(&ack, None);
+    assert!(alone.notes.iter().all(|n| !n.contains("bundle")), "{:?}", alone.notes);
+}
