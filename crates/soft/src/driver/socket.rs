@@ -197,6 +197,9 @@ struct Outgoing {
     /// An RC Acknowledge of [`ACK_DATAGRAM_LEN`] bytes to such a peer: it may ride in front of
     /// a request (see [`TxBuffers::plan`]).
     bundled_ack: bool,
+    /// The queue pair it is for: an acknowledgement rides only with a request to the same one
+    /// (the peer takes the bundle apart by the acknowledgement's queue pair).
+    dest_qpn: u32,
 }
 
 /// [`TxBuffers::partner`] of a datagram that goes alone.
@@ -283,6 +286,7 @@ impl TxBuffers {
                 segmentable,
                 bundles: transmit.bundles,
                 bundled_ack,
+                dest_qpn,
             });
         }
         let filled = self.outgoing.len();
@@ -356,8 +360,8 @@ impl TxBuffers {
     }
 
     /// Fills `partner`: each acknowledgement that may ride in front of a request
-    /// ([`Outgoing::bundled_ack`]) gets the last request of the batch to its destination that
-    /// has room for it ([`Outgoing::bundles`]) and no acknowledgement yet. The last one, since
+    /// ([`Outgoing::bundled_ack`]) gets the last request of the batch to its destination and
+    /// queue pair that has room for it ([`Outgoing::bundles`]) and no acknowledgement yet. The last one, since
     /// earlier requests to a peer often form a segmented run that the pair would cut short.
     ///
     /// Only with `join_answers` (several queue pairs lately), as for joining a segmented
@@ -376,9 +380,14 @@ impl TxBuffers {
             return;
         }
         for ack in (0..outgoing.len()).filter(|&i| outgoing[i].bundled_ack) {
-            let dst = outgoing[ack].dst;
+            let (dst, qpn) = (outgoing[ack].dst, outgoing[ack].dest_qpn);
             let request = (0..outgoing.len()).rev().find(|&i| {
-                !outgoing[i].response && outgoing[i].bundles && outgoing[i].dst == dst && partner[i] == ALONE
+                let request = &outgoing[i];
+                !request.response
+                    && request.bundles
+                    && request.dst == dst
+                    && request.dest_qpn == qpn
+                    && partner[i] == ALONE
             });
             if let Some(request) = request {
                 partner[request] = ack;
@@ -560,6 +569,7 @@ mod tests {
                 segmentable: false,
                 bundles: false,
                 bundled_ack: false,
+                dest_qpn: 0,
             });
         }
         tx.plan(join_answers);
@@ -641,6 +651,7 @@ mod tests {
                 segmentable,
                 bundles: false,
                 bundled_ack: false,
+                dest_qpn: 0,
             });
         }
         tx.plan(false);
@@ -658,6 +669,7 @@ mod tests {
                 segmentable: true,
                 bundles: false,
                 bundled_ack: false,
+                dest_qpn: 0,
             });
         }
         off.plan(false);
@@ -703,12 +715,11 @@ mod tests {
         assert_eq!(messages.len(), 2);
     }
 
-    /// A batch of (destination, length, response, room for an acknowledgement in front,
-    /// acknowledgement that may ride in front) planned with offload on, answers joining
-    /// (several queue pairs lately: bundles are made only then).
-    fn planned_bundling(batch: &[(&str, usize, bool, bool, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
+    /// A batch of (destination, queue pair, length, response, room for an acknowledgement in
+    /// front, acknowledgement that may ride in front), offload on, not planned yet.
+    fn bundling_batch(batch: &[(&str, u32, usize, bool, bool, bool)]) -> TxBuffers {
         let mut tx = TxBuffers::new(true);
-        for &(dst, len, response, bundles, bundled_ack) in batch {
+        for &(dst, dest_qpn, len, response, bundles, bundled_ack) in batch {
             tx.outgoing.push(Outgoing {
                 dst: dst.parse().expect("addr"),
                 len,
@@ -718,21 +729,29 @@ mod tests {
                 segmentable: true,
                 bundles,
                 bundled_ack,
+                dest_qpn,
             });
         }
+        tx
+    }
+
+    /// [`bundling_batch`] planned with answers joining (several queue pairs lately: bundles
+    /// are made only then).
+    fn planned_bundling(batch: &[(&str, u32, usize, bool, bool, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
+        let mut tx = bundling_batch(batch);
         tx.plan(true);
         (tx.order, tx.messages)
     }
 
     #[test]
-    fn an_acknowledgement_rides_in_front_of_the_last_request_to_its_peer() {
+    fn an_acknowledgement_rides_in_front_of_the_last_request_to_its_queue_pair() {
         let (lo, other_lo) = ("127.0.0.2:4791", "127.0.0.3:4791");
         let batch = [
-            (lo, 108, false, true, false),        // 0: a request with room
-            (lo, 108, false, true, false),        // 1: the last one to lo: it takes the ACK
-            (other_lo, 108, false, false, false), // 2: no room (or a peer without bundles)
-            (lo, 20, true, true, true),           // 3: the ACK to lo
-            (other_lo, 20, true, true, true),     // 4: an ACK with no request to ride with
+            (lo, 7, 108, false, true, false),        // 0: a request with room
+            (lo, 7, 108, false, true, false),        // 1: the last one to lo's 7: it takes the ACK
+            (other_lo, 7, 108, false, false, false), // 2: no room (or a peer without bundles)
+            (lo, 7, 20, true, true, true),           // 3: the ACK to lo's 7
+            (other_lo, 7, 20, true, true, true),     // 4: an ACK with no request to ride with
         ];
         let (order, messages) = planned_bundling(&batch);
         assert_eq!(order, [0, 3, 1, 2, 4], "the bundle's ACK goes first, where its request was");
@@ -746,34 +765,26 @@ mod tests {
             ]
         );
         // With one queue pair busy (answers do not join), every ACK travels alone.
-        let mut tx = TxBuffers::new(true);
-        for &(dst, len, response, bundles, bundled_ack) in &batch {
-            let dst = dst.parse().expect("addr");
-            let segmentable = true;
-            tx.outgoing.push(Outgoing {
-                dst,
-                len,
-                head_len: len,
-                gathered: None,
-                response,
-                segmentable,
-                bundles,
-                bundled_ack,
-            });
-        }
+        let mut tx = bundling_batch(&batch);
         tx.plan(false);
-        assert!(tx.messages.iter().all(|m| m.count == 1 || m.segment_size.is_some()), "{:?}", tx.messages);
+        assert!(tx.messages.iter().all(|m| m.segment_size.is_some()), "no bundle: {:?}", tx.messages);
         // Two ACKs for one request: the second goes alone; a request takes one ACK at most.
-        let batch = [(lo, 64, false, true, false), (lo, 20, true, true, true), (lo, 20, true, true, true)];
+        let batch =
+            [(lo, 7, 64, false, true, false), (lo, 7, 20, true, true, true), (lo, 7, 20, true, true, true)];
         let (order, messages) = planned_bundling(&batch);
         assert_eq!(order, [1, 0, 2]);
         assert_eq!(messages, [message(lo, 0, 2, None), message(lo, 2, 1, Some(20))]);
+        // An ACK for another queue pair behind the same port never rides with the request.
+        let batch = [(lo, 7, 64, false, true, false), (lo, 8, 20, true, true, true)];
+        let (order, messages) = planned_bundling(&batch);
+        assert_eq!(order, [0, 1]);
+        assert!(messages.iter().all(|m| m.segment_size.is_some()), "{messages:?}");
         // Nothing joins a bundle, even a run of equal requests to the same peer.
         let batch = [
-            (lo, 100, false, true, false),
-            (lo, 100, false, true, false),
-            (lo, 100, false, true, false),
-            (lo, 20, true, true, true),
+            (lo, 7, 100, false, true, false),
+            (lo, 7, 100, false, true, false),
+            (lo, 7, 100, false, true, false),
+            (lo, 7, 20, true, true, true),
         ];
         let (order, messages) = planned_bundling(&batch);
         assert_eq!(order, [0, 1, 3, 2]);
