@@ -157,3 +157,30 @@ fn a_full_size_request_has_no_room_for_an_acknowledgement() {
     a.send(1, fits + 1);
     assert!(!a.transmit()[0].0.bundles, "{} bytes do not", fits + 1);
 }
+
+#[test]
+fn whatever_follows_an_acknowledgement_is_handled_or_counted_as_a_drop() {
+    // A Lightpath peer's queue pair (so bundles are taken apart) gets a valid ACK followed by
+    // bytes that are not a valid packet for it: the ACK still completes A's send, the rest is
+    // counted as exactly one drop, and nothing panics.
+    let tails: Vec<Vec<u8>> = vec![
+        vec![0x04],                                                             // one byte: not even a BTH
+        vec![0xFF; 19],                                                         // an unknown opcode
+        vec![0x04, 0, 0xFF, 0xFF, 0, 0, 0, 0x12, 0, 0, 0, 7],                   // SEND ONLY with no ICRC room
+        vec![0x04, 0, 0xFF, 0xFF, 0, 0x77, 0x77, 0x77, 0, 0, 0, 7, 0, 0, 0, 0], // unknown QP
+    ];
+    for tail in tails {
+        let (mut a, (ack_tx, ack), _) = exchange(true, true);
+        let drops = a.engine.stats().total_drops();
+        a.engine.handle_datagram(Time::ZERO, B, A, ack_tx.src_port, &[ack.clone(), tail.clone()].concat());
+        assert_eq!(a.completions(), [(1, WcOpcode::Send)], "tail {tail:02x?}");
+        let stats = a.engine.stats();
+        assert_eq!((stats.rx_bundles, stats.total_drops() - drops), (1, 1), "tail {tail:02x?}");
+    }
+    // An ACK behind an ACK is the second packet, handled as a packet of its own (a duplicate
+    // here: the first one already completed the send).
+    let (mut a, (ack_tx, ack), _) = exchange(true, true);
+    a.engine.handle_datagram(Time::ZERO, B, A, ack_tx.src_port, &[ack.clone(), ack].concat());
+    assert_eq!(a.completions(), [(1, WcOpcode::Send)]);
+    assert_eq!(a.engine.stats().rx_bundles, 1);
+}
