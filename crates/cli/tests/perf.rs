@@ -262,7 +262,7 @@ fn a_hello_without_an_endpoint_is_refused_and_the_server_goes_on() {
     let server =
         spawn_server(&["perf", "send_lat", "-p", &port_arg, "--bind", &server_ip, "--udp-port", &udp]);
     let mut fake = plain_client(&server_ip, port);
-    let hello = r#"{"magic":"lightpath-perf","version":1,"test":"send_lat","provider":"soft","plan":[[2,10]],"tx_depth":1,"endpoint":null}"#;
+    let hello = r#"{"magic":"lightpath-perf","version":2,"test":"send_lat","provider":"soft","plan":[[2,10]],"tx_depth":1,"endpoint":null}"#;
     fake.write_all(&(hello.len() as u32).to_be_bytes()).unwrap();
     fake.write_all(hello.as_bytes()).unwrap();
     fake.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
