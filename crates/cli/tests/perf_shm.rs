@@ -129,7 +129,7 @@ fn a_client_on_another_host_is_refused() {
     };
     let hello = serde_json::json!({
         "magic": "lightpath-perf",
-        "version": 1,
+        "version": 2,
         "test": "send_lat",
         "provider": "shm",
         "plan": [[2, 10]],
