@@ -549,6 +549,21 @@ fn destination(local: SocketAddr, ip: IpAddr, port: u16) -> Option<SocketAddr> {
 mod tests {
     use super::*;
 
+    /// A datagram of a batch: `len` bytes to `dst`, all in the buffer, no flag set.
+    fn outgoing(dst: &str, len: usize, response: bool) -> Outgoing {
+        Outgoing {
+            dst: dst.parse().expect("addr"),
+            len,
+            head_len: len,
+            gathered: None,
+            response,
+            segmentable: false,
+            bundles: false,
+            bundled_ack: false,
+            dest_qpn: 0,
+        }
+    }
+
     fn planned(offload: bool, batch: &[(&str, usize, bool)]) -> (Vec<usize>, Vec<OutMessage>) {
         planned_joining(offload, false, batch)
     }
@@ -560,17 +575,7 @@ mod tests {
     ) -> (Vec<usize>, Vec<OutMessage>) {
         let mut tx = TxBuffers::new(offload);
         for &(dst, len, response) in batch {
-            tx.outgoing.push(Outgoing {
-                dst: dst.parse().expect("addr"),
-                len,
-                head_len: len,
-                gathered: None,
-                response,
-                segmentable: false,
-                bundles: false,
-                bundled_ack: false,
-                dest_qpn: 0,
-            });
+            tx.outgoing.push(outgoing(dst, len, response));
         }
         tx.plan(join_answers);
         (tx.order, tx.messages)
@@ -640,19 +645,9 @@ mod tests {
     #[test]
     fn remote_ipv4_peers_that_solve_for_the_id_get_segmented_messages() {
         let mut tx = TxBuffers::new(true);
-        let dst: SocketAddr = "10.0.0.2:4791".parse().expect("addr");
+        let remote = "10.0.0.2:4791";
         for segmentable in [true, true, true, false, false] {
-            tx.outgoing.push(Outgoing {
-                dst,
-                len: 1052,
-                head_len: 1052,
-                gathered: None,
-                response: false,
-                segmentable,
-                bundles: false,
-                bundled_ack: false,
-                dest_qpn: 0,
-            });
+            tx.outgoing.push(Outgoing { segmentable, ..outgoing(remote, 1052, false) });
         }
         tx.plan(false);
         let shape: Vec<(usize, Option<u16>)> =
@@ -660,17 +655,7 @@ mod tests {
         assert_eq!(shape, [(3, Some(1052)), (1, None), (1, None)], "only the flagged run is segmented");
         let mut off = TxBuffers::new(false);
         for _ in 0..3 {
-            off.outgoing.push(Outgoing {
-                dst,
-                len: 1052,
-                head_len: 1052,
-                gathered: None,
-                response: false,
-                segmentable: true,
-                bundles: false,
-                bundled_ack: false,
-                dest_qpn: 0,
-            });
+            off.outgoing.push(Outgoing { segmentable: true, ..outgoing(remote, 1052, false) });
         }
         off.plan(false);
         assert!(off.messages.iter().all(|m| m.count == 1), "offload off: never segmented");
@@ -720,17 +705,8 @@ mod tests {
     fn bundling_batch(batch: &[(&str, u32, usize, bool, bool, bool)]) -> TxBuffers {
         let mut tx = TxBuffers::new(true);
         for &(dst, dest_qpn, len, response, bundles, bundled_ack) in batch {
-            tx.outgoing.push(Outgoing {
-                dst: dst.parse().expect("addr"),
-                len,
-                head_len: len,
-                gathered: None,
-                response,
-                segmentable: true,
-                bundles,
-                bundled_ack,
-                dest_qpn,
-            });
+            let datagram = outgoing(dst, len, response);
+            tx.outgoing.push(Outgoing { segmentable: true, bundles, bundled_ack, dest_qpn, ..datagram });
         }
         tx
     }
