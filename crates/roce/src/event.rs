@@ -31,9 +31,11 @@ pub struct Transmit {
     /// this datagram out of a larger send.
     pub segmentable: bool,
     /// The peer takes an acknowledgement and a request in one datagram (address vector
-    /// `lightpath_bundles`): the driver may put an RC Acknowledge of
-    /// [`ACK_DATAGRAM_LEN`](crate::ACK_DATAGRAM_LEN) bytes in front of a request to the same
-    /// destination and send the two as one UDP datagram (see [`Engine::handle_datagram`](crate::Engine::handle_datagram)).
+    /// `lightpath_bundles`), and this datagram leaves room for one in front of it (the two
+    /// together fit wherever a full datagram of the queue pair does): the driver may put an RC
+    /// Acknowledge of [`ACK_DATAGRAM_LEN`](crate::ACK_DATAGRAM_LEN) bytes for the same queue
+    /// pair in front of it and send the two as one UDP datagram (see
+    /// [`Engine::handle_datagram`](crate::Engine::handle_datagram)).
     pub bundles: bool,
     /// The payload is not in the buffer: it is `gathered.len` bytes of registered memory at
     /// `gathered.addr`, followed by `gathered.trailer` zero bytes (pad and ICRC, which a

@@ -316,10 +316,10 @@ impl TxBuffers {
     /// safe (see [`segmentation_safe`]); with `join_answers`, an ACK (or another response)
     /// shorter than the requests before it ends their message (see [`joins`]).
     ///
-    /// First, each acknowledgement to a peer that takes bundles goes in front of the last
-    /// request to the same destination, if one has room for it: the two leave as one datagram
-    /// (an *acknowledgement bundle*, see `Engine::handle_datagram`), through each network stack
-    /// once instead of twice. Nothing joins a bundle and a bundle joins nothing.
+    /// First, with `join_answers`, each acknowledgement to a peer that takes bundles goes in
+    /// front of the last request to the same queue pair, if one has room for it: the two
+    /// leave as one datagram (an *acknowledgement bundle*, see `Engine::handle_datagram`).
+    /// Nothing joins a bundle and a bundle joins nothing.
     fn plan(&mut self, join_answers: bool) {
         self.pair_acknowledgements(join_answers);
         self.order.clear();
