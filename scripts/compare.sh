@@ -19,7 +19,14 @@
 # Rows: the verbs tests (which always busy-poll), the stream tests as users run them (default
 # options: soft's progress thread, the library's short spin before sleeping) and busy-polled
 # (`(busy)`: `--polling`), and stream_rr (64 B requests over 1, 16 and 100 connections; a thread
-# per connection on the server, and `(loop)`: one event loop). Latency is one-way (round trip
+# per connection on the server, and `(loop)`: one event loop).
+#
+# Placement rows: on a virtual machine a wake-up on another, idle CPU costs tens of µs (here
+# about 40), so a ping-pong's latency depends on whether the scheduler put both processes on
+# one CPU: kernel TCP measured 8-13 µs one way when it did and 47-52 µs when it did not, from
+# one run to the next. `stream_lat (1 CPU)` pins server and client to CPU 0, `stream_lat
+# (2 CPUs)` the server to CPU 0 and the client to CPU 1 (8 bytes, default options, every
+# provider): the unpinned row is what a user gets, these two say which case it was. Latency is one-way (round trip
 # / 2) and in µs, the median of the run; bandwidth in MB/s; stream_rr in thousands of requests
 # per second. CPU is user + system time of both processes (server and client) over the
 # measured iterations: µs per request for latency and rr rows, seconds per GB for bandwidth.
@@ -53,6 +60,10 @@ NS_VETH=lpv NS_NET=10.77.0
 # netns_up / netns_down
 . scripts/netns.sh
 
+# Prefixes of the server's and the client's command (the placement rows pin them).
+pin_server=()
+pin_client=()
+
 # run PLACE ROW TEST SIZE PROVIDER ITERS [extra client/server args]
 run() {
     local place=$1 row=$2 test=$3 size=$4 provider=$5 iters=$6
@@ -60,10 +71,10 @@ run() {
     port=$((port + 1))
     # The verbs tests' soft devices use their own UDP port, away from any stream device on 4791.
     if [ "$provider" = soft ] && [[ $test != stream_* ]]; then set -- --udp-port 5811 "$@"; fi
-    local server_cmd=("$B") client_cmd=("$B") target=127.0.0.1 client_bind=()
+    local server_cmd=("${pin_server[@]}" "$B") client_cmd=("${pin_client[@]}" "$B") target=127.0.0.1 client_bind=()
     if [ "$place" = netns ]; then
-        server_cmd=(ip netns exec "$NS_A" "$B")
-        client_cmd=(ip netns exec "$NS_B" "$B")
+        server_cmd=("${pin_server[@]}" ip netns exec "$NS_A" "$B")
+        client_cmd=("${pin_client[@]}" ip netns exec "$NS_B" "$B")
         target=10.77.0.1
         set -- --bind 10.77.0.1 "$@"
         # The verbs tests' client binds its side too; the stream client's address follows.
@@ -109,6 +120,13 @@ rows() {
             for p in "${providers[@]}"; do run "$place" stream_lat stream_lat $s "$p" 5000; done
             for p in "${providers[@]}"; do run "$place" "stream_lat (busy)" stream_lat $s "$p" 5000 --polling; done
         done
+        if [ "$(nproc)" -ge 2 ]; then
+            pin_server=(taskset -c 0) pin_client=(taskset -c 0)
+            for p in "${providers[@]}"; do run "$place" "stream_lat (1 CPU)" stream_lat 8 "$p" 5000; done
+            pin_client=(taskset -c 1)
+            for p in "${providers[@]}"; do run "$place" "stream_lat (2 CPUs)" stream_lat 8 "$p" 5000; done
+            pin_server=() pin_client=()
+        fi
         for s in 65536 1048576; do
             n=$((s == 65536 ? 5000 : 1000))
             for p in "${providers[@]}"; do run "$place" stream_bw stream_bw $s "$p" $n; done
