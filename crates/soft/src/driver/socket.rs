@@ -365,12 +365,11 @@ impl TxBuffers {
     /// earlier requests to a peer often form a segmented run that the pair would cut short.
     ///
     /// Only with `join_answers` (several queue pairs lately), as for joining a segmented
-    /// message: with one busy connection its ACK still travels alone, ahead of nothing. That
-    /// lone ACK is what a peer spinning for its next request finds first, and with it gone
-    /// the peer's spin (`AdaptiveSpin`) missed often enough on this machine to give up, after
-    /// which both sides slept and a one-connection stream_rr ran at half the rate (pinned
-    /// server and client, alternated: 9.7-14.3 against 12.7-19.2 k requests/s); with several
-    /// connections bundles won (16 connections 35.9-54.2 against 33.4-46.6 k, less CPU).
+    /// message: with one busy connection its ACK still travels alone, ahead of nothing.
+    /// Bundling that one too cost a one-connection stream_rr with server and client pinned to
+    /// a core each up to half its rate (5.1-14.3 against 12.7-19.2 k requests/s; unpinned it
+    /// gained), for reasons not found (see docs/architecture.md); with several connections
+    /// bundles won (16 connections 35.9-54.2 against 33.4-46.6 k, less CPU).
     fn pair_acknowledgements(&mut self, join_answers: bool) {
         let outgoing = &self.outgoing;
         let partner = &mut self.partner;
