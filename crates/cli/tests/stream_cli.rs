@@ -12,12 +12,27 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Whether a socket listens on `port`, whatever its address (the kernel's tables of TCP
+/// sockets: local address and port in hex, state 0A is LISTEN).
+fn listening(port: u16) -> bool {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
+        std::fs::read_to_string(path).is_ok_and(|table| {
+            table.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.get(1).is_some_and(|local| local.ends_with(&port)) && fields.get(3) == Some(&"0A")
+            })
+        })
+    })
+}
+
 fn wait_listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    // A plain probe connection would be taken as a client by `cat -l`, so only wait a little
-    // for the process to bind; the client side retries refused connections itself.
+    // A plain probe connection would be taken as a client by `cat -l`, and a port that is
+    // bound may not be listening yet (the client does not retry a refused connection): wait
+    // for the kernel to list the socket as listening.
     while Instant::now() < deadline {
-        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+        if listening(port) {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
