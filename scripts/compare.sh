@@ -19,17 +19,17 @@
 # Rows: the verbs tests (which always busy-poll), the stream tests as users run them (default
 # options: soft's progress thread, the library's short spin before sleeping) and busy-polled
 # (`(busy)`: `--polling`), and stream_rr (64 B requests over 1, 16 and 100 connections; a thread
-# per connection on the server, and `(loop)`: one event loop).
+# per connection on the server, and `(loop)`: one event loop). Latency is one-way (round trip
+# / 2) and in µs, the median of the run; bandwidth in MB/s; stream_rr in thousands of requests
+# per second. CPU is user + system time of both processes (server and client) over the
+# measured iterations: µs per request for latency and rr rows, seconds per GB for bandwidth.
 #
 # Placement rows: on a virtual machine a wake-up on another, idle CPU costs tens of µs (here
 # about 40), so a ping-pong's latency depends on whether the scheduler put both processes on
 # one CPU: kernel TCP measured 8-13 µs one way when it did and 47-52 µs when it did not, from
 # one run to the next. `stream_lat (1 CPU)` pins server and client to CPU 0, `stream_lat
 # (2 CPUs)` the server to CPU 0 and the client to CPU 1 (8 bytes, default options, every
-# provider): the unpinned row is what a user gets, these two say which case it was. Latency is one-way (round trip
-# / 2) and in µs, the median of the run; bandwidth in MB/s; stream_rr in thousands of requests
-# per second. CPU is user + system time of both processes (server and client) over the
-# measured iterations: µs per request for latency and rr rows, seconds per GB for bandwidth.
+# provider): the unpinned row is what a user gets, these two say which case it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${B:-}" ]; then
