@@ -209,6 +209,7 @@ const PAIRED: usize = usize::MAX - 1;
 
 /// Buffers for one `sendmmsg` batch.
 pub(crate) struct TxBuffers {
+    /// One buffer per datagram of a batch, made on first use (see `fill`).
     bufs: Vec<Box<[u8]>>,
     outgoing: Vec<Outgoing>,
     /// Send order: positions into `bufs`.
@@ -231,7 +232,10 @@ pub(crate) struct TxBuffers {
 impl TxBuffers {
     pub(crate) fn new(offload: bool) -> Self {
         Self {
-            bufs: (0..SEND_DATAGRAMS).map(|_| vec![0u8; MAX_DATAGRAM].into_boxed_slice()).collect(),
+            // Made as batches first need them (see `fill`): most batches are a datagram or two,
+            // and all of them at once (2 MiB, written to zero) cost a device's first connection a
+            // millisecond of page faults.
+            bufs: Vec::with_capacity(SEND_DATAGRAMS),
             outgoing: Vec::with_capacity(SEND_DATAGRAMS),
             order: Vec::with_capacity(SEND_DATAGRAMS),
             messages: Vec::with_capacity(SEND_DATAGRAMS),
@@ -260,7 +264,14 @@ impl TxBuffers {
         let stats = &mut self.stats;
         self.outgoing.clear();
         while self.outgoing.len() < SEND_DATAGRAMS {
-            let buf = &mut self.bufs[self.outgoing.len()];
+            let slot = self.outgoing.len();
+            if slot == self.bufs.len() {
+                if !engine.has_output() {
+                    break;
+                }
+                self.bufs.push(vec![0u8; MAX_DATAGRAM].into_boxed_slice());
+            }
+            let buf = &mut self.bufs[slot];
             let Some(transmit) = engine.poll_transmit(now, buf) else { break };
             let Some(dst) = destination(socket.local(), transmit.dst, transmit.dst_port) else {
                 stats.tx_errors += 1;
@@ -780,5 +791,39 @@ mod tests {
         assert!(!mix.several_lately(at(1_100)), "a millisecond later, with only that one since");
         mix.note(b, 18, at(1_200));
         assert!(mix.several_lately(at(1_300)), "another port of the peer");
+    }
+
+    #[test]
+    fn datagram_buffers_are_made_as_batches_first_need_them() {
+        use lightpath_roce::EngineConfig;
+        use lightpath_verbs::{AccessFlags, AddressVector, Gid, Mtu, QpAttr, QpCaps, SendOp, SendWr};
+        let socket = RoceSocket::bind("127.0.0.1:0".parse().expect("addr"), 1 << 16, 1 << 16, false)
+            .expect("a UDP socket on loopback");
+        let local = socket.local().ip();
+        let mut engine = Engine::new(EngineConfig::new(Gid::from_ip(local)));
+        let cq = engine.create_cq(16).expect("cq");
+        let qpn = engine.create_qp(cq, cq, QpCaps::default()).expect("qp");
+        engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_init(AccessFlags::LOCAL_WRITE)).expect("init");
+        // Towards a port nobody listens on: what is sent is dropped by the kernel.
+        let av = AddressVector { udp_dport: 9, ..AddressVector::new(Gid::from_ip(local), 0) };
+        engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rtr(av, Mtu::Mtu1024, 0x99, 0)).expect("rtr");
+        engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rts(0)).expect("rts");
+        let mut tx = TxBuffers::new(false);
+        assert!(tx.bufs.is_empty(), "a new device holds no datagram buffers");
+        let post = |engine: &mut Engine, n: u64| {
+            for id in 0..n {
+                engine.post_send(Time::ZERO, qpn, &SendWr::inline(id, SendOp::Send, b"hello")).expect("post");
+            }
+        };
+        post(&mut engine, 3);
+        assert_eq!(tx.fill(&socket, &mut engine, Time::ZERO), 3);
+        assert_eq!(tx.bufs.len(), 3, "one buffer per datagram of the batch");
+        tx.send_filled(&socket);
+        post(&mut engine, 1);
+        assert_eq!(tx.fill(&socket, &mut engine, Time::ZERO), 1);
+        assert_eq!(tx.bufs.len(), 3, "buffers are kept for the batches after");
+        tx.send_filled(&socket);
+        assert_eq!(tx.fill(&socket, &mut engine, Time::ZERO), 0);
+        assert_eq!(tx.bufs.len(), 3);
     }
 }
