@@ -356,3 +356,62 @@ async fn shutdown_after_the_peer_closed_and_exited_over_shm() {
 async fn shutdown_after_the_peer_closed_and_exited_over_soft() {
     shutdown_after_the_peer_closed_and_exited(soft(), "soft").await;
 }
+
+/// Child-process side of `close_after_the_peer_closed_cleanly_and_exited`: connects with the
+/// providers named in `LIGHTPATH_TEST_BYE_PROVIDER`, reads the server's greeting, closes
+/// cleanly (a blocking drop: its records acknowledged, then its goodbye), says so, and exits
+/// at once, as a client process does after its last request; its queue pair goes with it.
+#[test]
+fn child_closer() {
+    let Ok(addr) = std::env::var("LIGHTPATH_TEST_BYE_ADDR") else { return };
+    let options = match std::env::var("LIGHTPATH_TEST_BYE_PROVIDER").as_deref() {
+        Ok("shm") => shm(),
+        _ => soft(),
+    };
+    let mut stream = lightpath::Stream::connect_with(addr.as_str(), &options).expect("child connect");
+    let mut greeting = [0u8; 5];
+    stream.read_exact(&mut greeting).expect("the greeting");
+    drop(stream);
+    println!("closed");
+    std::io::stdout().flush().unwrap();
+    std::process::exit(0);
+}
+
+/// A client process closes cleanly and exits; the server, having read the end of the stream
+/// (and the client's goodbye), closes too. Its close record can no longer be acknowledged
+/// (the client's queue pair went with its process), and nothing needs it to be: the client
+/// read all it wanted and said so. `close` is `Ok` at once; it used to wait for the soft
+/// queue pair's retries to run out (about two seconds) and then report a reset.
+async fn close_after_the_peer_closed_cleanly_and_exited(options: Options, provider: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = Listener::bind_with("127.0.0.1:0", options).await.unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_closer", "--nocapture", "--test-threads=1"])
+        .env("LIGHTPATH_TEST_BYE_ADDR", listener.local_addr().unwrap().to_string())
+        .env("LIGHTPATH_TEST_BYE_PROVIDER", provider)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut stream, _) = listener.accept().await.unwrap();
+    assert!(stream.transport().is_rdma(), "{}", stream.transport());
+    stream.write_all(b"hello").await.unwrap();
+    stream.flush().await.unwrap();
+    let mut rest = Vec::new();
+    let read = stream.read_to_end(&mut rest).await;
+    assert!(matches!(read, Ok(0)), "the child sends nothing, then closes: {read:?}");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "the child's test failed: {status:?}");
+    let guard = std::time::Duration::from_secs(60);
+    let closed = tokio::time::timeout(guard, stream.close()).await.expect("close hung");
+    assert!(closed.is_ok(), "{closed:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn close_after_the_peer_closed_cleanly_and_exited_over_shm() {
+    close_after_the_peer_closed_cleanly_and_exited(shm(), "shm").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn close_after_the_peer_closed_cleanly_and_exited_over_soft() {
+    close_after_the_peer_closed_cleanly_and_exited(soft(), "soft").await;
+}

@@ -32,6 +32,9 @@ pub(super) struct SendState {
     kept_message: bool,
     /// A half close asked for while bytes were kept: the close record follows them.
     shutdown_after_kept: bool,
+    /// This side shut its sending side down (`shutdown_write`), whether or not its close
+    /// record could still be queued.
+    write_shut: bool,
     /// A rendezvous a nonblocking call announced whose fetch that call has not yet seen (see
     /// `rendezvous`).
     pub(super) announced: Option<super::rendezvous::Announced>,
@@ -307,12 +310,26 @@ impl<D: Device> RdmaConn<D> {
     /// Once that holds, a failure that came after it does not fail the flush: a peer that read
     /// everything, closed its side and went away (its queue pair gone, so ours flushes its
     /// receives) has had all of it, as a TCP socket's data acknowledged before a reset was.
+    ///
+    /// Nor does a close wait once the peer has closed too: after this side's shutdown, the
+    /// peer's goodbye (it closed fully and reads nothing more) ends the flush, whatever became
+    /// of the connection since. Its queue pair
+    /// would still acknowledge what is in flight while its process lives, but a peer whose
+    /// process ended right after its goodbye never will, and the close then waited for the
+    /// retries to run out (about two seconds, for every client process that exited: seen
+    /// behind `lightpath perf`'s event-loop server).
     pub(crate) fn flush(&mut self, deadline: Deadline) -> io::Result<()> {
         self.core.uncork();
         loop {
+            if self.closed_after_peer_bye() {
+                return Ok(());
+            }
             let clear = self.push_kept()?;
             self.pump();
             if clear && self.core.is_flushed() && !self.core.rendezvous_outstanding() {
+                return Ok(());
+            }
+            if self.closed_after_peer_bye() {
                 return Ok(());
             }
             self.check_usable()?;
@@ -332,6 +349,22 @@ impl<D: Device> RdmaConn<D> {
                 Ok(()) => {}
             }
         }
+    }
+
+    /// This side shut its sending side down and the peer has closed fully (its goodbye came):
+    /// nothing this side sent needs acknowledging any more (see `flush`). Not while a
+    /// rendezvous this side announced may still be fetched from the caller's buffer.
+    ///
+    /// A connection that failed meanwhile (shm notices a peer's exit at once) first looks at
+    /// the TCP connection for that goodbye, which may not have been read yet.
+    fn closed_after_peer_bye(&mut self) -> bool {
+        if !self.send_state.write_shut || self.core.rendezvous_outstanding() {
+            return false;
+        }
+        if self.peer_bye.is_none() && self.failed.is_some() && !self.tcp_eof {
+            self.read_tcp();
+        }
+        self.peer_bye.is_some()
     }
 
     /// One nonblocking step for busy-polling drivers (`Stream::drive`): pushes kept bytes,
@@ -388,6 +421,7 @@ impl<D: Device> RdmaConn<D> {
     /// Half close: the peer reads end of stream after everything written so far. With bytes
     /// kept, the close record is queued behind them (later calls send both).
     pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
+        self.send_state.write_shut = true;
         self.core.uncork();
         match self.push_kept() {
             Ok(true) => self.core.shutdown(),
@@ -396,6 +430,12 @@ impl<D: Device> RdmaConn<D> {
             Err(_) => self.drop_kept(),
         }
         self.pump();
+        if self.closed_after_peer_bye() {
+            // The peer had closed fully: what became of its queue pair since (gone with its
+            // process, say) concerns no one (see `flush`), as a socket's shutdown after its
+            // peer's close succeeds.
+            return Ok(());
+        }
         self.check_usable()
     }
 
