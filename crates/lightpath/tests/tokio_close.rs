@@ -415,3 +415,61 @@ async fn close_after_the_peer_closed_cleanly_and_exited_over_shm() {
 async fn close_after_the_peer_closed_cleanly_and_exited_over_soft() {
     close_after_the_peer_closed_cleanly_and_exited(soft(), "soft").await;
 }
+
+/// Child-process side of `a_dropped_stream_delivers_all_when_its_process_exits`: a tokio
+/// program that connects, writes `LIGHTPATH_TEST_EXIT_LEN` bytes, drops the stream (its close
+/// goes to the background) and exits at once, as a short-lived client does.
+#[test]
+fn child_exiter() {
+    use tokio::io::AsyncWriteExt;
+    let Ok(addr) = std::env::var("LIGHTPATH_TEST_EXIT_ADDR") else { return };
+    let len: usize = std::env::var("LIGHTPATH_TEST_EXIT_LEN").unwrap().parse().unwrap();
+    let options = match std::env::var("LIGHTPATH_TEST_EXIT_PROVIDER").as_deref() {
+        Ok("shm") => shm(),
+        _ => soft(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut stream = Stream::connect_with(addr.as_str(), &options).await.expect("child connect");
+        stream.write_all(&pattern(len, 7)).await.expect("write");
+        drop(stream);
+    });
+    drop(runtime);
+    std::process::exit(0);
+}
+
+/// What a process that drops its last stream and exits right away had written arrives whole,
+/// followed by a clean end of stream, as over a TCP socket (the kernel finishes a socket's
+/// close after its process is gone; Lightpath's background close runs in the process).
+async fn a_dropped_stream_delivers_all_when_its_process_exits(options: Options, provider: &str) {
+    use tokio::io::AsyncReadExt;
+    let len = 4 << 20;
+    let listener = Listener::bind_with("127.0.0.1:0", options).await.unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_exiter", "--nocapture", "--test-threads=1"])
+        .env("LIGHTPATH_TEST_EXIT_ADDR", listener.local_addr().unwrap().to_string())
+        .env("LIGHTPATH_TEST_EXIT_PROVIDER", provider)
+        .env("LIGHTPATH_TEST_EXIT_LEN", len.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut stream, _) = listener.accept().await.unwrap();
+    assert!(stream.transport().is_rdma(), "{}", stream.transport());
+    let mut got = Vec::new();
+    let guard = std::time::Duration::from_secs(60);
+    let read = tokio::time::timeout(guard, stream.read_to_end(&mut got)).await.expect("read hung");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "the child's test failed: {status:?}");
+    assert_eq!((got.len(), checksum(&got)), (len, checksum(&pattern(len, 7))), "{read:?}");
+    assert!(read.is_ok(), "the stream ended with {read:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_stream_delivers_all_when_its_process_exits_over_shm() {
+    a_dropped_stream_delivers_all_when_its_process_exits(shm(), "shm").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_stream_delivers_all_when_its_process_exits_over_soft() {
+    a_dropped_stream_delivers_all_when_its_process_exits(soft(), "soft").await;
+}
