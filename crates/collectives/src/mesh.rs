@@ -1395,7 +1395,7 @@ fn online_cpus() -> usize {
             })
             .sum::<Option<usize>>()
     });
-    listed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    listed.unwrap_or_else(lightpath_verbs::available_cores)
 }
 
 fn slice<'a>(input: &'a [u8], output: &'a [u8], scratch: &'a [u8], r: Region) -> &'a [u8] {

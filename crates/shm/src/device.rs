@@ -492,8 +492,7 @@ impl ShmDevice {
             doorbell_watched: AtomicBool::new(false),
             spinners: AtomicU32::new(0),
             spin_policy,
-            max_spinners: std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
-                as u32,
+            max_spinners: (lightpath_verbs::available_cores() / 2).max(1) as u32,
         });
         let threads = crate::helper::start(&shared)?;
         Ok(Self { inner: Arc::new(DeviceInner { shared, threads }) })

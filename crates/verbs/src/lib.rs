@@ -37,3 +37,12 @@ pub use provider::{
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
+
+/// How many CPUs this process may run on (`std::thread::available_parallelism`, which honours
+/// affinity and cgroup quotas; 1 if unknown), asked once per process. Providers size spinning
+/// and spreading by it; the first ask reads cgroup files (about 50-100 µs here), which every
+/// device open and so every process's first connection used to pay again.
+pub fn available_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}

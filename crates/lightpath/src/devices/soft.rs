@@ -71,7 +71,7 @@ pub(crate) const SPREAD_AFTER: usize = 4;
 pub(crate) fn max_devices() -> usize {
     static MAX: OnceLock<usize> = OnceLock::new();
     *MAX.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let cores = lightpath_verbs::available_cores().min(8);
         std::env::var("LIGHTPATH_SOFT_DEVICES")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
