@@ -120,6 +120,9 @@ pub(crate) struct Handshake {
     fallback_by_peer: bool,
     /// The newest protocol version this side offers (a client) or speaks (a server).
     max_version: u8,
+    /// A client's guess at the provider the server will pick, whose device it opens (if none
+    /// is open yet) while the server works on the hello: see [`Handshake::before_waiting`].
+    warm: Option<ProviderId>,
 }
 
 /// The span of one connection, named after its side and addresses. The addresses (two
@@ -158,6 +161,7 @@ impl Handshake {
         let hello = Message::ClientHello { min_version, max_version, providers: providers.clone(), host_id };
         let mut out = CLIENT_MAGIC.to_vec();
         hello.emit(&mut out);
+        let warm = devices::likely_pick(&providers, tcp);
         Ok(Handshake {
             state: State::ClientMagic { providers },
             options: options.clone(),
@@ -171,6 +175,7 @@ impl Handshake {
             fallback_detail: String::new(),
             fallback_by_peer: false,
             max_version,
+            warm,
         })
     }
 
@@ -190,6 +195,7 @@ impl Handshake {
             fallback_detail: String::new(),
             fallback_by_peer: false,
             max_version: VERSION,
+            warm: None,
         })
     }
 
@@ -293,6 +299,19 @@ impl Handshake {
                     io::ErrorKind::TimedOut,
                     "lightpath: the peer stopped answering during negotiation",
                 ));
+            }
+        }
+    }
+
+    /// Called by the drivers before they wait to read: a client whose hello has gone opens
+    /// the device of the provider the server will likely pick, if none is open yet, so that a
+    /// process's first connection opens it while the server opens its own (each took 0.3 to
+    /// 0.5 ms on this VM) rather than after the server's answer. A wrong guess costs a device
+    /// that stays unused; errors are left for the real set-up to meet.
+    pub(crate) fn before_waiting(&mut self, tcp: &TcpStream) {
+        if matches!(self.state, State::ClientMagic { .. }) && self.out_sent == 0 && self.out.is_empty() {
+            if let Some(provider) = self.warm.take() {
+                devices::warm(provider, tcp, &self.options);
             }
         }
     }
@@ -673,6 +692,7 @@ fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Ne
                 }
             }
             Need::Read { max, deadline } => {
+                handshake.before_waiting(&tcp);
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     handshake.timed_out();

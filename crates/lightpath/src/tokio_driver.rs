@@ -797,6 +797,7 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
                 }
             }
             Need::Read { max, deadline } => {
+                handshake.before_waiting(tcp.get_ref());
                 let max = max.min(chunk.len());
                 let read = tcp.async_io(Interest::READABLE, |tcp| (&*tcp).read(&mut chunk[..max]));
                 match ::tokio::time::timeout_at(deadline.into(), read).await {

@@ -58,6 +58,30 @@ fn descriptor_reserve(limit: u64) -> u64 {
     (limit / 8).max(64)
 }
 
+/// The provider a server will likely pick from a client's `offered` list (in the client's
+/// order; servers rank alike by default) for the connection `tcp`: shm for a peer on this host
+/// (loopback, or this side's own address), else the first other provider offered.
+pub(crate) fn likely_pick(offered: &[ProviderId], tcp: &TcpStream) -> Option<ProviderId> {
+    let (local, peer) = (tcp.local_addr().ok()?, tcp.peer_addr().ok()?);
+    let same_host = soft::DeviceKey::for_connection(local, peer) == soft::DeviceKey::Loopback;
+    offered.iter().copied().find(|&p| p != ProviderId::Shm || same_host)
+}
+
+/// Opens the device a connection over `provider` on `tcp` would use, if none is open yet
+/// (see `Handshake::before_waiting`). Nothing for ibverbs, whose devices open with their
+/// first use as before.
+pub(crate) fn warm(provider: ProviderId, tcp: &TcpStream, options: &Options) {
+    match provider {
+        ProviderId::Soft => {
+            if let (Ok(local), Ok(peer)) = (tcp.local_addr(), tcp.peer_addr()) {
+                soft::warm(soft::DeviceKey::for_connection(local, peer), options);
+            }
+        }
+        ProviderId::Shm => shm::warm(),
+        ProviderId::Ibverbs => {}
+    }
+}
+
 /// This side's verbs objects for the connection `tcp` over `provider`, towards a Lightpath
 /// peer of the same provider (or any peer but a soft side facing hardware, see
 /// [`setup_towards_hardware`]).
@@ -87,4 +111,20 @@ pub(crate) fn setup_towards_hardware(
         ..options.clone()
     };
     soft::setup(tcp, options, soft::Facing::Hardware)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_expects_shm_from_a_server_on_its_host_else_its_next_provider() {
+        use ProviderId::{Ibverbs, Shm, Soft};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        assert_eq!(likely_pick(&[Shm, Soft], &tcp), Some(Shm), "loopback: the same host");
+        assert_eq!(likely_pick(&[Soft, Shm], &tcp), Some(Soft), "the client's order");
+        assert_eq!(likely_pick(&[Ibverbs, Soft], &tcp), Some(Ibverbs));
+        assert_eq!(likely_pick(&[], &tcp), None);
+    }
 }

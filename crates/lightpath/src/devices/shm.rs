@@ -43,6 +43,11 @@ fn device() -> io::Result<Entry> {
     Ok(entry)
 }
 
+/// Opens the process's device if it is not yet (see `devices::warm`).
+pub(crate) fn warm() {
+    let _ = device();
+}
+
 /// This side's verbs objects for a same-host connection.
 pub(crate) fn setup(options: &Options) -> io::Result<Box<dyn PendingSetup>> {
     let (device, hubs) = device()?;

@@ -132,6 +132,18 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options, facing: Facing) -> i
     Ok(entry)
 }
 
+/// Opens the first device of `key` if it has none (see `devices::warm`).
+pub(crate) fn warm(key: DeviceKey, options: &Options) {
+    let none = registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&key)
+        .is_none_or(Vec::is_empty);
+    if none {
+        let _ = device_for(key, options, Facing::Lightpath);
+    }
+}
+
 /// The soft devices opened so far (for their counters).
 pub(crate) fn open_devices() -> Vec<SoftDevice> {
     let devices = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
