@@ -313,11 +313,10 @@ impl<D: Device> RdmaConn<D> {
     ///
     /// Nor does a close wait once the peer has closed too: after this side's shutdown, the
     /// peer's goodbye (it closed fully and reads nothing more) ends the flush, whatever became
-    /// of the connection since. Its queue pair
-    /// would still acknowledge what is in flight while its process lives, but a peer whose
-    /// process ended right after its goodbye never will, and the close then waited for the
-    /// retries to run out (about two seconds, for every client process that exited: seen
-    /// behind `lightpath perf`'s event-loop server).
+    /// of the connection since. Its queue pair would still acknowledge what is in flight while
+    /// its process lives, but a peer whose process ended right after its goodbye never will,
+    /// and the close then waited for the retries to run out (about two seconds, for every
+    /// client process that exited: seen behind `lightpath perf`'s event-loop server).
     pub(crate) fn flush(&mut self, deadline: Deadline) -> io::Result<()> {
         self.core.uncork();
         loop {
