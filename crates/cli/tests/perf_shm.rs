@@ -5,11 +5,11 @@
 
 mod common;
 
-use common::{free_tcp_port, wait_with_deadline};
+use common::{free_tcp_port, wait_listening, wait_with_deadline};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lightpath");
 
@@ -119,14 +119,8 @@ fn a_client_on_another_host_is_refused() {
     let port = free_tcp_port();
     let server =
         spawn(&["perf", "send_lat", "--provider", "shm", "-p", &port.to_string(), "--bind", "127.0.0.1"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(stream) => break stream,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(err) => panic!("server never listened: {err}"),
-        }
-    };
+    wait_listening(port);
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let hello = serde_json::json!({
         "magic": "lightpath-perf",
         "version": 2,

@@ -4,40 +4,16 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+
+use common::wait_listening;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lightpath");
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Whether a socket listens on `port`, whatever its address (the kernel's tables of TCP
-/// sockets: local address and port in hex, state 0A is LISTEN).
-fn listening(port: u16) -> bool {
-    let port = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
-        std::fs::read_to_string(path).is_ok_and(|table| {
-            table.lines().skip(1).any(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                fields.get(1).is_some_and(|local| local.ends_with(&port)) && fields.get(3) == Some(&"0A")
-            })
-        })
-    })
-}
-
-fn wait_listening(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // A plain probe connection would be taken as a client by `cat -l`, and a port that is
-    // bound may not be listening yet (the client does not retry a refused connection): wait
-    // for the kernel to list the socket as listening.
-    while Instant::now() < deadline {
-        if listening(port) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listened on port {port}");
 }
 
 fn cat_round_trip(provider: &str) {
@@ -232,16 +208,10 @@ fn perf_stream_rr_event_loop_server() {
     assert_eq!(lat[0]["server"], "loop");
 }
 
-/// Connects to the server on `port`, retrying while it starts.
+/// Connects to the server on `port` once it listens.
 fn plain_client(port: u16) -> TcpStream {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(stream) => return stream,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(err) => panic!("nothing listened on port {port}: {err}"),
-        }
-    }
+    wait_listening(port);
+    TcpStream::connect(("127.0.0.1", port)).unwrap()
 }
 
 /// Before the real client, a plain TCP client sends garbage, a port scanner connects and

@@ -86,3 +86,32 @@ pub fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
+
+/// Whether a socket listens on `port`, whatever its address (the kernel's tables of TCP
+/// sockets: local address and port in hex, state 0A is LISTEN).
+pub fn listening(port: u16) -> bool {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
+        std::fs::read_to_string(path).is_ok_and(|table| {
+            table.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.get(1).is_some_and(|local| local.ends_with(&port)) && fields.get(3) == Some(&"0A")
+            })
+        })
+    })
+}
+
+pub fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // A probe connection would be taken as a client by the server (`cat -l`, a perf server),
+    // and a port that is bound may not be listening yet: wait for the kernel to list the
+    // socket as listening. (Connecting in a loop instead can even connect a socket to itself:
+    // the kernel may pick the port as the attempt's own source port while nothing listens.)
+    while Instant::now() < deadline {
+        if listening(port) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listened on port {port}");
+}
