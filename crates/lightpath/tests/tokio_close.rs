@@ -298,13 +298,11 @@ async fn send_msg_wakes_when_the_peer_reads_over_shm() {
     send_msg_wakes_when_the_peer_reads(shm()).await;
 }
 
-/// Child-process side of `shutdown_after_the_peer_closed_and_exited`: connects with the
-/// providers named in `LIGHTPATH_TEST_QUIT_PROVIDER`, reads the server's greeting, closes its
-/// sending side, says so, and exits at once (no clean close: its process is gone, as a client
-/// process that ends right after its last request).
-#[test]
-fn child_quitter() {
-    let Ok(addr) = std::env::var("LIGHTPATH_TEST_QUIT_ADDR") else { return };
+/// In a child process that `stream_of_an_exited_child` started: connects to
+/// `LIGHTPATH_TEST_QUIT_ADDR` with the providers named in `LIGHTPATH_TEST_QUIT_PROVIDER` and
+/// reads the server's greeting. `None` in any other process.
+fn greeted_child() -> Option<lightpath::Stream> {
+    let addr = std::env::var("LIGHTPATH_TEST_QUIT_ADDR").ok()?;
     let options = match std::env::var("LIGHTPATH_TEST_QUIT_PROVIDER").as_deref() {
         Ok("shm") => shm(),
         _ => soft(),
@@ -312,21 +310,43 @@ fn child_quitter() {
     let mut stream = lightpath::Stream::connect_with(addr.as_str(), &options).expect("child connect");
     let mut greeting = [0u8; 5];
     stream.read_exact(&mut greeting).expect("the greeting");
-    stream.shutdown(std::net::Shutdown::Write).expect("half close");
-    println!("quitting");
+    Some(stream)
+}
+
+/// Ends a child process at once, as a client process that ends right after its last request.
+fn child_exits(said: &str) -> ! {
+    println!("{said}");
     std::io::stdout().flush().unwrap();
     std::process::exit(0);
 }
 
-/// A client process closes its side and exits without finishing its close; the server,
-/// having read the end of the stream, shuts its own side down (what hyper does): that is
-/// `Ok`, as over a TCP socket, not a reset the server would log as an error for every client
-/// that exited.
-async fn shutdown_after_the_peer_closed_and_exited(options: Options, provider: &str) {
+/// Child-process side of `shutdown_after_the_peer_closed_and_exited`: closes its sending side
+/// and exits (no clean close: its process is gone).
+#[test]
+fn child_quitter() {
+    let Some(mut stream) = greeted_child() else { return };
+    stream.shutdown(std::net::Shutdown::Write).expect("half close");
+    child_exits("quitting");
+}
+
+/// Child-process side of `close_after_the_peer_closed_cleanly_and_exited`: closes cleanly (a
+/// blocking drop: its records acknowledged, then its goodbye) and exits; its queue pair goes
+/// with it.
+#[test]
+fn child_closer() {
+    let Some(stream) = greeted_child() else { return };
+    drop(stream);
+    child_exits("closed");
+}
+
+/// Runs the child test `child` against a listener with `options` (`provider` names them to the
+/// child), greets it, reads its stream to the end and waits for its process to end: the
+/// server's stream, whose peer is gone.
+async fn stream_of_an_exited_child(child: &str, options: Options, provider: &str) -> Stream {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = Listener::bind_with("127.0.0.1:0", options).await.unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_quitter", "--nocapture", "--test-threads=1"])
+        .args(["--exact", child, "--nocapture", "--test-threads=1"])
         .env("LIGHTPATH_TEST_QUIT_ADDR", listener.local_addr().unwrap().to_string())
         .env("LIGHTPATH_TEST_QUIT_PROVIDER", provider)
         .stdout(Stdio::piped())
@@ -341,6 +361,16 @@ async fn shutdown_after_the_peer_closed_and_exited(options: Options, provider: &
     assert!(matches!(read, Ok(0)), "the child sends nothing, then closes: {read:?}");
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
     assert!(status.success(), "the child's test failed: {status:?}");
+    stream
+}
+
+/// A client process closes its side and exits without finishing its close; the server,
+/// having read the end of the stream, shuts its own side down (what hyper does): that is
+/// `Ok`, as over a TCP socket, not a reset the server would log as an error for every client
+/// that exited.
+async fn shutdown_after_the_peer_closed_and_exited(options: Options, provider: &str) {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = stream_of_an_exited_child("child_quitter", options, provider).await;
     // The child's process is gone: whatever this side still waits for will never come.
     let guard = std::time::Duration::from_secs(60);
     let shutdown = tokio::time::timeout(guard, stream.shutdown()).await.expect("shutdown hung");
@@ -357,50 +387,13 @@ async fn shutdown_after_the_peer_closed_and_exited_over_soft() {
     shutdown_after_the_peer_closed_and_exited(soft(), "soft").await;
 }
 
-/// Child-process side of `close_after_the_peer_closed_cleanly_and_exited`: connects with the
-/// providers named in `LIGHTPATH_TEST_BYE_PROVIDER`, reads the server's greeting, closes
-/// cleanly (a blocking drop: its records acknowledged, then its goodbye), says so, and exits
-/// at once, as a client process does after its last request; its queue pair goes with it.
-#[test]
-fn child_closer() {
-    let Ok(addr) = std::env::var("LIGHTPATH_TEST_BYE_ADDR") else { return };
-    let options = match std::env::var("LIGHTPATH_TEST_BYE_PROVIDER").as_deref() {
-        Ok("shm") => shm(),
-        _ => soft(),
-    };
-    let mut stream = lightpath::Stream::connect_with(addr.as_str(), &options).expect("child connect");
-    let mut greeting = [0u8; 5];
-    stream.read_exact(&mut greeting).expect("the greeting");
-    drop(stream);
-    println!("closed");
-    std::io::stdout().flush().unwrap();
-    std::process::exit(0);
-}
-
 /// A client process closes cleanly and exits; the server, having read the end of the stream
 /// (and the client's goodbye), closes too. Its close record can no longer be acknowledged
 /// (the client's queue pair went with its process), and nothing needs it to be: the client
 /// read all it wanted and said so. `close` is `Ok` at once; it used to wait for the soft
 /// queue pair's retries to run out (about two seconds) and then report a reset.
 async fn close_after_the_peer_closed_cleanly_and_exited(options: Options, provider: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = Listener::bind_with("127.0.0.1:0", options).await.unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_closer", "--nocapture", "--test-threads=1"])
-        .env("LIGHTPATH_TEST_BYE_ADDR", listener.local_addr().unwrap().to_string())
-        .env("LIGHTPATH_TEST_BYE_PROVIDER", provider)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (mut stream, _) = listener.accept().await.unwrap();
-    assert!(stream.transport().is_rdma(), "{}", stream.transport());
-    stream.write_all(b"hello").await.unwrap();
-    stream.flush().await.unwrap();
-    let mut rest = Vec::new();
-    let read = stream.read_to_end(&mut rest).await;
-    assert!(matches!(read, Ok(0)), "the child sends nothing, then closes: {read:?}");
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
-    assert!(status.success(), "the child's test failed: {status:?}");
+    let stream = stream_of_an_exited_child("child_closer", options, provider).await;
     let guard = std::time::Duration::from_secs(60);
     let closed = tokio::time::timeout(guard, stream.close()).await.expect("close hung");
     assert!(closed.is_ok(), "{closed:?}");
