@@ -120,9 +120,9 @@ pub(crate) struct Handshake {
     fallback_by_peer: bool,
     /// The newest protocol version this side offers (a client) or speaks (a server).
     max_version: u8,
-    /// A client's guess at the provider the server will pick, whose device it opens (if none
-    /// is open yet) while the server works on the hello: see [`Handshake::before_waiting`].
-    warm: Option<ProviderId>,
+    /// A client that has not yet looked whether to open a device while the server works on
+    /// its hello (see [`Handshake::before_waiting`]).
+    warm_pending: bool,
 }
 
 /// The span of one connection, named after its side and addresses. The addresses (two
@@ -161,7 +161,6 @@ impl Handshake {
         let hello = Message::ClientHello { min_version, max_version, providers: providers.clone(), host_id };
         let mut out = CLIENT_MAGIC.to_vec();
         hello.emit(&mut out);
-        let warm = devices::likely_pick(&providers, tcp);
         Ok(Handshake {
             state: State::ClientMagic { providers },
             options: options.clone(),
@@ -175,7 +174,7 @@ impl Handshake {
             fallback_detail: String::new(),
             fallback_by_peer: false,
             max_version,
-            warm,
+            warm_pending: true,
         })
     }
 
@@ -195,7 +194,7 @@ impl Handshake {
             fallback_detail: String::new(),
             fallback_by_peer: false,
             max_version: VERSION,
-            warm: None,
+            warm_pending: false,
         })
     }
 
@@ -309,10 +308,12 @@ impl Handshake {
     /// 0.5 ms on this VM) rather than after the server's answer. A wrong guess costs a device
     /// that stays unused; errors are left for the real set-up to meet.
     pub(crate) fn before_waiting(&mut self, tcp: &TcpStream) {
-        if matches!(self.state, State::ClientMagic { .. }) && self.out_sent == 0 && self.out.is_empty() {
-            if let Some(provider) = self.warm.take() {
-                devices::warm(provider, tcp, &self.options);
-            }
+        if !self.warm_pending || !self.out.is_empty() {
+            return;
+        }
+        self.warm_pending = false;
+        if let State::ClientMagic { providers } = &self.state {
+            devices::warm_likely_pick(providers, tcp, &self.options);
         }
     }
 

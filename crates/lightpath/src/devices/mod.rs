@@ -67,10 +67,27 @@ pub(crate) fn likely_pick(offered: &[ProviderId], tcp: &TcpStream) -> Option<Pro
     offered.iter().copied().find(|&p| p != ProviderId::Shm || same_host)
 }
 
-/// Opens the device a connection over `provider` on `tcp` would use, if none is open yet
-/// (see `Handshake::before_waiting`). Nothing for ibverbs, whose devices open with their
-/// first use as before.
-pub(crate) fn warm(provider: ProviderId, tcp: &TcpStream, options: &Options) {
+/// Opens the device of the provider a server will likely pick from a client's `offered` list
+/// ([`likely_pick`]) for the connection `tcp`, if none is open yet (see
+/// `Handshake::before_waiting`): what a process's first connection gains. A process with a
+/// device of an offered provider open already has connected before and looks no further (no
+/// system call). Nothing for ibverbs, whose devices open with their first use as before.
+pub(crate) fn warm_likely_pick(offered: &[ProviderId], tcp: &TcpStream, options: &Options) {
+    let connected_before = offered.iter().any(|provider| match provider {
+        ProviderId::Soft => soft::any_open(),
+        ProviderId::Shm => shm::is_open(),
+        ProviderId::Ibverbs => false,
+    });
+    if connected_before {
+        return;
+    }
+    if let Some(provider) = likely_pick(offered, tcp) {
+        warm(provider, tcp, options);
+    }
+}
+
+/// Opens the device a connection over `provider` on `tcp` would use, if none is open yet.
+fn warm(provider: ProviderId, tcp: &TcpStream, options: &Options) {
     match provider {
         ProviderId::Soft => {
             if let (Ok(local), Ok(peer)) = (tcp.local_addr(), tcp.peer_addr()) {

@@ -25,9 +25,13 @@ type Entry = (ShmDevice, Arc<HubPool<ShmDevice>>);
 /// plain memory.
 const SHARED_CQ_ENTRIES: u32 = 1 << 20;
 
-fn device() -> io::Result<Entry> {
+fn slot() -> std::sync::MutexGuard<'static, Option<Entry>> {
     static DEVICE: OnceLock<Mutex<Option<Entry>>> = OnceLock::new();
-    let mut slot = DEVICE.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
+    DEVICE.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn device() -> io::Result<Entry> {
+    let mut slot = slot();
     if let Some(entry) = slot.as_ref() {
         return Ok(entry.clone());
     }
@@ -43,7 +47,12 @@ fn device() -> io::Result<Entry> {
     Ok(entry)
 }
 
-/// Opens the process's device if it is not yet (see `devices::warm`).
+/// Whether this process has opened its device.
+pub(crate) fn is_open() -> bool {
+    slot().is_some()
+}
+
+/// Opens the process's device if it is not yet (see `devices::warm_likely_pick`).
 pub(crate) fn warm() {
     let _ = device();
 }

@@ -132,7 +132,16 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options, facing: Facing) -> i
     Ok(entry)
 }
 
-/// Opens the first device of `key` if it has none (see `devices::warm`).
+/// Whether this process has opened a soft device (for any address).
+pub(crate) fn any_open() -> bool {
+    registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .values()
+        .any(|entries| !entries.is_empty())
+}
+
+/// Opens the first device of `key` if it has none (see `devices::warm_likely_pick`).
 pub(crate) fn warm(key: DeviceKey, options: &Options) {
     let none = registry()
         .lock()
