@@ -59,11 +59,11 @@ fn descriptor_reserve(limit: u64) -> u64 {
 }
 
 /// The provider a server will likely pick from a client's `offered` list (in the client's
-/// order; servers rank alike by default) for the connection `tcp`: shm for a peer on this host
-/// (loopback, or this side's own address), else the first other provider offered.
-pub(crate) fn likely_pick(offered: &[ProviderId], tcp: &TcpStream) -> Option<ProviderId> {
-    let (local, peer) = (tcp.local_addr().ok()?, tcp.peer_addr().ok()?);
-    let same_host = soft::DeviceKey::for_connection(local, peer) == soft::DeviceKey::Loopback;
+/// order; servers rank alike by default) for a connection whose soft devices are `key`'s: shm
+/// for a peer on this host (loopback, or this side's own address), else the first other
+/// provider offered.
+fn likely_pick(offered: &[ProviderId], key: soft::DeviceKey) -> Option<ProviderId> {
+    let same_host = key == soft::DeviceKey::Loopback;
     offered.iter().copied().find(|&p| p != ProviderId::Shm || same_host)
 }
 
@@ -81,21 +81,12 @@ pub(crate) fn warm_likely_pick(offered: &[ProviderId], tcp: &TcpStream, options:
     if connected_before {
         return;
     }
-    if let Some(provider) = likely_pick(offered, tcp) {
-        warm(provider, tcp, options);
-    }
-}
-
-/// Opens the device a connection over `provider` on `tcp` would use, if none is open yet.
-fn warm(provider: ProviderId, tcp: &TcpStream, options: &Options) {
-    match provider {
-        ProviderId::Soft => {
-            if let (Ok(local), Ok(peer)) = (tcp.local_addr(), tcp.peer_addr()) {
-                soft::warm(soft::DeviceKey::for_connection(local, peer), options);
-            }
-        }
-        ProviderId::Shm => shm::warm(),
-        ProviderId::Ibverbs => {}
+    let (Ok(local), Ok(peer)) = (tcp.local_addr(), tcp.peer_addr()) else { return };
+    let key = soft::DeviceKey::for_connection(local, peer);
+    match likely_pick(offered, key) {
+        Some(ProviderId::Soft) => soft::warm(key, options),
+        Some(ProviderId::Shm) => shm::warm(),
+        Some(ProviderId::Ibverbs) | None => {}
     }
 }
 
@@ -139,9 +130,12 @@ mod tests {
         use ProviderId::{Ibverbs, Shm, Soft};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let tcp = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        assert_eq!(likely_pick(&[Shm, Soft], &tcp), Some(Shm), "loopback: the same host");
-        assert_eq!(likely_pick(&[Soft, Shm], &tcp), Some(Soft), "the client's order");
-        assert_eq!(likely_pick(&[Ibverbs, Soft], &tcp), Some(Ibverbs));
-        assert_eq!(likely_pick(&[], &tcp), None);
+        let key = soft::DeviceKey::for_connection(tcp.local_addr().unwrap(), tcp.peer_addr().unwrap());
+        assert_eq!(likely_pick(&[Shm, Soft], key), Some(Shm), "loopback: the same host");
+        assert_eq!(likely_pick(&[Soft, Shm], key), Some(Soft), "the client's order");
+        assert_eq!(likely_pick(&[Ibverbs, Soft], key), Some(Ibverbs));
+        assert_eq!(likely_pick(&[], key), None);
+        let remote = soft::DeviceKey::Local("10.0.0.1".parse().unwrap());
+        assert_eq!(likely_pick(&[Shm, Soft], remote), Some(Soft), "another host: no shm");
     }
 }
