@@ -281,8 +281,8 @@ impl CompletionQueue for ShmCq {
     /// then sleeps until a peer rings the device's doorbell or a completion is added by another
     /// thread. Past the first few µs (at once while the core is contended) the spin yields the
     /// core every few µs, so a thread that has work on this core (the peer, on a busy machine)
-    /// runs at once instead of after the spin; a yield that ran another thread ends the spin
-    /// after one more look.
+    /// runs at once instead of after the spin; how long each yield took teaches the later
+    /// waits of the device when to yield (see `SpinPolicy`).
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         if out.is_empty() {
             return Ok(0);
