@@ -51,16 +51,8 @@ client_prefix=()
 server_addr=127.0.0.1
 place=loopback
 
-# stop PID: SIGTERM, then SIGKILL if it is still there after 2 s.
-stop() {
-    kill "$1" 2> /dev/null || true
-    for _ in $(seq 40); do
-        kill -0 "$1" 2> /dev/null || break
-        sleep 0.05
-    done
-    kill -9 "$1" 2> /dev/null || true
-    wait "$1" 2> /dev/null || true
-}
+# shellcheck source=scripts/stop.sh
+. scripts/stop.sh
 
 # wait_for TEXT LOG PID: until the server's log says TEXT (it listens then); fails if it exited.
 wait_for() {

@@ -37,16 +37,8 @@ port=$((20000 + RANDOM % 10000))
 failures=0
 log=$OUT.server.log
 
-# stop PID: SIGTERM, then SIGKILL if it is still there after 2 s.
-stop() {
-    kill "$1" 2> /dev/null || true
-    for _ in $(seq 40); do
-        kill -0 "$1" 2> /dev/null || break
-        sleep 0.05
-    done
-    kill -9 "$1" 2> /dev/null || true
-    wait "$1" 2> /dev/null || true
-}
+# shellcheck source=scripts/stop.sh
+. scripts/stop.sh
 
 # attempt PROVIDER CONNS BODY REQUESTS: one server process, one client run; fails if either did.
 attempt() {
