@@ -140,14 +140,14 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 providers, place = sys.argv[2].split(), sys.argv[3]
 def med(measure, provider, key):
     values = [r[key] for r in rows if r["measure"] == measure and r["provider"] == provider and r["place"] == place]
-    return (statistics.median(values), len(values)) if values else (None, 0)
+    return statistics.median(values) if values else None
 print(f"\n{place}: medians of the runs; ratio to tcp in brackets (set-up: higher is better; time: lower)")
 print(f"{'provider':10} {'cold set-up/s':>20} {'client wall ms':>20} {'client CPU ms':>20}")
-base = {k: med(m, "tcp", k)[0] for m, k in (("cold", "setup_per_s"), ("client", "wall_ms"), ("client", "cpu_ms"))}
+base = {k: med(m, "tcp", k) for m, k in (("cold", "setup_per_s"), ("client", "wall_ms"), ("client", "cpu_ms"))}
 for provider in providers:
     cells = []
     for measure, key in (("cold", "setup_per_s"), ("client", "wall_ms"), ("client", "cpu_ms")):
-        value, n = med(measure, provider, key)
+        value = med(measure, provider, key)
         if value is None:
             cells.append(f"{'-':>20}")
             continue
