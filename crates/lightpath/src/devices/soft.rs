@@ -55,9 +55,10 @@ impl DeviceKey {
 /// A device and the completion queues its connections share.
 type Entry = (SoftDevice, Arc<HubPool<SoftDevice>>);
 
-fn registry() -> &'static Mutex<HashMap<DeviceKey, Vec<Entry>>> {
+/// The devices opened so far, by key, locked (a holder that panicked left the map usable).
+fn registry() -> std::sync::MutexGuard<'static, HashMap<DeviceKey, Vec<Entry>>> {
     static DEVICES: OnceLock<Mutex<HashMap<DeviceKey, Vec<Entry>>>> = OnceLock::new();
-    DEVICES.get_or_init(|| Mutex::new(HashMap::new()))
+    DEVICES.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Completion entries of a soft device's first shared queue: its queues are plain memory,
@@ -106,7 +107,7 @@ fn pick(loads: &[usize], max: usize, facing: Facing) -> Option<usize> {
 
 /// The device for a connection of `key` facing `facing`, opened if needed.
 pub(crate) fn device_for(key: DeviceKey, options: &Options, facing: Facing) -> io::Result<Entry> {
-    let mut devices = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut devices = registry();
     let entries = devices.entry(key).or_default();
     let loads: Vec<usize> = entries.iter().map(|(_, hubs)| hubs.connections()).collect();
     if let Some(index) = pick(&loads, max_devices(), facing) {
@@ -134,20 +135,12 @@ pub(crate) fn device_for(key: DeviceKey, options: &Options, facing: Facing) -> i
 
 /// Whether this process has opened a soft device (for any address).
 pub(crate) fn any_open() -> bool {
-    registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .values()
-        .any(|entries| !entries.is_empty())
+    registry().values().any(|entries| !entries.is_empty())
 }
 
 /// Opens the first device of `key` if it has none (see `devices::warm_likely_pick`).
 pub(crate) fn warm(key: DeviceKey, options: &Options) {
-    let none = registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .get(&key)
-        .is_none_or(Vec::is_empty);
+    let none = registry().get(&key).is_none_or(Vec::is_empty);
     if none {
         let _ = device_for(key, options, Facing::Lightpath);
     }
@@ -155,7 +148,7 @@ pub(crate) fn warm(key: DeviceKey, options: &Options) {
 
 /// The soft devices opened so far (for their counters).
 pub(crate) fn open_devices() -> Vec<SoftDevice> {
-    let devices = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let devices = registry();
     devices.values().flatten().map(|(device, _)| device.clone()).collect()
 }
 
