@@ -18,7 +18,9 @@
 //!   bounds, access of the region and of the peer queue pair). Regions without remote write
 //!   access are sealed so peers can only map them read-only. `QueuePair::write_direct` does
 //!   such a WRITE at once from the caller's own buffer (no local region, no request, one
-//!   copy): how the stream layer puts a writer's bytes into the peer's receive ring.
+//!   copy): how the stream layer puts a writer's bytes into the peer's receive ring. Large
+//!   copies into a peer's memory use streaming stores while this process measures them to be
+//!   cheaper (cores that share no cache; see `outbound_copy`).
 //! - **Each queue pair has a shared segment** it alone writes: a single-producer ring of
 //!   records (small SEND payloads in pieces; for large SENDs only descriptors of where the bytes
 //!   are, which the receiver copies straight out of the sender's region; WRITE-with-immediate
@@ -85,6 +87,7 @@ pub mod fault;
 mod helper;
 mod host;
 mod mr;
+mod outbound_copy;
 mod pd;
 pub mod pipe;
 mod provider;

@@ -443,7 +443,7 @@ fn push_message(
                     u64::from(pushed),
                     u64::from(piece),
                     |region, region_offset, rel, len| {
-                        Mapping::copy(map, base + rel, &region.map, region_offset, len)
+                        Mapping::copy_to_peer(map, base + rel, &region.map, region_offset, len)
                     },
                 ),
             };
@@ -523,7 +523,7 @@ fn write(
             0,
             u64::from(wqe.len),
             |region, region_offset, rel, len| {
-                Mapping::copy(target, offset + rel, &region.map, region_offset, len)
+                Mapping::copy_to_peer(target, offset + rel, &region.map, region_offset, len)
             },
         ),
     };

@@ -141,8 +141,8 @@ impl Mapping {
         let Some(dst) = self.pointer(offset, src.len()) else { return false };
         // SAFETY: `dst..dst + src.len()` is inside the live, writable mapping (checked above);
         // `src` is valid for reads of its length. It might alias the destination pages through
-        // another mapping, so `copy_in_pieces` (memmove), defined for any overlap, is used.
-        unsafe { copy_in_pieces(src.as_ptr(), dst, src.len()) };
+        // another mapping, which `copy_to_peer` allows.
+        unsafe { copy_to_peer(src.as_ptr(), dst, src.len()) };
         true
     }
 
@@ -165,6 +165,29 @@ impl Mapping {
         // writable. Two mappings of one file alias the same pages at different addresses, so
         // `copy_in_pieces` (memmove) is used, which is defined for any overlap.
         unsafe { copy_in_pieces(from, to, len) };
+        true
+    }
+
+    /// [`Mapping::copy`] into memory the peer reads next (an RDMA WRITE into its region, a
+    /// SEND's bytes into this queue pair's ring): large copies are made the way this process
+    /// measured to be cheaper lately (see `crate::outbound_copy`).
+    #[must_use]
+    pub(crate) fn copy_to_peer(
+        dst: &Mapping,
+        dst_offset: usize,
+        src: &Mapping,
+        src_offset: usize,
+        len: usize,
+    ) -> bool {
+        if !dst.writable {
+            return false;
+        }
+        let (Some(to), Some(from)) = (dst.pointer(dst_offset, len), src.pointer(src_offset, len)) else {
+            return false;
+        };
+        // SAFETY: as in `Mapping::copy`: both ranges are inside live mappings (checked above),
+        // the destination is writable, and `copy_to_peer` allows any aliasing.
+        unsafe { copy_to_peer(from, to, len) };
         true
     }
 
@@ -264,6 +287,88 @@ unsafe fn copy_in_pieces(from: *const u8, to: *mut u8, len: usize) {
     }
 }
 
+/// A copy of `len` bytes into memory a peer reads next, made through the caches or with
+/// streaming stores as [`crate::outbound_copy::OUTBOUND`] plans it (and timed when it asks).
+///
+/// # Safety
+///
+/// As for [`copy_in_pieces`]: `from` valid for reads and `to` for writes of `len` bytes; the
+/// ranges may alias through two mappings of the same pages (each way then moves unspecified
+/// bytes for the overlap, as a concurrent writer would, but never touches memory outside the
+/// ranges).
+unsafe fn copy_to_peer(from: *const u8, to: *mut u8, len: usize) {
+    use crate::outbound_copy::{Method, OUTBOUND};
+    let overlapping = (from as usize) < (to as usize) + len && (to as usize) < (from as usize) + len;
+    let plan = if overlapping { None } else { OUTBOUND.plan(len) };
+    let Some(plan) = plan else {
+        // SAFETY: the caller's promise.
+        unsafe { copy_in_pieces(from, to, len) };
+        return;
+    };
+    let started = plan.timed.then(std::time::Instant::now);
+    match plan.method {
+        // SAFETY: the caller's promise.
+        Method::Cached => unsafe { copy_in_pieces(from, to, len) },
+        // SAFETY: the caller's promise; the ranges do not overlap in address (checked above).
+        Method::Streaming => unsafe { copy_streaming(from, to, len) },
+    }
+    if let Some(started) = started {
+        OUTBOUND.record(plan.method, len, started.elapsed());
+    }
+}
+
+/// Copies `len` bytes with streaming (non-temporal) stores, which write whole cache lines to
+/// memory without first fetching them into this core's cache (and evict them from every
+/// other), then fences them: a release store that publishes the bytes afterwards (a ring's
+/// tail, a completion) is ordered after them, as after ordinary stores. The bytes before the
+/// first 16-byte boundary of the destination and after the last one are copied plainly.
+///
+/// # Safety
+///
+/// `from` valid for reads and `to` for writes of `len` bytes, the two not overlapping in
+/// address.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming(from: *const u8, to: *mut u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let head = to.align_offset(16).min(len);
+    // SAFETY: `head <= len`: inside both ranges.
+    unsafe { std::ptr::copy(from, to, head) };
+    let mut at = head;
+    while at + 64 <= len {
+        // SAFETY: `at + 64 <= len`, so the four 16-byte loads and stores are inside the
+        // ranges; `to + at` is 16-byte aligned (`head` aligned it, and `at` moves by 64), as
+        // `_mm_stream_si128` requires, and the loads need no alignment. SSE2 is part of the
+        // x86_64 baseline.
+        unsafe {
+            let src = from.add(at).cast::<__m128i>();
+            let dst = to.add(at).cast::<__m128i>();
+            let (a, b) = (_mm_loadu_si128(src), _mm_loadu_si128(src.add(1)));
+            let (c, d) = (_mm_loadu_si128(src.add(2)), _mm_loadu_si128(src.add(3)));
+            _mm_stream_si128(dst, a);
+            _mm_stream_si128(dst.add(1), b);
+            _mm_stream_si128(dst.add(2), c);
+            _mm_stream_si128(dst.add(3), d);
+        }
+        at += 64;
+    }
+    // SAFETY: `at <= len`: the rest is inside both ranges. Then the fence: SSE2, as above.
+    unsafe {
+        std::ptr::copy(from.add(at), to.add(at), len - at);
+        _mm_sfence();
+    }
+}
+
+/// Elsewhere there are no streaming stores to use: a plain copy.
+///
+/// # Safety
+///
+/// As for [`copy_in_pieces`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn copy_streaming(from: *const u8, to: *mut u8, len: usize) {
+    // SAFETY: the caller's promise.
+    unsafe { copy_in_pieces(from, to, len) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +377,42 @@ mod tests {
         let memfd = Memfd::create("lightpath-shm-test", len).expect("memfd");
         let map = Mapping::new(&memfd, writable).expect("map");
         (memfd, map)
+    }
+
+    #[test]
+    fn streaming_copies_move_exactly_their_bytes() {
+        let source: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for len in [0, 1, 15, 16, 17, 63, 64, 65, 127, 4096, 33_000, 65_536] {
+            for (from, to) in [(0, 0), (3, 0), (0, 5), (7, 9), (16, 1), (1, 16)] {
+                let mut target = vec![0xEEu8; len + 64];
+                // SAFETY: `source[from..from + len]` and `target[to..to + len]` are in bounds
+                // (70,000 bytes and `len + 64`, offsets below 64) and do not overlap.
+                unsafe { copy_streaming(source.as_ptr().add(from), target.as_mut_ptr().add(to), len) };
+                assert_eq!(&target[to..to + len], &source[from..from + len], "len {len} from {from} to {to}");
+                assert!(target[..to].iter().all(|&b| b == 0xEE), "nothing before, len {len}");
+                assert!(target[to + len..].iter().all(|&b| b == 0xEE), "nothing after, len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn copies_to_peers_arrive_whichever_way_they_are_made() {
+        // Enough large copies for the chooser to make some each way (the first two are one of
+        // each; probes follow), all through `Mapping::copy_to_peer` and `write_from_caller`.
+        let (_fd_a, a) = mapping(1 << 20, true);
+        let (_fd_b, b) = mapping(1 << 20, true);
+        for round in 0..200u32 {
+            let bytes: Vec<u8> = (0..100_000u32).map(|i| (i ^ round).wrapping_mul(31) as u8).collect();
+            let at = (round as usize * 4_099) % 4_096;
+            assert!(a.write_from_caller(at, &bytes));
+            assert!(Mapping::copy_to_peer(&b, 300_000 + at, &a, at, bytes.len()));
+            let mut back = vec![0u8; bytes.len()];
+            assert!(b.read(300_000 + at, &mut back));
+            assert_eq!(back, bytes, "round {round}");
+        }
+        let (_fd_r, read_only) = mapping(4096, false);
+        assert!(!Mapping::copy_to_peer(&read_only, 0, &a, 0, 16), "a read-only mapping refuses");
+        assert!(!Mapping::copy_to_peer(&b, (1 << 20) - 8, &a, 0, 16), "past the end");
     }
 
     #[test]
