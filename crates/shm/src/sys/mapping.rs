@@ -155,17 +155,7 @@ impl Mapping {
         src_offset: usize,
         len: usize,
     ) -> bool {
-        if !dst.writable {
-            return false;
-        }
-        let (Some(to), Some(from)) = (dst.pointer(dst_offset, len), src.pointer(src_offset, len)) else {
-            return false;
-        };
-        // SAFETY: both ranges are inside live mappings (checked above) and the destination is
-        // writable. Two mappings of one file alias the same pages at different addresses, so
-        // `copy_in_pieces` (memmove) is used, which is defined for any overlap.
-        unsafe { copy_in_pieces(from, to, len) };
-        true
+        Self::copy_between(dst, dst_offset, src, src_offset, len, false)
     }
 
     /// [`Mapping::copy`] into memory the peer reads next (an RDMA WRITE into its region, a
@@ -179,15 +169,34 @@ impl Mapping {
         src_offset: usize,
         len: usize,
     ) -> bool {
+        Self::copy_between(dst, dst_offset, src, src_offset, len, true)
+    }
+
+    /// [`Mapping::copy`], or with `to_peer` [`Mapping::copy_to_peer`].
+    fn copy_between(
+        dst: &Mapping,
+        dst_offset: usize,
+        src: &Mapping,
+        src_offset: usize,
+        len: usize,
+        to_peer: bool,
+    ) -> bool {
         if !dst.writable {
             return false;
         }
         let (Some(to), Some(from)) = (dst.pointer(dst_offset, len), src.pointer(src_offset, len)) else {
             return false;
         };
-        // SAFETY: as in `Mapping::copy`: both ranges are inside live mappings (checked above),
-        // the destination is writable, and `copy_to_peer` allows any aliasing.
-        unsafe { copy_to_peer(from, to, len) };
+        // SAFETY: both ranges are inside live mappings (checked above) and the destination is
+        // writable. Two mappings of one file alias the same pages at different addresses;
+        // `copy_in_pieces` (memmove) and `copy_to_peer` both allow any overlap.
+        unsafe {
+            if to_peer {
+                copy_to_peer(from, to, len)
+            } else {
+                copy_in_pieces(from, to, len)
+            }
+        };
         true
     }
 
