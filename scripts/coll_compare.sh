@@ -13,6 +13,14 @@
 #   SIZES="8 65536 1048576" LP_ENV="LIGHTPATH_PROVIDERS=soft" \
 #     MPI_ARGS="--mca btl tcp,self --mca btl_tcp_if_include lo" scripts/coll_compare.sh allreduce
 #
+# Cross-core copies on a VM: the host may move its virtual CPUs between cores that share a
+# cache and cores that do not, which makes every copy between two ranks several times slower
+# for seconds to minutes (docs/architecture.md, "shm: copies into a peer's memory"). Before
+# each run a 0.05 s probe (scripts/cross_core_copy.c) times a plain 1 MiB copy into memory the
+# other core read last; the table's `xcore` column gives its median in µs before Lightpath's
+# runs / Open MPI's (~30-50 where the cores share a cache, 130-210 where they do not). A row
+# whose two differ a lot compared the two under different conditions.
+#
 # Both run with default settings, as a user would (Open MPI picks vader on one host; pass
 # MPI_ARGS="--mca btl tcp,self --mca btl_tcp_if_include lo" for its TCP transport).
 # Needs openmpi-bin and libopenmpi-dev (scripts/ci-deps/collectives.sh installs them).
@@ -37,6 +45,14 @@ if [ -z "${LP:-}" ]; then
 fi
 mkdir -p target/coll_compare
 mpicc -O2 -o target/coll_compare/mpi_coll crates/collectives/bench/mpi_coll.c
+cc -O2 -pthread -o target/coll_compare/cross_core_copy scripts/cross_core_copy.c
+# probe TEST SIZE IMPL: one JSON line with the plain writer's µs per 1 MiB hand-over now.
+probe() {
+  local us
+  us=$(target/coll_compare/cross_core_copy 0.05 | awk '/^plain/ {print $5; exit}')
+  [ -n "$us" ] && echo "{\"probe\":true,\"test\":\"$1\",\"size\":$2,\"impl\":\"$3\",\"writer_us\":$us}" >> "$OUT"
+  return 0
+}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=target/coll_compare/results.jsonl
 : > "$OUT"
@@ -46,9 +62,11 @@ for round in $(seq "$ROUNDS"); do
     if [ -n "$SIZES" ]; then list=($SIZES); elif [ "$test" = barrier ]; then list=(0); else
       list=(); s=$MINB; while [ "$s" -le "$MAXB" ]; do list+=("$s"); s=$((s * 2)); done; fi
     for size in "${list[@]}"; do
+      probe "$test" "$size" lightpath
       # shellcheck disable=SC2086
       env $LP_ENV "$LP" launch -n "$RANKS" -- "$LP" perf "$test" -s "$size" --json >> "$OUT" \
         || echo "# lightpath $test $size B failed (exit $?)"
+      probe "$test" "$size" openmpi
       # shellcheck disable=SC2086
       mpirun --oversubscribe -n "$RANKS" $MPI_ARGS target/coll_compare/mpi_coll "$test" "$size" 0 "$size" >> "$OUT" 2>/tmp/coll_compare_mpi.err \
         || echo "# openmpi $test $size B failed (exit $?): $(grep -m1 -v '^-*$' /tmp/coll_compare_mpi.err)"
@@ -58,14 +76,15 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys, collections
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
+probes = collections.defaultdict(lambda: collections.defaultdict(list))
 for line in open(sys.argv[1]):
     line = line.strip()
     if not line.startswith("{"):
         continue
     r = json.loads(line)
-    rows[(r["test"], r["size"])][r["impl"]].append(r)
+    (probes if r.get("probe") else rows)[(r["test"], r["size"])][r["impl"]].append(r)
 print(f"{'test':<15}{'size(B)':>10}{'lightpath avg':>15}{'p50':>9}{'p90':>9}{'min':>9}{'openmpi avg':>13}{'p50':>9}{'p90':>9}{'min':>9}"
-      f"{'ratio avg':>11}{'ratio p50':>10}{'ratio p90':>10}{'ratio min':>10}")
+      f"{'ratio avg':>11}{'ratio p50':>10}{'ratio p90':>10}{'ratio min':>10}{'xcore':>10}")
 # Median over rounds; None where a run did not report the figure (an older binary: no p90).
 def med(xs, k):
     vals = sorted(x[k] for x in xs if k in x)
@@ -78,6 +97,8 @@ for (test, size), impls in sorted(rows.items()):
         continue
     la, lp50, lp90, lm = (med(lp, k) for k in ("avg_us", "p50_us", "p90_us", "min_us"))
     oa, op50, op90, om = (med(mp, k) for k in ("avg_us", "p50_us", "p90_us", "min_us"))
+    xl, xo = (med(probes[(test, size)].get(impl, []), "writer_us") for impl in ("lightpath", "openmpi"))
+    xcore = f"{xl:.0f}/{xo:.0f}" if xl is not None and xo is not None else "-"
     print(f"{test:<15}{size:>10}{num(la, 15)}{num(lp50, 9)}{num(lp90, 9)}{num(lm, 9)}{num(oa, 13)}{num(op50, 9)}{num(op90, 9)}{num(om, 9)}"
-          f"{ratio(la, oa, 11)}{ratio(lp50, op50, 10)}{ratio(lp90, op90, 10)}{ratio(lm, om, 10)}")
+          f"{ratio(la, oa, 11)}{ratio(lp50, op50, 10)}{ratio(lp90, op90, 10)}{ratio(lm, om, 10)}{xcore:>10}")
 PY
