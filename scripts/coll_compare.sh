@@ -10,6 +10,8 @@
 #   scripts/coll_compare.sh [TEST...]        default: allreduce bcast
 #   RANKS=2 MIN=8 MAX=64M MPI_ARGS="" ROUNDS=1 scripts/coll_compare.sh allreduce
 #   LP=/tmp/lightpath-old scripts/coll_compare.sh allreduce    # another build, same table
+#   TOUCH=1 scripts/coll_compare.sh allgather   # each call's data rewritten before the call,
+#                                               # on both sides: fresh, as gradients (--touch)
 #   SIZES="8 65536 1048576" LP_ENV="LIGHTPATH_PROVIDERS=soft" \
 #     MPI_ARGS="--mca btl tcp,self --mca btl_tcp_if_include lo" scripts/coll_compare.sh allreduce
 #
@@ -35,6 +37,9 @@ ROUNDS=${ROUNDS:-1}
 MPI_ARGS=${MPI_ARGS:-}
 LP_ENV=${LP_ENV:-}
 SIZES=${SIZES:-}
+TOUCH=${TOUCH:-0}
+LP_TOUCH=(); MPI_TOUCH=()
+if [ "$TOUCH" = 1 ]; then LP_TOUCH=(--touch); MPI_TOUCH=(touch); fi
 to_bytes() { python3 -c "import sys; t=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(t[:-1])*m[t[-1]] if t[-1] in m else int(t))" "$1"; }
 MINB=$(to_bytes "$MIN"); MAXB=$(to_bytes "$MAX")
 command -v mpicc >/dev/null || { echo "coll_compare: mpicc missing (apt-get install openmpi-bin libopenmpi-dev)"; exit 1; }
@@ -56,7 +61,7 @@ probe() {
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=target/coll_compare/results.jsonl
 : > "$OUT"
-echo "# $(date -u +%FT%TZ) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); ranks=$RANKS; lightpath env: ${LP_ENV:-default}; Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') args: ${MPI_ARGS:-default}"
+echo "# $(date -u +%FT%TZ) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); ranks=$RANKS; touch=$TOUCH; lightpath env: ${LP_ENV:-default}; Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') args: ${MPI_ARGS:-default}"
 for round in $(seq "$ROUNDS"); do
   for test in "${TESTS[@]}"; do
     if [ -n "$SIZES" ]; then list=($SIZES); elif [ "$test" = barrier ]; then list=(0); else
@@ -64,11 +69,11 @@ for round in $(seq "$ROUNDS"); do
     for size in "${list[@]}"; do
       probe "$test" "$size" lightpath
       # shellcheck disable=SC2086
-      env $LP_ENV "$LP" launch -n "$RANKS" -- "$LP" perf "$test" -s "$size" --json >> "$OUT" \
+      env $LP_ENV "$LP" launch -n "$RANKS" -- "$LP" perf "$test" -s "$size" --json "${LP_TOUCH[@]}" >> "$OUT" \
         || echo "# lightpath $test $size B failed (exit $?)"
       probe "$test" "$size" openmpi
       # shellcheck disable=SC2086
-      mpirun --oversubscribe -n "$RANKS" $MPI_ARGS target/coll_compare/mpi_coll "$test" "$size" 0 "$size" >> "$OUT" 2>/tmp/coll_compare_mpi.err \
+      mpirun --oversubscribe -n "$RANKS" $MPI_ARGS target/coll_compare/mpi_coll "$test" "$size" 0 "$size" "${MPI_TOUCH[@]}" >> "$OUT" 2>/tmp/coll_compare_mpi.err \
         || echo "# openmpi $test $size B failed (exit $?): $(grep -m1 -v '^-*$' /tmp/coll_compare_mpi.err)"
     done
   done

@@ -4,7 +4,9 @@
  * where the call has both buffers), printing the same JSON lines with "impl": "openmpi".
  *
  * Build: mpicc -O2 -o mpi_coll mpi_coll.c
- * Run:   mpirun -n 2 ./mpi_coll allreduce [max_bytes] [iters] */
+ * Run:   mpirun -n 2 ./mpi_coll allreduce [max_bytes] [iters] [min_bytes] [touch]
+ * With "touch" (as `lightpath perf --touch`), the data each call sends is rewritten before the
+ * call, outside the timing: fresh data, as a training step's gradients. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,7 @@ int main(int argc, char **argv) {
     size_t fixed_iters = argc > 3 ? strtoull(argv[3], NULL, 10) : 0;
     size_t min = argc > 4 ? strtoull(argv[4], NULL, 10) : 8;
     int barrier = strcmp(test, "barrier") == 0;
+    int touch = argc > 5 && strcmp(argv[5], "touch") == 0;
     float *in = malloc(max + 64), *out = malloc(max * 2 + 64);
     /* Every byte 1, as `lightpath perf` fills its buffers (each float 2.4e-38, a normal
      * number, so sums never go denormal). Not zeros: on this kind of virtual machine memory
@@ -48,6 +51,11 @@ int main(int argc, char **argv) {
         double *times = malloc(iters * sizeof(double));
         for (size_t i = 0; i < warm + iters; i++) {
             if (i == warm) MPI_Barrier(MPI_COMM_WORLD);
+            if (touch && !strcmp(test, "bcast")) {
+                if (rank == 0) memset(out, 1, bytes);
+            } else if (touch) {
+                memset(in, 1, bytes);
+            }
             double t = MPI_Wtime();
             if (!strcmp(test, "allreduce")) MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             else if (!strcmp(test, "reduce")) MPI_Reduce(in, out, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -86,8 +94,9 @@ int main(int argc, char **argv) {
                           : (!strcmp(test, "allgather") || !strcmp(test, "reduce_scatter") || !strcmp(test, "alltoall")) ? (double)(p - 1) / p : 1.0;
             printf("{\"test\":\"%s\",\"impl\":\"openmpi\",\"ranks\":%d,\"dtype\":\"f32\",\"size\":%zu,\"iters\":%zu,"
                    "\"avg_us\":%.3f,\"p50_us\":%.3f,\"p90_us\":%.3f,\"p99_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,"
-                   "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-                   test, p, total, iters, gavg, gmedian, gtail[0], gtail[1], glo, ghi, algbw, algbw * factor);
+                   "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"touched\":%s}\n",
+                   test, p, total, iters, gavg, gmedian, gtail[0], gtail[1], glo, ghi, algbw, algbw * factor,
+                   touch ? "true" : "false");
             fflush(stdout);
         }
         if (bytes == 0) break;
