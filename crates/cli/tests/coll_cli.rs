@@ -47,6 +47,30 @@ fn launch_runs_perf_allreduce_as_two_ranks() {
 }
 
 #[test]
+fn touched_runs_rewrite_the_data_and_still_verify() {
+    // `--touch` rewrites each call's data before the call (the root's buffer for a broadcast);
+    // the results must still check out, and the JSON says the run was touched.
+    let bin = env!("CARGO_BIN_EXE_lightpath");
+    for test in ["allgather", "bcast", "allreduce"] {
+        let out = lightpath()
+            .args([
+                "launch", "-n", "2", "--", bin, "perf", test, "-s", "64K", "-n", "10", "--touch", "--json",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{test}: {:?}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text.lines().next().unwrap_or_default();
+        assert!(line.contains("\"touched\":true") && line.contains("\"verified\":true"), "{test}: {text}");
+    }
+}
+
+#[test]
 fn launch_passes_on_a_failing_ranks_status() {
     let out =
         lightpath().args(["launch", "-n", "2", "--grace", "1", "--", "sh", "-c", "exit 7"]).output().unwrap();
