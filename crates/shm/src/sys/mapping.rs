@@ -141,8 +141,8 @@ impl Mapping {
         let Some(dst) = self.pointer(offset, src.len()) else { return false };
         // SAFETY: `dst..dst + src.len()` is inside the live, writable mapping (checked above);
         // `src` is valid for reads of its length. It might alias the destination pages through
-        // another mapping, which `copy_to_peer` allows.
-        unsafe { copy_to_peer(src.as_ptr(), dst, src.len()) };
+        // another mapping, which `copy_outbound` allows.
+        unsafe { copy_outbound(src.as_ptr(), dst, src.len()) };
         true
     }
 
@@ -189,10 +189,10 @@ impl Mapping {
         };
         // SAFETY: both ranges are inside live mappings (checked above) and the destination is
         // writable. Two mappings of one file alias the same pages at different addresses;
-        // `copy_in_pieces` (memmove) and `copy_to_peer` both allow any overlap.
+        // `copy_in_pieces` (memmove) and `copy_outbound` both allow any overlap.
         unsafe {
             if to_peer {
-                copy_to_peer(from, to, len)
+                copy_outbound(from, to, len)
             } else {
                 copy_in_pieces(from, to, len)
             }
@@ -305,7 +305,7 @@ unsafe fn copy_in_pieces(from: *const u8, to: *mut u8, len: usize) {
 /// ranges may alias through two mappings of the same pages (each way then moves unspecified
 /// bytes for the overlap, as a concurrent writer would, but never touches memory outside the
 /// ranges).
-unsafe fn copy_to_peer(from: *const u8, to: *mut u8, len: usize) {
+unsafe fn copy_outbound(from: *const u8, to: *mut u8, len: usize) {
     use crate::outbound_copy::{Method, OUTBOUND};
     let overlapping = (from as usize) < (to as usize) + len && (to as usize) < (from as usize) + len;
     let plan = if overlapping { None } else { OUTBOUND.plan(len) };
