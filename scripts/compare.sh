@@ -30,6 +30,13 @@
 # one run to the next. `stream_lat (1 CPU)` pins server and client to CPU 0, `stream_lat
 # (2 CPUs)` the server to CPU 0 and the client to CPU 1 (8 bytes, default options, every
 # provider): the unpinned row is what a user gets, these two say which case it was.
+#
+# Host placement: the host may also move the VM's virtual CPUs between cores that share a
+# cache and cores that do not, for seconds to minutes, which changes every copy between the
+# two processes several times over (docs/architecture.md, "shm: copies into a peer's memory").
+# Before each run a 0.05 s probe (scripts/cross_core_copy.c) times a plain 1 MiB hand-over's
+# writer; the `xcore` column is its median over the row's runs in µs (30-50: shared cache,
+# 130-230: not), with `*` where the row's probes differ by more than 2x (its runs met both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${B:-}" ]; then
@@ -50,6 +57,8 @@ fi
 [ "$RR_1000" = 1 ] && { ulimit -n 65536 2> /dev/null || ulimit -n "$(ulimit -Hn)" 2> /dev/null || true; }
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
+CCC=$(dirname "$OUT")/cross_core_copy
+cc -O2 -pthread -o "$CCC" scripts/cross_core_copy.c 2> /dev/null || CCC=
 # Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
 # was given could not be listened on.
 port=$((20000 + RANDOM % 10000))
@@ -87,6 +96,9 @@ run() {
     # The server's --bind is not the client's.
     if [ "$place" = netns ]; then args=("${args[@]:2}"); fi
     local tag="{\"row\":\"$row\",\"where\":\"$place\","
+    local xcore=
+    [ -n "$CCC" ] && xcore=$("$CCC" 0.05 | awk '/^plain/ {print $5; exit}')
+    [ -n "$xcore" ] && tag="$tag\"xcore_us\":$xcore,"
     if timeout 300 "${client_cmd[@]}" perf "$test" "$target" --provider "$provider" -p "$port" -s "$size" \
         -n "$iters" --json "${client_bind[@]}" "${args[@]}" > "$OUT.line"; then
         sed "s/^{/$tag/" "$OUT.line" >> "$OUT"
@@ -170,7 +182,7 @@ rm -f "$OUT.line" "$OUT.server.log"
 
 python3 - "$OUT" <<'EOF'
 import json, statistics, sys
-rows, cpu = {}, {}
+rows, cpu, xcore = {}, {}, {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if r["test"] == "stream_rr":
@@ -184,6 +196,8 @@ for line in open(sys.argv[1]):
     key = (r.get("where", "loopback"), r.get("row", r["test"]), r["size"])
     provider = r["provider"].split(",")[0]
     rows.setdefault(key, {}).setdefault(provider, []).append(value)
+    if "xcore_us" in r:
+        xcore.setdefault(key, []).append(r["xcore_us"])
     per = r.get("cpu_us_per_op", r.get("cpu_s_per_gb"))
     if per is not None:
         cpu.setdefault(key, {}).setdefault(provider, []).append(per)
@@ -198,7 +212,7 @@ for key, by in rows.items():
         place = where
         print(f"\n{titles.get(where, where)}\n")
         print(f"{'test':<22}{'size':>8}{'soft':>10}{'shm':>10}{'tcp':>10}{'soft/tcp':>9}{'shm/tcp':>8}  {'unit':<7}"
-              f"|{'CPU soft':>9}{'shm':>8}{'tcp':>8}  unit")
+              f"|{'CPU soft':>9}{'shm':>8}{'tcp':>8}  {'unit':<7}{'xcore':>7}")
     med = {p: statistics.median(v) for p, v in by.items()}
     cmed = {p: statistics.median(v) for p, v in cpu.get(key, {}).items()}
     test = row.split(" ")[0]
@@ -213,6 +227,8 @@ for key, by in rows.items():
             return "-"
         return f"{cmed[p]:.3f}" if cunit == "s/GB" else f"{cmed[p]:.2f}"
     ratio = lambda p: f"{med[p] / med['tcp']:.2f}" if p in med and med.get("tcp") else "-"
+    probes = xcore.get(key, [])
+    xc = f"{statistics.median(probes):.0f}{'*' if max(probes) > 2 * min(probes) else ''}" if probes else "-"
     print(f"{row:<22}{size:>8}{cell('soft'):>10}{cell('shm'):>10}{cell('tcp'):>10}{ratio('soft'):>9}{ratio('shm'):>8}  {unit:<7}"
-          f"|{ccell('soft'):>9}{ccell('shm'):>8}{ccell('tcp'):>8}  {cunit}")
+          f"|{ccell('soft'):>9}{ccell('shm'):>8}{ccell('tcp'):>8}  {cunit:<7}{xc:>7}")
 EOF
