@@ -27,46 +27,41 @@ fn launch_runs_perf_allreduce_as_two_ranks() {
     let avg: f64 = row[1].parse().unwrap();
     assert!(avg > 0.0, "{text}");
     for test in ["bcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier"] {
-        let out = lightpath()
-            .args(["launch", "-n", "2", "--", bin, "perf", test, "-s", "4K", "-n", "10", "--json"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{test}: {:?}\n{text}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = text.lines().next().unwrap_or_default();
+        let line = perf_json_line(test, &["-s", "4K", "-n", "10"]);
         assert!(
             line.contains(&format!("\"test\":\"{test}\"")) && line.contains("\"verified\":true"),
-            "{test}: {text}"
+            "{test}: {line}"
         );
     }
+}
+
+/// Runs `lightpath perf TEST ARGS... --json` as two ranks under `lightpath launch`; the first
+/// line of its output, once the run succeeded.
+fn perf_json_line(test: &str, args: &[&str]) -> String {
+    let bin = env!("CARGO_BIN_EXE_lightpath");
+    let out = lightpath()
+        .args(["launch", "-n", "2", "--", bin, "perf", test])
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{test}: {:?}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines().next().unwrap_or_default().to_string()
 }
 
 #[test]
 fn touched_runs_rewrite_the_data_and_still_verify() {
     // `--touch` rewrites each call's data before the call (the root's buffer for a broadcast);
     // the results must still check out, and the JSON says the run was touched.
-    let bin = env!("CARGO_BIN_EXE_lightpath");
     for test in ["allgather", "bcast", "allreduce"] {
-        let out = lightpath()
-            .args([
-                "launch", "-n", "2", "--", bin, "perf", test, "-s", "64K", "-n", "10", "--touch", "--json",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{test}: {:?}\n{text}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = text.lines().next().unwrap_or_default();
-        assert!(line.contains("\"touched\":true") && line.contains("\"verified\":true"), "{test}: {text}");
+        let line = perf_json_line(test, &["-s", "64K", "-n", "10", "--touch"]);
+        assert!(line.contains("\"touched\":true") && line.contains("\"verified\":true"), "{test}: {line}");
     }
 }
 
