@@ -20,7 +20,7 @@
 # for seconds to minutes (docs/architecture.md, "shm: copies into a peer's memory"). Before
 # each run a 0.05 s probe (scripts/cross_core_copy.c) times a plain 1 MiB copy into memory the
 # other core read last; the table's `xcore` column gives its median in µs before Lightpath's
-# runs / Open MPI's (~30-50 where the cores share a cache, 130-210 where they do not). A row
+# runs / Open MPI's (~30-50 where the cores share a cache, 130-230 where they do not). A row
 # whose two differ a lot compared the two under different conditions.
 #
 # Both run with default settings, as a user would (Open MPI picks vader on one host; pass
@@ -50,11 +50,13 @@ if [ -z "${LP:-}" ]; then
 fi
 mkdir -p target/coll_compare
 mpicc -O2 -o target/coll_compare/mpi_coll crates/collectives/bench/mpi_coll.c
-cc -O2 -pthread -o target/coll_compare/cross_core_copy scripts/cross_core_copy.c
+# shellcheck source=scripts/xcore.sh
+. scripts/xcore.sh
+xcore_build target/coll_compare
 # probe TEST SIZE IMPL: one JSON line with the plain writer's µs per 1 MiB hand-over now.
 probe() {
   local us
-  us=$(target/coll_compare/cross_core_copy 0.05 | awk '/^plain/ {print $5; exit}')
+  us=$(xcore_probe)
   [ -n "$us" ] && echo "{\"probe\":true,\"test\":\"$1\",\"size\":$2,\"impl\":\"$3\",\"writer_us\":$us}" >> "$OUT"
   return 0
 }

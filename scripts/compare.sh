@@ -57,8 +57,9 @@ fi
 [ "$RR_1000" = 1 ] && { ulimit -n 65536 2> /dev/null || ulimit -n "$(ulimit -Hn)" 2> /dev/null || true; }
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
-CCC=$(dirname "$OUT")/cross_core_copy
-cc -O2 -pthread -o "$CCC" scripts/cross_core_copy.c 2> /dev/null || CCC=
+# shellcheck source=scripts/xcore.sh
+. scripts/xcore.sh
+xcore_build "$(dirname "$OUT")"
 # Below the kernel's ephemeral range (32768-60999 by default): a port some client connection
 # was given could not be listened on.
 port=$((20000 + RANDOM % 10000))
@@ -96,8 +97,8 @@ run() {
     # The server's --bind is not the client's.
     if [ "$place" = netns ]; then args=("${args[@]:2}"); fi
     local tag="{\"row\":\"$row\",\"where\":\"$place\","
-    local xcore=
-    [ -n "$CCC" ] && xcore=$("$CCC" 0.05 | awk '/^plain/ {print $5; exit}')
+    local xcore
+    xcore=$(xcore_probe)
     [ -n "$xcore" ] && tag="$tag\"xcore_us\":$xcore,"
     if timeout 300 "${client_cmd[@]}" perf "$test" "$target" --provider "$provider" -p "$port" -s "$size" \
         -n "$iters" --json "${client_bind[@]}" "${args[@]}" > "$OUT.line"; then
