@@ -15,9 +15,9 @@
 //! buffer (write with `memcpy`, read with `memcpy`) took 60-75 µs per round in one case and
 //! 200-290 µs in the other, the writer's copy alone 31-50 against 130-210 µs; with streaming
 //! stores the writer took 43-51 µs and the round 92-105 µs in both. Lightpath's 1 MiB
-//! broadcast between two ranks followed the same switches (median 35-55 against 150-240 µs,
-//! the slow runs exactly those where the C program was slow), while Open MPI's single-copy
-//! broadcast did not.
+//! broadcast between two ranks followed the same switches (runs with the C program slow before
+//! and after them: median 199-231 µs; fast before and after: 37-62 µs), while Open MPI's
+//! single-copy broadcast did not.
 //!
 //! Streaming stores lose where the caches are shared (the reader then fetches from memory
 //! what it could have found in the cache) and win where they are not, and which case holds
@@ -33,7 +33,7 @@ use std::time::Duration;
 
 /// Copies shorter than this are always plain: they are latency, not bandwidth, and a clock
 /// read would be a noticeable part of them.
-pub(crate) const MIN_LEN: usize = 32 << 10;
+const MIN_LEN: usize = 32 << 10;
 
 /// One copy in this many (of those at least [`MIN_LEN`] long) is made the way not in use, to
 /// see whether the other way became the cheaper one.
@@ -61,7 +61,7 @@ pub(crate) struct Plan {
 
 /// The estimates of one process (see the module docs): costs in picoseconds per byte, 0 while
 /// unmeasured.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Chooser {
     cached: AtomicU64,
     streaming: AtomicU64,
