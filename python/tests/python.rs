@@ -278,7 +278,16 @@ fn ddp_matches_gloo(launch: impl Fn(&str, &str, &Path) -> Finished) {
     let mut saved = Vec::new();
     for backend in ["gloo", "lightpath"] {
         let out = pkg.join(format!("ddp-{backend}.pt"));
-        let f = launch(backend, out.to_str().unwrap(), &pkg);
+        let mut f = launch(backend, out.to_str().unwrap(), &pkg);
+        // torch's gloo can abort a rank while the group is torn down at the end ("terminate
+        // called without an active exception", SIGABRT; seen once across namespaces on a
+        // loaded machine, pytorch/pytorch#190489 has the same message). That run is only the
+        // reference, so it gets a second try; the lightpath run never does.
+        let aborted = |f: &Finished| f.stdout.contains("SIGABRT") || f.stderr.contains("SIGABRT");
+        if backend == "gloo" && f.code != Some(0) && aborted(&f) {
+            eprintln!("the gloo reference run aborted; running it again:\n{}\n{}", f.stdout, f.stderr);
+            f = launch(backend, out.to_str().unwrap(), &pkg);
+        }
         check(backend, &f, &format!("ddp {backend}: 300 steps"), 1);
         saved.push(out);
     }
@@ -336,8 +345,7 @@ fn pip_install_builds_the_package_into_a_venv() {
     cmd.args(["install", "--no-deps", "--quiet"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")))
         .env("MATURIN_PEP517_ARGS", "--profile dev")
-        .env("CARGO_TARGET_DIR", target_dir)
-        .env("CARGO_PROFILE_DEV_DEBUG", "0");
+        .env("CARGO_TARGET_DIR", target_dir);
     let f = run(cmd, Duration::from_secs(900));
     assert_eq!(f.code, Some(0), "pip install ./python:\n{}\n{}", f.stdout, f.stderr);
     let port = free_port().to_string();
@@ -434,7 +442,10 @@ fn ddp_over_lightpath_matches_gloo_across_network_namespaces() {
             .collect();
         let mut done: Vec<Finished> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         let second = done.pop().unwrap();
-        assert_eq!(second.code, Some(0), "node 1 ({backend}):\n{}\n{}", second.stdout, second.stderr);
+        if second.code != Some(0) {
+            // The job failed on node 1: that is the run's result (ddp_matches_gloo reports it).
+            return Finished { stdout: format!("node 1:\n{}", second.stdout), ..second };
+        }
         let first = done.pop().unwrap();
         if backend == "lightpath" {
             assert!(
