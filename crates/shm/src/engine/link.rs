@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use lightpath_verbs::{AccessFlags, Error, Gid, Result};
 use rustix::event::{PollFd, PollFlags};
 
+use super::sge::IdMap;
 use super::DeviceContext;
 use crate::activity::area::PeerArea;
 use crate::address::rendezvous_name;
@@ -222,7 +223,8 @@ pub(crate) struct PeerSide {
     /// The id of the connection its introduction came over.
     pub(crate) served: u64,
     /// Shared so that a direct write can copy into one after the device lock is released.
-    pub(crate) regions: HashMap<u32, std::sync::Arc<PeerRegion>>,
+    /// Looked up on every WRITE and READ, hence the cheap integer hash.
+    pub(crate) regions: IdMap<std::sync::Arc<PeerRegion>>,
 }
 
 impl PeerSide {
@@ -321,7 +323,7 @@ impl Link {
             return false;
         };
         attach.refusal.armed = false;
-        let mut regions = HashMap::new();
+        let mut regions = IdMap::default();
         if let Some((rkey, region)) = attach.region {
             regions.insert(rkey, Arc::new(region));
         }
@@ -346,10 +348,11 @@ impl Link {
         dqpn: u32,
     ) -> std::result::Result<Option<&std::sync::Arc<PeerRegion>>, LinkFailure> {
         let peer = self.peer.as_mut().ok_or(LinkFailure::PeerGone)?;
-        if peer.regions.get(&rkey).is_some_and(|region| !region.is_valid()) {
+        let cached = peer.regions.get(&rkey).map(|region| region.is_valid());
+        if cached == Some(false) {
             peer.regions.remove(&rkey);
         }
-        if !peer.regions.contains_key(&rkey) {
+        if cached != Some(true) {
             let Some(region) = query_region(&self.client, rkey, dqpn, self.rpc_timeout)? else {
                 return Ok(None);
             };
