@@ -172,12 +172,15 @@ impl TransportHeader {
     /// ICRC bytes, and returns the header length. The payload area
     /// `buf[header_len .. header_len + payload_len]` is left for the caller to fill.
     pub fn emit(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
-        self.check()?;
-        let header_len = self.header_len();
-        let total = self.datagram_len(payload_len);
+        // The checked header set is the one present, so the lengths follow from the opcode's
+        // table entry: one look at the opcode and the options per packet, not one per length.
+        let info = self.check()?;
+        let header_len = BthRepr::LEN + info.headers.len();
+        let pad = pad_len(payload_len);
+        let total = header_len + payload_len + pad + ICRC_LEN;
         ensure_room(total, buf.len())?;
         let mut bth = self.bth;
-        bth.pad_count = pad_len(payload_len) as u8;
+        bth.pad_count = pad as u8;
         bth.emit(&mut BthPacket::new_unchecked(&mut buf[..]))?;
         let mut at = BthRepr::LEN;
         if let Some(deth) = &self.deth {

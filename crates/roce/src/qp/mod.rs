@@ -62,6 +62,9 @@ pub(crate) struct Params {
     /// The address vector's `lightpath_bundles` (with `lightpath_peer`): an acknowledgement to
     /// this peer may share a datagram with a request.
     pub(crate) lightpath_bundles: bool,
+    /// The send window's upper bound in PSNs (see `Qp::max_send_window`), kept here because
+    /// the requester asks for it several times per packet and it costs a division.
+    pub(crate) max_send_window: u32,
     pub(crate) flow_label: u32,
     pub(crate) rq_psn: u32,
     pub(crate) sq_psn: u32,
@@ -85,6 +88,7 @@ impl Params {
             dst_port: 0,
             lightpath_peer: false,
             lightpath_bundles: false,
+            max_send_window: requester::MAX_UNACKED_PSNS as u32,
             flow_label: 0,
             rq_psn: 0,
             sq_psn: 0,

@@ -221,11 +221,7 @@ impl Qp {
 
     /// The largest send window towards this peer, in PSNs.
     pub(crate) fn max_send_window(&self) -> u32 {
-        if !self.params.lightpath_peer {
-            return MAX_UNACKED_PSNS as u32;
-        }
-        (LIGHTPATH_WINDOW_BYTES / self.params.pmtu.max(1))
-            .clamp(MAX_UNACKED_PSNS as u32, LIGHTPATH_MAX_UNACKED_PSNS as u32)
+        self.params.max_send_window
     }
 
     /// How many packets of a long message go between two with AckReq: [`ACK_REQ_INTERVAL`],
@@ -468,4 +464,14 @@ fn atomic_request(op: SendOp, dest_qpn: u32, psn: Psn, buf: &mut [u8]) -> Option
     h.atomic_eth = Some(atomic);
     h.emit(0, buf).ok()?;
     Some(h.datagram_len(0))
+}
+
+/// The send window's upper bound in PSNs for a queue pair's peer and path MTU:
+/// [`MAX_UNACKED_PSNS`], or towards a Lightpath peer [`LIGHTPATH_WINDOW_BYTES`] of payload
+/// (between [`MAX_UNACKED_PSNS`] and [`LIGHTPATH_MAX_UNACKED_PSNS`] packets).
+pub(crate) fn send_window_bound(lightpath_peer: bool, pmtu: u32) -> u32 {
+    if !lightpath_peer {
+        return MAX_UNACKED_PSNS as u32;
+    }
+    (LIGHTPATH_WINDOW_BYTES / pmtu.max(1)).clamp(MAX_UNACKED_PSNS as u32, LIGHTPATH_MAX_UNACKED_PSNS as u32)
 }

@@ -82,6 +82,7 @@ impl Qp {
             p.max_rd_atomic = value;
         }
         p.src_port = udp_source_port(p.flow_label, self.qpn, p.dest_qpn);
+        p.max_send_window = super::requester::send_window_bound(p.lightpath_peer, p.pmtu);
 
         match (from, to) {
             (_, QpState::Err) if from != QpState::Err => self.enter_error(ctx, false),
