@@ -528,10 +528,11 @@ async fn client(args: ClientArgs) -> Result<(), String> {
     let server_cpu = end.server_cpu.saturating_sub(start.server_cpu).as_secs_f64();
     let per_request = |seconds: f64| seconds * 1e6 / total as f64;
     let (rate, median, p99) = (total as f64 / secs, quantile(0.5), quantile(0.99));
+    let (p90, p999) = (quantile(0.9), quantile(0.999));
     if args.json {
         println!(
             "{{\"provider\":\"{}\",\"transport\":\"{transport}\",\"conns\":{},\"body\":{},\"requests\":{total},\
-             \"secs\":{secs:.4},\"req_per_s\":{rate:.1},\"lat_us\":{{\"median\":{median:.2},\"p99\":{p99:.2}}},\
+             \"secs\":{secs:.4},\"req_per_s\":{rate:.1},\"lat_us\":{{\"median\":{median:.2},\"p90\":{p90:.2},\"p99\":{p99:.2},\"p999\":{p999:.2}}},\
              \"cpu_s\":{cpu:.4},\"server_cpu_s\":{server_cpu:.4},\"cpu_us_per_req\":{:.2},\
              \"server_cpu_us_per_req\":{:.2}}}",
             args.provider.name(),
@@ -543,7 +544,7 @@ async fn client(args: ClientArgs) -> Result<(), String> {
     } else {
         println!(
             "{} ({transport}), {} connections x {} requests, body {} B: {rate:.0} requests/s over {secs:.2} s\n\
-             latency median {median:.1} us, p99 {p99:.1} us\n\
+             latency median {median:.1} us, p90 {p90:.1} us, p99 {p99:.1} us, p99.9 {p999:.1} us\n\
              CPU client {cpu:.2} s ({:.1} us/request), server {server_cpu:.2} s ({:.1} us/request)",
             args.provider.name(),
             args.conns,

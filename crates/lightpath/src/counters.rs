@@ -82,6 +82,8 @@ pub fn named_counters(stats: &SoftStats) -> Vec<(&'static str, u64)> {
         ("rx_bundles", e.rx_bundles),
         ("segmentation_failures", d.segmentation_failures),
         ("port_armings", d.port_armings),
+        ("port_rescues", d.port_rescues),
+        ("late_answers", d.late_answers),
     ]
 }
 

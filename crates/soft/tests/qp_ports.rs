@@ -183,6 +183,7 @@ fn a_port_nobody_reads_is_still_answered() {
     for i in 0..16 {
         b.post_recv(200 + i, &inbox, 0, 4096);
     }
+    let rescues_before = b.device.stats().driver.port_rescues;
     for i in 0..16 {
         let sent = Instant::now();
         a.qp.post_send(&SendWr::new(300 + i, SendOp::Send, &[src.sge(0, 4096)])).expect("send");
@@ -196,6 +197,10 @@ fn a_port_nobody_reads_is_still_answered() {
     }
     assert_eq!(a.qp.stats().expect("stats").retransmits, 0, "the peer had to retransmit");
     assert_eq!(wait_n(&b.cq, 16).len(), 16);
+    // Each of those SENDs waited for the progress thread's two-tick rule: the counter an
+    // operator reads (`lightpath devices --stats`) says so.
+    let rescues = b.device.stats().driver.port_rescues - rescues_before;
+    assert!((1..=16).contains(&rescues), "{rescues} rescues counted for 16 unread SENDs");
 }
 
 #[test]

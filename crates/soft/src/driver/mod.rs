@@ -523,6 +523,9 @@ impl Shared {
     pub(crate) fn drive_for_progress(&self, core: &mut Core) -> (usize, bool) {
         let now = self.now();
         let held = self.answers_held.swap(false, Ordering::Relaxed);
+        if held && core.engine.has_output() {
+            core.stats.late_answers += 1;
+        }
         let hooks_before = core.due_hooks.len();
         let received = self.receive_and_run(core, now, RECV_BATCH, None);
         if received > 0 && core.due_hooks.len() > hooks_before && !held && core.engine.has_output() {
@@ -991,7 +994,11 @@ impl Shared {
         for &qpn in &readable {
             let Some(port) = core.ports.get(&qpn).map(Arc::clone) else { continue };
             if all || port.unread_since_last_tick() {
-                received += self.drain_port(core, &port, now).received;
+                let drained = self.drain_port(core, &port, now).received;
+                if !all && drained > 0 {
+                    core.stats.port_rescues += 1;
+                }
+                received += drained;
             }
         }
         core.readable_ports = readable;

@@ -22,8 +22,9 @@
 //! - *Active* (a port saw traffic within [`PORTS_ACTIVE_FOR`]): it does not sleep on them (its
 //!   wake-up per datagram is what ports exist to avoid), but every [`PORT_TICK`] it asks
 //!   epoll which ports are readable, and drains a port found readable on two ticks in a row
-//!   with no drain in between (its owner is not reading it). Answers an owner held back for
-//!   its reply go out at the same tick if no post took them.
+//!   with no drain in between (its owner is not reading it; counted in `port_rescues`).
+//!   Answers an owner held back for its reply go out at the same tick if no post took them
+//!   (`late_answers`).
 //! - *Idle*: it sleeps on the ports' epoll too, and drains what wakes it (the first datagram
 //!   after a quiet spell may so wake two threads), then turns active.
 //! - *Fresh* ports, whose owner never armed them yet (a connection still negotiating: its

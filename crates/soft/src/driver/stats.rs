@@ -31,6 +31,13 @@ pub struct DriverStats {
     /// (`QueuePair::arm_waiter`, which takes a look at the port, or
     /// `QueuePair::arm_waiter_without_look`): its waits.
     pub port_armings: u64,
+    /// Times the progress thread drained a queue pair's port because nobody had read it for a
+    /// tick (its owner computed elsewhere, or was not woken): those datagrams waited one to
+    /// two ticks (`PORT_TICK`, 1 ms) for their owner.
+    pub port_rescues: u64,
+    /// Times the progress thread sent answers (ACKs) that an arming or its own drive had held
+    /// for a reply no reply took: they left up to a tick late.
+    pub late_answers: u64,
 }
 
 /// A snapshot of a soft device's counters.
