@@ -125,13 +125,27 @@ fn counters(end: &End) -> EngineCounters {
 fn news_for_one_queue_pair_among_many_costs_one_look() {
     let (a, b) = connected();
     for k in [0, 17, QUEUE_PAIRS - 1] {
-        let before = (counters(&a), counters(&b));
-        send(&a, &b, k, k as u8);
-        let (wc, _) = poll_one(&b.cqs[k]);
-        check_received(&b, k, &wc, k as u8);
-        let (wc, _) = poll_one(&a.cqs[k]);
-        assert_success(&wc, 1000 + k as u64, WcOpcode::Send);
-        let after = (counters(&a), counters(&b));
+        // A device also looks at every queue pair once per FULL_SCAN_INTERVAL (100 ms), the
+        // safety net for lost marks, whatever the marks say. On a loaded machine one exchange
+        // can take long enough to contain it (seen once in a full test run: 41 looks on the
+        // receiver); such an exchange says nothing about the marks, so it is done again, at
+        // most twice. The one that counts must show no full scan and at most 2 looks.
+        let mut attempt = 0;
+        let (before, after) = loop {
+            attempt += 1;
+            let before = (counters(&a), counters(&b));
+            send(&a, &b, k, k as u8);
+            let (wc, _) = poll_one(&b.cqs[k]);
+            check_received(&b, k, &wc, k as u8);
+            let (wc, _) = poll_one(&a.cqs[k]);
+            assert_success(&wc, 1000 + k as u64, WcOpcode::Send);
+            let after = (counters(&a), counters(&b));
+            let scanned =
+                after.0.full_scans != before.0.full_scans || after.1.full_scans != before.1.full_scans;
+            if !scanned || attempt == 3 {
+                break (before, after);
+            }
+        };
         // The receiver looks at the queue pair marked for the SEND, the sender at the one
         // marked for the acknowledgement: the other 39 are never looked at.
         let looks = (after.0.looks - before.0.looks, after.1.looks - before.1.looks);
