@@ -247,46 +247,9 @@ impl std::fmt::Debug for ShmCq {
     }
 }
 
-impl CompletionQueue for ShmCq {
-    fn capacity(&self) -> u32 {
-        self.shared.capacity
-    }
-
-    /// Takes completions; if there are none, first processes whatever arrived from peers: on
-    /// a queue with few queue pairs, those alone (their own locks, not the device's: the
-    /// threads of a server with a connection each do not queue up behind one another), and if
-    /// that made none, everything the device has to do (skipped while another thread holds
-    /// the device lock: it is doing that work).
-    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let count = self.shared.pop(out);
-        if count > 0 || out.is_empty() {
-            return Ok(count);
-        }
-        if let Some(few) = self.shared.few_attached() {
-            for cell in few.iter().flatten() {
-                self.device.shared.progress_alone(cell, false);
-            }
-            let count = self.shared.pop(out);
-            if count > 0 {
-                return Ok(count);
-            }
-            self.device.shared.try_drive();
-            return Ok(self.shared.pop(out));
-        }
-        self.device.shared.drive();
-        Ok(self.shared.pop(out))
-    }
-
-    /// Polls for `ShmConfig::spin` (if few enough other threads of the device are spinning),
-    /// then sleeps until a peer rings the device's doorbell or a completion is added by another
-    /// thread. Past the first few µs (at once while the core is contended) the spin yields the
-    /// core every few µs, so a thread that has work on this core (the peer, on a busy machine)
-    /// runs at once instead of after the spin; how long each yield took teaches the later
-    /// waits of the device when to yield (see `SpinPolicy`).
-    fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
-        if out.is_empty() {
-            return Ok(0);
-        }
+impl ShmCq {
+    /// `CompletionQueue::wait` but for the hand-over of the doorbell watch when it leaves.
+    fn wait_for(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let spin = self.device.shared.ctx.config.spin;
@@ -340,6 +303,54 @@ impl CompletionQueue for ShmCq {
                 return Ok(count);
             }
         }
+    }
+}
+
+impl CompletionQueue for ShmCq {
+    fn capacity(&self) -> u32 {
+        self.shared.capacity
+    }
+
+    /// Takes completions; if there are none, first processes whatever arrived from peers: on
+    /// a queue with few queue pairs, those alone (their own locks, not the device's: the
+    /// threads of a server with a connection each do not queue up behind one another), and if
+    /// that made none, everything the device has to do (skipped while another thread holds
+    /// the device lock: it is doing that work).
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let count = self.shared.pop(out);
+        if count > 0 || out.is_empty() {
+            return Ok(count);
+        }
+        if let Some(few) = self.shared.few_attached() {
+            for cell in few.iter().flatten() {
+                self.device.shared.progress_alone(cell, false);
+            }
+            let count = self.shared.pop(out);
+            if count > 0 {
+                return Ok(count);
+            }
+            self.device.shared.try_drive();
+            return Ok(self.shared.pop(out));
+        }
+        self.device.shared.drive();
+        Ok(self.shared.pop(out))
+    }
+
+    /// Polls for `ShmConfig::spin` (if few enough other threads of the device are spinning),
+    /// then sleeps until a peer rings the device's doorbell or a completion is added by another
+    /// thread. Past the first few µs (at once while the core is contended) the spin yields the
+    /// core every few µs, so a thread that has work on this core (the peer, on a busy machine)
+    /// runs at once instead of after the spin; how long each yield took teaches the later
+    /// waits of the device when to yield (see `SpinPolicy`).
+    fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let result = self.wait_for(out, timeout);
+        // Whichever way this waiter leaves, a waiter sleeping on its own queue takes the
+        // doorbell watch over if nobody holds it (see `DeviceShared::hand_over_watch`).
+        self.device.shared.hand_over_watch();
+        result
     }
 
     fn notify_fd(&self) -> Option<RawFd> {

@@ -2,7 +2,7 @@
 //! a doorbell eventfd peers ring, an activity area peers mark (see [`crate::activity`]), the
 //! engine behind a lock, and two helper threads (see [`crate::helper`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -119,6 +119,12 @@ pub(crate) struct DeviceShared {
     /// Whether a thread blocked in `CompletionQueue::wait` watches the doorbell (see
     /// [`DeviceShared::sleep_until_rung`]).
     doorbell_watched: AtomicBool,
+    /// The queues of the waiters sleeping on their own queue while another thread watches
+    /// the doorbell, oldest first: a watcher that leaves wakes the first, which takes the
+    /// watch over (see [`DeviceShared::sleep_until_rung`]).
+    on_queue: Mutex<VecDeque<Arc<CqShared>>>,
+    /// Entries of `on_queue`, read without its lock (the hand-over's common case is none).
+    on_queue_len: AtomicU32,
     /// Threads spinning in `CompletionQueue::wait`, and how many may.
     spinners: AtomicU32,
     max_spinners: u32,
@@ -325,19 +331,46 @@ impl DeviceShared {
     /// `timeout` passes; returns the completions found.
     pub(crate) fn sleep_until_rung(
         &self,
-        cq: &CqShared,
+        cq: &Arc<CqShared>,
         out: &mut [WorkCompletion],
         timeout: Option<Duration>,
     ) -> Result<usize> {
         // One blocked thread watches the doorbell and drives arrivals; the others sleep on
-        // their own queue's wake-up, which the watcher (or the driver thread, once no one
-        // watches) signals as their completions land. With every sleeper on the doorbell, each
-        // ring woke them all: a thousand blocked connections, a thousand wake-ups.
-        if self.doorbell_watched.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-            return self.sleep_on_queue(cq, out, timeout);
+        // their own queue's wake-up, which the watcher signals as their completions land. With
+        // every sleeper on the doorbell, each ring woke them all: a thousand blocked
+        // connections, a thousand wake-ups. A watcher that leaves wakes the oldest of the
+        // others, which takes the watch over: else news that came after the watcher's last
+        // look waited for the driver thread to find the application idle (`idle_after`), or,
+        // with the driver kept out, for the sleeper's own timeout (a blocked waiter of 8 on a
+        // device with 40 queue pairs slept through its completion for its whole 30 s wait in
+        // about one run in fifteen of `blocked_waiters_on_many_queue_pairs_each_get_theirs`).
+        loop {
+            if self
+                .doorbell_watched
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+            {
+                let mut list = self.on_queue();
+                list.push_back(Arc::clone(cq));
+                self.on_queue_len.store(list.len() as u32, Ordering::SeqCst);
+            }
+            // Listed first, then the flag looked at again (both sequentially consistent, as the
+            // watcher's clearing of the flag and its look at the list length are): a watcher
+            // that left before this thread was listed gave the flag back before it looked, so
+            // this thread sees the flag free and tries again.
+            if self.doorbell_watched.load(Ordering::SeqCst) {
+                let result = self.sleep_on_queue(cq, out, timeout);
+                self.leave_queue_list(cq);
+                return result;
+            }
+            self.leave_queue_list(cq);
         }
-        // Made only by the thread that won the flag: the guard's drop gives the flag back.
-        let _watch = DoorbellWatch(&self.doorbell_watched);
+        // Made only by the thread that won the flag: the guard's drop gives the flag back and
+        // wakes the oldest waiter on its own queue, if any.
+        let _watch = DoorbellWatch(self);
         let deadline = {
             let mut core = self.lock_core();
             self.apply_events(&mut core);
@@ -372,6 +405,37 @@ impl DeviceShared {
         drop(core);
         result?;
         Ok(cq.pop(out))
+    }
+
+    fn on_queue(&self) -> MutexGuard<'_, VecDeque<Arc<CqShared>>> {
+        // A list of queues; a holder that panicked left it consistent.
+        self.on_queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// While nobody watches the doorbell, wakes the oldest waiter sleeping on its own queue
+    /// (one spurious wake-up of that queue), which comes back to `sleep_until_rung` and takes
+    /// the watch. Called by a watcher that gives the watch back, and by every waiter leaving
+    /// `CompletionQueue::wait`: a waiter so woken that then found its completion leaves
+    /// without watching, and must pass the hand-over on.
+    pub(crate) fn hand_over_watch(&self) {
+        if self.doorbell_watched.load(Ordering::SeqCst) || self.on_queue_len.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let next = self.on_queue().front().cloned();
+        if let Some(cq) = next {
+            if let Ok(wake) = cq.wake() {
+                wake.signal(1);
+            }
+        }
+    }
+
+    /// Takes `cq` (one entry of it) off the list of queues whose waiters sleep on them alone.
+    fn leave_queue_list(&self, cq: &Arc<CqShared>) {
+        let mut list = self.on_queue();
+        if let Some(at) = list.iter().position(|listed| Arc::ptr_eq(listed, cq)) {
+            list.remove(at);
+        }
+        self.on_queue_len.store(list.len() as u32, Ordering::SeqCst);
     }
 
     /// Sleeps on the queue's own wake-up only (the doorbell has a watcher).
@@ -415,11 +479,16 @@ impl Drop for Spinning<'_> {
 }
 
 /// Held by the thread that watches the doorbell while it sleeps.
-struct DoorbellWatch<'a>(&'a AtomicBool);
+/// The doorbell watch of the thread that holds it (see [`DeviceShared::sleep_until_rung`]).
+struct DoorbellWatch<'a>(&'a DeviceShared);
 
 impl Drop for DoorbellWatch<'_> {
+    /// Gives the watch back, then hands it over (see [`DeviceShared::hand_over_watch`]).
+    /// The flag is cleared before the list is read: a waiter listed after that read sees
+    /// the flag free (it looks after listing itself).
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.doorbell_watched.store(false, Ordering::SeqCst);
+        self.0.hand_over_watch();
     }
 }
 
@@ -490,6 +559,8 @@ impl ShmDevice {
             key_mask: (crate::sys::random_u64() as u32) | 0x8000_0000,
             next_id: AtomicU32::new(1),
             doorbell_watched: AtomicBool::new(false),
+            on_queue: Mutex::new(VecDeque::new()),
+            on_queue_len: AtomicU32::new(0),
             spinners: AtomicU32::new(0),
             spin_policy,
             max_spinners: (lightpath_verbs::available_cores() / 2).max(1) as u32,
@@ -606,7 +677,7 @@ mod tests {
     fn only_the_watcher_gives_the_doorbell_watch_back() {
         let device = ShmDevice::open(ShmConfig::default()).expect("device");
         let shared = &device.inner.shared;
-        let cq = CqShared::new(4).expect("cq");
+        let cq = Arc::new(CqShared::new(4).expect("cq"));
         // Another thread watches: this waiter sleeps on its queue and must leave the watch be.
         shared.doorbell_watched.store(true, Ordering::Relaxed);
         assert_eq!(shared.sleep_until_rung(&cq, &mut out(), Some(Duration::ZERO)).expect("wait"), 0);

@@ -279,8 +279,14 @@ fn blocked_waiters_on_many_queue_pairs_each_get_theirs() {
                 let cq = &b.cqs[k];
                 scope.spawn(move || {
                     let mut buf = empty();
+                    let started = Instant::now();
                     let got = cq.wait(&mut buf[..1], DEADLINE).expect("wait");
                     assert_eq!(got, 1, "queue pair {k}: no completion");
+                    // Woken by its completion, not by its deadline: a waiter sleeping on its own
+                    // queue when the doorbell's watcher left was found only by its own last look
+                    // at the deadline (about one run in fifteen before the watch was handed over).
+                    let waited = started.elapsed();
+                    assert!(waited < DEADLINE / 6, "queue pair {k}: completion seen only after {waited:?}");
                     buf[0]
                 })
             })
