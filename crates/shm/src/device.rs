@@ -478,8 +478,8 @@ impl Drop for Spinning<'_> {
     }
 }
 
-/// Held by the thread that watches the doorbell while it sleeps.
-/// The doorbell watch of the thread that holds it (see [`DeviceShared::sleep_until_rung`]).
+/// Held by the thread that watches the doorbell while it sleeps (see
+/// [`DeviceShared::sleep_until_rung`]).
 struct DoorbellWatch<'a>(&'a DeviceShared);
 
 impl Drop for DoorbellWatch<'_> {
