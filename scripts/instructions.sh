@@ -16,8 +16,10 @@
 # Counts are of user space only (the kernel's part of a system call is not seen). The total
 # per operation moves by up to ~20% between runs of one build, because how many operations a
 # wake-up finds (batching) depends on timing, and the traced side runs ~50x slower than its
-# peer; per-call counts of one function are steady to a few percent. Compare builds by those,
-# or by totals over several runs each.
+# peer; per-call counts of one function are steady to a few percent within one build. Inlining
+# decides which functions show up at all and what their counts include (a function inlined
+# into its caller reports no calls), so across builds compare totals over several runs each,
+# and per-function counts only where both builds list the function the same way.
 #
 # The build: release with `--cfg rustix_use_libc` into target-cg (rustix's own vDSO lookup
 # reads the auxiliary vector in a way valgrind does not emulate, and the process dies with
