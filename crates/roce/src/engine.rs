@@ -41,6 +41,9 @@ pub struct Engine {
     qps: QpTable,
     /// Queue pairs that may have a packet to send, served round-robin.
     ready: VecDeque<u32>,
+    /// Queue pairs whose ACKs [`Engine::hold_answers`] held (entries may be stale: released
+    /// since, or destroyed).
+    held_answers: Vec<u32>,
     /// (deadline, QPN); entries may be stale (see `reschedule_timer`).
     timers: BinaryHeap<Reverse<(Time, u32)>>,
     events: VecDeque<EngineEvent>,
@@ -71,6 +74,7 @@ impl Engine {
             cqs: CqTable::new(config.max_cqs, config.max_cqe),
             qps: QpTable::new(config.max_qps),
             ready: VecDeque::new(),
+            held_answers: Vec::new(),
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
             qp_news: false,
@@ -345,9 +349,68 @@ impl Engine {
     }
 
     /// Whether some queue pair has a datagram to send ([`Engine::poll_transmit`] would
-    /// produce one, or find that the queue pair had nothing after all).
+    /// produce one, or find that the queue pair had nothing after all). Held answers
+    /// ([`Engine::hold_answers`]) do not count.
     pub fn has_output(&self) -> bool {
         !self.ready.is_empty()
+    }
+
+    /// Holds queue pair `qpn`'s pending acknowledgements back for its next request: until the
+    /// application posts one (which then leaves with the ACK in front of it, one datagram
+    /// where the peer takes bundles) or [`Engine::release_answers`] /
+    /// [`Engine::release_all_answers`], they do not make the queue pair ready to transmit.
+    /// For a driver whose application is about to answer what it just received — an event
+    /// loop's reply — so that each side sends one datagram per request and response, as TCP
+    /// sends one segment with its ACK inside, instead of an ACK and a reply. Only plain ACKs
+    /// wait (a NAK, an RNR NAK, READ data and atomic answers never do), and only in RTS/SQD;
+    /// more requests arriving meanwhile coalesce into the held ACK. The driver bounds how
+    /// long anything is held (the peer's retransmission timer is far longer). Returns whether
+    /// anything is held now.
+    pub fn hold_answers(&mut self, qpn: u32) -> bool {
+        let Some(qp) = self.qps.get_mut(qpn) else { return false };
+        let was_held = qp.answers_held;
+        let held = qp.hold_answers();
+        let newly_held = qp.answers_held && !was_held;
+        let leaves_ready = held && qp.in_ready_list && !qp.wants_transmit();
+        if leaves_ready {
+            qp.in_ready_list = false;
+            self.ready.retain(|&q| q != qpn);
+        }
+        if newly_held {
+            if self.held_answers.len() > 2 * self.qps.len() as usize + 64 {
+                let qps = &self.qps;
+                self.held_answers.retain(|&q| qps.get(q).is_some_and(|qp| qp.answers_held));
+            }
+            self.held_answers.push(qpn);
+        }
+        held
+    }
+
+    /// Lets queue pair `qpn`'s held acknowledgements go with the next transmit. Returns
+    /// whether any were held (and are owed now).
+    pub fn release_answers(&mut self, qpn: u32) -> bool {
+        let Some(qp) = self.qps.get_mut(qpn) else { return false };
+        if !qp.answers_held {
+            return false;
+        }
+        qp.answers_held = false;
+        let owed = qp.has_response_output();
+        self.after_qp_work(qpn);
+        owed
+    }
+
+    /// [`Engine::release_answers`] for every queue pair. Returns how many had answers owed.
+    pub fn release_all_answers(&mut self) -> usize {
+        let mut held = std::mem::take(&mut self.held_answers);
+        let owed = held.iter().filter(|&&qpn| self.release_answers(qpn)).count();
+        held.clear();
+        self.held_answers = held;
+        owed
+    }
+
+    /// Whether some queue pair may hold acknowledgements ([`Engine::hold_answers`]).
+    pub fn has_held_answers(&self) -> bool {
+        !self.held_answers.is_empty()
     }
 
     /// Writes the next datagram to send into `buf` (which must hold [`MAX_DATAGRAM`] bytes;
@@ -724,6 +787,83 @@ mod tests {
         let mut wcs = [WorkCompletion::new(9, WcStatus::WrFlushErr, lightpath_verbs::WcOpcode::Send, 0); 4];
         assert_eq!(b.poll_cq(b_cq, &mut wcs), 3);
         assert!(wcs[..3].iter().all(|wc| wc.status == WcStatus::Success), "{wcs:?}");
+    }
+
+    /// Every datagram `engine` has to send now.
+    fn drain(engine: &mut Engine) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        while let Some(t) = engine.poll_transmit(Time::ZERO, &mut buf) {
+            out.push(buf[..t.len].to_vec());
+        }
+        out
+    }
+
+    /// A's SEND of `byte` handed to B.
+    fn deliver_send(engines: &mut [Engine; 2], qpns: [u32; 2], byte: u8) -> Vec<u8> {
+        let [a, b] = engines;
+        a.post_send(Time::ZERO, qpns[0], &SendWr::inline(u64::from(byte), SendOp::Send, &[byte; 8]))
+            .expect("post");
+        let sent = drain(a);
+        assert_eq!(sent.len(), 1);
+        let (from, to) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+        b.handle_datagram(Time::ZERO, from, to, 4791, &sent[0]);
+        sent[0].clone()
+    }
+
+    #[test]
+    fn held_acks_wait_for_the_next_request_and_leave_in_front_of_it() {
+        let (mut engines, qpns, _) = connected_pair(4);
+        deliver_send(&mut engines, qpns, 1);
+        let b = &mut engines[1];
+        assert!(b.has_output(), "the SEND is acknowledged");
+        assert!(b.hold_answers(qpns[1]));
+        assert!(!b.has_output() && b.poll_transmit(Time::ZERO, &mut vec![0u8; MAX_DATAGRAM]).is_none());
+        // A second request meanwhile coalesces into the held ACK.
+        deliver_send(&mut engines, qpns, 2);
+        let b = &mut engines[1];
+        assert!(b.hold_answers(qpns[1]), "still held: a plain ACK");
+        assert!(!b.has_output());
+        // The reply takes it along: the ACK first (the driver bundles the two).
+        b.post_send(Time::ZERO, qpns[1], &SendWr::inline(7, SendOp::Send, b"reply")).expect("post");
+        let out = drain(b);
+        let opcodes: Vec<u8> = out.iter().map(|d| d[0]).collect();
+        assert_eq!(opcodes, [Opcode::RC_ACKNOWLEDGE.0, Opcode::RC_SEND_ONLY.0], "one ACK, then the reply");
+        assert_eq!(b.stats().acks_sent, 1, "the two requests were acknowledged once");
+        assert_eq!(b.release_all_answers(), 0, "nothing is held after the reply");
+    }
+
+    #[test]
+    fn held_acks_are_released_on_demand_and_nak_never_waits() {
+        let (mut engines, qpns, _) = connected_pair(4);
+        deliver_send(&mut engines, qpns, 1);
+        assert!(engines[1].hold_answers(qpns[1]));
+        assert!(engines[1].has_held_answers());
+        assert!(engines[1].release_answers(qpns[1]), "the ACK was owed");
+        assert!(!engines[1].release_answers(qpns[1]), "released once");
+        assert_eq!(drain(&mut engines[1]).len(), 1);
+
+        deliver_send(&mut engines, qpns, 2);
+        assert!(engines[1].hold_answers(qpns[1]));
+        assert_eq!(engines[1].release_all_answers(), 1);
+        assert_eq!(drain(&mut engines[1]).len(), 1);
+        assert_eq!(engines[1].release_all_answers(), 0);
+
+        // A request out of sequence (the one before it lost) draws a NAK, which is not held.
+        let [a, b] = &mut engines;
+        for byte in [3u8, 4] {
+            a.post_send(Time::ZERO, qpns[0], &SendWr::inline(u64::from(byte), SendOp::Send, &[byte; 8]))
+                .expect("post");
+        }
+        let sent = drain(a);
+        assert_eq!(sent.len(), 2);
+        let (from, to) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+        b.handle_datagram(Time::ZERO, from, to, 4791, &sent[1]);
+        assert!(!b.hold_answers(qpns[1]), "a NAK was held");
+        assert!(b.has_output());
+        let out = drain(b);
+        assert_eq!(out.len(), 1);
+        assert_eq!(b.stats().naks_sent, 1);
     }
 
     #[test]

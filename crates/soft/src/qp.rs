@@ -115,6 +115,7 @@ impl QueuePair for SoftQp {
         let mut core = device.lock();
         let now = device.now();
         let result = core.engine.post_send(now, self.qpn, wr);
+        self.posted_send();
         device.after_post(core, now);
         result
     }
@@ -190,6 +191,14 @@ impl QueuePair for SoftQp {
 impl SoftQp {
     /// Runs `post` for each request under one lock, then (for sends) sends everything they
     /// produced in as few `sendmmsg` calls as possible.
+    /// A send was posted: the answers an arming of this queue pair's port held for the
+    /// owner's reply leave with it (see `Shared::finish_arming`).
+    fn posted_send(&self) {
+        if let Some(port) = self.port.get() {
+            port.clear_reply_hold();
+        }
+    }
+
     fn post_batch<W>(
         &self,
         wrs: &[W],
@@ -207,6 +216,7 @@ impl SoftQp {
             }
         }
         if sends {
+            self.posted_send();
             device.after_post(core, now);
         } else {
             device.after_recv_post(&mut core);

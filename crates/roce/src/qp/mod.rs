@@ -118,6 +118,9 @@ pub(crate) struct Qp {
     timers: QpTimers,
     /// Engine bookkeeping: the QP is in the engine's ready-to-transmit list.
     pub(crate) in_ready_list: bool,
+    /// The responder's plain ACKs wait for this queue pair's next request, which takes them
+    /// along, instead of making it ready to transmit on their own (`Engine::hold_answers`).
+    pub(crate) answers_held: bool,
     /// Engine bookkeeping: the earliest deadline this QP has in the engine's timer heap.
     pub(crate) timer_queued: Option<Time>,
     /// Engine bookkeeping: a `QpError` event for this QP waits in the event queue.
@@ -150,6 +153,7 @@ impl Qp {
             resp: Responder::default(),
             timers: QpTimers::default(),
             in_ready_list: false,
+            answers_held: false,
             timer_queued: None,
             error_event_pending: false,
             gathered: None,
@@ -177,15 +181,46 @@ impl Qp {
         match self.state {
             QpState::Reset | QpState::Init | QpState::Sqe => false,
             QpState::Err | QpState::Rtr => !self.resp.output.is_empty(),
-            QpState::Rts | QpState::Sqd => !self.resp.output.is_empty() || self.requester_ready(),
+            QpState::Rts | QpState::Sqd => {
+                (!self.resp.output.is_empty() && !self.answers_wait()) || self.requester_ready()
+            }
         }
+    }
+
+    /// Whether the responder's output is held back: plain ACKs only, held for a request.
+    fn answers_wait(&self) -> bool {
+        self.answers_held && self.resp.output.only_plain_acks()
+    }
+
+    /// Holds the responder's plain ACKs for this queue pair's next request (see
+    /// `Engine::hold_answers`). Returns whether they stay back now: false with nothing to
+    /// hold, output that must not wait (a NAK, READ data) or a request ready to go with them.
+    pub(crate) fn hold_answers(&mut self) -> bool {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd)
+            || self.resp.output.is_empty()
+            || !self.resp.output.only_plain_acks()
+        {
+            return false;
+        }
+        self.answers_held = true;
+        !self.requester_ready()
+    }
+
+    /// Whether the responder has output queued (held or not).
+    pub(crate) fn has_response_output(&self) -> bool {
+        !self.resp.output.is_empty()
     }
 
     /// Writes the next datagram of this queue pair (without its ICRC) into `buf`. Responder
     /// output goes first: ACKs and READ responses unblock the peer, which is usually the
     /// bottleneck of the pair.
     pub(crate) fn produce(&mut self, ctx: &mut Ctx<'_>, now: Time, buf: &mut [u8]) -> Option<usize> {
-        if let Some(len) = self.produce_response(ctx, buf) {
+        let response = self.produce_response(ctx, buf);
+        if self.resp.output.is_empty() {
+            // What was held went (with a request behind it, or released).
+            self.answers_held = false;
+        }
+        if let Some(len) = response {
             return Some(len);
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
@@ -227,6 +262,7 @@ impl Qp {
         self.state = QpState::Err;
         self.timers = QpTimers::default();
         self.resp.output.clear();
+        self.answers_held = false;
         self.flush_send_queue(ctx);
         self.flush_recv_queue(ctx);
         if notify && !self.error_event_pending {

@@ -39,6 +39,12 @@ impl ResponseQueue {
         self.items.is_empty()
     }
 
+    /// Whether everything queued is a plain ACK (no NAK, RNR NAK, READ data or atomic ACK):
+    /// output that may wait for the queue pair's next request to carry it.
+    pub(crate) fn only_plain_acks(&self) -> bool {
+        self.items.iter().all(|item| matches!(item, ResponseItem::Ack { syndrome: Syndrome::Ack { .. }, .. }))
+    }
+
     pub(crate) fn clear(&mut self) {
         self.items.clear();
     }

@@ -88,6 +88,7 @@ impl Qp {
             (_, QpState::Err) if from != QpState::Err => self.enter_error(ctx, false),
             (QpState::Init, QpState::Rtr) => {
                 self.resp = Responder::start(self.params.rq_psn, self.params.max_dest_rd_atomic);
+                self.answers_held = false;
                 self.state = to;
             }
             (QpState::Rtr, QpState::Rts) => {
@@ -107,6 +108,7 @@ impl Qp {
         self.rq.clear();
         self.req = Requester::default();
         self.resp = Responder::default();
+        self.answers_held = false;
         self.timers = QpTimers::default();
         let local_ip = self.params.local_ip;
         self.params = super::Params::new(local_ip);

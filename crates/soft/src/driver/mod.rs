@@ -28,7 +28,7 @@ use lightpath_verbs::{lightpath_pmtu_for_link, WakeFor, WorkCompletion};
 use lightpath_verbs::{CompletionHook, Error, Gid, Mtu, Result};
 
 pub(crate) use ports::QpPort;
-use ports::{PortSet, PORTS_ACTIVE_FOR, PORT_TICK};
+use ports::{HeldAnswers, PortSet, PORTS_ACTIVE_FOR, PORT_TICK};
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
@@ -223,9 +223,6 @@ pub(crate) struct Shared {
     /// [`Shared::drive_for_progress`]). Changed with the engine locked; read without the lock
     /// too (`CompletionQueue::consumer_idle` takes it only when this is set).
     pub(crate) answers_held: AtomicBool,
-    /// Holds of answers by an arming so far: the owner whose arming made the latest hold may
-    /// keep it through its next empty arming (see [`Shared::owes_answers`]).
-    answer_holds: AtomicU64,
     /// Times a queue pair's owner armed its port ([`DriverStats::port_armings`]).
     port_armings: AtomicU64,
     socket: RoceSocket,
@@ -338,7 +335,6 @@ impl Shared {
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
             answers_held: AtomicBool::new(false),
-            answer_holds: AtomicU64::new(0),
             port_armings: AtomicU64::new(0),
             socket_watchers: AtomicU32::new(0),
             watcher_spin,
@@ -507,6 +503,7 @@ impl Shared {
     /// messages were received.
     pub(crate) fn drive(&self, core: &mut Core) -> usize {
         let now = self.now();
+        core.engine.release_all_answers();
         let received = self.receive_and_run(core, now, RECV_BATCH, None);
         self.transmit(core, now);
         received
@@ -525,6 +522,11 @@ impl Shared {
         let held = self.answers_held.swap(false, Ordering::Relaxed);
         if held && core.engine.has_output() {
             core.stats.late_answers += 1;
+        }
+        // What armings held for their owners' replies (see `finish_arming`) goes now too:
+        // no reply took it within a tick.
+        if core.engine.has_held_answers() {
+            core.stats.late_answers += core.engine.release_all_answers() as u64;
         }
         let hooks_before = core.due_hooks.len();
         let received = self.receive_and_run(core, now, RECV_BATCH, None);
@@ -857,22 +859,24 @@ impl Shared {
     }
 
     /// Whether an arming of `port` for `wake` that finds nothing new must send the answers
-    /// the engine holds (ACKs held for a reply, see `finish_arming`) before its owner sleeps.
+    /// its queue pair's engine state holds (ACKs held for a reply, see `finish_arming`) before
+    /// its owner sleeps.
     ///
-    /// Not when this owner's own arming held them, it waits for what the peer sends, and the
+    /// Not when this owner's arming held them, it waits for what the peer sends, and the
     /// progress thread looks within a tick (it sends them then if no reply took them): once
     /// only, so a second empty arming sends them. An event loop reads until a read would
     /// block before it answers (hyper's dispatcher does, then calls the service and writes
     /// the response): the arming of that last read sent the ACK of the request alone, and
     /// the response went in a second `sendmmsg`, each side sending two datagrams in two
-    /// system calls per request where one call could carry both.
+    /// system calls per request where one call could carry both. Other queue pairs' holds are
+    /// theirs: an event loop serving many connections arms each in turn, and when the holds
+    /// were one per device every arming sent the others' ACKs alone.
     fn owes_answers(&self, port: &QpPort, wake: WakeFor) -> bool {
-        if !self.answers_held.load(Ordering::Relaxed) {
-            return false;
+        match port.take_empty_arming() {
+            HeldAnswers::None => false,
+            HeldAnswers::MayKeep => !(wake == WakeFor::Arrivals && self.progress_looks_within(PORT_TICK)),
+            HeldAnswers::Owed => true,
         }
-        let held = self.answer_holds.load(Ordering::Relaxed);
-        let by_this_owner = port.take_reply_hold(held);
-        !(by_this_owner && wake == WakeFor::Arrivals && self.progress_looks_within(PORT_TICK))
     }
 
     /// Whether the progress thread will look at the device within `within` (it is awake, or
@@ -925,14 +929,16 @@ impl Shared {
     fn finish_arming(&self, core: &mut Core, port: &QpPort, wake: WakeFor, now: Time, drained: bool) {
         run_due_timers(core, now);
         self.deliver_events(core);
-        if core.arming_found && core.engine.has_output() {
+        // Held only while the progress thread looks within a tick: its drive sends what no
+        // reply took (an owner asleep since has nothing else to send them).
+        if core.arming_found && self.progress_looks_within(PORT_TICK) && core.engine.hold_answers(port.qpn) {
             // The reply carries them; the progress thread's next tick sends them otherwise.
-            self.answers_held.store(true, Ordering::Relaxed);
-            let hold = self.answer_holds.fetch_add(1, Ordering::Relaxed) + 1;
-            port.hold_for_reply(hold);
+            port.hold_for_reply();
         } else {
-            self.transmit(core, now);
+            core.engine.release_answers(port.qpn);
+            port.clear_reply_hold();
         }
+        self.transmit(core, now);
         core.arming = None;
         port.arm(wake);
         if !drained {
@@ -1228,37 +1234,43 @@ mod tests {
 
     /// The answers an owner's arming held for its reply are kept through its next arming that
     /// finds nothing (once, for a reader, while the progress thread looks within a tick);
-    /// every other empty arming sends them.
+    /// every other empty arming of that owner sends them. Holds are per queue pair: another
+    /// owner's arming neither sends them nor is made to.
     #[test]
     fn an_owner_keeps_the_answers_it_held_through_one_empty_arming() {
         let (shared, port, _doorbell, _sender) = device_with_port();
         let doorbell = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
         let other = shared.open_port(8, &doorbell).expect("a second port");
-        let hold = |port: &QpPort| {
-            shared.answers_held.store(true, Ordering::Relaxed);
-            let n = shared.answer_holds.fetch_add(1, Ordering::Relaxed) + 1;
-            port.hold_for_reply(n);
-        };
         // No progress thread here: it counts as awake (as it is when it runs its loop).
         shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
         assert!(!shared.owes_answers(&port, WakeFor::Arrivals), "nothing is held");
 
-        hold(&port);
+        port.hold_for_reply();
         assert!(!shared.owes_answers(&port, WakeFor::Arrivals), "the reader's own hold was not kept");
         assert!(shared.owes_answers(&port, WakeFor::Arrivals), "kept through a second empty arming");
 
-        hold(&port);
+        port.hold_for_reply();
         assert!(
             shared.owes_answers(&port, WakeFor::Anything),
             "kept for a writer (it waits for the peer's answer)"
         );
 
-        hold(&port);
-        assert!(shared.owes_answers(&other, WakeFor::Arrivals), "kept for another queue pair's owner");
-        hold(&other);
-        assert!(shared.owes_answers(&port, WakeFor::Arrivals), "kept for an owner whose hold was overtaken");
+        port.hold_for_reply();
+        assert!(
+            !shared.owes_answers(&other, WakeFor::Arrivals),
+            "another owner's arming sends this one's hold"
+        );
+        other.hold_for_reply();
+        assert!(
+            !shared.owes_answers(&port, WakeFor::Arrivals),
+            "a hold of another queue pair overtook this one"
+        );
 
-        hold(&port);
+        port.hold_for_reply();
+        port.clear_reply_hold();
+        assert!(!shared.owes_answers(&port, WakeFor::Arrivals), "owed after the reply took the answers");
+
+        port.hold_for_reply();
         let far = shared.now().as_nanos() + Duration::from_millis(50).as_nanos() as u64;
         shared.thread_deadline.store(far, Ordering::SeqCst);
         assert!(

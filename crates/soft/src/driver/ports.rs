@@ -38,7 +38,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,9 +83,25 @@ pub(crate) struct QpPort {
     receiving: AtomicBool,
     /// Its owner never armed it: it is in the device's set of fresh ports.
     fresh: AtomicBool,
-    /// The device's count of answer holds when this port's arming last held the answers for
-    /// its owner's reply (0: none to keep; see `Shared::owes_answers`).
-    reply_hold: AtomicU64,
+    /// Whether this port's arming holds its queue pair's answers for the owner's reply
+    /// (`NO_HOLD`, `HELD`, or `HELD_KEPT` once an empty arming kept them; see
+    /// `Shared::owes_answers`).
+    reply_hold: AtomicU8,
+}
+
+const NO_HOLD: u8 = 0;
+const HELD: u8 = 1;
+const HELD_KEPT: u8 = 2;
+
+/// What [`QpPort::take_empty_arming`] says of an owner's arming that found nothing new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeldAnswers {
+    /// Its arming holds nothing.
+    None,
+    /// Its arming held them and this is the first empty arming since: they may stay.
+    MayKeep,
+    /// They were kept through an empty arming already: they go now.
+    Owed,
 }
 
 impl QpPort {
@@ -115,7 +131,7 @@ impl QpPort {
             tick_mark: AtomicU32::new(0),
             receiving: AtomicBool::new(false),
             fresh: AtomicBool::new(true),
-            reply_hold: AtomicU64::new(0),
+            reply_hold: AtomicU8::new(NO_HOLD),
         })
     }
 
@@ -160,15 +176,29 @@ impl QpPort {
         self.receiving.store(false, Ordering::Release);
     }
 
-    /// This port's arming held the device's answers for its owner's reply: hold number `hold`.
-    pub(crate) fn hold_for_reply(&self, hold: u64) {
-        self.reply_hold.store(hold, Ordering::Relaxed);
+    /// This port's arming held its queue pair's answers for the owner's reply.
+    pub(crate) fn hold_for_reply(&self) {
+        self.reply_hold.store(HELD, Ordering::Relaxed);
     }
 
-    /// Whether the answers held now (hold number `current`) are the ones this port's arming
-    /// held; consumes that (once per hold).
-    pub(crate) fn take_reply_hold(&self, current: u64) -> bool {
-        current != 0 && self.reply_hold.swap(0, Ordering::Relaxed) == current
+    /// The hold is over (the owner posted, which takes the answers along, or they were sent).
+    pub(crate) fn clear_reply_hold(&self) {
+        if self.reply_hold.load(Ordering::Relaxed) != NO_HOLD {
+            self.reply_hold.store(NO_HOLD, Ordering::Relaxed);
+        }
+    }
+
+    /// An arming of the owner found nothing new: whether answers are held for it, and if so
+    /// whether this is the first such arming (which may keep them, and is counted here).
+    pub(crate) fn take_empty_arming(&self) -> HeldAnswers {
+        match self.reply_hold.load(Ordering::Relaxed) {
+            NO_HOLD => HeldAnswers::None,
+            HELD => {
+                self.reply_hold.store(HELD_KEPT, Ordering::Relaxed);
+                HeldAnswers::MayKeep
+            }
+            _ => HeldAnswers::Owed,
+        }
     }
 
     /// The owner arms for the first time: whether the port was fresh until now.

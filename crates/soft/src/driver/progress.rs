@@ -34,11 +34,9 @@ fn run_progress(shared: &Shared) {
         let idle = ready == HANDOVER_ONLY && !shared.handover_due();
         let (received, timeout, active) = {
             let mut core = shared.lock();
-            let (mut received, held) = if idle && !shared.answers_held.load(Ordering::Relaxed) {
-                (0, false)
-            } else {
-                shared.drive_for_progress(&mut core)
-            };
+            let holds = shared.answers_held.load(Ordering::Relaxed) || core.engine.has_held_answers();
+            let (mut received, held) =
+                if idle && !holds { (0, false) } else { shared.drive_for_progress(&mut core) };
             // Ports: drain what woke an idle thread; while active, every tick, what nobody read
             // since the last tick.
             let active = shared.ports_active();

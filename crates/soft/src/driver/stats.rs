@@ -35,8 +35,9 @@ pub struct DriverStats {
     /// tick (its owner computed elsewhere, or was not woken): those datagrams waited one to
     /// two ticks (`PORT_TICK`, 1 ms) for their owner.
     pub port_rescues: u64,
-    /// Times the progress thread sent answers (ACKs) that an arming or its own drive had held
-    /// for a reply no reply took: they left up to a tick late.
+    /// Times the progress thread sent answers (ACKs) held for a reply no reply took: those of
+    /// one queue pair an arming held (counted per queue pair), or those its own drive held
+    /// (counted once). They left up to a tick later than without the hold.
     pub late_answers: u64,
 }
 
