@@ -60,7 +60,7 @@ pub use lightpath_stream::negotiate::{FallbackReason, ProviderId};
 pub use listener::Listener;
 pub use options::Options;
 pub use remote::{RegisteredBuf, RemoteBuf};
-pub use stream::{Driven, Readiness, Stream, Transport};
+pub use stream::{Driven, Readiness, Signalled, Stream, Transport};
 
 /// For diagnosing a stall: the state of every shared completion queue and of the connections
 /// routed from it (queued completions, armed flags, counters) as text. Not a stable format.

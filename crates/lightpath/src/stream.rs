@@ -334,6 +334,19 @@ pub struct Driven {
     pub handed_over: bool,
 }
 
+/// Which of a stream's event fds ([`Stream::event_fds`]) signalled since the last look, for
+/// [`Stream::poll_ready_signalled`]: an event loop that registers them edge-triggered knows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Signalled {
+    /// The notification fd (it is read, to take its count, only when this is set).
+    pub notify: bool,
+    /// The queue pair's own port, if the stream has one (it is received from only when this
+    /// is set).
+    pub port: bool,
+    /// The TCP connection (looked at for the peer's goodbye or death only when this is set).
+    pub liveness: bool,
+}
+
 /// What a stream can do without blocking, from [`Stream::poll_ready`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Readiness {
@@ -446,6 +459,18 @@ impl Stream {
     /// that also waits on the fds level-triggered (`poll`) must pass it when they signalled,
     /// or a notification left pending keeps them readable. Over TCP it is `poll_ready`.
     pub fn poll_ready_after(&mut self, notified: bool, liveness: bool) -> io::Result<Readiness> {
+        self.poll_ready_signalled(Signalled { notify: notified, port: true, liveness })
+    }
+
+    /// [`Stream::poll_ready_after`] for an event loop that also registers the stream's own
+    /// port (the middle one of three [`Stream::event_fds`]) edge-triggered under a token of
+    /// its own, and says in `signalled.port` whether it signalled since the last call: when
+    /// it did not, nothing arrived there since the look that last took it in (an edge comes
+    /// with every datagram), and this look skips receiving from it — the one system call a
+    /// level-triggered loop's repeated look at a quiet connection made (the tokio driver does
+    /// the same).
+    pub fn poll_ready_signalled(&mut self, signalled: Signalled) -> io::Result<Readiness> {
+        let Signalled { notify: notified, port, liveness } = signalled;
         match &mut self.backend {
             Backend::Rdma(conn) => {
                 if notified {
@@ -459,7 +484,7 @@ impl Stream {
                 // completions to go on (a later call that waits for them widens the arming:
                 // see `RdmaConn::widen_arming`).
                 let wake = conn.reader_wake();
-                conn.arm(wake, PortLook::TakeIn)?;
+                conn.arm(wake, if port { PortLook::TakeIn } else { PortLook::Skip })?;
                 let (mut readable, mut writable) = Self::look(conn);
                 if wake == lightpath_verbs::WakeFor::Arrivals
                     && (!writable || conn.reader_wake() == lightpath_verbs::WakeFor::Anything)

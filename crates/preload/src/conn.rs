@@ -543,13 +543,13 @@ impl State {
     /// peek) and whether a write to the stream would. The peer's switch header is taken off
     /// the stream first, so its 8 bytes never count as readable data.
     pub(crate) fn stream_readiness(&mut self) -> (bool, bool) {
-        self.stream_readiness_after(true, true)
+        self.stream_readiness_after(lightpath::Signalled { notify: true, port: true, liveness: true })
     }
 
-    /// [`State::stream_readiness`] for a caller that watches the stream's two event fds
-    /// edge-triggered and knows which signalled (see `lightpath::Stream::poll_ready_after`):
+    /// [`State::stream_readiness`] for a caller that watches the stream's event fds
+    /// edge-triggered and knows which signalled (see `lightpath::Stream::poll_ready_signalled`):
     /// one that did not is not read.
-    pub(crate) fn stream_readiness_after(&mut self, notified: bool, liveness: bool) -> (bool, bool) {
+    pub(crate) fn stream_readiness_after(&mut self, signalled: lightpath::Signalled) -> (bool, bool) {
         self.learn_switch();
         let mut readable = !self.peeked.is_empty();
         if self.tcp_eof {
@@ -563,7 +563,7 @@ impl State {
         let send_switched = self.send_switched;
         let mut writable = false;
         if let Some(stream) = self.stream.as_mut() {
-            match stream.poll_ready_after(notified, liveness) {
+            match stream.poll_ready_signalled(signalled) {
                 Ok(ready) => {
                     readable |= ready.readable && reads_stream;
                     writable = ready.writable && send_switched;

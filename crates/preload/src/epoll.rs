@@ -5,10 +5,12 @@
 //! connection is added to it, the library creates a hidden *shadow* epoll that holds the
 //! application's epoll (token [`APP`]), each tracked connection's TCP socket (interest
 //! reduced to what still matters: no `EPOLLIN` once reads come from the stream, no
-//! `EPOLLOUT` once writes go to it) and, after the switch, the stream's two event fds
-//! (`lightpath::Stream::event_fds`: the completion notification eventfd and the TCP liveness
-//! connection), each edge-triggered with a token of its own, so that a look at the stream
-//! reads only the one that signalled (`Stream::poll_ready_after`). `epoll_wait` on the
+//! `EPOLLOUT` once writes go to it) and, after the switch, the stream's event fds
+//! (`lightpath::Stream::event_fds`: the completion notification eventfd, a soft queue pair's
+//! own UDP port if it has one, and the TCP liveness connection), each edge-triggered with a
+//! token of its own, so that a look at the stream reads only those that signalled
+//! (`Stream::poll_ready_signalled`): a level-triggered connection looked at again at every
+//! wait receives from its port only after datagrams came (an edge comes with each). `epoll_wait` on the
 //! application's fd waits on the shadow instead and translates: events of the application's
 //! own epoll are taken from it as they are; a connection's events are computed from its state
 //! (TCP part, stream part via `poll_ready_after`) and delivered with the application's
@@ -40,10 +42,16 @@ use crate::{real, table};
 
 const APP: u64 = u64::MAX;
 const KICK: u64 = u64::MAX - 1;
-/// Token kinds, in a token's low two bits (the connection id above them).
+/// Token kinds, in a token's low `TOKEN_BITS` bits (the connection id above them): the TCP
+/// socket (0), or a set of the stream fd bits below.
+const TOKEN_BITS: u32 = 3;
+const TOKEN_KIND: u64 = (1 << TOKEN_BITS) - 1;
 const TOKEN_TCP: u64 = 0;
 const TOKEN_NOTIFY: u64 = 1;
 const TOKEN_LIVENESS: u64 = 2;
+/// A soft queue pair's own UDP port: its event says datagrams came since the last look (see
+/// `lightpath::Signalled::port`).
+const TOKEN_PORT: u64 = 4;
 
 const IN: u32 = libc::EPOLLIN as u32;
 const OUT: u32 = libc::EPOLLOUT as u32;
@@ -172,18 +180,25 @@ fn raw_ctl(inner: c_int, op: c_int, fd: c_int, mask: u32, token: u64) -> c_int {
     unsafe { real::epoll_ctl(inner, op, fd, &mut event) }
 }
 
-/// The stream's event fds with their token kinds: the notification fd (and a soft queue
-/// pair's own UDP port, whose news the next arming takes in: a notification too), then the
-/// TCP liveness connection.
+/// The stream's event fds with their token kinds: the notification fd, a soft queue pair's
+/// own UDP port if it has one (whose news the next look takes in: only after its event, see
+/// `evaluate`), then the TCP liveness connection.
 fn stream_fds(state: &State) -> Vec<(c_int, u64)> {
     let Some(stream) = state.stream.as_ref() else { return Vec::new() };
     let fds = stream.event_fds();
     match fds.as_slice() {
         // Not an RDMA stream (the library installs none): its one fd counts as both.
         [one] => vec![(*one, TOKEN_NOTIFY | TOKEN_LIVENESS)],
-        [notify @ .., liveness] => {
-            notify.iter().map(|&fd| (fd, TOKEN_NOTIFY)).chain([(*liveness, TOKEN_LIVENESS)]).collect()
+        [notify, port, liveness] => {
+            vec![(*notify, TOKEN_NOTIFY), (*port, TOKEN_PORT), (*liveness, TOKEN_LIVENESS)]
         }
+        // Without a port of its own (or in an order not known here): every event of the
+        // others takes in whatever the look can, as before ports had a token.
+        [notify @ .., liveness] => notify
+            .iter()
+            .map(|&fd| (fd, TOKEN_NOTIFY | TOKEN_PORT))
+            .chain([(*liveness, TOKEN_LIVENESS)])
+            .collect(),
         [] => Vec::new(),
     }
 }
@@ -191,7 +206,7 @@ fn stream_fds(state: &State) -> Vec<(c_int, u64)> {
 /// Adds the stream's event fds of connection `id` to the shadow, edge-triggered.
 fn add_stream_fds(inner: c_int, id: u64, fds: &[(c_int, u64)]) {
     for &(fd, kind) in fds {
-        raw_ctl(inner, libc::EPOLL_CTL_ADD, fd, IN | ET, (id << 2) | kind);
+        raw_ctl(inner, libc::EPOLL_CTL_ADD, fd, IN | ET, (id << TOKEN_BITS) | kind);
     }
 }
 
@@ -228,7 +243,7 @@ pub(crate) fn ctl(
                 state.epolls.push(epfd);
             }
             drop(state);
-            let token = (conn.id << 2) | TOKEN_TCP;
+            let token = (conn.id << TOKEN_BITS) | TOKEN_TCP;
             match shadow.regs.get_mut(&conn.id) {
                 None => {
                     if raw_ctl(inner, libc::EPOLL_CTL_ADD, fd, mask, token) != 0 {
@@ -293,7 +308,7 @@ pub(crate) fn ctl(
             reg.parked = true;
             reg.queued = false;
             if reg.tcp_mask & !ET != 0 {
-                raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, 0, (conn.id << 2) | TOKEN_TCP);
+                raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, 0, (conn.id << TOKEN_BITS) | TOKEN_TCP);
                 reg.tcp_mask = 0;
             }
             Ok(0)
@@ -319,7 +334,7 @@ pub(crate) fn conn_switched(conn: &Arc<Conn>) {
             reg.stream_fds = fds;
         }
         if !reg.parked && mask != reg.tcp_mask {
-            raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (conn.id << 2) | TOKEN_TCP);
+            raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (conn.id << TOKEN_BITS) | TOKEN_TCP);
             reg.tcp_mask = mask;
         }
         if reg.parked {
@@ -386,17 +401,20 @@ struct Seen {
     notified: bool,
     /// Its stream's TCP liveness connection signalled.
     liveness: bool,
+    /// Its stream's own port signalled (datagrams came since the last look took it in).
+    port: bool,
 }
 
 impl Seen {
-    /// A look that reads both stream fds (not prompted by their events).
-    const FULL: Seen = Seen { tcp: 0, notified: true, liveness: true };
+    /// A look that reads every stream fd (not prompted by their events).
+    const FULL: Seen = Seen { tcp: 0, notified: true, liveness: true, port: true };
 
     fn or(self, other: Seen) -> Seen {
         Seen {
             tcp: self.tcp | other.tcp,
             notified: self.notified | other.notified,
             liveness: self.liveness | other.liveness,
+            port: self.port | other.port,
         }
     }
 }
@@ -421,7 +439,8 @@ fn evaluate(inner: c_int, reg: &mut Reg, seen: Seen) -> u32 {
     if tcp & HUP != 0 && state.stream.is_none() {
         events |= HUP;
     }
-    let (readable, writable) = state.stream_readiness_after(seen.notified, seen.liveness);
+    let signalled = lightpath::Signalled { notify: seen.notified, port: seen.port, liveness: seen.liveness };
+    let (readable, writable) = state.stream_readiness_after(signalled);
     if readable {
         events |= IN;
     }
@@ -431,7 +450,7 @@ fn evaluate(inner: c_int, reg: &mut Reg, seen: Seen) -> u32 {
     let mask = tcp_mask(&state, reg.events);
     drop(state);
     if mask != reg.tcp_mask {
-        raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (reg.conn.id << 2) | TOKEN_TCP);
+        raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, mask, (reg.conn.id << TOKEN_BITS) | TOKEN_TCP);
         reg.tcp_mask = mask;
     }
     let delivered = events & (reg.events | ERR | HUP);
@@ -567,13 +586,13 @@ pub(crate) fn wait(
                 }
                 KICK => kicked = true,
                 token => {
-                    let id = token >> 2;
+                    let id = token >> TOKEN_BITS;
                     let at = seen.iter().position(|(i, _)| *i == id).unwrap_or_else(|| {
                         seen.push((id, Seen::default()));
                         seen.len() - 1
                     });
                     let entry = &mut seen[at].1;
-                    let kind = token & 3;
+                    let kind = token & TOKEN_KIND;
                     if kind == TOKEN_TCP {
                         entry.tcp |= events;
                     }
@@ -583,6 +602,7 @@ pub(crate) fn wait(
                     // in a u64) until a full look drains it. Reading it was a system call per
                     // message.
                     entry.liveness |= kind & TOKEN_LIVENESS != 0;
+                    entry.port |= kind & TOKEN_PORT != 0;
                 }
             }
         }
@@ -596,7 +616,7 @@ pub(crate) fn wait(
                 if look.tcp != 0 && reg.tcp_mask != ONESHOT {
                     // A hang-up or error of a parked connection's socket (reported whatever
                     // the interest): disabled until the connection is added again.
-                    raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, ONESHOT, (id << 2) | TOKEN_TCP);
+                    raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, ONESHOT, (id << TOKEN_BITS) | TOKEN_TCP);
                     reg.tcp_mask = ONESHOT;
                 }
                 // Read by the look after it is added again.
