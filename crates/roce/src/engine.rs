@@ -222,7 +222,8 @@ impl Engine {
     /// retransmit timer with its own `now`).
     pub fn post_send(&mut self, _now: Time, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
         let (qps, mut ctx) = self.ctx();
-        let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
+        // (Not `ok_or`: the error would be built, and dropped, on every post.)
+        let Some(qp) = qps.get_mut(qpn) else { return Err(Error::NotFound("queue pair")) };
         qp.post_send(&mut ctx, wr)?;
         self.after_qp_work(qpn);
         Ok(())
@@ -231,7 +232,7 @@ impl Engine {
     /// Posts a receive work request.
     pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
         let (qps, mut ctx) = self.ctx();
-        let qp = qps.get_mut(qpn).ok_or(Error::NotFound("queue pair"))?;
+        let Some(qp) = qps.get_mut(qpn) else { return Err(Error::NotFound("queue pair")) };
         qp.post_recv(&mut ctx, wr)
     }
 

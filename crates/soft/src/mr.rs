@@ -48,7 +48,11 @@ impl SoftMr {
     }
 
     fn range(&self, offset: usize, len: usize) -> Result<std::ops::Range<usize>> {
-        self.memory.range(offset, len).ok_or(Error::InvalidAttribute("range outside the memory region"))
+        // (Not `ok_or`: the error would be built, and dropped, on every access.)
+        match self.memory.range(offset, len) {
+            Some(range) => Ok(range),
+            None => Err(Error::InvalidAttribute("range outside the memory region")),
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
 use lightpath_verbs::{lightpath_pmtu_for_link, WakeFor, WorkCompletion};
@@ -39,6 +39,15 @@ use crate::sys::{self, EventFd, OneShotTimer, RECV_BATCH, SEND_DATAGRAMS};
 /// How long the progress thread holds the answers to what an event loop received, waiting
 /// for the event loop's reply to carry them (see [`Shared::drive_for_progress`]).
 pub(crate) const ANSWER_HOLD: Duration = Duration::from_micros(200);
+
+/// The monotonic clock (`CLOCK_MONOTONIC`, the one `Instant` reads) in nanoseconds: read
+/// several times per message, so without `Instant`'s normalised `Duration` arithmetic.
+fn monotonic_nanos() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
 
 /// At most this many receive batches per drive, so one call cannot be held up indefinitely by
 /// a peer that keeps sending.
@@ -235,7 +244,9 @@ pub(crate) struct Shared {
     unwatched_since: AtomicU64,
     /// `handover` is armed (or about to be): a leaving watcher arms it only when it is not.
     handover_armed: AtomicBool,
-    epoch: Instant,
+    /// The monotonic clock's reading, in nanoseconds, when the device opened: the engine's
+    /// time zero (see [`Shared::now`]).
+    epoch: u64,
     pub(crate) config: SoftConfig,
     /// The interface holding the device's address and its MTU, if it could be read.
     pub(crate) link: Option<(String, u32)>,
@@ -324,7 +335,7 @@ impl Shared {
             handover: OneShotTimer::new()?,
             unwatched_since: AtomicU64::new(0),
             handover_armed: AtomicBool::new(false),
-            epoch: Instant::now(),
+            epoch: monotonic_nanos(),
             name: config.device_name(),
             link,
             max_mtu,
@@ -389,7 +400,7 @@ impl Shared {
 
     /// The engine's notion of now.
     pub(crate) fn now(&self) -> Time {
-        Time::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        Time::from_nanos(monotonic_nanos().saturating_sub(self.epoch))
     }
 
     /// The sending lock, if no other thread holds it.
