@@ -929,10 +929,15 @@ extern "C" fn at_exit() {
 }
 
 extern "C" fn init() {
-    // Read the environment now: servers such as nginx clear it before their workers run.
+    // Read the environment now: servers such as nginx clear it before their workers run, and
+    // a worker (a fork of this process) keeps what was read here. Every setting the library
+    // reads is cached on first use; these are all of them.
     let _ = catch_unwind(|| {
         report::init();
         let _ = rendezvous::why_not();
+        let _ = remote::rule();
+        let _ = remote::port();
+        let _ = io::spin();
     });
     // SAFETY: registering a handler with no preconditions.
     unsafe { libc::atexit(at_exit) };

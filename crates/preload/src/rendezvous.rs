@@ -48,6 +48,14 @@ static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
 /// accelerate (the device's threads did not survive the fork).
 static DEVICE_PID: Mutex<u32> = Mutex::new(0);
 
+/// The stream options of this process's connections: the defaults with the `LIGHTPATH_*`
+/// settings of the environment as it was when the library loaded (see `init`: a server that
+/// clears its environment for its workers keeps them).
+pub(crate) fn base_options() -> &'static lightpath::Options {
+    static OPTIONS: OnceLock<lightpath::Options> = OnceLock::new();
+    OPTIONS.get_or_init(lightpath::Options::default)
+}
+
 /// Why connections of this process stay TCP, if they do.
 pub(crate) fn why_not() -> Option<String> {
     static PROVIDERS: OnceLock<Result<(), String>> = OnceLock::new();
@@ -55,7 +63,7 @@ pub(crate) fn why_not() -> Option<String> {
         if std::env::var("LIGHTPATH_PRELOAD").is_ok_and(|v| v == "off" || v == "0") {
             return Err("LIGHTPATH_PRELOAD=off".into());
         }
-        let options = lightpath::Options::default();
+        let options = base_options();
         let usable =
             [lightpath::ProviderId::Shm, lightpath::ProviderId::Soft, lightpath::ProviderId::Ibverbs];
         if options.providers.iter().any(|p| usable.contains(p)) {
@@ -450,7 +458,7 @@ fn pair(conn: &Conn, paired: Paired) -> io::Result<lightpath::Stream> {
             *device_pid = pid();
         }
     }
-    let options = lightpath::Options { handshake_timeout: STEP_TIMEOUT, ..Default::default() };
+    let options = lightpath::Options { handshake_timeout: STEP_TIMEOUT, ..base_options().clone() };
     match paired {
         // This end listened on the name: a local peer gets a side listener's port; the relay
         // names a peer on another host to connect to.

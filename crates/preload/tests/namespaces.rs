@@ -207,6 +207,18 @@ fn echo(
     rule: Option<&str>,
     lines: usize,
 ) -> Echo {
+    echo_with(name, ns, (server_mode, &[]), client_mode, rule, lines)
+}
+
+/// [`echo`] with variables set for the server only.
+fn echo_with(
+    name: &str,
+    ns: &Namespaces,
+    (server_mode, server_env): (Mode, &[(&str, &str)]),
+    client_mode: Mode,
+    rule: Option<&str>,
+    lines: usize,
+) -> Echo {
     let dir = scratch(name);
     let report_path = dir.join("report");
     let input = dir.join("input");
@@ -214,12 +226,9 @@ fn echo(
     // Any port is free in a fresh namespace; one free here too does no harm.
     let port = common::free_port().to_string();
     let host = ns.server_address();
-    let _server = serve_in(
-        &ns.a,
-        peer_in(&ns.a, &host, &["echo-server", &port, "100"], server_mode, &report_path, rule),
-        port.parse().unwrap(),
-        "echo server",
-    );
+    let mut server = peer_in(&ns.a, &host, &["echo-server", &port, "100"], server_mode, &report_path, rule);
+    server.envs(server_env.iter().copied());
+    let _server = serve_in(&ns.a, server, port.parse().unwrap(), "echo server");
     let output = run(
         peer_in(
             &ns.b,
@@ -272,6 +281,27 @@ fn echo_between_namespaces_both_preloaded_switches_to_soft() {
         assert_eq!(line.transport, "rdma/soft", "both ends should have switched to soft: {lines:#?}");
     }
     assert!(soft_bytes(lines) > 1 << 20, "less than 1 MiB of the echo went over soft: {lines:#?}");
+}
+
+/// A server that empties its environment once started (nginx does, for its workers) keeps
+/// the library's settings: they are read when the library loads. Before they were, its
+/// connections read `LIGHTPATH_PRELOAD_PEERS` when they came, found nothing, and stayed TCP
+/// ("the peer is on another host").
+#[test]
+fn a_server_that_clears_its_environment_still_switches_to_soft() {
+    let test = "a_server_that_clears_its_environment_still_switches_to_soft";
+    let Some(ns) = namespaces(test) else {
+        return;
+    };
+    let rule = ns.subnet();
+    let server = (Mode::Preloaded, &[("LP_CLEAR_ENV", "1")][..]);
+    let echo = echo_with("netns-clear-env", &ns, server, Mode::Preloaded, Some(&rule), 2);
+    assert_eq!(echo.printed, echo.expected, "the echo differs from what was sent");
+    let lines = &echo.lines;
+    assert_eq!(lines.len(), 2, "one line per end expected: {lines:#?}");
+    for line in lines {
+        assert_eq!(line.transport, "rdma/soft", "both ends should have switched to soft: {lines:#?}");
+    }
 }
 
 #[test]

@@ -22,10 +22,14 @@
 
 The address every subcommand listens on and connects to is LP_PEER_HOST (127.0.0.1 when
 unset), so a server can listen on a namespace's veth address and a client reach it there.
+With LP_CLEAR_ENV=1 a subcommand empties its environment first (the C environ too, through
+unsetenv), as nginx does for its workers: the library must have read its settings at load.
 """
 import hashlib, os, select, socket, sys, time
 
 HOST = os.environ.get("LP_PEER_HOST", "127.0.0.1")
+if os.environ.get("LP_CLEAR_ENV") == "1":
+    os.environ.clear()
 
 def listener(port):
     s = socket.socket()
