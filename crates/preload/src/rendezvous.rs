@@ -139,8 +139,18 @@ enum Listening {
     /// on another host (`remote`: then this namespace's rendezvous port must be held).
     Name { listener: UnixListener, remote: bool },
     /// The lower end of a connection to another host: its side listener, and the hello it
-    /// repeats to the peer's rendezvous port until the peer connects.
-    Side { listener: TcpListener, hello: [u8; remote::Hello::LEN], to: SocketAddr, next_hello: Instant },
+    /// repeats to the peer's rendezvous port until the peer connects (`gap` after the last
+    /// one, see [`FIRST_HELLO_GAP`]).
+    Side {
+        listener: TcpListener,
+        hello: [u8; remote::Hello::LEN],
+        to: SocketAddr,
+        next_hello: Instant,
+        gap: Duration,
+        /// Hellos sent so far, and when the first went (for `LIGHTPATH_PRELOAD_DEBUG`).
+        sent: u32,
+        since: Instant,
+    },
 }
 
 impl Listening {
@@ -152,8 +162,14 @@ impl Listening {
     }
 }
 
-/// How often the lower end repeats its hello.
+/// How often the lower end repeats its hello, at most.
 const HELLO_EVERY: Duration = Duration::from_millis(100);
+/// The lower end's first repeat comes this soon, and each gap doubles up to [`HELLO_EVERY`]:
+/// a hello that reaches the peer's host before the peer's end bound its name (it does at its
+/// first I/O on the connection, on its watcher thread) is lost, and with a fixed 100 ms gap
+/// every connection whose peer lost that race (most of wrk's against nginx between two
+/// namespaces) waited up to 100 ms for its switch, its first requests with it.
+const FIRST_HELLO_GAP: Duration = Duration::from_millis(1);
 
 const WAKE_TOKEN: u64 = u64::MAX;
 const RELAY_TOKEN: u64 = u64::MAX - 1;
@@ -166,7 +182,16 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
     let mut hello_socket: Option<UdpSocket> = None;
     let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
     loop {
-        let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+        // Up to 100 ms, and no later than the next hello due.
+        let now = Instant::now();
+        let next = waiting
+            .values()
+            .filter_map(|entry| match &entry.listening {
+                Listening::Side { next_hello, .. } => Some(next_hello.saturating_duration_since(now)),
+                Listening::Name { .. } => None,
+            })
+            .fold(HELLO_EVERY, Duration::min);
+        let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: next.as_nanos() as i64 };
         events.clear();
         match epoll::wait(&poller, rustix::buffer::spare_capacity(&mut events), Some(&timeout)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -197,7 +222,16 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
                         Ok((unix, _)) => Some(Paired::Named(unix)),
                         Err(_) => None,
                     },
-                    Listening::Side { listener, .. } => accept_side(listener, &entry.conn).map(Paired::Side),
+                    Listening::Side { listener, sent, since, .. } => {
+                        let side = accept_side(listener, &entry.conn);
+                        if side.is_some() {
+                            crate::report::debug(format_args!(
+                                "the peer answered hello {sent} after {:?}",
+                                since.elapsed()
+                            ));
+                        }
+                        side.map(Paired::Side)
+                    }
                 };
                 if let Some(paired) = accepted {
                     let entry = waiting.remove(&token).expect("present");
@@ -220,9 +254,11 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
             keep
         });
         for entry in waiting.values_mut() {
-            if let Listening::Side { hello, to, next_hello, .. } = &mut entry.listening {
+            if let Listening::Side { hello, to, next_hello, gap, sent, .. } = &mut entry.listening {
                 if now >= *next_hello {
-                    *next_hello = now + HELLO_EVERY;
+                    *next_hello = now + *gap;
+                    *gap = (*gap * 2).min(HELLO_EVERY);
+                    *sent += 1;
                     if hello_socket.is_none() {
                         hello_socket = bind_udp_any(0).ok().map(crate::guard::high);
                     }
@@ -390,7 +426,15 @@ fn offer_side(conn: Arc<Conn>, local: SocketAddr, peer: SocketAddr) -> Option<Wa
     let side_port = listener.local_addr().ok()?.port();
     let hello = remote::Hello { sender: local, receiver: peer, side_port }.emit();
     let to = SocketAddr::new(peer.ip(), remote::port());
-    let listening = Listening::Side { listener, hello, to, next_hello: Instant::now() };
+    let listening = Listening::Side {
+        listener,
+        hello,
+        to,
+        next_hello: Instant::now(),
+        gap: FIRST_HELLO_GAP,
+        sent: 0,
+        since: Instant::now(),
+    };
     Some(Waiting { conn, listening, deadline: Instant::now() + PEER_WAIT })
 }
 
