@@ -319,7 +319,11 @@ pub(crate) fn ctl(
 
 /// A connection switched: its stream's event fds join the shadows it is registered in.
 pub(crate) fn conn_switched(conn: &Arc<Conn>) {
-    let epolls = conn.lock().epolls.clone();
+    let (epolls, peer) = {
+        let state = conn.lock();
+        (state.epolls.clone(), state.peer)
+    };
+    crate::report::debug(format_args!("stream to {peer:?} installed; in {} epoll(s)", epolls.len()));
     for epfd in epolls {
         let Some(shadow) = shadow_of(epfd) else { continue };
         let mut shadow = lock(&shadow);

@@ -30,10 +30,13 @@ pub(crate) fn line(args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// A line for `LIGHTPATH_PRELOAD_DEBUG=1` runs (switch points and the like).
+/// A line for `LIGHTPATH_PRELOAD_DEBUG=1` runs (switch points and the like), stamped with the
+/// milliseconds since the library loaded.
 pub(crate) fn debug(args: std::fmt::Arguments<'_>) {
     static ON: OnceLock<bool> = OnceLock::new();
+    static LOADED: OnceLock<std::time::Instant> = OnceLock::new();
+    let loaded = *LOADED.get_or_init(std::time::Instant::now);
     if *ON.get_or_init(|| std::env::var("LIGHTPATH_PRELOAD_DEBUG").is_ok_and(|v| v == "1")) {
-        line(args);
+        line(format_args!("t={:.3}ms {args}", loaded.elapsed().as_secs_f64() * 1e3));
     }
 }
