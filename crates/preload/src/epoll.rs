@@ -10,11 +10,12 @@
 //! own UDP port if it has one, and the TCP liveness connection), each edge-triggered with a
 //! token of its own, so that a look at the stream reads only those that signalled
 //! (`Stream::poll_ready_signalled`): a level-triggered connection looked at again at every
-//! wait receives from its port only after datagrams came (an edge comes with each). `epoll_wait` on the
-//! application's fd waits on the shadow instead and translates: events of the application's
-//! own epoll are taken from it as they are; a connection's events are computed from its state
-//! (TCP part, stream part via `poll_ready_after`) and delivered with the application's
-//! `epoll_data`, filtered by its interest, with its edge/level choice and `EPOLLONESHOT`.
+//! wait receives from its port only after datagrams came (an edge comes with each).
+//! `epoll_wait` on the application's fd waits on the shadow instead and translates: events of
+//! the application's own epoll are taken from it as they are; a connection's events are
+//! computed from its state (TCP part, stream part via `poll_ready_signalled`) and delivered
+//! with the application's `epoll_data`, filtered by its interest, with its edge/level choice
+//! and `EPOLLONESHOT`.
 //! Level-triggered connections with a stream that were ready at their last look are looked at
 //! again at each wait (the stream's fds only signal changes). A connection added, modified or
 //! switched is queued for a look by the next wait (which reads both stream fds after an add
