@@ -800,16 +800,26 @@ mod tests {
         out
     }
 
-    /// A's SEND of `byte` handed to B.
-    fn deliver_send(engines: &mut [Engine; 2], qpns: [u32; 2], byte: u8) -> Vec<u8> {
-        let [a, b] = engines;
-        a.post_send(Time::ZERO, qpns[0], &SendWr::inline(u64::from(byte), SendOp::Send, &[byte; 8]))
+    /// The datagram of A's SEND of eight `byte`s.
+    fn send_of(a: &mut Engine, qpn: u32, byte: u8) -> Vec<u8> {
+        a.post_send(Time::ZERO, qpn, &SendWr::inline(u64::from(byte), SendOp::Send, &[byte; 8]))
             .expect("post");
-        let sent = drain(a);
+        let mut sent = drain(a);
         assert_eq!(sent.len(), 1);
+        sent.remove(0)
+    }
+
+    /// `datagram` from A (10.0.0.1) handed to B (10.0.0.2).
+    fn hand_to_b(b: &mut Engine, datagram: &[u8]) {
         let (from, to) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
-        b.handle_datagram(Time::ZERO, from, to, 4791, &sent[0]);
-        sent[0].clone()
+        b.handle_datagram(Time::ZERO, from, to, 4791, datagram);
+    }
+
+    /// A's SEND of `byte` handed to B.
+    fn deliver_send(engines: &mut [Engine; 2], qpns: [u32; 2], byte: u8) {
+        let [a, b] = engines;
+        let datagram = send_of(a, qpns[0], byte);
+        hand_to_b(b, &datagram);
     }
 
     #[test]
@@ -852,14 +862,8 @@ mod tests {
 
         // A request out of sequence (the one before it lost) draws a NAK, which is not held.
         let [a, b] = &mut engines;
-        for byte in [3u8, 4] {
-            a.post_send(Time::ZERO, qpns[0], &SendWr::inline(u64::from(byte), SendOp::Send, &[byte; 8]))
-                .expect("post");
-        }
-        let sent = drain(a);
-        assert_eq!(sent.len(), 2);
-        let (from, to) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
-        b.handle_datagram(Time::ZERO, from, to, 4791, &sent[1]);
+        let _lost = send_of(a, qpns[0], 3);
+        hand_to_b(b, &send_of(a, qpns[0], 4));
         assert!(!b.hold_answers(qpns[1]), "a NAK was held");
         assert!(b.has_output());
         let out = drain(b);
