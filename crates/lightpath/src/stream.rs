@@ -248,6 +248,22 @@ impl Stream {
         Ok(())
     }
 
+    /// Holds writes back (`true`) until this is turned off, a flush, or a close: what is
+    /// written meanwhile leaves as one record (whole once it reaches 64 KiB), as TCP_CORK
+    /// makes a kernel socket send full segments only. For a writer that sends a response in
+    /// parts (a header, then a body) and knows when it is done; turn it off then, or the
+    /// bytes wait. Over TCP this is `TCP_CORK`.
+    pub fn set_hold(&mut self, hold: bool) -> io::Result<()> {
+        match &mut self.backend {
+            Backend::Rdma(conn) => {
+                conn.set_hold(hold);
+                Ok(())
+            }
+            Backend::Tcp(conn) => Ok(rustix::net::sockopt::set_tcp_cork(conn.tcp(), hold)?),
+            Backend::Closed => Err(closed()),
+        }
+    }
+
     /// Turns corking off (`true`, the default: every write is posted at once) or on (writes
     /// made while earlier ones are in flight are merged and posted as they complete; call
     /// `flush` before going idle). Over TCP this is `TCP_NODELAY`.

@@ -24,7 +24,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use libc::c_int;
 
@@ -67,6 +68,8 @@ pub(crate) enum Io {
 
 /// What a connection does and knows, under its lock.
 pub(crate) struct State {
+    /// The application set TCP_CORK, and since when (see [`set_corked`]).
+    pub(crate) corked: Option<Instant>,
     pub(crate) phase: Phase,
     pub(crate) stream: Option<lightpath::Stream>,
     /// The application closed its last fd for this connection.
@@ -157,6 +160,7 @@ impl Conn {
             fds: AtomicUsize::new(1),
             nonblocking: AtomicU8::new(NONBLOCKING_UNKNOWN),
             state: Mutex::new(State {
+                corked: None,
                 phase: Phase::Fresh,
                 stream: None,
                 closed: false,
@@ -356,6 +360,13 @@ impl State {
             self.hdr_out_len = 16;
             self.send_switched = true;
             let pushed = self.push_header();
+            // Corked by the application: its writes from now on wait for the uncork (the
+            // header above left at once: the peer switches its reading on it).
+            if self.corked.is_some() {
+                if let Some(stream) = self.stream.as_mut() {
+                    let _ = stream.set_hold(true);
+                }
+            }
             crate::report::debug(format_args!(
                 "to {:?}: sending switched at tcp byte {} (header pushed: {pushed:?})",
                 self.peer, self.tcp_sent
@@ -667,6 +678,55 @@ impl State {
             self.rdma_recv
         )
     }
+}
+
+/// Connections whose application set TCP_CORK, for [`release_stale_corks`].
+static CORKED: Mutex<Vec<std::sync::Weak<Conn>>> = Mutex::new(Vec::new());
+
+/// How long TCP_CORK holds a switched connection's writes at most, as Linux holds a corked
+/// socket's partial segment.
+pub(crate) const CORK_LIMIT: Duration = Duration::from_millis(200);
+
+/// The application set TCP_CORK (`on`) or cleared it: once the connection sends over its
+/// stream, writes are held until it is cleared (then they leave as one record), or
+/// [`CORK_LIMIT`] passes (see [`release_stale_corks`]).
+pub(crate) fn set_corked(conn: &Arc<Conn>, on: bool) {
+    let mut state = conn.lock();
+    let was = state.corked.is_some();
+    state.corked = on.then(Instant::now);
+    if state.send_switched {
+        if let Some(stream) = state.stream.as_mut() {
+            let _ = stream.set_hold(on);
+        }
+    }
+    drop(state);
+    if on && !was {
+        let mut corked = CORKED.lock().unwrap_or_else(|p| p.into_inner());
+        corked.push(Arc::downgrade(conn));
+    }
+}
+
+/// Sends what a cork held for longer than [`CORK_LIMIT`] (the hold stays for later writes,
+/// as a corked socket keeps corking); forgets connections no longer corked or gone. Called
+/// by the rendezvous watcher on every turn (at least every 100 ms).
+pub(crate) fn release_stale_corks() {
+    let mut corked = CORKED.lock().unwrap_or_else(|p| p.into_inner());
+    if corked.is_empty() {
+        return;
+    }
+    corked.retain(|weak| {
+        let Some(conn) = weak.upgrade() else { return false };
+        let mut state = conn.lock();
+        let Some(since) = state.corked else { return false };
+        if since.elapsed() >= CORK_LIMIT && state.send_switched {
+            if let Some(stream) = state.stream.as_mut() {
+                let _ = stream.set_hold(false);
+                let _ = stream.set_hold(true);
+            }
+            state.corked = Some(Instant::now());
+        }
+        true
+    });
 }
 
 #[cfg(test)]

@@ -302,6 +302,39 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     unsafe { real::shutdown(fd, how) }
 }
 
+/// TCP_CORK on a switched connection holds its stream's writes too (one record for a header
+/// and the body that follows, as the kernel sends one segment), see `State::set_corked`.
+/// Everything else, and TCP_CORK itself, goes to the socket as it is.
+///
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let result = unsafe { real::setsockopt(fd, level, name, value, len) };
+    let cork = level == libc::IPPROTO_TCP
+        && name == libc::TCP_CORK
+        && result == 0
+        && !value.is_null()
+        && len as usize >= std::mem::size_of::<c_int>();
+    if cork {
+        if let Some(conn) = tracked(fd).filter(|conn| conn.owned()) {
+            // SAFETY: the kernel just read a c_int there (the call succeeded with this length).
+            let on = unsafe { value.cast::<c_int>().read_unaligned() } != 0;
+            let errno = real::errno();
+            let _ = catch_unwind(AssertUnwindSafe(|| conn::set_corked(&conn, on)));
+            real::set_errno(errno);
+        }
+    }
+    result
+}
+
 /// `new` names the same connection as `old` (dup family).
 fn on_dup(old: c_int, new: c_int) {
     if new < 0 || new == old {

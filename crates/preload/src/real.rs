@@ -79,6 +79,7 @@ real_fns! {
     fn close(fd: c_int) -> c_int;
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, value: *const c_void, len: socklen_t) -> c_int;
     fn dup(fd: c_int) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;

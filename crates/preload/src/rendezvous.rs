@@ -241,6 +241,7 @@ fn watch(wake: &OwnedFd, queue: &Mutex<Vec<Arc<Conn>>>) -> io::Result<()> {
                 }
             }
         }
+        crate::conn::release_stale_corks();
         let now = Instant::now();
         waiting.retain(|_, entry| {
             let mut state = entry.conn.lock();

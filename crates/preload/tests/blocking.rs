@@ -58,6 +58,37 @@ fn banner_first_server_and_waiting_client_both_preloaded_switch_to_shm() {
     assert!(shm > 10_000, "expected most of the 40 exchanges over shm, report: {lines:#?}");
 }
 
+/// TCP_CORK over shm: a response sent in two parts under the cork arrives whole, whether
+/// the server uncorks after it or leaves the cork on while it waits for the next request
+/// (the hold then ends by itself, as Linux ends a cork after 200 ms).
+#[test]
+fn corked_responses_over_shm_arrive_whether_or_not_uncorked() {
+    if !require("corked_responses_over_shm", &["python3"]) {
+        return;
+    }
+    let dir = scratch("cork-shm");
+    let report_path = dir.join("report");
+    let script = peers();
+    let script = script.to_str().unwrap();
+    let port = common::free_port();
+    let _server = serve(
+        command("python3", &[script, "cork-server", &port.to_string(), "1"], Mode::Preloaded, &report_path),
+        port,
+        "cork server",
+    );
+    let output = run(
+        command("python3", &[script, "cork-client", &port.to_string(), "40"], Mode::Preloaded, &report_path),
+        Duration::from_secs(60),
+        "cork client",
+    );
+    assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ok 40");
+    let lines = wait_for_lines(&report_path, 2, Duration::from_secs(10));
+    for line in &lines {
+        assert_eq!(line.transport, "rdma/shm", "both ends should have switched to shm: {lines:#?}");
+    }
+}
+
 #[test]
 fn banner_first_preloaded_server_and_plain_client_stay_plain_tcp() {
     if !require("banner_preloaded_server_plain_client", &["python3"]) {

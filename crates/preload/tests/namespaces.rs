@@ -304,6 +304,41 @@ fn a_server_that_clears_its_environment_still_switches_to_soft() {
     }
 }
 
+/// TCP_CORK on a connection switched to soft: a response sent in two parts under the cork
+/// arrives whole, whether the server uncorks after it or leaves the cork on while it waits for
+/// the next request (then the hold ends by itself, as Linux ends a cork after 200 ms; a cork
+/// held for good would leave the client waiting for ever).
+#[test]
+fn corked_responses_over_soft_arrive_whether_or_not_uncorked() {
+    let test = "corked_responses_over_soft_arrive_whether_or_not_uncorked";
+    let Some(ns) = namespaces(test) else {
+        return;
+    };
+    let rule = ns.subnet();
+    let dir = scratch("netns-cork");
+    let report_path = dir.join("report");
+    let port = common::free_port().to_string();
+    let host = ns.server_address();
+    let _server = serve_in(
+        &ns.a,
+        peer_in(&ns.a, &host, &["cork-server", &port, "1"], Mode::Preloaded, &report_path, Some(&rule)),
+        port.parse().unwrap(),
+        "cork server",
+    );
+    let output = run(
+        peer_in(&ns.b, &host, &["cork-client", &port, "40"], Mode::Preloaded, &report_path, Some(&rule)),
+        Duration::from_secs(60),
+        "cork client",
+    );
+    assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ok 40");
+    let lines = wait_for_lines(&report_path, 2, Duration::from_secs(10));
+    for line in &lines {
+        assert_eq!(line.transport, "rdma/soft", "both ends should have switched to soft: {lines:#?}");
+    }
+    assert!(soft_bytes(&lines) > 0, "nothing went over soft: {lines:#?}");
+}
+
 #[test]
 fn echo_between_namespaces_without_peers_rule_stays_tcp() {
     let test = "echo_between_namespaces_without_peers_rule_stays_tcp";

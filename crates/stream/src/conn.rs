@@ -55,6 +55,8 @@ use crate::rendezvous::{
 /// Receive credits (in each direction) kept for control records: a starved notice, a
 /// wake-up, a rendezvous-done and the close record.
 pub const RESERVED_RECVS: u64 = 4;
+/// A record held back by [`Conn::set_hold`] leaves once it has this many bytes.
+pub const HOLD_LIMIT: u32 = 64 << 10;
 /// Smallest receive queue a connection accepts.
 pub const MIN_RECV_DEPTH: u32 = 8;
 /// Smallest send queue a connection accepts (a record that wraps the ring takes two).
@@ -238,6 +240,8 @@ pub struct Conn {
     records_in_flight: VecDeque<u64>,
     imms_in_flight: VecDeque<u64>,
     force_flush: bool,
+    /// Writes are held back whole (TCP_CORK's meaning, see [`Conn::set_hold`]).
+    hold: bool,
     close: CloseState,
     notice_wanted: Option<Imm>,
     notice_outstanding: bool,
@@ -281,6 +285,7 @@ impl Conn {
             records_in_flight: VecDeque::new(),
             imms_in_flight: VecDeque::new(),
             force_flush: false,
+            hold: false,
             close: CloseState::Open,
             notice_wanted: None,
             notice_outstanding: false,
@@ -481,6 +486,24 @@ impl Conn {
         }
     }
 
+    /// Holds data records back (`true`), whatever is in flight, until this is turned off or
+    /// [`Conn::uncork`] (flush, close) lets them go; later writes merge into the held record.
+    /// TCP_CORK's meaning, for a caller that writes a response in parts (a header, then a
+    /// body) and wants them to leave as one. A held record leaves anyway once it reaches
+    /// [`HOLD_LIMIT`] bytes (or the largest record), so a writer that fills the ring is never
+    /// stuck behind its own hold, as TCP_CORK sends full segments.
+    pub fn set_hold(&mut self, hold: bool) {
+        self.hold = hold;
+        if !hold {
+            self.uncork();
+        }
+    }
+
+    /// Whether data records are held back ([`Conn::set_hold`]).
+    pub fn held(&self) -> bool {
+        self.hold
+    }
+
     /// Posts corked records regardless of the cork depth (for `flush()` and close).
     pub fn uncork(&mut self) {
         if !self.pending.is_empty() {
@@ -535,10 +558,11 @@ impl Conn {
 
     fn record_op(&mut self) -> Option<Op> {
         let front = *self.pending.front()?;
-        let corked = front.posted == 0
-            && self.config.cork_depth > 0
-            && !self.force_flush
-            && self.records_in_flight.len() >= self.config.cork_depth as usize;
+        let held =
+            self.hold && front.kind == RecordKind::Data && front.len < HOLD_LIMIT.min(self.max_record());
+        let behind =
+            self.config.cork_depth > 0 && self.records_in_flight.len() >= self.config.cork_depth as usize;
+        let corked = front.posted == 0 && !self.force_flush && (held || behind);
         if corked || self.imms_sent >= self.peer_recvs.0 {
             return None;
         }

@@ -23,6 +23,6 @@ pub mod negotiate;
 pub mod record;
 pub mod rendezvous;
 
-pub use conn::{Arrival, Conn, ConnConfig, Front, Op, ProtocolError};
+pub use conn::{Arrival, Conn, ConnConfig, Front, Op, ProtocolError, HOLD_LIMIT};
 pub use credit::CreditWord;
 pub use record::{Imm, RecordKind};

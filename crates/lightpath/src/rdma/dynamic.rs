@@ -18,6 +18,7 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     #[cfg(test)]
     fn look_without_waiting(&mut self) -> io::Result<()>;
     fn set_cork(&mut self, cork: bool);
+    fn set_hold(&mut self, hold: bool);
     /// Posts corked records and pushes kept bytes without waiting (see `RdmaConn::hand_over`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn hand_over(&mut self) -> io::Result<bool>;
@@ -173,6 +174,9 @@ where
     }
     fn set_cork(&mut self, cork: bool) {
         RdmaConn::set_cork(self, cork)
+    }
+    fn set_hold(&mut self, hold: bool) {
+        RdmaConn::set_hold(self, hold)
     }
     fn hand_over(&mut self) -> io::Result<bool> {
         RdmaConn::hand_over(self)

@@ -417,6 +417,12 @@ impl<D: Device> RdmaConn<D> {
         self.pump();
     }
 
+    /// Holding writes on or off (see `Stream::set_hold`); turned off, what was held is posted.
+    pub(crate) fn set_hold(&mut self, hold: bool) {
+        self.core.set_hold(hold);
+        self.pump();
+    }
+
     /// Half close: the peer reads end of stream after everything written so far. With bytes
     /// kept, the close record is queued behind them (later calls send both).
     pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {

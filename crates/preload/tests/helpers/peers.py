@@ -14,6 +14,12 @@
                                     server closes: a wait on the epoll must stay idle (prints
                                     its CPU time), and added again the end of stream is
                                     reported; prints 'ok K cpu <seconds>'
+  peers.py cork-server PORT N       accept N connections one by one; answer each line 'REQ k'
+                                    with 'HDR k' and 'BODY k' sent separately under TCP_CORK:
+                                    uncorked after the body when k is odd, left corked (until
+                                    the next request) when k is even; end at EOF
+  peers.py cork-client PORT K       K requests one after the other, each answer read whole
+                                    before the next; prints 'ok K'
   peers.py epoll-dup-client P1 P2   a connection to P1 is dup'ed, added to an epoll and deleted,
                                     and its first fd closed; a new connection to P2 takes that
                                     number and is added, then the first connection again
@@ -103,6 +109,30 @@ def echo_server(port, n):
                 break
             c.sendall(d)
         c.close()
+
+def cork_server(port, n):
+    s = listener(port)
+    for _ in range(n):
+        c, _ = s.accept()
+        f = c.makefile("rb")
+        for line in f:
+            k = int(line.split()[1])
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+            c.sendall(b"HDR %d\n" % k)
+            c.sendall(b"BODY %d %s\n" % (k, b"x" * (100 * k)))
+            if k % 2 == 1:
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        c.close()
+
+def cork_client(port, k):
+    c = socket.create_connection((HOST, port))
+    f = c.makefile("rb")
+    for i in range(1, k + 1):
+        c.sendall(b"REQ %d\n" % i)
+        assert f.readline() == b"HDR %d\n" % i
+        assert f.readline() == b"BODY %d %s\n" % (i, b"x" * (100 * i))
+    c.close()
+    print("ok", k)
 
 def echo_exchange(port, path, receive):
     """Sends the file at `path` in 64 KiB pieces while a thread reads the echo with
@@ -242,5 +272,9 @@ if __name__ == "__main__":
         scatter_client(int(sys.argv[2]), sys.argv[3])
     elif cmd == "epoll-client":
         epoll_client(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "cork-server":
+        cork_server(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == "cork-client":
+        cork_client(int(sys.argv[2]), int(sys.argv[3]))
     elif cmd == "epoll-dup-client":
         epoll_dup_client(int(sys.argv[2]), int(sys.argv[3]))
