@@ -231,6 +231,23 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// What a `peers.py cork-client` run of `requests` must show: it got every answer whole
+/// ("ok N"), and both preloaded ends report `transport`. Returns the report's lines.
+pub fn assert_cork_client_done(
+    output: &Output,
+    requests: usize,
+    report: &Path,
+    transport: &str,
+) -> Vec<Line> {
+    assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), format!("ok {requests}"));
+    let lines = wait_for_lines(report, 2, Duration::from_secs(10));
+    for line in &lines {
+        assert_eq!(line.transport, transport, "both ends should have switched: {lines:#?}");
+    }
+    lines
+}
+
 /// Waits until the report at `path` has `n` connection lines from `pid`-less writers (or the
 /// deadline passes); servers write theirs when the connection closes.
 pub fn wait_for_lines(path: &Path, n: usize, limit: Duration) -> Vec<Line> {
