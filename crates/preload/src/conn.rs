@@ -70,6 +70,8 @@ pub(crate) enum Io {
 pub(crate) struct State {
     /// The application set TCP_CORK, and since when (see [`set_corked`]).
     pub(crate) corked: Option<Instant>,
+    /// The connection is in the list [`release_stale_corks`] looks at.
+    cork_listed: bool,
     pub(crate) phase: Phase,
     pub(crate) stream: Option<lightpath::Stream>,
     /// The application closed its last fd for this connection.
@@ -161,6 +163,7 @@ impl Conn {
             nonblocking: AtomicU8::new(NONBLOCKING_UNKNOWN),
             state: Mutex::new(State {
                 corked: None,
+                cork_listed: false,
                 phase: Phase::Fresh,
                 stream: None,
                 closed: false,
@@ -692,15 +695,18 @@ pub(crate) const CORK_LIMIT: Duration = Duration::from_millis(200);
 /// [`CORK_LIMIT`] passes (see [`release_stale_corks`]).
 pub(crate) fn set_corked(conn: &Arc<Conn>, on: bool) {
     let mut state = conn.lock();
-    let was = state.corked.is_some();
     state.corked = on.then(Instant::now);
     if state.send_switched {
         if let Some(stream) = state.stream.as_mut() {
             let _ = stream.set_hold(on);
         }
     }
+    // Listed once however often it corks (nginx corks every response); the list lets a
+    // connection go once it is found uncorked.
+    let list = on && !state.cork_listed;
+    state.cork_listed |= on;
     drop(state);
-    if on && !was {
+    if list {
         let mut corked = CORKED.lock().unwrap_or_else(|p| p.into_inner());
         corked.push(Arc::downgrade(conn));
     }
@@ -717,7 +723,10 @@ pub(crate) fn release_stale_corks() {
     corked.retain(|weak| {
         let Some(conn) = weak.upgrade() else { return false };
         let mut state = conn.lock();
-        let Some(since) = state.corked else { return false };
+        let Some(since) = state.corked else {
+            state.cork_listed = false;
+            return false;
+        };
         if since.elapsed() >= CORK_LIMIT && state.send_switched {
             if let Some(stream) = state.stream.as_mut() {
                 let _ = stream.set_hold(false);
