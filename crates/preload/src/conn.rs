@@ -366,9 +366,7 @@ impl State {
             // Corked by the application: its writes from now on wait for the uncork (the
             // header above left at once: the peer switches its reading on it).
             if self.corked.is_some() {
-                if let Some(stream) = self.stream.as_mut() {
-                    let _ = stream.set_hold(true);
-                }
+                self.apply_cork();
             }
             crate::report::debug(format_args!(
                 "to {:?}: sending switched at tcp byte {} (header pushed: {pushed:?})",
@@ -378,6 +376,16 @@ impl State {
                 if let Some(stream) = self.stream.as_mut() {
                     let _ = stream.shutdown(std::net::Shutdown::Write);
                 }
+            }
+        }
+    }
+
+    /// Holds the stream's writes while the application keeps TCP_CORK set, once the
+    /// connection sends over its stream (before that its writes go to the corked socket).
+    fn apply_cork(&mut self) {
+        if self.send_switched {
+            if let Some(stream) = self.stream.as_mut() {
+                let _ = stream.set_hold(self.corked.is_some());
             }
         }
     }
@@ -696,11 +704,7 @@ pub(crate) const CORK_LIMIT: Duration = Duration::from_millis(200);
 pub(crate) fn set_corked(conn: &Arc<Conn>, on: bool) {
     let mut state = conn.lock();
     state.corked = on.then(Instant::now);
-    if state.send_switched {
-        if let Some(stream) = state.stream.as_mut() {
-            let _ = stream.set_hold(on);
-        }
-    }
+    state.apply_cork();
     // Listed once however often it corks (nginx corks every response); the list lets a
     // connection go once it is found uncorked.
     let list = on && !state.cork_listed;
