@@ -70,6 +70,9 @@ pub(crate) enum Io {
 pub(crate) struct State {
     /// The application set TCP_CORK, and since when (see [`set_corked`]).
     pub(crate) corked: Option<Instant>,
+    /// A send with `MSG_MORE` left bytes held on the stream, and since when (see
+    /// [`State::try_send`]).
+    more_since: Option<Instant>,
     /// The connection is in the list [`release_stale_corks`] looks at.
     cork_listed: bool,
     pub(crate) phase: Phase,
@@ -163,6 +166,7 @@ impl Conn {
             nonblocking: AtomicU8::new(NONBLOCKING_UNKNOWN),
             state: Mutex::new(State {
                 corked: None,
+                more_since: None,
                 cork_listed: false,
                 phase: Phase::Fresh,
                 stream: None,
@@ -380,13 +384,23 @@ impl State {
         }
     }
 
-    /// Holds the stream's writes while the application keeps TCP_CORK set, once the
-    /// connection sends over its stream (before that its writes go to the corked socket).
+    /// Holds the stream's writes while the application keeps TCP_CORK set or its last send
+    /// said `MSG_MORE`, once the connection sends over its stream (before that its writes go
+    /// to the socket, which honours both itself).
     fn apply_cork(&mut self) {
         if self.send_switched {
+            let hold = self.corked.is_some() || self.more_since.is_some();
             if let Some(stream) = self.stream.as_mut() {
-                let _ = stream.set_hold(self.corked.is_some());
+                let _ = stream.set_hold(hold);
             }
+        }
+    }
+
+    /// Whether writes are held now for TCP_CORK or `MSG_MORE`, and since when (the earlier).
+    fn held_since(&self) -> Option<Instant> {
+        match (self.corked, self.more_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -497,8 +511,15 @@ impl State {
                 Ok(false) => return Io::WouldBlock,
                 Err(errno) => return Io::Err(errno),
             }
+            // `MSG_MORE`: these bytes wait for the next send without it (as the kernel holds
+            // a partial segment), or for [`CORK_LIMIT`]; that send's bytes leave with them.
+            let more = flags & libc::MSG_MORE != 0;
+            if more && self.more_since.is_none() {
+                self.more_since = Some(Instant::now());
+                self.apply_cork();
+            }
             let Some(stream) = self.stream.as_mut() else { return Io::Err(libc::EIO) };
-            return match io::Write::write(stream, data) {
+            let written = match io::Write::write(stream, data) {
                 Ok(n) => {
                     self.rdma_sent += n as u64;
                     Io::Done(n)
@@ -506,6 +527,11 @@ impl State {
                 Err(err) if would_block(&err) => Io::WouldBlock,
                 Err(err) => Io::Err(errno_of(&err)),
             };
+            if !more && self.more_since.is_some() && matches!(written, Io::Done(n) if n == data.len()) {
+                self.more_since = None;
+                self.apply_cork();
+            }
+            return written;
         }
         // SAFETY: `data` has `data.len()` readable bytes.
         let sent = unsafe { real::send(fd, data.as_ptr().cast(), data.len(), flags | libc::MSG_DONTWAIT) };
@@ -691,11 +717,11 @@ impl State {
     }
 }
 
-/// Connections whose application set TCP_CORK, for [`release_stale_corks`].
+/// Connections whose writes are held (TCP_CORK, `MSG_MORE`), for [`release_stale_corks`].
 static CORKED: Mutex<Vec<std::sync::Weak<Conn>>> = Mutex::new(Vec::new());
 
-/// How long TCP_CORK holds a switched connection's writes at most, as Linux holds a corked
-/// socket's partial segment.
+/// How long TCP_CORK or `MSG_MORE` holds a switched connection's writes at most, as Linux
+/// holds a corked socket's partial segment.
 pub(crate) const CORK_LIMIT: Duration = Duration::from_millis(200);
 
 /// The application set TCP_CORK (`on`) or cleared it: once the connection sends over its
@@ -705,15 +731,24 @@ pub(crate) fn set_corked(conn: &Arc<Conn>, on: bool) {
     let mut state = conn.lock();
     state.corked = on.then(Instant::now);
     state.apply_cork();
-    // Listed once however often it corks (nginx corks every response); the list lets a
-    // connection go once it is found uncorked.
-    let list = on && !state.cork_listed;
-    state.cork_listed |= on;
     drop(state);
-    if list {
-        let mut corked = CORKED.lock().unwrap_or_else(|p| p.into_inner());
-        corked.push(Arc::downgrade(conn));
+    if on {
+        list_held(conn);
     }
+}
+
+/// Puts a connection whose writes are held (TCP_CORK, `MSG_MORE`) in the list
+/// [`release_stale_corks`] looks at: once however often it holds (nginx corks every
+/// response); the list lets a connection go once it is found holding nothing.
+pub(crate) fn list_held(conn: &Arc<Conn>) {
+    let mut state = conn.lock();
+    if state.cork_listed || state.held_since().is_none() {
+        return;
+    }
+    state.cork_listed = true;
+    drop(state);
+    let mut corked = CORKED.lock().unwrap_or_else(|p| p.into_inner());
+    corked.push(Arc::downgrade(conn));
 }
 
 /// Sends what a cork held for longer than [`CORK_LIMIT`] (the hold stays for later writes,
@@ -727,16 +762,19 @@ pub(crate) fn release_stale_corks() {
     corked.retain(|weak| {
         let Some(conn) = weak.upgrade() else { return false };
         let mut state = conn.lock();
-        let Some(since) = state.corked else {
+        let Some(since) = state.held_since() else {
             state.cork_listed = false;
             return false;
         };
         if since.elapsed() >= CORK_LIMIT && state.send_switched {
+            // What waited goes; a cork still set holds later writes again, a `MSG_MORE`
+            // hold is over.
             if let Some(stream) = state.stream.as_mut() {
                 let _ = stream.set_hold(false);
-                let _ = stream.set_hold(true);
             }
-            state.corked = Some(Instant::now());
+            state.more_since = None;
+            state.corked = state.corked.map(|_| Instant::now());
+            state.apply_cork();
         }
         true
     });
@@ -795,5 +833,67 @@ mod tests {
         assert!(state.send_switched, "a READY learned switches this side's sending");
         drop(state);
         drop(b);
+    }
+
+    /// Looks at both ends until each has switched its sending and learned the other's switch
+    /// point (both headers crossed).
+    fn switch_both(a: &Conn, b: &Conn) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let signalled = lightpath::Signalled { notify: true, port: true, liveness: true };
+        loop {
+            let mut done = true;
+            for end in [a, b] {
+                let mut state = end.lock();
+                state.stream_readiness_after(signalled);
+                done &= state.send_switched && state.switch_at.is_some();
+            }
+            if done {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the two ends did not switch within 5 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Reads what `end` receives within `limit` (no TCP: both switch points are 0).
+    fn received_within(end: &Conn, limit: Duration) -> Vec<u8> {
+        let deadline = Instant::now() + limit;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while Instant::now() < deadline {
+            match end.lock().try_recv(-1, &mut buf, false) {
+                Io::Done(0) => break,
+                Io::Done(n) => got.extend_from_slice(&buf[..n]),
+                Io::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Io::Err(errno) => panic!("receive failed: errno {errno}"),
+            }
+        }
+        got
+    }
+
+    /// `MSG_MORE` on a switched connection: the bytes wait for the next send without it and
+    /// leave with it (as the kernel holds a partial segment); bytes a `MSG_MORE` send left
+    /// with no send after it go after [`CORK_LIMIT`], never stay.
+    #[test]
+    fn msg_more_holds_until_the_next_send_or_the_cork_limit() {
+        let (a, b) = soft_pair();
+        switch_both(&a, &b);
+        let a = Arc::new(a);
+        assert!(matches!(a.lock().try_send(-1, b"head ", libc::MSG_MORE), Io::Done(5)));
+        list_held(&a);
+        assert_eq!(received_within(&b, Duration::from_millis(50)), b"", "a MSG_MORE send left at once");
+        assert!(matches!(a.lock().try_send(-1, b"body", 0), Io::Done(4)));
+        assert_eq!(received_within(&b, Duration::from_millis(300)), b"head body");
+        // A MSG_MORE send that nothing follows: released by the watcher's look.
+        assert!(matches!(a.lock().try_send(-1, b"tail", libc::MSG_MORE), Io::Done(4)));
+        list_held(&a);
+        release_stale_corks();
+        assert_eq!(received_within(&b, Duration::from_millis(50)), b"", "released before the limit");
+        std::thread::sleep(CORK_LIMIT);
+        release_stale_corks();
+        assert_eq!(received_within(&b, Duration::from_millis(300)), b"tail");
+        // The hold is over: a plain send leaves at once.
+        assert!(matches!(a.lock().try_send(-1, b"!", 0), Io::Done(1)));
+        assert_eq!(received_within(&b, Duration::from_millis(300)), b"!");
     }
 }

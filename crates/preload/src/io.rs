@@ -96,10 +96,28 @@ pub(crate) fn recv(conn: &Arc<Conn>, fd: c_int, buf: &mut [u8], flags: c_int) ->
 
 /// send(2) on a tracked connection: a blocking caller gets everything sent (or an error).
 pub(crate) fn send(conn: &Arc<Conn>, fd: c_int, data: &[u8], flags: c_int) -> Result<isize, c_int> {
+    let dont_wait = flags & libc::MSG_DONTWAIT != 0 || conn.nonblocking(fd);
+    send_waiting(conn, fd, data, flags, !dont_wait)
+}
+
+/// Sends all of `data` (or fails), waiting for room even on a nonblocking connection: for
+/// bytes the library took from somewhere else on the application's behalf (a pipe, by
+/// `splice`), which a short send would lose.
+pub(crate) fn send_all(conn: &Arc<Conn>, fd: c_int, data: &[u8]) -> Result<isize, c_int> {
+    send_waiting(conn, fd, data, 0, true)
+}
+
+fn send_waiting(
+    conn: &Arc<Conn>,
+    fd: c_int,
+    data: &[u8],
+    flags: c_int,
+    may_wait: bool,
+) -> Result<isize, c_int> {
     if !conn.owned() {
         return foreign(conn, fd);
     }
-    let dont_wait = flags & libc::MSG_DONTWAIT != 0 || conn.nonblocking(fd);
+    let dont_wait = !may_wait;
     let mut done = 0usize;
     let mut spin_until = None;
     loop {
@@ -112,6 +130,10 @@ pub(crate) fn send(conn: &Arc<Conn>, fd: c_int, data: &[u8], flags: c_int) -> Re
             Io::Done(n) => {
                 done += n;
                 if done == data.len() || dont_wait {
+                    if flags & libc::MSG_MORE != 0 {
+                        // What it left held goes after `CORK_LIMIT` if no send follows.
+                        crate::conn::list_held(conn);
+                    }
                     return Ok(done as isize);
                 }
             }

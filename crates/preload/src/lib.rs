@@ -23,7 +23,9 @@
 //! `sendmsg`, `__read_chk`, `__recv_chk`, `__recvfrom_chk`, `shutdown`, `close`,
 //! `close_range`, `dup`, `dup2`, `dup3`, `fcntl`/`fcntl64` (`F_DUPFD`, `F_DUPFD_CLOEXEC`),
 //! `ioctl` (`FIONREAD`), `poll`, `__poll_chk`, `ppoll`, `__ppoll_chk`, `select`, `pselect`,
-//! `epoll_ctl`, `epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `sendfile`, `sendfile64`.
+//! `epoll_ctl`, `epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `sendfile`, `sendfile64`,
+//! `splice`, `setsockopt` (`TCP_CORK`). Flags: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`,
+//! `MSG_NOSIGNAL`, `MSG_TRUNC` (discards), `MSG_MORE` (holds until the next send).
 //!
 //! The library's own calls: the threads it starts mark themselves internal
 //! (`guard`), the C library's functions are reached through `dlsym(RTLD_NEXT)`
@@ -144,6 +146,47 @@ unsafe fn bytes<'a>(ptr: *const c_void, len: size_t) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(ptr.cast(), len) }
 }
 
+/// Most bytes one `MSG_TRUNC` receive discards (a larger request discards less: a short
+/// read, as sockets may give).
+const DISCARD_MAX: usize = 1 << 20;
+
+/// A receive of up to `len` bytes into `buf`, as `recv` with `flags` takes it. With
+/// `MSG_TRUNC` a TCP socket discards the bytes instead of copying them (`buf` may then be
+/// null): they are read into a buffer of the library's and dropped.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes unless `flags` has `MSG_TRUNC`.
+unsafe fn recv_flags(
+    conn: &Arc<Conn>,
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+) -> Result<isize, c_int> {
+    if flags & libc::MSG_TRUNC != 0 {
+        let mut discarded = vec![0u8; len.min(DISCARD_MAX)];
+        let chunk_flags = flags & !libc::MSG_TRUNC;
+        // In pieces of the buffer's size until `len` with MSG_WAITALL (not with MSG_PEEK,
+        // which would see the same bytes again), once otherwise.
+        let whole = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
+        let mut total = 0usize;
+        loop {
+            let want = (len - total).min(discarded.len());
+            let got = match io::recv(conn, fd, &mut discarded[..want], chunk_flags) {
+                Ok(got) => got as usize,
+                Err(errno) if total == 0 => return Err(errno),
+                Err(_) => return Ok(total as isize),
+            };
+            total += got;
+            if got == 0 || total == len || !whole {
+                return Ok(total as isize);
+            }
+        }
+    }
+    // SAFETY: the caller's contract.
+    io::recv(conn, fd, unsafe { bytes_mut(buf, len) }, flags)
+}
+
 /// # Safety
 /// `iov` must point at `count` valid iovecs.
 unsafe fn iovecs<'a>(iov: *const iovec, count: c_int) -> &'a [iovec] {
@@ -166,6 +209,12 @@ const SCATTER_MAX: usize = 1 << 20;
 /// # Safety
 /// `iov` must describe valid writable buffers.
 unsafe fn recv_vectored(conn: &Arc<Conn>, fd: c_int, iov: &[iovec], flags: c_int) -> Result<isize, c_int> {
+    if flags & libc::MSG_TRUNC != 0 {
+        // Discarded: the buffers are not touched.
+        let total = iov.iter().fold(0usize, |sum, v| sum.saturating_add(v.iov_len));
+        // SAFETY: with MSG_TRUNC no buffer is written.
+        return unsafe { recv_flags(conn, fd, std::ptr::null_mut(), total, flags) };
+    }
     if iov.iter().any(|v| v.iov_len > 0 && v.iov_base.is_null()) {
         return Err(libc::EFAULT);
     }
@@ -553,9 +602,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> s
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract.
-    data!(fd, |c| io::recv(c, fd, unsafe { bytes_mut(buf, len) }, flags), unsafe {
-        real::recv(fd, buf, len, flags)
-    })
+    data!(fd, |c| unsafe { recv_flags(c, fd, buf, len, flags) }, unsafe { real::recv(fd, buf, len, flags) })
 }
 
 /// # Safety
@@ -573,7 +620,7 @@ pub unsafe extern "C" fn __recv_chk(
         return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
     }
     // SAFETY: the caller's contract.
-    data!(fd, |c| io::recv(c, fd, unsafe { bytes_mut(buf, len) }, flags), unsafe {
+    data!(fd, |c| unsafe { recv_flags(c, fd, buf, len, flags) }, unsafe {
         real::__recv_chk(fd, buf, len, buflen, flags)
     })
 }
@@ -600,7 +647,7 @@ pub unsafe extern "C" fn recvfrom(
     addrlen: *mut socklen_t,
 ) -> ssize_t {
     // SAFETY: the caller's contract.
-    data!(fd, |c| io::recv(c, fd, unsafe { bytes_mut(buf, len) }, flags), unsafe {
+    data!(fd, |c| unsafe { recv_flags(c, fd, buf, len, flags) }, unsafe {
         real::recvfrom(fd, buf, len, flags, addr, addrlen)
     })
 }
@@ -622,7 +669,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
         return unsafe { real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, addrlen) };
     }
     // SAFETY: the caller's contract.
-    data!(fd, |c| io::recv(c, fd, unsafe { bytes_mut(buf, len) }, flags), unsafe {
+    data!(fd, |c| unsafe { recv_flags(c, fd, buf, len, flags) }, unsafe {
         real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, addrlen)
     })
 }
@@ -761,6 +808,161 @@ pub unsafe extern "C" fn sendfile(out: c_int, input: c_int, offset: *mut off_t, 
 #[no_mangle]
 pub unsafe extern "C" fn sendfile64(out: c_int, input: c_int, offset: *mut off_t, count: size_t) -> ssize_t {
     sendfile_common(out, input, offset, count, true)
+}
+
+/// Most bytes one `splice` to or from a tracked connection moves (a larger request moves
+/// less, as a pipe's capacity limits `splice` too).
+const SPLICE_MAX: usize = 64 << 10;
+
+/// Whether `fd` is ready for `events` now (`poll` with no wait).
+fn ready_now(fd: c_int, events: libc::c_short) -> bool {
+    let mut probe = pollfd { fd, events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { real::poll(&mut probe, 1, 0) > 0 && probe.revents & events != 0 }
+}
+
+/// Reads up to `buf.len()` bytes of `fd` at `*offset` (then advanced), or at its file
+/// position when `offset` is null.
+///
+/// # Safety
+/// `offset` is null or the caller's valid `loff_t`.
+unsafe fn read_at(fd: c_int, offset: *mut libc::loff_t, buf: &mut [u8]) -> Result<usize, c_int> {
+    let got = if offset.is_null() {
+        // SAFETY: `buf` is writable for its length.
+        unsafe { real::read(fd, buf.as_mut_ptr().cast(), buf.len()) }
+    } else {
+        // SAFETY: as above; a non-null offset is the caller's.
+        let got = unsafe { libc::pread64(fd, buf.as_mut_ptr().cast(), buf.len(), *offset) };
+        if got > 0 {
+            // SAFETY: the caller's offset.
+            unsafe { *offset += got as libc::loff_t };
+        }
+        got
+    };
+    if got < 0 {
+        Err(real::errno())
+    } else {
+        Ok(got as usize)
+    }
+}
+
+/// Writes `data` to `fd` at `*offset` (then advanced), or at its file position when
+/// `offset` is null; may write less (a nonblocking pipe with less room).
+///
+/// # Safety
+/// `offset` is null or the caller's valid `loff_t`.
+unsafe fn write_at(fd: c_int, offset: *mut libc::loff_t, data: &[u8]) -> Result<usize, c_int> {
+    let put = if offset.is_null() {
+        // SAFETY: `data` is readable for its length.
+        unsafe { real::write(fd, data.as_ptr().cast(), data.len()) }
+    } else {
+        // SAFETY: as above; a non-null offset is the caller's.
+        let put = unsafe { libc::pwrite64(fd, data.as_ptr().cast(), data.len(), *offset) };
+        if put > 0 {
+            // SAFETY: the caller's offset.
+            unsafe { *offset += put as libc::loff_t };
+        }
+        put
+    };
+    if put < 0 {
+        Err(real::errno())
+    } else {
+        Ok(put as usize)
+    }
+}
+
+/// `splice` from a tracked connection into `out` (a pipe): the bytes are peeked, written,
+/// and only what was written is taken from the connection, so a pipe with less room loses
+/// nothing. The connection's own mode decides whether the read waits, `SPLICE_F_NONBLOCK`
+/// whether the pipe's side does (as the kernel's splice).
+///
+/// # Safety
+/// `off_out` is null or the caller's valid `loff_t`.
+unsafe fn splice_from(
+    conn: &Arc<Conn>,
+    fd: c_int,
+    out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> Result<isize, c_int> {
+    if len == 0 {
+        return Ok(0);
+    }
+    if flags & libc::SPLICE_F_NONBLOCK != 0 && !ready_now(out, libc::POLLOUT) {
+        return Err(libc::EAGAIN);
+    }
+    let mut chunk = vec![0u8; len.min(SPLICE_MAX)];
+    let peeked = io::recv(conn, fd, &mut chunk, libc::MSG_PEEK)? as usize;
+    if peeked == 0 {
+        return Ok(0);
+    }
+    // SAFETY: the caller's offset.
+    let written = unsafe { write_at(out, off_out, &chunk[..peeked]) }?;
+    let taken = io::recv(conn, fd, &mut chunk[..written], libc::MSG_DONTWAIT)?;
+    Ok(taken)
+}
+
+/// `splice` from `input` (a pipe, or a file at `off_in`) into a tracked connection: what is
+/// read is sent whole, waiting for room if the connection is nonblocking (a short send would
+/// lose bytes already taken from the pipe).
+///
+/// # Safety
+/// `off_in` is null or the caller's valid `loff_t`.
+unsafe fn splice_to(
+    conn: &Arc<Conn>,
+    fd: c_int,
+    input: c_int,
+    off_in: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> Result<isize, c_int> {
+    if len == 0 {
+        return Ok(0);
+    }
+    if flags & libc::SPLICE_F_NONBLOCK != 0 && !ready_now(input, libc::POLLIN) {
+        return Err(libc::EAGAIN);
+    }
+    let mut chunk = vec![0u8; len.min(SPLICE_MAX)];
+    // SAFETY: the caller's offset.
+    let got = unsafe { read_at(input, off_in, &mut chunk) }?;
+    if got == 0 {
+        return Ok(0);
+    }
+    io::send_all(conn, fd, &chunk[..got])
+}
+
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on.
+    let fallback = || unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) };
+    let (from, to) = (tracked(fd_in), tracked(fd_out));
+    if from.is_none() && to.is_none() {
+        return fallback();
+    }
+    // Before and after the switch alike, so that TCP bytes are counted for the switch point.
+    let result = data_hook(|| match (&from, &to) {
+        // Neither end is a pipe: the kernel refuses that too.
+        (Some(_), Some(_)) => Err(libc::EINVAL),
+        // A socket has no offset.
+        (Some(_), None) if !off_in.is_null() => Err(libc::ESPIPE),
+        (None, Some(_)) if !off_out.is_null() => Err(libc::ESPIPE),
+        // SAFETY: the caller's offset.
+        (Some(conn), None) => unsafe { splice_from(conn, fd_in, fd_out, off_out, len, flags) },
+        // SAFETY: the caller's offset.
+        (None, Some(conn)) => unsafe { splice_to(conn, fd_out, fd_in, off_in, len, flags) },
+        (None, None) => Err(PASS),
+    });
+    result.unwrap_or_else(fallback)
 }
 
 // ---------------------------------------------------------------------------------------

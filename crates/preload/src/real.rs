@@ -98,4 +98,5 @@ real_fns! {
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: *const timespec, sigmask: *const sigset_t) -> c_int;
     fn sendfile(out: c_int, input: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
     fn sendfile64(out: c_int, input: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
+    fn splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: c_uint) -> ssize_t;
 }

@@ -1,0 +1,108 @@
+"""Peers for the preload tests of socket calls beyond read and write (run with or without
+the library): splice, recv with MSG_TRUNC, send with MSG_MORE.
+
+  calls.py splice-server PORT      accept one connection and echo it through a pipe with
+                                   os.splice (socket -> pipe -> socket) until its end; then
+                                   shut the sending side down
+  calls.py trunc-more-server PORT D  accept one connection; read 'LEN n', discard the first D
+                                   bytes of the n that follow with one recv(fd, NULL, D,
+                                   MSG_TRUNC | MSG_WAITALL) (through ctypes: TCP takes a null
+                                   buffer there), read the rest; answer 'sha256 <hex> <count>'
+                                   in three sends, the first two with MSG_MORE; then send
+                                   'END' with MSG_MORE and nothing after it, and wait for 'BYE'
+  calls.py trunc-more-client PORT FILE D  the other side: prints 'ok' if the answer matches
+                                   FILE after its first D bytes and 'END' arrived
+
+The address is LP_PEER_HOST (127.0.0.1 when unset).
+"""
+import ctypes, hashlib, os, socket, sys
+
+HOST = os.environ.get("LP_PEER_HOST", "127.0.0.1")
+
+def accept_one(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((HOST, port))
+    s.listen(1)
+    c, _ = s.accept()
+    s.close()
+    return c
+
+def splice_server(port):
+    c = accept_one(port)
+    r, w = os.pipe()
+    fd = c.fileno()
+    while True:
+        n = os.splice(fd, w, 65536)
+        if n == 0:
+            break
+        while n > 0:
+            n -= os.splice(r, fd, n)
+    c.shutdown(socket.SHUT_WR)
+    c.recv(1)
+    c.close()
+
+def read_exactly(c, n):
+    out = bytearray()
+    while len(out) < n:
+        d = c.recv(min(n - len(out), 1 << 20))
+        if not d:
+            raise SystemExit("end of stream after %d of %d bytes" % (len(out), n))
+        out += d
+    return bytes(out)
+
+def read_line(c):
+    line = b""
+    while not line.endswith(b"\n"):
+        d = c.recv(1)
+        if not d:
+            raise SystemExit("end of stream in a line: %r" % line)
+        line += d
+    return line[:-1]
+
+def trunc_more_server(port, skip):
+    c = accept_one(port)
+    n = int(read_line(c).split()[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.recv.restype = ctypes.c_ssize_t
+    libc.recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    discarded = libc.recv(c.fileno(), None, skip, socket.MSG_TRUNC | socket.MSG_WAITALL)
+    if discarded != skip:
+        raise SystemExit("recv(MSG_TRUNC | MSG_WAITALL) discarded %d, not %d (errno %d)"
+                         % (discarded, skip, ctypes.get_errno()))
+    rest = read_exactly(c, n - skip)
+    c.send(b"sha256 ", socket.MSG_MORE)
+    c.send(hashlib.sha256(rest).hexdigest().encode(), socket.MSG_MORE)
+    c.send(b" %d\n" % len(rest))
+    c.send(b"END", socket.MSG_MORE)
+    if read_line(c) != b"BYE":
+        raise SystemExit("no BYE")
+    c.close()
+
+def trunc_more_client(port, path, skip):
+    data = open(path, "rb").read()
+    c = socket.create_connection((HOST, port))
+    c.settimeout(30)
+    c.sendall(b"LEN %d\n" % len(data) + data)
+    answer = read_line(c).decode()
+    expected = "sha256 %s %d" % (hashlib.sha256(data[skip:]).hexdigest(), len(data) - skip)
+    if answer != expected:
+        raise SystemExit("answer %r, expected %r" % (answer, expected))
+    # Sent with MSG_MORE and nothing after it: must still arrive (not be held for good).
+    if read_exactly(c, 3) != b"END":
+        raise SystemExit("no END")
+    c.sendall(b"BYE\n")
+    if c.recv(1) != b"":
+        raise SystemExit("more after END")
+    print("ok")
+
+if __name__ == "__main__":
+    mode, port = sys.argv[1], int(sys.argv[2])
+    if mode == "splice-server":
+        splice_server(port)
+    elif mode == "trunc-more-server":
+        trunc_more_server(port, int(sys.argv[3]))
+    elif mode == "trunc-more-client":
+        trunc_more_client(port, sys.argv[3], int(sys.argv[4]))
+    else:
+        raise SystemExit("unknown mode " + mode)
