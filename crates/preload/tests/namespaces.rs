@@ -10,174 +10,21 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{
-    command, peers, require, run, scratch, shm_bytes, soft_bytes, wait_for_lines, Background, Line, Mode,
-};
+use common::netns::{command_in, namespaces, serve_in, Namespaces};
+use common::{peers, run, scratch, shm_bytes, soft_bytes, wait_for_lines, Line, Mode};
 
-/// Two network namespaces joined by a veth pair: `a` (the server's side) has `<net>.1/24`, `b`
-/// `<net>.2/24`. Dropping it deletes both namespaces (and with them the pair).
-struct Namespaces {
-    a: String,
-    b: String,
-    /// The first three octets of the /24.
-    net: String,
-}
-
-impl Namespaces {
-    /// Sets the pair up, or says why it cannot be (the caller skips the test).
-    fn up() -> Result<Namespaces, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root: network namespaces cannot be created".into());
-        }
-        // Tests of one binary may run in parallel: each gets its own names and /24.
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let k = NEXT.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let namespaces = Namespaces {
-            a: format!("lp-pre-a-{pid}-{k}"),
-            b: format!("lp-pre-b-{pid}-{k}"),
-            net: format!("10.77.{}", (pid % 200 + k % 50)),
-        };
-        // From here on the guard deletes whatever was created, whatever fails next.
-        ip(&["netns", "add", &namespaces.a]).map_err(|e| format!("ip netns add failed: {e}"))?;
-        ip(&["netns", "add", &namespaces.b]).map_err(|e| format!("ip netns add failed: {e}"))?;
-        // Interface names: at most 15 bytes ("lpva" + a pid of up to 7 digits + "x" + k).
-        let (veth_a, veth_b) = (format!("lpva{pid}x{k}"), format!("lpvb{pid}x{k}"));
-        // Created in place (each end directly in its namespace): nothing is left in this
-        // namespace if a later step fails.
-        ip(&[
-            "link",
-            "add",
-            "name",
-            &veth_a,
-            "netns",
-            &namespaces.a,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &veth_b,
-            "netns",
-            &namespaces.b,
-        ])
-        .map_err(|e| format!("cannot create a veth pair: {e}"))?;
-        for (ns, veth, host) in [(&namespaces.a, &veth_a, 1), (&namespaces.b, &veth_b, 2)] {
-            let address = format!("{}.{host}/24", namespaces.net);
-            for args in [
-                &["-n", ns, "addr", "add", &address, "dev", veth][..],
-                &["-n", ns, "link", "set", veth, "mtu", "1500", "up"],
-                &["-n", ns, "link", "set", "lo", "up"],
-            ] {
-                ip(args).unwrap_or_else(|e| panic!("setting up {ns}: {e}"));
-            }
-        }
-        Ok(namespaces)
-    }
-
-    /// The server's address (in `a`).
-    fn server_address(&self) -> String {
-        format!("{}.1", self.net)
-    }
-
-    /// The pair's /24, as `LIGHTPATH_PRELOAD_PEERS` takes it.
-    fn subnet(&self) -> String {
-        format!("{}.0/24", self.net)
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            // Fails harmlessly for a namespace that was never created.
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
-
-/// Runs `ip ARGS`; its standard error when it fails.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("ip")
-        .args(args)
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim()))
-    }
-}
-
-/// The namespaces, or None after printing why the test is skipped.
-fn namespaces(test: &str) -> Option<Namespaces> {
-    if !require(test, &["ip", "python3", "sha256sum"]) {
-        return None;
-    }
-    match Namespaces::up() {
-        Ok(namespaces) => Some(namespaces),
-        Err(reason) => {
-            eprintln!("SKIPPED {test}: {reason}");
-            None
-        }
-    }
-}
-
-/// `peers.py ARGS` inside namespace `ns` (`ip netns exec` keeps the environment, so a preloaded
-/// one gets the library and the report), listening on or connecting to `host`, with
+/// `peers.py ARGS` inside namespace `ns`, listening on or connecting to `host`, with
 /// `LIGHTPATH_PRELOAD_PEERS` set to `rule` (unset when None).
 fn peer_in(ns: &str, host: &str, args: &[&str], mode: Mode, report: &Path, rule: Option<&str>) -> Command {
     let script = peers();
-    let mut full = vec!["netns", "exec", ns, "python3", script.to_str().unwrap()];
+    let mut full = vec![script.to_str().unwrap()];
     full.extend_from_slice(args);
-    let mut command = command("ip", &full, mode, report);
-    command.env("LP_PEER_HOST", host).env_remove("LIGHTPATH_PRELOAD_PEERS");
-    if let Some(rule) = rule {
-        command.env("LIGHTPATH_PRELOAD_PEERS", rule);
-    }
+    let mut command = command_in(ns, "python3", &full, mode, report, rule);
+    command.env("LP_PEER_HOST", host);
     command
-}
-
-/// Starts a server inside `ns` and waits until it listens on `port` there (`common::serve`
-/// reads this namespace's table; here the table is read from inside `ns`). Not by connecting,
-/// as `common::serve` explains.
-fn serve_in(ns: &str, mut command: Command, port: u16, name: &str) -> Background {
-    command.stdout(Stdio::null()).stderr(Stdio::null());
-    let child = command.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
-    let mut server = Background(child, name.to_string());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !listening_in(ns, port) {
-        if let Ok(Some(status)) = server.0.try_wait() {
-            panic!("{name} exited before listening: {status}");
-        }
-        assert!(Instant::now() < deadline, "{name} did not listen on {port} in {ns} within 15 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
-}
-
-/// Whether some socket listens on TCP `port` in namespace `ns` (state 0A is LISTEN).
-fn listening_in(ns: &str, port: u16) -> bool {
-    let Ok(output) = Command::new("ip")
-        .args(["netns", "exec", ns, "cat", "/proc/net/tcp", "/proc/net/tcp6"])
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-    else {
-        return false;
-    };
-    // Whatever cat could read (no tcp6 table without IPv6).
-    let local = format!(":{port:04X}");
-    String::from_utf8_lossy(&output.stdout).lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A"
-    })
 }
 
 fn sha256_of(path: &Path) -> String {
