@@ -16,14 +16,21 @@
 //! direction switches on its own; nothing waits for the other side, so a server that speaks
 //! first and a client that waits to read behave exactly as over TCP.
 //!
-//! End of stream: a TCP end before the switch point is a reset (the peer died mid-way); after
-//! it, only the stream's end counts. A TCP end while a pairing is still being negotiated waits
-//! for the negotiation's outcome (bounded by its timeout), since the peer may have switched.
+//! End of stream: a TCP end before the switch point is a reset (the peer died mid-way). After
+//! it, the stream's clean end is not yet the connection's: TCP stays the connection's truth,
+//! and what the peer's process writes on its socket after its switch point (a fork child, or
+//! the image an `execve` started, that inherited the socket and knows nothing of the stream)
+//! follows the stream's bytes. Such *late* TCP bytes are read into a buffer as they come
+//! (bounded by [`LATE_MAX`], so that a writer never blocks on a full socket while the stream's
+//! owner waits for it) and handed out once the stream has ended; the connection ends when TCP
+//! does. A stream that fails (not a clean end) is an error, as before. A TCP end while a
+//! pairing is still being negotiated waits for the negotiation's outcome (bounded by its
+//! timeout), since the peer may have switched.
 
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -87,6 +94,9 @@ pub(crate) struct State {
     pub(crate) rdma_recv: u64,
     /// This side sends over the stream (after the header).
     pub(crate) send_switched: bool,
+    /// This side's sending went back to TCP before an `execve` (see [`State::send_back`]):
+    /// it never switches again.
+    sent_back: bool,
     /// READY, then (once the peer's READY arrived) the switch offset.
     hdr_out: [u8; 16],
     hdr_out_len: usize,
@@ -99,6 +109,12 @@ pub(crate) struct State {
     stream_ended_early: bool,
     /// TCP reported end of stream.
     pub(crate) tcp_eof: bool,
+    /// The stream ended cleanly after the peer's switch point: reads continue on TCP (the
+    /// `late` bytes first).
+    stream_eof: bool,
+    /// TCP bytes that came after the peer's switch point while its stream was open (see the
+    /// module doc), in order.
+    late: Vec<u8>,
     /// The application shut its sending side down.
     shut_wr: bool,
     /// Bytes read from the stream for MSG_PEEK or FIONREAD, handed out first.
@@ -114,6 +130,11 @@ pub(crate) struct Conn {
     pub(crate) owner: u32,
     /// Application fds naming it.
     pub(crate) fds: AtomicUsize,
+    /// The connection left [`Phase::Fresh`] (it was offered for pairing), and a stream was
+    /// installed on it: kept outside the lock for a fork child, which must not take a lock
+    /// another thread of its parent may have held at the fork (it would wait for ever).
+    offered: AtomicBool,
+    streamed: AtomicBool,
     /// Whether the open file is nonblocking, as last asked of the kernel (`NONBLOCKING_*`):
     /// every read and write needs it, and `fcntl(F_SETFL)` / `ioctl(FIONBIO)` through any of
     /// its fds (all intercepted) forget it.
@@ -163,6 +184,8 @@ impl Conn {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             owner: pid(),
             fds: AtomicUsize::new(1),
+            offered: AtomicBool::new(false),
+            streamed: AtomicBool::new(false),
             nonblocking: AtomicU8::new(NONBLOCKING_UNKNOWN),
             state: Mutex::new(State {
                 corked: None,
@@ -178,6 +201,7 @@ impl Conn {
                 rdma_sent: 0,
                 rdma_recv: 0,
                 send_switched: false,
+                sent_back: false,
                 hdr_out: [0; 16],
                 hdr_out_len: 0,
                 hdr_out_sent: 0,
@@ -186,6 +210,8 @@ impl Conn {
                 switch_at: None,
                 stream_ended_early: false,
                 tcp_eof: false,
+                stream_eof: false,
+                late: Vec::new(),
                 shut_wr: false,
                 peeked: Vec::new(),
                 epolls: Vec::new(),
@@ -200,6 +226,16 @@ impl Conn {
     /// Whether this process owns the connection (not a fork child holding a copy).
     pub(crate) fn owned(&self) -> bool {
         self.owner == pid()
+    }
+
+    /// Whether the connection was offered for pairing (no lock taken: see `offered`).
+    pub(crate) fn was_offered(&self) -> bool {
+        self.offered.load(Ordering::Acquire)
+    }
+
+    /// Whether a stream was ever installed on it (no lock taken: see `offered`).
+    pub(crate) fn was_streamed(&self) -> bool {
+        self.streamed.load(Ordering::Acquire)
     }
 
     /// Whether the application made the connection's open file nonblocking (asked of the
@@ -311,6 +347,8 @@ impl State {
         };
         self.peer = Some(peer);
         self.local = socket_addr(fd, false);
+        // Every way on from here leaves `Fresh`.
+        conn.offered.store(true, Ordering::Release);
         if self.local.is_none() {
             self.phase = Phase::Tcp("no local address".into());
             return;
@@ -361,7 +399,7 @@ impl State {
             }
         }
         let peer_ready = self.hdr_in_len >= 8 && !self.stream_ended_early;
-        if peer_ready && !self.send_switched && self.stream.is_some() {
+        if peer_ready && !self.send_switched && !self.sent_back && self.stream.is_some() {
             // The peer reads its stream: everything from now on goes there.
             self.hdr_out[8..].copy_from_slice(&self.tcp_sent.to_be_bytes());
             self.hdr_out_len = 16;
@@ -404,17 +442,105 @@ impl State {
         }
     }
 
-    /// Bytes still to come over TCP (`u64::MAX`: until the peer's header says).
+    /// Bytes still to come over TCP before the stream's (`u64::MAX`: until the peer's header
+    /// says, and once the stream has ended).
     fn tcp_left(&self) -> u64 {
         match self.switch_at {
+            Some(_) if self.stream_eof => u64::MAX,
             Some(at) => at.saturating_sub(self.tcp_recv),
             None => u64::MAX,
         }
     }
 
-    /// Whether reads still look at the TCP socket.
+    /// Whether reads look at the TCP socket: what it has is the application's to read now.
     pub(crate) fn tcp_readable_matters(&self) -> bool {
         self.tcp_left() > 0 && !self.tcp_eof
+    }
+
+    /// Whether the TCP socket is watched for late bytes (see the module doc): the connection
+    /// reads its stream, and what TCP has waits for the stream's end.
+    pub(crate) fn late_tcp_watched(&self) -> bool {
+        self.switch_at.is_some()
+            && !self.stream_eof
+            && self.tcp_left() == 0
+            && !self.tcp_eof
+            && self.late.len() < LATE_MAX
+    }
+
+    /// Takes in what TCP has after the peer's switch point while the stream is open (called
+    /// when a wait saw the socket readable, so a connection whose TCP carries nothing makes no
+    /// extra system call): kept for after the stream's end, or the end noted.
+    pub(crate) fn take_late_tcp(&mut self, fd: c_int) {
+        let mut chunk = [0u8; 16 << 10];
+        while self.late_tcp_watched() {
+            let room = (LATE_MAX - self.late.len()).min(chunk.len());
+            // SAFETY: `chunk` has `room` writable bytes.
+            let got = unsafe { real::recv(fd, chunk.as_mut_ptr().cast(), room, libc::MSG_DONTWAIT) };
+            match got {
+                n if n > 0 => self.late.extend_from_slice(&chunk[..n as usize]),
+                0 => self.tcp_eof = true,
+                // Nothing more now, or an error the read after the stream's end reports.
+                _ => break,
+            }
+        }
+    }
+
+    /// Late bytes a read hands out next (once the stream has ended; 0 before).
+    pub(crate) fn late_pending(&self) -> usize {
+        if self.stream_eof {
+            self.late.len()
+        } else {
+            0
+        }
+    }
+
+    /// A read once the stream has ended cleanly: the late bytes, then TCP.
+    fn try_recv_late(&mut self, fd: c_int, buf: &mut [u8], peek: bool) -> Io {
+        if !self.late.is_empty() {
+            let n = buf.len().min(self.late.len());
+            buf[..n].copy_from_slice(&self.late[..n]);
+            if !peek {
+                self.late.drain(..n);
+                self.tcp_recv += n as u64;
+            }
+            return Io::Done(n);
+        }
+        if self.tcp_eof {
+            return Io::Done(0);
+        }
+        let flags = libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 };
+        // SAFETY: `buf` has `buf.len()` writable bytes.
+        let got = unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+        match got {
+            n if n > 0 => {
+                if !peek {
+                    self.tcp_recv += n as u64;
+                }
+                Io::Done(n as usize)
+            }
+            0 => {
+                self.tcp_eof = true;
+                Io::Done(0)
+            }
+            _ => match real::errno() {
+                libc::EAGAIN => Io::WouldBlock,
+                errno => Io::Err(errno),
+            },
+        }
+    }
+
+    /// The stream ended cleanly after the switch point: from now on reads go to TCP.
+    fn stream_ended(&mut self, fd: c_int, buf: &mut [u8], peek: bool) -> Io {
+        if !self.stream_eof {
+            self.stream_eof = true;
+            crate::report::debug(format_args!(
+                "from {:?}: stream ended at tcp byte {}; {} late tcp bytes so far",
+                self.peer,
+                self.tcp_recv,
+                self.late.len()
+            ));
+        }
+        self.try_recv_late(fd, buf, peek)
     }
 
     /// One read attempt that never waits.
@@ -428,6 +554,9 @@ impl State {
             return Io::Done(n);
         }
         self.learn_switch();
+        if self.stream_eof {
+            return self.try_recv_late(fd, buf, peek);
+        }
         let left = self.tcp_left();
         if left > 0 && !self.tcp_eof {
             let len = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
@@ -469,6 +598,7 @@ impl State {
         if peek {
             let mut chunk = vec![0u8; buf.len()];
             return match io::Read::read(stream, &mut chunk) {
+                Ok(0) if !buf.is_empty() => self.stream_ended(fd, buf, peek),
                 Ok(n) => {
                     self.rdma_recv += n as u64;
                     buf[..n].copy_from_slice(&chunk[..n]);
@@ -480,6 +610,7 @@ impl State {
             };
         }
         match io::Read::read(stream, buf) {
+            Ok(0) if !buf.is_empty() => self.stream_ended(fd, buf, peek),
             Ok(n) => {
                 self.rdma_recv += n as u64;
                 Io::Done(n)
@@ -545,8 +676,9 @@ impl State {
         }
     }
 
-    /// Takes a negotiated stream: this side's sending switches now.
-    pub(crate) fn install(&mut self, mut stream: lightpath::Stream) {
+    /// Takes a negotiated stream for `conn` (whose state this is): this side's sending
+    /// switches now.
+    pub(crate) fn install(&mut self, conn: &Conn, mut stream: lightpath::Stream) {
         let transport = stream.transport();
         if !transport.is_rdma() {
             self.phase = Phase::Tcp(format!("negotiated {transport}"));
@@ -562,6 +694,7 @@ impl State {
         self.hdr_out_len = 8;
         self.hdr_out_sent = 0;
         self.stream = Some(stream);
+        conn.streamed.store(true, Ordering::Release);
         self.phase = Phase::Rdma(transport.to_string());
         let _ = self.push_header();
         // The peer's READY may be there already.
@@ -615,7 +748,7 @@ impl State {
                 ready = self.stream.as_mut().map(|stream| stream.poll_ready_signalled(quiet));
             }
         }
-        let mut readable = !self.peeked.is_empty();
+        let mut readable = !self.peeked.is_empty() || (self.stream_eof && !self.late.is_empty());
         if self.tcp_eof {
             let reset = self.switch_at.is_some() && self.tcp_left() > 0;
             let ended = self.switch_at.is_none()
@@ -632,7 +765,8 @@ impl State {
                 writable = ready.writable && send_switched;
             }
             Some(Err(_)) => {
-                readable = true;
+                // Once the stream has ended cleanly its later failure says nothing of TCP.
+                readable |= !self.stream_eof;
                 writable = send_switched;
             }
             None => {}
@@ -650,7 +784,7 @@ impl State {
     ) -> Option<Vec<(c_int, i16)>> {
         let mut set = Vec::with_capacity(2);
         let mut tcp_events = 0;
-        if want_read && self.tcp_readable_matters() {
+        if want_read && (self.tcp_readable_matters() || self.late_tcp_watched()) {
             tcp_events |= libc::POLLIN;
         }
         if want_write && !self.send_switched {
@@ -663,12 +797,52 @@ impl State {
         if (want_read && readable) || (want_write && writable) {
             return None;
         }
-        if let Some(stream) = self.stream.as_ref() {
-            if let Ok(ready_fd) = stream.readiness_fd() {
-                set.push((ready_fd.as_raw_fd(), libc::POLLIN));
+        if self.stream_watched(want_read, want_write) {
+            if let Some(stream) = self.stream.as_ref() {
+                if let Ok(ready_fd) = stream.readiness_fd() {
+                    set.push((ready_fd.as_raw_fd(), libc::POLLIN));
+                }
             }
         }
         Some(set)
+    }
+
+    /// Whether a wait for `want_read`/`want_write` watches the stream: not for reading once
+    /// it has ended (its end stays readable; TCP is watched then).
+    pub(crate) fn stream_watched(&self, want_read: bool, want_write: bool) -> bool {
+        (want_read && !self.stream_eof) || (want_write && self.send_switched)
+    }
+
+    /// Before an `execve`: this side's sending goes back to TCP. What was written reaches the
+    /// peer over the stream (waiting at most `limit` for its acknowledgement), the stream's
+    /// sending side ends cleanly, and what follows (the new program's writes on the inherited
+    /// socket, or this process's if the exec fails) goes over TCP, which the peer reads after
+    /// the stream's end (the late bytes of the module doc). Reading stays on the stream while
+    /// this process lives; the new program reads the socket, where nothing of what the peer
+    /// sends over its stream arrives (not supported: the peer's later writes fail once the
+    /// stream is gone).
+    pub(crate) fn send_back(&mut self, limit: Duration) {
+        if !self.send_switched {
+            return;
+        }
+        if let Some(stream) = self.stream.as_mut() {
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_write_timeout(Some(limit));
+            let _ = stream.set_hold(false);
+        }
+        let _ = self.push_header();
+        if let Some(stream) = self.stream.as_mut() {
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            let _ = io::Write::flush(stream);
+            let _ = stream.set_write_timeout(None);
+            let _ = stream.set_nonblocking(true);
+        }
+        self.send_switched = false;
+        self.sent_back = true;
+        crate::report::debug(format_args!(
+            "to {:?}: sending back on tcp at byte {} before exec",
+            self.peer, self.tcp_sent
+        ));
     }
 
     /// Closes the stream side (the application closed its last fd), cleanly in the
@@ -716,6 +890,10 @@ impl State {
         )
     }
 }
+
+/// Most late TCP bytes a connection keeps while its stream is open (see the module doc);
+/// beyond it the socket is left to fill, as a reader that does not read leaves it.
+pub(crate) const LATE_MAX: usize = 16 << 20;
 
 /// Connections whose writes are held (TCP_CORK, `MSG_MORE`), for [`release_stale_corks`].
 static CORKED: Mutex<Vec<std::sync::Weak<Conn>>> = Mutex::new(Vec::new());
@@ -796,8 +974,8 @@ mod tests {
         let server = accepting.join().expect("accept thread");
         assert_eq!(client.transport(), lightpath::Transport::Rdma(lightpath::ProviderId::Soft));
         let (a, b) = (Conn::new(), Conn::new());
-        a.lock().install(server);
-        b.lock().install(client);
+        a.lock().install(&a, server);
+        b.lock().install(&b, client);
         (a, b)
     }
 

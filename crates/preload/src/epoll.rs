@@ -165,6 +165,13 @@ fn tcp_mask(state: &State, events: u32) -> u32 {
     if events & (IN | RDHUP) != 0 && state.tcp_readable_matters() {
         mask |= events & (IN | RDHUP);
     }
+    if state.late_tcp_watched() {
+        // Late bytes (see `conn`): taken in by `evaluate`, not reported. Whatever the
+        // application asks for (the library's own interest), so that an application that
+        // switches between asking for IN and for OUT (redis-benchmark, around each request)
+        // costs no `EPOLL_CTL_MOD` of the socket.
+        mask |= IN;
+    }
     if events & OUT != 0 && !state.send_switched {
         mask |= OUT;
     }
@@ -305,12 +312,16 @@ pub(crate) fn ctl(
         }
         libc::EPOLL_CTL_DEL => {
             let reg = shadow.regs.get_mut(&conn.id).filter(|reg| !reg.parked).ok_or(libc::ENOENT)?;
-            // Parked (see the module docs): the socket keeps only what is always reported.
+            // Parked (see the module docs): the socket keeps only what is always reported, and
+            // the watch for late bytes (the library's, not the application's interest), so
+            // that a connection deleted and added again around each request (redis-benchmark)
+            // costs no `EPOLL_CTL_MOD` of its socket either way.
             reg.parked = true;
             reg.queued = false;
-            if reg.tcp_mask & !ET != 0 {
-                raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, 0, (conn.id << TOKEN_BITS) | TOKEN_TCP);
-                reg.tcp_mask = 0;
+            let parked_mask = if conn.lock().late_tcp_watched() { IN } else { 0 };
+            if reg.tcp_mask & !ET != parked_mask {
+                raw_ctl(inner, libc::EPOLL_CTL_MOD, reg.fd, parked_mask, (conn.id << TOKEN_BITS) | TOKEN_TCP);
+                reg.tcp_mask = parked_mask;
             }
             Ok(0)
         }
@@ -433,6 +444,9 @@ fn evaluate(inner: c_int, reg: &mut Reg, seen: Seen) -> u32 {
     }
     let tcp = seen.tcp;
     let mut state = reg.conn.lock();
+    if tcp & (IN | HUP | ERR) != 0 && state.late_tcp_watched() {
+        state.take_late_tcp(reg.fd);
+    }
     let mut events = 0;
     if state.tcp_readable_matters() {
         events |= tcp & (IN | RDHUP | PRI);

@@ -57,6 +57,11 @@ fn wait(conn: &Conn, fd: c_int, read: bool, write: bool) -> Result<(), c_int> {
     if n < 0 && real::errno() == libc::EINTR {
         return Err(libc::EINTR);
     }
+    if read && fds.iter().any(|p| p.fd == fd && p.revents != 0) {
+        // Late bytes (or the end) on a socket whose stream is still open: taken in, or the
+        // socket would stay readable and the wait would not sleep again.
+        conn.lock().take_late_tcp(fd);
+    }
     Ok(())
 }
 
@@ -162,10 +167,10 @@ fn send_waiting(
 }
 
 /// A fork child touching a connection its parent owns: untouched TCP if the parent never
-/// switched it, otherwise refused (the stream belongs to the parent's process).
+/// switched it, otherwise refused (the stream belongs to the parent's process). No lock: a
+/// thread of the parent may have held it at the fork.
 fn foreign(conn: &Conn, _fd: c_int) -> Result<isize, c_int> {
-    let state = conn.lock();
-    if state.stream.is_some() {
+    if conn.was_streamed() {
         return Err(libc::EIO);
     }
     // Unswitched: the caller passes through (the hook sees this sentinel).

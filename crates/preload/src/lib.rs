@@ -45,21 +45,17 @@ mod wait;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use libc::{c_char, fd_set, iovec, sigset_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
 use libc::{c_int, c_uint, c_ulong, c_void, epoll_event, msghdr, nfds_t, off_t, pollfd, size_t};
-use libc::{fd_set, iovec, sigset_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
 
-use crate::conn::{Conn, Phase};
+use crate::conn::Conn;
 use crate::io::PASS;
 
 /// The tracked connection behind `fd`; a fork child adopts a connection its parent never
-/// used.
+/// used (without taking its lock, which a thread of the parent may have held at the fork).
 fn tracked(fd: c_int) -> Option<Arc<Conn>> {
     let conn = table::conn(fd)?;
-    if conn.owned() {
-        return Some(conn);
-    }
-    let fresh = conn.lock().phase == Phase::Fresh;
-    if !fresh {
+    if conn.owned() || conn.was_offered() {
         return Some(conn);
     }
     let adopted = Arc::new(Conn::new());
@@ -503,9 +499,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     if request == libc::FIONREAD as c_ulong && !arg.is_null() {
-        if let Some(conn) = tracked(fd) {
+        if let Some(conn) = tracked(fd).filter(|conn| conn.owned()) {
             let answer = guard::hook(None, || {
                 let mut state = conn.lock();
+                let late = state.late_pending();
+                if late > 0 {
+                    // Read before the socket's own bytes.
+                    return Ok(Some(late.min(c_int::MAX as usize) as c_int));
+                }
                 if !state.peeked.is_empty() || state.stream.is_some() && !state.tcp_readable_matters() {
                     if state.peeked.is_empty() {
                         let mut chunk = vec![0u8; 64 << 10];
@@ -1144,6 +1145,87 @@ pub unsafe extern "C" fn epoll_pwait2(
 }
 
 // ---------------------------------------------------------------------------------------
+// execve: the new program knows nothing of the streams; this process's switched connections
+// send back on TCP first (see `State::send_back`), so what the new program writes on an
+// inherited socket reaches the peer after everything written before.
+
+/// How long an exec waits for a connection's peer to acknowledge what was written before.
+const EXEC_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Sends every switched connection of this process back on TCP, before an `execve`. Not in a
+/// `vfork` child (it shares the parent's memory and would take the parent's streams: its
+/// pid differs from the owner's, asked of the kernel, not of the cache the child shares), nor
+/// for a fork child's copies (their streams are the parent's).
+fn before_exec() {
+    if guard::internal() {
+        return;
+    }
+    let _ = catch_unwind(|| {
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() } as u32;
+        for (_, conn) in table::all() {
+            if conn.owner != me {
+                continue;
+            }
+            conn.lock().send_back(EXEC_FLUSH_LIMIT);
+        }
+    });
+}
+
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: the caller's contract.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: the caller's contract.
+    unsafe { real::execv(path, argv) }
+}
+
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: the caller's contract.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: the caller's contract.
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+/// # Safety
+/// The C function's contract.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: the caller's contract.
+    unsafe { real::fexecve(fd, argv, envp) }
+}
+
+// ---------------------------------------------------------------------------------------
 // Process exit: connections still open close cleanly (their last bytes delivered) and are
 // reported.
 
@@ -1167,6 +1249,7 @@ extern "C" fn init() {
     // Read the environment now: servers such as nginx clear it before their workers run, and
     // a worker (a fork of this process) keeps what was read here. Every setting the library
     // reads is cached on first use; these are all of them.
+    table::guard_forks();
     let _ = catch_unwind(|| {
         report::init();
         let _ = rendezvous::why_not();

@@ -7,8 +7,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use libc::{c_char, fd_set, iovec, sigset_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
 use libc::{c_int, c_long, c_uint, c_ulong, c_void, epoll_event, msghdr, nfds_t, off_t, pollfd, size_t};
-use libc::{fd_set, iovec, sigset_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
 
 /// Sets the calling thread's errno.
 pub(crate) fn set_errno(value: c_int) {
@@ -98,5 +98,10 @@ real_fns! {
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: *const timespec, sigmask: *const sigset_t) -> c_int;
     fn sendfile(out: c_int, input: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
     fn sendfile64(out: c_int, input: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: c_uint) -> ssize_t;
 }

@@ -460,7 +460,7 @@ fn spawn_pairing(conn: Arc<Conn>, paired: Paired) {
         let mut state = thread_conn.lock();
         match result {
             Ok(stream) if !state.closed => {
-                state.install(stream);
+                state.install(&thread_conn, stream);
                 drop(state);
                 crate::epoll::conn_switched(&thread_conn);
             }

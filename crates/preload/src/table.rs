@@ -18,7 +18,10 @@ pub(crate) const FAST: usize = 1 << 16;
 
 static CONN_FLAGS: [AtomicBool; FAST] = [const { AtomicBool::new(false) }; FAST];
 static CONN_HIGH: AtomicUsize = AtomicUsize::new(0);
-static CONNS: Mutex<Option<HashMap<c_int, Arc<Conn>>>> = Mutex::new(None);
+/// The application's tracked connections by fd.
+type ConnMap = Option<HashMap<c_int, Arc<Conn>>>;
+
+static CONNS: Mutex<ConnMap> = Mutex::new(None);
 
 static EPOLL_FLAGS: [AtomicBool; FAST] = [const { AtomicBool::new(false) }; FAST];
 static EPOLL_HIGH: AtomicUsize = AtomicUsize::new(0);
@@ -44,8 +47,37 @@ fn set_flag(flags: &[AtomicBool; FAST], high: &AtomicUsize, fd: c_int, on: bool)
     }
 }
 
-fn conns() -> MutexGuard<'static, Option<HashMap<c_int, Arc<Conn>>>> {
+fn conns() -> MutexGuard<'static, ConnMap> {
     CONNS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The table's guard across a `fork`: taken by the forking thread before the fork (so that no
+/// other thread is inside the table when the child's copy of memory is made: a child that
+/// inherited the lock taken would wait for ever on its first tracked descriptor, as a CGI
+/// child of a preloaded python server did in its `dup2`), dropped in parent and child after.
+struct ForkGuard(std::cell::UnsafeCell<Option<MutexGuard<'static, ConnMap>>>);
+
+// SAFETY: the slot is only touched by the fork handlers of the thread that holds `CONNS`
+// (stored after locking it, taken before unlocking it), so two threads never touch it at once.
+unsafe impl Sync for ForkGuard {}
+
+static FORK_GUARD: ForkGuard = ForkGuard(std::cell::UnsafeCell::new(None));
+
+extern "C" fn before_fork() {
+    let guard = conns();
+    // SAFETY: this thread holds `CONNS` (see `ForkGuard`).
+    unsafe { *FORK_GUARD.0.get() = Some(guard) };
+}
+
+extern "C" fn after_fork() {
+    // SAFETY: this thread (the forking one, in parent or child) still holds `CONNS`.
+    drop(unsafe { (*FORK_GUARD.0.get()).take() });
+}
+
+/// Registers the fork handlers that keep the table usable in a fork child (once, at load).
+pub(crate) fn guard_forks() {
+    // SAFETY: registers handlers that only lock and unlock the table's mutex.
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
 }
 
 /// Whether `fd` may be tracked (cheap; no lock). False on the library's own threads.

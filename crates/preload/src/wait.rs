@@ -126,6 +126,8 @@ fn poll_tracked(
         let mut extra: Vec<pollfd> = Vec::new();
         let mut user = vec![0i16; app.len()];
         let mut tcp_asked = vec![0i16; app.len()];
+        // Entries whose socket is watched for late bytes only (see `conn`): not the caller's.
+        let mut late_watch = vec![false; app.len()];
         let mut transient = false;
         for (i, entry) in app.iter().enumerate() {
             let Some(conn) = &conns[i] else {
@@ -152,11 +154,15 @@ fn poll_tracked(
                 events |= libc::POLLOUT;
             }
             tcp_asked[i] = events;
-            watch.push(pollfd { fd: entry.fd, events, revents: 0 });
-            if let Some(stream) = state.stream.as_ref() {
-                if let Ok(ready_fd) = stream.readiness_fd() {
-                    use std::os::fd::AsRawFd;
-                    extra.push(pollfd { fd: ready_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            late_watch[i] = want_in && state.late_tcp_watched();
+            let watched = events | if late_watch[i] { libc::POLLIN } else { 0 };
+            watch.push(pollfd { fd: entry.fd, events: watched, revents: 0 });
+            if state.stream_watched(want_in, want_out) {
+                if let Some(stream) = state.stream.as_ref() {
+                    if let Ok(ready_fd) = stream.readiness_fd() {
+                        use std::os::fd::AsRawFd;
+                        extra.push(pollfd { fd: ready_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+                    }
                 }
             }
         }
@@ -179,6 +185,13 @@ fn poll_tracked(
         let mut extra_fired = false;
         for (i, entry) in app.iter_mut().enumerate() {
             let got = watch[i].revents;
+            if late_watch[i] && got & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                if let Some(conn) = &conns[i] {
+                    conn.lock().take_late_tcp(entry.fd);
+                    // Taken in: the next round looks at the connection again.
+                    extra_fired = true;
+                }
+            }
             let revents = if conns[i].is_some() {
                 let mut r = got & (tcp_asked[i] | libc::POLLERR | libc::POLLNVAL);
                 if got & libc::POLLHUP != 0 && tcp_asked[i] != 0 {

@@ -13,9 +13,17 @@ the library): splice, recv with MSG_TRUNC, send with MSG_MORE.
   calls.py trunc-more-client PORT FILE D  the other side: prints 'ok' if the answer matches
                                    FILE after its first D bytes and 'END' arrived
 
+  calls.py exec-server PORT        accept one connection; echo lines until 'REQ n', answer
+                                   'ACK', then execve a new python (exec-writer) that inherits
+                                   the socket and writes n bytes on it
+  calls.py exec-writer FD N        (run by exec-server) write N pattern bytes on FD and exit
+  calls.py exec-client PORT K N    K echoed lines 5 ms apart (long enough for the connection
+                                   to switch), then 'REQ N'; read 'ACK' and what follows to the
+                                   end; prints 'sha256 <hex> <count>' of what followed
+
 The address is LP_PEER_HOST (127.0.0.1 when unset).
 """
-import ctypes, hashlib, os, socket, sys
+import ctypes, hashlib, os, socket, sys, time
 
 HOST = os.environ.get("LP_PEER_HOST", "127.0.0.1")
 
@@ -96,12 +104,66 @@ def trunc_more_client(port, path, skip):
         raise SystemExit("more after END")
     print("ok")
 
+def pattern(n):
+    block = hashlib.sha256(b"lightpath exec").digest() * 2048
+    return (block * (n // len(block) + 1))[:n]
+
+def exec_server(port):
+    c = accept_one(port)
+    f = c.makefile("rb", buffering=0)
+    while True:
+        line = read_line(c)
+        if line.startswith(b"REQ "):
+            n = int(line.split()[1])
+            break
+        c.sendall(line + b"\n")
+    c.sendall(b"ACK\n")
+    fd = c.fileno()
+    os.set_inheritable(fd, True)
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "exec-writer", str(fd), str(n)])
+
+def exec_writer(fd, n):
+    data = pattern(n)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.close(fd)
+
+def exec_client(port, k, n):
+    c = socket.create_connection((HOST, port))
+    c.settimeout(30)
+    for i in range(k):
+        c.sendall(b"PING %d\n" % i)
+        if read_line(c) != b"PING %d" % i:
+            raise SystemExit("bad echo")
+        time.sleep(0.005)
+    c.sendall(b"REQ %d\n" % n)
+    if read_line(c) != b"ACK":
+        raise SystemExit("no ACK")
+    h = hashlib.sha256()
+    count = 0
+    while True:
+        d = c.recv(1 << 20)
+        if not d:
+            break
+        h.update(d)
+        count += len(d)
+    print("sha256 %s %d" % (h.hexdigest(), count))
+
 if __name__ == "__main__":
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "splice-server":
         splice_server(port)
     elif mode == "trunc-more-server":
         trunc_more_server(port, int(sys.argv[3]))
+    elif mode == "exec-server":
+        exec_server(port)
+    elif mode == "exec-writer":
+        exec_writer(port, int(sys.argv[3]))
+    elif mode == "exec-client":
+        exec_client(port, int(sys.argv[3]), int(sys.argv[4]))
+    elif mode == "pattern-sha256":
+        print(hashlib.sha256(pattern(port)).hexdigest())
     elif mode == "trunc-more-client":
         trunc_more_client(port, sys.argv[3], int(sys.argv[4]))
     else:
