@@ -62,6 +62,7 @@ const ERR: u32 = libc::EPOLLERR as u32;
 const HUP: u32 = libc::EPOLLHUP as u32;
 const ET: u32 = libc::EPOLLET as u32;
 const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+const EXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
 /// `Reg::delivered` of a registration not looked at since it was added or modified.
 const UNKNOWN: u32 = u32::MAX;
 
@@ -237,6 +238,11 @@ pub(crate) fn ctl(
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
             let event = event.ok_or(libc::EFAULT)?;
             let (events, data) = (event.events, event.u64);
+            // As the kernel: EPOLLEXCLUSIVE only when adding, and not with EPOLLONESHOT. (On
+            // a connection it changes nothing here: each registration is its own.)
+            if events & EXCLUSIVE != 0 && (op == libc::EPOLL_CTL_MOD || events & ONESHOT != 0) {
+                return Err(libc::EINVAL);
+            }
             let existing = shadow.regs.get(&conn.id).map(|reg| reg.parked);
             match (op, existing) {
                 (libc::EPOLL_CTL_ADD, Some(false)) => return Err(libc::EEXIST),

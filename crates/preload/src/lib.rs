@@ -24,7 +24,8 @@
 //! `close_range`, `dup`, `dup2`, `dup3`, `fcntl`/`fcntl64` (`F_DUPFD`, `F_DUPFD_CLOEXEC`),
 //! `ioctl` (`FIONREAD`), `poll`, `__poll_chk`, `ppoll`, `__ppoll_chk`, `select`, `pselect`,
 //! `epoll_ctl`, `epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `sendfile`, `sendfile64`,
-//! `splice`, `setsockopt` (`TCP_CORK`). Flags: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`,
+//! `splice`, `setsockopt` (`TCP_CORK`), `execve`, `execv`, `execvp`, `execvpe`, `fexecve`
+//! (switched connections send back on TCP first). Flags: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`,
 //! `MSG_NOSIGNAL`, `MSG_TRUNC` (discards), `MSG_MORE` (holds until the next send).
 //!
 //! The library's own calls: the threads it starts mark themselves internal
