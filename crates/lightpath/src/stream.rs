@@ -561,6 +561,13 @@ impl Stream {
         }
     }
 
+    /// Whether the peer ended its sending side cleanly (its close record or its goodbye
+    /// arrived), whether or not this side has read up to it yet. Always `false` over TCP (the
+    /// socket's own end of stream says it there).
+    pub fn peer_closed_its_side(&self) -> bool {
+        matches!(&self.backend, Backend::Rdma(conn) if conn.peer_closed_its_side())
+    }
+
     /// Whether a failed half close (`err`) only met a peer that had closed its own side first
     /// and then went away before acknowledging this side's close: a TCP socket's `shutdown`
     /// after the peer's FIN succeeds in that case, whether or not the peer's process is still

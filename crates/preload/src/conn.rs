@@ -656,6 +656,20 @@ impl State {
                     Io::Done(n)
                 }
                 Err(err) if would_block(&err) => Io::WouldBlock,
+                Err(_) if !self.shut_wr && (self.stream_eof || stream.peer_closed_its_side()) => {
+                    // The peer's library ended its stream cleanly and the stream is gone
+                    // while its socket may live on (a program it exec'd, see `send_back`):
+                    // from here this side sends on TCP, where a live socket's reader finds it
+                    // and a closed one answers as TCP answers a write to a closed peer. (A
+                    // peer that vanished without a clean end is an error, as before.)
+                    self.send_switched = false;
+                    self.sent_back = true;
+                    crate::report::debug(format_args!(
+                        "to {:?}: the peer closed its stream; sending on tcp from byte {}",
+                        self.peer, self.tcp_sent
+                    ));
+                    return self.try_send(fd, data, flags);
+                }
                 Err(err) => Io::Err(errno_of(&err)),
             };
             if !more && self.more_since.is_some() && matches!(written, Io::Done(n) if n == data.len()) {
@@ -817,10 +831,12 @@ impl State {
     /// peer over the stream (waiting at most `limit` for its acknowledgement), the stream's
     /// sending side ends cleanly, and what follows (the new program's writes on the inherited
     /// socket, or this process's if the exec fails) goes over TCP, which the peer reads after
-    /// the stream's end (the late bytes of the module doc). Reading stays on the stream while
-    /// this process lives; the new program reads the socket, where nothing of what the peer
-    /// sends over its stream arrives (not supported: the peer's later writes fail once the
-    /// stream is gone).
+    /// the stream's end (the late bytes of the module doc). Once this side had read up to the
+    /// peer's switch point, its reading goes back to TCP as well: the stream's unread bytes
+    /// are kept for this process's reads (lost to a new program: it cannot have them), and
+    /// the stream is closed cleanly, so that the peer's next write finds it closed and goes
+    /// over TCP, where the new program reads it. What the peer writes between that look and
+    /// the close reaching it is lost.
     pub(crate) fn send_back(&mut self, limit: Duration) {
         if !self.send_switched {
             return;
@@ -839,6 +855,34 @@ impl State {
         }
         self.send_switched = false;
         self.sent_back = true;
+        // Reading goes to TCP too: what the peer sent over the stream and the application
+        // has not read is kept for its reads (if the exec fails; a new program cannot have
+        // it), and the stream is closed cleanly, so that the peer's next write fails at once
+        // and goes to TCP (see `try_send`), where the new program reads it.
+        self.learn_switch();
+        if self.switch_at.is_some() && self.tcp_left() == 0 && !self.stream_eof {
+            if let Some(stream) = self.stream.as_mut() {
+                let mut chunk = vec![0u8; 64 << 10];
+                loop {
+                    match io::Read::read(stream, &mut chunk) {
+                        Ok(n) if n > 0 => {
+                            self.rdma_recv += n as u64;
+                            self.peeked.extend_from_slice(&chunk[..n]);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            self.stream_eof = true;
+        }
+        if self.stream_eof {
+            if let Some(mut stream) = self.stream.take() {
+                // A clean close that waits (at most the stream's linger) for its goodbye to
+                // be taken: this process's threads end with the exec.
+                let _ = stream.set_nonblocking(false);
+                drop(stream);
+            }
+        }
         crate::report::debug(format_args!(
             "to {:?}: sending back on tcp at byte {} before exec",
             self.peer, self.tcp_sent

@@ -1,5 +1,6 @@
 //! Connections that outlive the image that switched them: a program that `execve`s with a
-//! switched connection open (its new image writes on the inherited socket), and a CGI
+//! switched connection open (its new image writes on the inherited socket, then reads the
+//! client's answer from it), and a CGI
 //! program that python3's `http.server --cgi` forks and execs with the connection as its
 //! standard output after the server answered the headers. What the new program writes goes
 //! over TCP after the stream's bytes (the library sends back on TCP before an exec, and a
@@ -112,8 +113,8 @@ fn exec_keeps_writing(place: Place, name: &str) {
     assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),
-        format!("sha256 {} {n}", pattern_sha256(n)),
-        "what the exec'd image wrote did not arrive whole"
+        format!("sha256 {} {n} OK", pattern_sha256(n)),
+        "what the exec'd image wrote did not arrive whole, or what the client sent after the exec did not reach it"
     );
     let line = client_line(&wait_for_lines(&report, 1, Duration::from_secs(10)), port);
     assert_eq!(

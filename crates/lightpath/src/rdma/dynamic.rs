@@ -27,7 +27,6 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn close(&mut self);
     fn closed_cleanly(&self) -> bool;
     /// The peer closed its sending side (its close record or its goodbye arrived).
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn peer_closed_its_side(&self) -> bool;
     fn linger(&self) -> Duration;
     fn tcp(&self) -> &TcpStream;

@@ -16,10 +16,12 @@ the library): splice, recv with MSG_TRUNC, send with MSG_MORE.
   calls.py exec-server PORT        accept one connection; echo lines until 'REQ n', answer
                                    'ACK', then execve a new python (exec-writer) that inherits
                                    the socket and writes n bytes on it
-  calls.py exec-writer FD N        (run by exec-server) write N pattern bytes on FD and exit
+  calls.py exec-writer FD N        (run by exec-server) write N pattern bytes on FD, read
+                                   'BYE', answer 'OK' and exit
   calls.py exec-client PORT K N    K echoed lines 5 ms apart (long enough for the connection
-                                   to switch), then 'REQ N'; read 'ACK' and what follows to the
-                                   end; prints 'sha256 <hex> <count>' of what followed
+                                   to switch), then 'REQ N'; read 'ACK' and the N bytes that
+                                   follow, send 'BYE', read 'OK' and the end; prints
+                                   'sha256 <hex> <count> <answer>' of the N bytes and the answer
 
 The address is LP_PEER_HOST (127.0.0.1 when unset).
 """
@@ -127,6 +129,13 @@ def exec_writer(fd, n):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+    line = b""
+    while not line.endswith(b"\n"):
+        d = os.read(fd, 1)
+        if not d:
+            raise SystemExit("exec-writer: end of stream before BYE: %r" % line)
+        line += d
+    os.write(fd, b"OK\n" if line == b"BYE\n" else b"WHAT " + line)
     os.close(fd)
 
 def exec_client(port, k, n):
@@ -142,13 +151,20 @@ def exec_client(port, k, n):
         raise SystemExit("no ACK")
     h = hashlib.sha256()
     count = 0
-    while True:
-        d = c.recv(1 << 20)
+    while count < n:
+        d = c.recv(min(1 << 20, n - count))
         if not d:
             break
         h.update(d)
         count += len(d)
-    print("sha256 %s %d" % (h.hexdigest(), count))
+    c.sendall(b"BYE\n")
+    answer = b""
+    while True:
+        d = c.recv(4096)
+        if not d:
+            break
+        answer += d
+    print("sha256 %s %d %s" % (h.hexdigest(), count, answer.decode(errors="replace").strip()))
 
 if __name__ == "__main__":
     mode, port = sys.argv[1], int(sys.argv[2])
