@@ -142,3 +142,59 @@ fn over_tcp() {
         close_while_the_peer_writes(Options::tcp_only(), writer);
     }
 }
+
+/// A nonblocking writer whose writes always find room (a few bytes now and then) after the
+/// peer closed: its writes must fail as a TCP writer's do after the peer's close, not be
+/// accepted and dropped. (Here the look that learns of the goodbye happened before the write
+/// path's own look at the liveness channel existed too; the preload's test of the same,
+/// `tests/socket_calls.rs`, is the one that failed without it.)
+fn an_occasional_writer_learns_of_the_close(options: Options) {
+    let rdma = !options.providers.is_empty();
+    let listener = listener(options.clone());
+    let addr = listener.local_addr().unwrap();
+    let writing = std::thread::spawn(move || {
+        let mut stream = Stream::connect_with(addr, &options).unwrap();
+        stream.write_all(b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        stream.read_exact(&mut buf).unwrap();
+        // Nonblocking from here, as the preload's streams are: a read that finds the end, and
+        // writes that find room, never wait (and so never looked at the liveness channel).
+        stream.set_nonblocking(true).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(stream.read(&mut buf).unwrap(), 0, "the peer's end");
+        // Writes with room to spare, 5 ms apart, for at most 2 s.
+        for _ in 0..400 {
+            match stream.write(&[7u8; 100]) {
+                Ok(_) => {}
+                Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                Err(err) => return Some(err),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    });
+    let (mut stream, _) = listener.accept().unwrap();
+    let mut buf = [0u8; 5];
+    stream.read_exact(&mut buf).unwrap();
+    stream.write_all(&buf).unwrap();
+    drop(stream);
+    let err = writing.join().unwrap().expect("every write after the peer's close was accepted for 2 s");
+    let kinds: &[ErrorKind] =
+        if rdma { &[ErrorKind::BrokenPipe] } else { &[ErrorKind::BrokenPipe, ErrorKind::ConnectionReset] };
+    assert!(kinds.contains(&err.kind()), "{err}");
+}
+
+#[test]
+fn an_occasional_writer_learns_of_the_close_over_shm() {
+    an_occasional_writer_learns_of_the_close(Options::default().with_providers(&[ProviderId::Shm]));
+}
+
+#[test]
+fn an_occasional_writer_learns_of_the_close_over_soft() {
+    an_occasional_writer_learns_of_the_close(Options::default().with_providers(&[ProviderId::Soft]));
+}
+
+#[test]
+fn an_occasional_writer_learns_of_the_close_over_tcp() {
+    an_occasional_writer_learns_of_the_close(Options::tcp_only());
+}

@@ -133,3 +133,33 @@ fn msg_trunc_discards_and_msg_more_is_sent() {
         assert_transport(&lines_of(&report, client), client);
     }
 }
+
+/// Writes after the peer closed fail, as a TCP writer's second write after the peer's close
+/// does (the kernel answers the first with a reset): over shm too. Before the stream's write
+/// path looked at its liveness channel now and then, a nonblocking stream (the preload's
+/// streams are) accepted them all and dropped them while the peer's queue pair lived: the
+/// client printed "never failed".
+#[test]
+fn writes_after_the_peers_close_fail() {
+    if !require("writes_after_close", &["python3"]) {
+        return;
+    }
+    for client in [Mode::Preloaded, Mode::Plain] {
+        let dir = scratch(&format!("late-writer-{client:?}"));
+        let report = dir.join("report");
+        let port = common::free_port().to_string();
+        let script = calls();
+        let script = script.to_str().unwrap();
+        let server = command("python3", &[script, "close-server", &port], Mode::Preloaded, &report);
+        let _server = serve(server, port.parse().unwrap(), "close server");
+        let output = run(
+            command("python3", &[script, "late-writer", &port], client, &report),
+            Duration::from_secs(30),
+            "late writer",
+        );
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let printed = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        assert!(printed.starts_with("ok "), "client {client:?}: {printed}");
+        assert_transport(&lines_of(&report, client), client);
+    }
+}

@@ -119,6 +119,13 @@ impl<D: Device> RdmaConn<D> {
         if total == 0 {
             return Ok(0);
         }
+        // A writer that never waits (the ring has room) still learns of the peer's goodbye or
+        // death, within `TCP_RECHECK` (one look per interval, not per write), and its writes
+        // then fail as a TCP writer's do after the peer closed; before, such writes were
+        // accepted and dropped for as long as the peer's queue pair lived.
+        if !self.tcp_watched && self.tcp_checked_at.is_none_or(|at| at.elapsed() >= TCP_RECHECK) {
+            self.check_tcp();
+        }
         loop {
             self.check_writable()?;
             self.read_slot();

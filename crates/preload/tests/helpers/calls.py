@@ -23,6 +23,13 @@ the library): splice, recv with MSG_TRUNC, send with MSG_MORE.
                                    follow, send 'BYE', read 'OK' and the end; prints
                                    'sha256 <hex> <count> <answer>' of the N bytes and the answer
 
+  calls.py close-server PORT       accept one connection, echo 20 messages, close it and
+                                   stay a second
+  calls.py late-writer PORT        20 echoed messages, wait for the server's close, read the
+                                   end, then 10 writes 50 ms apart; prints 'ok' and how many
+                                   writes succeeded if one failed (EPIPE/ECONNRESET, as TCP's
+                                   second write after a peer's close does), 'never failed' if not
+
 The address is LP_PEER_HOST (127.0.0.1 when unset).
 """
 import ctypes, hashlib, os, socket, sys, time
@@ -166,12 +173,43 @@ def exec_client(port, k, n):
         answer += d
     print("sha256 %s %d %s" % (h.hexdigest(), count, answer.decode(errors="replace").strip()))
 
+def close_server(port):
+    c = accept_one(port)
+    for _ in range(20):
+        c.sendall(c.recv(100))
+    c.close()
+    time.sleep(1)
+
+def late_writer(port):
+    import signal
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    c = socket.create_connection((HOST, port))
+    for _ in range(20):
+        c.sendall(b"x" * 10)
+        c.recv(100)
+        time.sleep(0.01)
+    time.sleep(0.3)
+    if c.recv(10) != b"":
+        raise SystemExit("bytes after the echoes")
+    for i in range(10):
+        try:
+            c.sendall(b"y" * 1000)
+        except OSError:
+            print("ok %d" % i)
+            return
+        time.sleep(0.05)
+    print("never failed")
+
 if __name__ == "__main__":
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "splice-server":
         splice_server(port)
     elif mode == "trunc-more-server":
         trunc_more_server(port, int(sys.argv[3]))
+    elif mode == "close-server":
+        close_server(port)
+    elif mode == "late-writer":
+        late_writer(port)
     elif mode == "exec-server":
         exec_server(port)
     elif mode == "exec-writer":
