@@ -219,6 +219,22 @@ impl Conn {
         }
     }
 
+    /// A connection an exec handed over (`crate::handover`): plain TCP from here, whose
+    /// first reads return `unread` (what the peer had sent over the stream), named by `fds`
+    /// descriptors.
+    pub(crate) fn inherited(unread: Vec<u8>, fds: usize) -> Conn {
+        let conn = Conn::new();
+        conn.fds.store(fds, Ordering::Relaxed);
+        conn.offered.store(true, Ordering::Relaxed);
+        {
+            let mut state = conn.lock();
+            state.phase = Phase::Tcp(format!("inherited over exec with {} unread bytes", unread.len()));
+            state.peeked = unread;
+            state.sent_back = true;
+        }
+        conn
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

@@ -35,6 +35,7 @@
 mod conn;
 mod epoll;
 mod guard;
+mod handover;
 mod io;
 mod real;
 mod remote;
@@ -1157,20 +1158,30 @@ const EXEC_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `vfork` child (it shares the parent's memory and would take the parent's streams: its
 /// pid differs from the owner's, asked of the kernel, not of the cache the child shares), nor
 /// for a fork child's copies (their streams are the parent's).
-fn before_exec() {
+fn before_exec() -> handover::Handover {
     if guard::internal() {
-        return;
+        return handover::Handover::default();
     }
-    let _ = catch_unwind(|| {
+    catch_unwind(|| {
         // SAFETY: getpid has no preconditions.
         let me = unsafe { libc::getpid() } as u32;
-        for (_, conn) in table::all() {
-            if conn.owner != me {
-                continue;
-            }
-            conn.lock().send_back(EXEC_FLUSH_LIMIT);
-        }
-    });
+        handover::Handover::prepare(me, EXEC_FLUSH_LIMIT)
+    })
+    .unwrap_or_default()
+}
+
+/// Runs an exec (`exec` with the environment to pass, `None`: the caller's own), with the
+/// handover's environment when there is one; if the exec returns (it failed), the handover
+/// is abandoned and the C library's errno kept.
+fn exec_with(envp: *const *const c_char, exec: impl FnOnce(Option<*const *const c_char>) -> c_int) -> c_int {
+    let handover = before_exec();
+    // SAFETY: the caller's environment array (or null: the process's).
+    let environment = unsafe { handover.environment(envp) };
+    let rc = exec(environment.as_ref().map(|env| env.as_ptr()));
+    let errno = real::errno();
+    handover.abandon();
+    real::set_errno(errno);
+    rc
 }
 
 /// # Safety
@@ -1181,27 +1192,34 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: the caller's contract.
-    unsafe { real::execve(path, argv, envp) }
+    // SAFETY: the caller's contract; the handover's environment lives through the call.
+    exec_with(envp, |env| unsafe { real::execve(path, argv, env.unwrap_or(envp)) })
 }
 
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec();
-    // SAFETY: the caller's contract.
-    unsafe { real::execv(path, argv) }
+    // SAFETY: as `execve`; with nothing to hand over, the C library's own `execv`.
+    exec_with(std::ptr::null(), |env| unsafe {
+        match env {
+            Some(env) => real::execve(path, argv, env),
+            None => real::execv(path, argv),
+        }
+    })
 }
 
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec();
-    // SAFETY: the caller's contract.
-    unsafe { real::execvp(file, argv) }
+    // SAFETY: as `execv`.
+    exec_with(std::ptr::null(), |env| unsafe {
+        match env {
+            Some(env) => real::execvpe(file, argv, env),
+            None => real::execvp(file, argv),
+        }
+    })
 }
 
 /// # Safety
@@ -1212,18 +1230,16 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: the caller's contract.
-    unsafe { real::execvpe(file, argv, envp) }
+    // SAFETY: as `execve`.
+    exec_with(envp, |env| unsafe { real::execvpe(file, argv, env.unwrap_or(envp)) })
 }
 
 /// # Safety
 /// The C function's contract.
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-    before_exec();
-    // SAFETY: the caller's contract.
-    unsafe { real::fexecve(fd, argv, envp) }
+    // SAFETY: as `execve`.
+    exec_with(envp, |env| unsafe { real::fexecve(fd, argv, env.unwrap_or(envp)) })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1253,6 +1269,7 @@ extern "C" fn init() {
     table::guard_forks();
     let _ = catch_unwind(|| {
         report::init();
+        handover::adopt();
         let _ = rendezvous::why_not();
         let _ = remote::rule();
         let _ = remote::port();

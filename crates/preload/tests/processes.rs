@@ -113,7 +113,7 @@ fn exec_keeps_writing(place: Place, name: &str) {
     assert!(output.status.success(), "client failed: {}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),
-        format!("sha256 {} {n} OK", pattern_sha256(n)),
+        format!("sha256 {} {n} OK EXTRA 12345", pattern_sha256(n)),
         "what the exec'd image wrote did not arrive whole, or what the client sent after the exec did not reach it"
     );
     let line = client_line(&wait_for_lines(&report, 1, Duration::from_secs(10)), port);

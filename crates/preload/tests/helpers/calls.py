@@ -16,12 +16,14 @@ the library): splice, recv with MSG_TRUNC, send with MSG_MORE.
   calls.py exec-server PORT        accept one connection; echo lines until 'REQ n', answer
                                    'ACK', then execve a new python (exec-writer) that inherits
                                    the socket and writes n bytes on it
-  calls.py exec-writer FD N        (run by exec-server) write N pattern bytes on FD, read
-                                   'BYE', answer 'OK' and exit
+  calls.py exec-writer FD N        (run by exec-server) read a line from FD (sent before the
+                                   exec, not read by the server: the library hands it over),
+                                   write N pattern bytes on FD, read 'BYE', answer 'OK <line>'
   calls.py exec-client PORT K N    K echoed lines 5 ms apart (long enough for the connection
-                                   to switch), then 'REQ N'; read 'ACK' and the N bytes that
-                                   follow, send 'BYE', read 'OK' and the end; prints
-                                   'sha256 <hex> <count> <answer>' of the N bytes and the answer
+                                   to switch), then 'REQ N' and 'EXTRA 12345' in one write;
+                                   read 'ACK' and the N bytes that follow, send 'BYE', read the
+                                   answer and the end; prints 'sha256 <hex> <count> <answer>'
+                                   of the N bytes and the answer
 
   calls.py close-server PORT       accept one connection, echo 20 messages, close it and
                                    stay a second
@@ -131,18 +133,23 @@ def exec_server(port):
     os.set_inheritable(fd, True)
     os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "exec-writer", str(fd), str(n)])
 
-def exec_writer(fd, n):
-    data = pattern(n)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+def fd_line(fd):
     line = b""
     while not line.endswith(b"\n"):
         d = os.read(fd, 1)
         if not d:
-            raise SystemExit("exec-writer: end of stream before BYE: %r" % line)
+            raise SystemExit("exec-writer: end of stream in a line: %r" % line)
         line += d
-    os.write(fd, b"OK\n" if line == b"BYE\n" else b"WHAT " + line)
+    return line
+
+def exec_writer(fd, n):
+    first = fd_line(fd).strip()
+    data = pattern(n)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    line = fd_line(fd)
+    os.write(fd, b"OK " + first + b"\n" if line == b"BYE\n" else b"WHAT " + line)
     os.close(fd)
 
 def exec_client(port, k, n):
@@ -153,7 +160,7 @@ def exec_client(port, k, n):
         if read_line(c) != b"PING %d" % i:
             raise SystemExit("bad echo")
         time.sleep(0.005)
-    c.sendall(b"REQ %d\n" % n)
+    c.sendall(b"REQ %d\nEXTRA 12345\n" % n)
     if read_line(c) != b"ACK":
         raise SystemExit("no ACK")
     h = hashlib.sha256()
