@@ -191,6 +191,41 @@ fn curl_in(ns: &Namespaces, url: &str, to: &Path, mode: Mode, report: &Path) -> 
     run(ns.command(&ns.b, "curl", &args, mode, report), Duration::from_secs(30), "curl")
 }
 
+/// The size of the files nginx and python's http.server serve: larger than a fresh
+/// namespace's socket buffers take before the switch (at 8 MiB, 3 of 10 runs moved the whole
+/// file over TCP before the connection switched).
+const FILE_LEN: u64 = 24 << 20;
+
+/// Downloads `url` (a file of `FILE_LEN` bytes whose sha256 is `expected`) with curl
+/// preloaded, plain, preloaded: each exact, each preloaded one over one connection on soft,
+/// the plain one TCP at the server with the file counted there. Returns the bytes the
+/// preloaded downloads moved over soft (both ends).
+fn three_downloads(ns: &Namespaces, reports: &Reports, dir: &Path, url: &str, expected: &str) -> u64 {
+    let mut over_soft = 0;
+    for (i, mode) in [Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate() {
+        let got = dir.join(format!("got{i}"));
+        let client_report = reports.for_client(mode);
+        let output = curl_in(ns, url, &got, mode, &client_report);
+        assert!(output.status.success(), "curl {i} ({mode:?}): {}", text(&output));
+        assert_eq!(sha256_of(&got), expected, "download {i} ({mode:?})");
+        if mode == Mode::Preloaded {
+            let download =
+                assert_over_soft(ns, &format!("curl {i}"), &client_report, &reports.server(), 1 << 20);
+            assert_eq!(
+                download.client.len(),
+                1,
+                "curl {i} downloads over one connection: {:#?}",
+                download.client
+            );
+            over_soft += download.soft_bytes();
+        }
+    }
+    let plain = assert_plain_clients_stayed_tcp("plain curl", reports, 1, FILE_LEN);
+    assert_eq!(plain.len(), 1, "one plain connection: {plain:#?}");
+    assert!(plain[0].tcp_out > FILE_LEN, "the plain download is counted over TCP: {:?}", plain[0]);
+    over_soft
+}
+
 #[test]
 fn redis_benchmark_and_redis_cli_between_namespaces() {
     let test = "redis_benchmark_and_redis_cli_between_namespaces";
@@ -282,7 +317,6 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl_between_namespace
     let dir = &reports.dir;
     let www = dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
-    const FILE_LEN: u64 = 24 << 20;
     std::fs::write(www.join("file.bin"), common::random_bytes(FILE_LEN as usize, 3)).unwrap();
     let host = ns.server_address();
     let port = common::free_port();
@@ -315,29 +349,8 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl_between_namespace
     );
     let expected = sha256_of(&www.join("file.bin"));
     let url = format!("http://{host}:{port}/file.bin");
-    let mut over_soft = 0;
-    for (i, mode) in [Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate() {
-        let got = dir.join(format!("got{i}"));
-        let client_report = reports.for_client(mode);
-        let output = curl_in(&ns, &url, &got, mode, &client_report);
-        assert!(output.status.success(), "curl {i} ({mode:?}): {}", text(&output));
-        assert_eq!(sha256_of(&got), expected, "download {i} ({mode:?})");
-        if mode == Mode::Preloaded {
-            let download =
-                assert_over_soft(&ns, &format!("curl {i}"), &client_report, &reports.server(), 1 << 20);
-            assert_eq!(
-                download.client.len(),
-                1,
-                "curl {i} downloads over one connection: {:#?}",
-                download.client
-            );
-            over_soft += download.soft_bytes();
-        }
-    }
+    let over_soft = three_downloads(&ns, &reports, dir, &url, &expected);
     assert!(over_soft >= FILE_LEN, "{over_soft} bytes over soft in two downloads of {FILE_LEN}");
-    let plain = assert_plain_clients_stayed_tcp("plain curl", &reports, 1, FILE_LEN);
-    assert_eq!(plain.len(), 1, "one plain connection: {plain:#?}");
-    assert!(plain[0].tcp_out > FILE_LEN, "the plain download is counted over TCP: {:?}", plain[0]);
 }
 
 /// The byte count iperf3 -J reports under `key` (`sum_sent`, `sum_received`) at the end.
@@ -507,7 +520,6 @@ fn python_http_server_and_curl_between_namespaces() {
     // buffer grow to 32 MiB, and with an 8 MiB file the whole response was sometimes in
     // flight over TCP before the connection had switched (3 runs of 10: `rdma/soft` with no
     // byte over the stream).
-    const FILE_LEN: u64 = 24 << 20;
     let file = www.join("file.bin");
     std::fs::write(&file, common::random_bytes(FILE_LEN as usize, 5)).unwrap();
     let host = ns.server_address();
@@ -526,26 +538,7 @@ fn python_http_server_and_curl_between_namespaces() {
     );
     let expected = sha256_of(&file);
     let url = format!("http://{host}:{port}/file.bin");
-    for (i, mode) in [Mode::Preloaded, Mode::Plain, Mode::Preloaded].into_iter().enumerate() {
-        let got = dir.join(format!("got{i}"));
-        let client_report = reports.for_client(mode);
-        let output = curl_in(&ns, &url, &got, mode, &client_report);
-        assert!(output.status.success(), "curl {i} ({mode:?}): {}", text(&output));
-        assert_eq!(sha256_of(&got), expected, "download {i} ({mode:?})");
-        if mode == Mode::Preloaded {
-            let download =
-                assert_over_soft(&ns, &format!("curl {i}"), &client_report, &reports.server(), 1 << 20);
-            assert_eq!(
-                download.client.len(),
-                1,
-                "curl {i} downloads over one connection: {:#?}",
-                download.client
-            );
-        }
-    }
-    let plain = assert_plain_clients_stayed_tcp("plain curl", &reports, 1, FILE_LEN);
-    assert_eq!(plain.len(), 1, "one plain connection: {plain:#?}");
-    assert!(plain[0].tcp_out > FILE_LEN, "the plain download is counted over TCP: {:?}", plain[0]);
+    three_downloads(&ns, &reports, dir, &url, &expected);
 }
 
 /// Waits until `path` holds what `input` does (the socat child may still be writing when its
