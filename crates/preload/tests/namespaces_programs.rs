@@ -187,7 +187,9 @@ fn assert_plain_clients_stayed_tcp(what: &str, reports: &Reports, n: usize, min_
 /// curl in namespace `b` downloading `url` into `to`, at most 50 MB/s so that the transfer
 /// lasts long enough for a preloaded connection to switch (as `common::curl_download`).
 fn curl_in(ns: &Namespaces, url: &str, to: &Path, mode: Mode, report: &Path) -> Output {
-    let args = ["-sS", "--limit-rate", "50M", "-o", to.to_str().unwrap(), url];
+    // 25 MB/s: a 24 MiB download lasts about a second, so a pairing slowed by a loaded
+    // machine still switches it well before its end.
+    let args = ["-sS", "--limit-rate", "25M", "-o", to.to_str().unwrap(), url];
     run(ns.command(&ns.b, "curl", &args, mode, report), Duration::from_secs(30), "curl")
 }
 
@@ -313,6 +315,9 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl_between_namespace
     let Some(ns) = namespaces_for(test, &["nginx", "curl", "sha256sum"]) else {
         return;
     };
+    // At most about 5 MiB of the file in flight before the switch (1 MiB of receive buffer,
+    // at most 4 MiB of send buffer): the rest goes over soft whatever the pairing's pace.
+    ns.cap_receive_buffers(&ns.b, 1 << 20);
     let reports = Reports::new("netns-nginx");
     let dir = &reports.dir;
     let www = dir.join("www");
@@ -512,6 +517,9 @@ fn python_http_server_and_curl_between_namespaces() {
     let Some(ns) = namespaces_for(test, &["python3", "curl", "sha256sum"]) else {
         return;
     };
+    // At most about 5 MiB of the file in flight before the switch (1 MiB of receive buffer,
+    // at most 4 MiB of send buffer): the rest goes over soft whatever the pairing's pace.
+    ns.cap_receive_buffers(&ns.b, 1 << 20);
     let reports = Reports::new("netns-http");
     let dir = &reports.dir;
     let www = dir.join("www");

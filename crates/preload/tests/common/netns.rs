@@ -79,6 +79,17 @@ impl Namespaces {
         format!("{}.1", self.net)
     }
 
+    /// Caps TCP receive buffers in namespace `ns` at `max` bytes (`net.ipv4.tcp_rmem`, which
+    /// a namespace has of its own; 32 MiB here by default): a bulk transfer then cannot put
+    /// most of a test's file in flight over TCP before its connection switches, as a fresh
+    /// namespace's autotuned buffers sometimes let it (a 24 MiB nginx download went whole over
+    /// TCP in one run of the full suite under load).
+    pub fn cap_receive_buffers(&self, ns: &str, max: usize) {
+        let value = format!("net.ipv4.tcp_rmem=4096 131072 {max}");
+        ip(&["netns", "exec", ns, "sysctl", "-q", "-w", &value])
+            .unwrap_or_else(|e| panic!("capping receive buffers in {ns}: {e}"));
+    }
+
     /// The pair's /24, as `LIGHTPATH_PRELOAD_PEERS` takes it.
     pub fn subnet(&self) -> String {
         format!("{}.0/24", self.net)
