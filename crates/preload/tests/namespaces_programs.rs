@@ -184,6 +184,14 @@ fn assert_plain_clients_stayed_tcp(what: &str, reports: &Reports, n: usize, min_
     plain
 }
 
+/// [`assert_plain_clients_stayed_tcp`] for one plain connection that was sent more than
+/// `sent` bytes (a download, a value read back): it is the only one, and counts them over TCP.
+fn assert_one_plain_sender(what: &str, reports: &Reports, sent: u64) {
+    let plain = assert_plain_clients_stayed_tcp(what, reports, 1, sent);
+    assert_eq!(plain.len(), 1, "{what}: one plain connection: {plain:#?}");
+    assert!(plain[0].tcp_out > sent, "{what}: what it was sent is counted over TCP: {:?}", plain[0]);
+}
+
 /// curl in namespace `b` downloading `url` into `to`, at most 50 MB/s so that the transfer
 /// lasts long enough for a preloaded connection to switch (as `common::curl_download`).
 fn curl_in(ns: &Namespaces, url: &str, to: &Path, mode: Mode, report: &Path) -> Output {
@@ -197,6 +205,17 @@ fn curl_in(ns: &Namespaces, url: &str, to: &Path, mode: Mode, report: &Path) -> 
 /// namespace's socket buffers take before the switch (at 8 MiB, 3 of 10 runs moved the whole
 /// file over TCP before the connection switched).
 const FILE_LEN: u64 = 24 << 20;
+
+/// The reports and an empty web root of a file-serving test; at most about 5 MiB of a file
+/// in flight before the switch (1 MiB of receive buffer in the client's namespace, at most
+/// 4 MiB of send buffer): the rest goes over soft whatever the pairing's pace.
+fn file_server(ns: &Namespaces, name: &str) -> (Reports, PathBuf) {
+    ns.cap_receive_buffers(&ns.b, 1 << 20);
+    let reports = Reports::new(name);
+    let www = reports.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    (reports, www)
+}
 
 /// Downloads `url` (a file of `FILE_LEN` bytes whose sha256 is `expected`) with curl
 /// preloaded, plain, preloaded: each exact, each preloaded one over one connection on soft,
@@ -222,9 +241,7 @@ fn three_downloads(ns: &Namespaces, reports: &Reports, dir: &Path, url: &str, ex
             over_soft += download.soft_bytes();
         }
     }
-    let plain = assert_plain_clients_stayed_tcp("plain curl", reports, 1, FILE_LEN);
-    assert_eq!(plain.len(), 1, "one plain connection: {plain:#?}");
-    assert!(plain[0].tcp_out > FILE_LEN, "the plain download is counted over TCP: {:?}", plain[0]);
+    assert_one_plain_sender("plain curl", reports, FILE_LEN);
     over_soft
 }
 
@@ -304,9 +321,7 @@ fn redis_benchmark_and_redis_cli_between_namespaces() {
         "a plain client reads what a preloaded one wrote"
     );
     assert_eq!(cli(&["GET", "lightpath-key"], Mode::Preloaded), value);
-    let plain = assert_plain_clients_stayed_tcp("plain redis-cli", &reports, 1, 100_000);
-    assert_eq!(plain.len(), 1, "one plain connection: {plain:#?}");
-    assert!(plain[0].tcp_out > 100_000, "the plain GET's value is counted over TCP: {:?}", plain[0]);
+    assert_one_plain_sender("plain redis-cli", &reports, 100_000);
 }
 
 #[test]
@@ -315,13 +330,8 @@ fn nginx_serves_a_file_by_sendfile_to_preloaded_and_plain_curl_between_namespace
     let Some(ns) = namespaces_for(test, &["nginx", "curl", "sha256sum"]) else {
         return;
     };
-    // At most about 5 MiB of the file in flight before the switch (1 MiB of receive buffer,
-    // at most 4 MiB of send buffer): the rest goes over soft whatever the pairing's pace.
-    ns.cap_receive_buffers(&ns.b, 1 << 20);
-    let reports = Reports::new("netns-nginx");
+    let (reports, www) = file_server(&ns, "netns-nginx");
     let dir = &reports.dir;
-    let www = dir.join("www");
-    std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("file.bin"), common::random_bytes(FILE_LEN as usize, 3)).unwrap();
     let host = ns.server_address();
     let port = common::free_port();
@@ -502,13 +512,7 @@ fn memcached_with_memccp_memccat_and_memcslap_between_namespaces() {
     assert!(out.contains("4000 keys"), "memcslap did not set all its keys: {out}");
     let slap = assert_over_soft(&ns, "memcslap", &slap_report, &reports.server(), 50_000);
     assert!(slap.soft_bytes() > 0, "memcslap's sets did not go over soft: {:#?}", slap.client);
-    let plain = assert_plain_clients_stayed_tcp("plain memccat", &reports, 1, data.len() as u64);
-    assert_eq!(plain.len(), 1, "one plain connection: {plain:#?}");
-    assert!(
-        plain[0].tcp_out > data.len() as u64,
-        "the plain memccat's item is counted over TCP: {:?}",
-        plain[0]
-    );
+    assert_one_plain_sender("plain memccat", &reports, data.len() as u64);
 }
 
 #[test]
@@ -517,13 +521,8 @@ fn python_http_server_and_curl_between_namespaces() {
     let Some(ns) = namespaces_for(test, &["python3", "curl", "sha256sum"]) else {
         return;
     };
-    // At most about 5 MiB of the file in flight before the switch (1 MiB of receive buffer,
-    // at most 4 MiB of send buffer): the rest goes over soft whatever the pairing's pace.
-    ns.cap_receive_buffers(&ns.b, 1 << 20);
-    let reports = Reports::new("netns-http");
+    let (reports, www) = file_server(&ns, "netns-http");
     let dir = &reports.dir;
-    let www = dir.join("www");
-    std::fs::create_dir_all(&www).unwrap();
     // Larger than what TCP can hold before the switch: a fresh namespace lets curl's receive
     // buffer grow to 32 MiB, and with an 8 MiB file the whole response was sometimes in
     // flight over TCP before the connection had switched (3 runs of 10: `rdma/soft` with no
