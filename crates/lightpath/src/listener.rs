@@ -7,12 +7,13 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsFd, BorrowedFd};
 
 use rustix::event::{PollFd, PollFlags};
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::negotiate::{self, Accepted};
+use crate::negotiate::{Handshake, Need};
 use crate::options::Options;
 use crate::stream::Stream;
 
@@ -157,55 +158,204 @@ impl SpareDescriptor {
     }
 }
 
+/// One negotiation the acceptor runs: the connection, its state machine, and what it waits for.
+struct InFlight {
+    tcp: std::net::TcpStream,
+    handshake: Handshake,
+    /// What wakes it (readable or writable) and when it gives up waiting.
+    wait: (PollFlags, Instant),
+}
+
+/// Where [`advance`] left a negotiation.
+enum Advanced {
+    /// It needs the socket to be ready (`PollFlags::IN` or `OUT`) before the deadline.
+    Wait(PollFlags, Instant),
+    /// Over: [`Handshake::finish`].
+    Done,
+}
+
+/// Moves `handshake` on over the nonblocking `tcp` as far as it goes without waiting (the
+/// blocking and tokio drivers' loop, with their waits turned into a return).
+fn advance(handshake: &mut Handshake, tcp: &std::net::TcpStream) -> Advanced {
+    let mut chunk = [0u8; 512];
+    loop {
+        match handshake.need() {
+            Need::Write { deadline } => match (&*tcp).write(handshake.outgoing()) {
+                Ok(n) => handshake.sent(n),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() < deadline {
+                        return Advanced::Wait(PollFlags::OUT, deadline);
+                    }
+                    handshake.write_failed(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "lightpath: the peer took nothing during negotiation",
+                    ));
+                }
+                Err(err) => handshake.write_failed(err),
+            },
+            Need::Read { max, deadline } => match (&*tcp).read(&mut chunk[..max.min(512)]) {
+                Ok(n) => handshake.received(&chunk[..n], tcp),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() < deadline {
+                        return Advanced::Wait(PollFlags::IN, deadline);
+                    }
+                    handshake.timed_out();
+                }
+                Err(err) => handshake.read_failed(err),
+            },
+            // Only a client probes.
+            Need::Probe { .. } => {
+                handshake.probe_finished(Err(io::Error::other("lightpath: a server has no probe")))
+            }
+            Need::Done => return Advanced::Done,
+        }
+    }
+}
+
+/// Takes a negotiation that [`advance`] found over to its end: the stream for `accept`, or
+/// nothing for a client that failed (it was told why, if it can parse it).
+fn finish(flight: InFlight, options: &Options) -> Option<io::Result<Stream>> {
+    let InFlight { tcp, handshake, .. } = flight;
+    // Streams get their connection back in blocking mode, as the blocking driver leaves it (a
+    // queue pair's copy of the descriptor shares the flag).
+    if let Err(err) = tcp.set_nonblocking(false) {
+        return Some(Err(err));
+    }
+    match handshake.finish(tcp) {
+        Ok(negotiated) => Some(Stream::from_negotiated(negotiated, options.spin)),
+        Err(_) => None,
+    }
+}
+
+/// The acceptor thread: one `poll` loop over the listening socket and every negotiation in
+/// progress (at most [`MAX_NEGOTIATING`]), each driven as far as its socket allows whenever
+/// it is ready. A thread per negotiation cost a thread's creation and exit (stack mapping,
+/// and the TLB shootdown of its unmapping) and two more wake-ups for every connection; a
+/// silent or slow client still holds up nobody, since nothing here waits for one socket.
 fn accept_loop(
     tcp: TcpListener,
     options: Options,
     ready: mpsc::Sender<io::Result<Stream>>,
     stop: Arc<AtomicBool>,
 ) {
-    let options = Arc::new(options);
-    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut spare = SpareDescriptor::new();
+    if let Err(err) = tcp.set_nonblocking(true) {
+        let _ = ready.send(Err(err));
+        return;
+    }
+    let mut flights: Vec<InFlight> = Vec::new();
+    // The vector the next pass fills (two, swapped, so that no pass allocates).
+    let mut spare_flights: Vec<InFlight> = Vec::new();
+    let mut finished = Vec::new();
     loop {
-        let accepted = tcp.accept();
+        // Take every client that waits, as long as there is room, and start on each at once:
+        // its hello has usually arrived with its connection.
+        let mut accept_failed = false;
+        while flights.len() < MAX_NEGOTIATING {
+            let conn = match tcp.accept() {
+                Ok((conn, _)) => conn,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err)
+                    if err.kind() == io::ErrorKind::Interrupted
+                        || err.kind() == io::ErrorKind::ConnectionAborted =>
+                {
+                    continue
+                }
+                Err(err) => {
+                    if SpareDescriptor::exhausted(&err) {
+                        // Turn a waiting client away now rather than leave it waiting (see
+                        // `SpareDescriptor`).
+                        spare.turn_away_waiting_client(tcp.as_fd());
+                    }
+                    // Out of file descriptors and the like: report it and keep serving.
+                    if ready.send(Err(err)).is_err() {
+                        return;
+                    }
+                    accept_failed = true;
+                    break;
+                }
+            };
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let started = conn.set_nonblocking(true).and_then(|()| Handshake::server(&conn, &options));
+            let Ok(mut handshake) = started else { continue };
+            match advance(&mut handshake, &conn) {
+                Advanced::Wait(flags, deadline) => {
+                    flights.push(InFlight { tcp: conn, handshake, wait: (flags, deadline) })
+                }
+                Advanced::Done => finished.push(InFlight {
+                    tcp: conn,
+                    handshake,
+                    wait: (PollFlags::empty(), Instant::now()),
+                }),
+            }
+        }
+        for flight in finished.drain(..) {
+            if let Some(stream) = finish(flight, &options) {
+                if ready.send(stream).is_err() {
+                    return;
+                }
+            }
+        }
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let (conn, _) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err)
-                if err.kind() == io::ErrorKind::Interrupted
-                    || err.kind() == io::ErrorKind::ConnectionAborted =>
-            {
-                continue
+
+        // Wait for the listener (while there is room), a negotiation's socket, or the
+        // earliest deadline; after a failed accept, 10 ms at most before trying again.
+        let now = Instant::now();
+        let mut until = flights.iter().map(|f| f.wait.1).min();
+        if accept_failed || flights.len() >= MAX_NEGOTIATING {
+            // Full, the listener is not watched: look at `stop` now and then all the same.
+            let cap =
+                now + if accept_failed { Duration::from_millis(10) } else { Duration::from_millis(100) };
+            until = Some(until.map_or(cap, |u| u.min(cap)));
+        }
+        let listen = !accept_failed && flights.len() < MAX_NEGOTIATING;
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(flights.len() + 1);
+        fds.extend(flights.iter().map(|f| PollFd::new(&f.tcp, f.wait.0)));
+        if listen {
+            fds.push(PollFd::new(&tcp, PollFlags::IN));
+        }
+        let timeout = until.map(|u| {
+            let left = u.saturating_duration_since(now);
+            rustix::event::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) }
+        });
+        if let Err(err) = rustix::event::poll(&mut fds, timeout.as_ref()) {
+            if err != rustix::io::Errno::INTR {
+                // Nothing a poll over descriptors this thread owns fails with; do not spin.
+                std::thread::sleep(Duration::from_millis(10));
             }
-            Err(err) => {
-                if SpareDescriptor::exhausted(&err) {
-                    // Turn a waiting client away now rather than leave it waiting (see
-                    // `SpareDescriptor`).
-                    spare.turn_away_waiting_client(tcp.as_fd());
+        }
+        let woken: Vec<bool> = fds.iter().take(flights.len()).map(|fd| !fd.revents().is_empty()).collect();
+        drop(fds);
+
+        // Move on every negotiation whose socket is ready or whose deadline passed (it then
+        // times out in `advance`).
+        let now = Instant::now();
+        let mut waiting = std::mem::take(&mut spare_flights);
+        for (mut flight, woke) in flights.drain(..).zip(woken) {
+            if woke || flight.wait.1 <= now {
+                match advance(&mut flight.handshake, &flight.tcp) {
+                    Advanced::Wait(flags, deadline) => flight.wait = (flags, deadline),
+                    Advanced::Done => {
+                        finished.push(flight);
+                        continue;
+                    }
                 }
-                // Out of file descriptors and the like: report it and keep serving.
-                if ready.send(Err(err)).is_err() {
+            }
+            waiting.push(flight);
+        }
+        spare_flights = std::mem::replace(&mut flights, waiting);
+        for flight in finished.drain(..) {
+            if let Some(stream) = finish(flight, &options) {
+                if ready.send(stream).is_err() {
                     return;
                 }
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
             }
-        };
-        while running.load(Ordering::SeqCst) >= MAX_NEGOTIATING {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        running.fetch_add(1, Ordering::SeqCst);
-        let (options, ready, counter) = (Arc::clone(&options), ready.clone(), Arc::clone(&running));
-        let spawned = std::thread::Builder::new().name("lightpath-negotiate".into()).spawn(move || {
-            if let Accepted::Stream(negotiated) = negotiate::server(conn, &options) {
-                let _ = ready.send(Stream::from_negotiated(negotiated, options.spin));
-            }
-            counter.fetch_sub(1, Ordering::SeqCst);
-        });
-        if spawned.is_err() {
-            running.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
