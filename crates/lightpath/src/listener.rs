@@ -1,6 +1,8 @@
-//! [`Listener`]: accepts connections and negotiates each one on its own thread, so a slow or
-//! silent client never holds up the others. (The tokio listener, `crate::tokio::Listener`,
-//! runs the same negotiation as a task per connection instead.)
+//! [`Listener`]: one thread accepts connections and negotiates all of them at once, each as
+//! far as its socket allows (a `poll` loop over the listening socket and every negotiation in
+//! progress), so a slow or silent client never holds up the others and no connection costs a
+//! thread. (The tokio listener, `crate::tokio::Listener`, runs the same negotiation as a task
+//! per connection instead.)
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
