@@ -248,9 +248,13 @@ impl CompletionQueue for SoftCq {
     }
 
     /// Sends the answers the progress thread holds for an event loop's reply (see
-    /// `Shared::drive_for_progress`): the event loop goes to sleep without one.
+    /// `Shared::drive_for_progress`): the event loop goes to sleep without one. And since it
+    /// sleeps on its notification, not on the socket, makes sure somebody reads the socket
+    /// (see `Shared::socket_relied_on`).
     fn consumer_idle(&self) {
         let device = &self.inner.device;
+        // The event loop sleeps on its notification, not on the socket: someone must read it.
+        device.shared.socket_relied_on();
         if !device.answers_held.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
