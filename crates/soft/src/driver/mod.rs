@@ -690,7 +690,7 @@ impl Shared {
         if self.is_polling() || self.socket_watched() || !self.handover_armed.load(Ordering::SeqCst) {
             return;
         }
-        if !self.unwatched_for().is_some_and(|d| d < SOCKET_HANDOVER_DELAY) {
+        if self.unwatched_for().is_none_or(|d| d >= SOCKET_HANDOVER_DELAY) {
             // Nobody ever watched it, or the progress thread has it already.
             return;
         }
