@@ -114,7 +114,8 @@ mod tests {
         assert!(EventFd::from_peer(OwnedFd::from(reader)).is_err(), "a pipe is refused");
         let (socket, _other) = std::os::unix::net::UnixStream::pair().expect("socketpair");
         assert!(EventFd::from_peer(OwnedFd::from(socket)).is_err(), "a socket is refused");
-        let memfd = rustix::fs::memfd_create("lightpath-test", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        let memfd =
+            rustix::fs::memfd_create("lightpath-test", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
         assert!(EventFd::from_peer(memfd).is_err(), "a file is refused");
         let blocking = eventfd(0, EventfdFlags::CLOEXEC).expect("a blocking eventfd");
         let peer = EventFd::from_peer(blocking).expect("an eventfd is accepted");
