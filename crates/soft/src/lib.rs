@@ -47,7 +47,9 @@
 //! reply. The progress thread takes the socket back only once it has gone unwatched for 1 ms
 //! (a one-shot timer armed by the watcher that leaves), so a thread between two waits does
 //! not hand it over and back for every message, and held answers go out within that time
-//! even if the application goes quiet. In [`ProgressMode::Polling`], `poll`/`wait` on a
+//! even if the application goes quiet; an event loop that goes to sleep on its completion
+//! notification (it never reads the socket) hands the socket over at once
+//! (`CompletionQueue::consumer_idle`), or its news would wait out that time. In [`ProgressMode::Polling`], `poll`/`wait` on a
 //! completion queue drive the engine themselves (receive, timers, transmit), spinning before
 //! they block, and a helper thread steps in only when the application has not driven the
 //! device for a while; answers are held back the same way.
