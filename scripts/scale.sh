@@ -82,25 +82,26 @@ child_of() {
 fds_of() { ls "/proc/$1/fd" 2> /dev/null | wc -l; }
 rss_kb_of() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2> /dev/null || echo 0; }
 
-# Samples the peak descriptor count of PID into FILE until PID exits, every 50 ms, from one
-# python process: an `ls` every 20 ms took ~6 ms of CPU per sample at 3,000 descriptors (most
-# of it starting the program), a quarter of a core taken from the processes measured, and more
-# from the transport with more descriptors (it halved soft's set-up rate with the event-loop
-# server at 1,000 connections).
+# Samples the peak descriptor count of PID into FILE until PID exits, every 10 ms, from one
+# python process reading the count the kernel gives as the size of /proc/PID/fd (a directory
+# listing where it does not). An `ls` every 20 ms took ~6 ms of CPU per sample at 3,000
+# descriptors (most of it starting the program), a quarter of a core taken from the processes
+# measured, and more from the transport with more descriptors (it halved soft's set-up rate with
+# the event-loop server at 1,000 connections).
 sample_fds() {
-    python3 - "$1" "$2" << 'PY'
+    python3 -S -I - "$1" "$2" << 'PY'
 import os, sys, time
-pid, file, peak = sys.argv[1], sys.argv[2], 0
+pid, file, peak = sys.argv[1], sys.argv[2], -1
 while True:
     try:
-        n = len(os.listdir(f"/proc/{pid}/fd"))
+        n = os.stat(f"/proc/{pid}/fd").st_size or len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         break
     if n > peak:
         peak = n
         with open(file, "w") as f:
             f.write(f"{peak}\n")
-    time.sleep(0.05)
+    time.sleep(0.01)
 PY
 }
 
@@ -123,6 +124,12 @@ for provider in $PROVIDERS; do
             idle_fds=$(fds_of "$server")
             idle_rss=$(rss_kb_of "$server")
             sample_fds "$server" "$work/server.fds" &
+            # The sampler's first look, before the client comes (a short run can be over
+            # before python has started).
+            for _ in $(seq 1 250); do
+                [ -s "$work/server.fds" ] && break
+                sleep 0.01
+            done
             rc=0
             /usr/bin/time -f '%M %U %S' -o "$work/client.time" \
                 timeout 600 "${client_prefix[@]}" "$B" perf stream_rr "$server_addr" --provider "$provider" -p "$port" \
