@@ -6,11 +6,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use lightpath::{Listener, Options, ProviderId, Stream, Transport};
+mod common;
 
-fn shm() -> Options {
-    Options::default().with_providers(&[ProviderId::Shm])
-}
+use common::{shm, OddClients};
+use lightpath::{Listener, ProviderId, Stream, Transport};
 
 #[test]
 fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
@@ -18,15 +17,7 @@ fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
     let listener = Listener::bind_with("127.0.0.1:0", options.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
     let started = Instant::now();
-    // A plain client that waits for the server to speak first: becomes a plain-TCP stream
-    // after `plain_client_wait` (2 s).
-    let mut silent = TcpStream::connect(addr).unwrap();
-    // A client that sends the Lightpath magic, then garbage: dropped, told why.
-    let mut garbage = TcpStream::connect(addr).unwrap();
-    garbage.write_all(b"\x89LPATH/C\xff\xff\xff\xff").unwrap();
-    // A client that sends half the magic and stalls.
-    let mut slow = TcpStream::connect(addr).unwrap();
-    slow.write_all(b"\x89LPA").unwrap();
+    let mut odd = OddClients::connect(addr);
     // Meanwhile Lightpath clients get through at once, one after the other.
     for round in 0..3 {
         let client = std::thread::spawn(move || {
@@ -42,11 +33,7 @@ fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
         assert_eq!(client.join().unwrap().transport(), Transport::Rdma(ProviderId::Shm));
     }
     assert!(started.elapsed() < options.plain_client_wait, "the accepts waited for the silent clients");
-    // The garbage client was told why and closed.
-    garbage.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut told = Vec::new();
-    let _ = garbage.read_to_end(&mut told);
-    assert!(told.starts_with(b"\x89LPATH/S"), "{told:?}");
+    odd.garbage_was_told();
     // The silent client and the slow one, whose bytes did not complete the magic, are plain
     // TCP peers once the wait is over, each with a working stream.
     let mut plain = Vec::new();
@@ -59,13 +46,7 @@ fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
     for stream in &mut plain {
         stream.write_all(b"hi").unwrap();
     }
-    let mut hi = [0u8; 2];
-    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    silent.read_exact(&mut hi).unwrap();
-    assert_eq!(&hi, b"hi");
-    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    slow.read_exact(&mut hi).unwrap();
-    assert_eq!(&hi, b"hi");
+    odd.plain_ones_read_hi();
     // The slow client's half magic was kept for the application, which reads it first; the
     // silent one has sent nothing.
     let firsts: Vec<Vec<u8>> = plain

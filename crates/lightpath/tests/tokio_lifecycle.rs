@@ -14,10 +14,12 @@
 //! wait.
 #![cfg(feature = "tokio")]
 
-use std::io::{Read, Write};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::OddClients;
 use lightpath::tokio::{Listener, Stream};
 use lightpath::{Options, ProviderId, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -183,15 +185,7 @@ async fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
     let listener = Listener::bind_with("127.0.0.1:0", options.clone()).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let started = Instant::now();
-    // A plain client that waits for the server to speak first: becomes a plain-TCP stream
-    // after `plain_client_wait` (2 s).
-    let mut silent = std::net::TcpStream::connect(addr).unwrap();
-    // A client that sends the Lightpath magic, then garbage: dropped, told why.
-    let mut garbage = std::net::TcpStream::connect(addr).unwrap();
-    garbage.write_all(b"\x89LPATH/C\xff\xff\xff\xff").unwrap();
-    // A client that sends half the magic and stalls.
-    let mut slow = std::net::TcpStream::connect(addr).unwrap();
-    slow.write_all(b"\x89LPA").unwrap();
+    let mut odd = OddClients::connect(addr);
     // Meanwhile a Lightpath client gets through at once.
     let client = tokio::spawn(async move { Stream::connect_with(addr, &soft()).await.unwrap() });
     let (first, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await.unwrap().unwrap();
@@ -199,11 +193,7 @@ async fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
     assert_eq!(first.transport(), Transport::Rdma(ProviderId::Soft));
     let client = client.await.unwrap();
     assert_eq!(client.transport(), Transport::Rdma(ProviderId::Soft));
-    // The garbage client was told why and closed.
-    garbage.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut told = Vec::new();
-    let _ = garbage.read_to_end(&mut told);
-    assert!(told.starts_with(b"\x89LPATH/S"), "{told:?}");
+    odd.garbage_was_told();
     // The silent client and the slow one, whose bytes did not complete the magic, are plain
     // TCP peers once the wait is over; the silent one gets a working stream.
     let mut plain = Vec::new();
@@ -216,11 +206,5 @@ async fn silent_garbage_and_slow_clients_do_not_hold_up_accepts() {
     for stream in &mut plain {
         stream.write_all(b"hi").await.unwrap();
     }
-    let mut hi = [0u8; 2];
-    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    silent.read_exact(&mut hi).unwrap();
-    assert_eq!(&hi, b"hi");
-    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    slow.read_exact(&mut hi).unwrap();
-    assert_eq!(&hi, b"hi");
+    odd.plain_ones_read_hi();
 }

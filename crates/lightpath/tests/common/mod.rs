@@ -2,7 +2,9 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use lightpath::{Listener, Options, ProviderId, Stream};
 
@@ -88,4 +90,44 @@ pub fn echo(stream: Stream, data: Vec<u8>) -> Vec<u8> {
         }
     });
     reader_half
+}
+
+/// Clients that do not behave, as a listener meets them (its tests with either driver): one
+/// that waits for the server to speak first (a plain-TCP stream after `plain_client_wait`),
+/// one that sends the Lightpath magic and then garbage (dropped, told why), and one that sends
+/// half the magic and stalls (a plain-TCP stream after the wait, its bytes kept).
+pub struct OddClients {
+    pub silent: TcpStream,
+    pub garbage: TcpStream,
+    pub slow: TcpStream,
+}
+
+impl OddClients {
+    pub fn connect(addr: SocketAddr) -> Self {
+        let silent = TcpStream::connect(addr).unwrap();
+        let mut garbage = TcpStream::connect(addr).unwrap();
+        garbage.write_all(b"\x89LPATH/C\xff\xff\xff\xff").unwrap();
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"\x89LPA").unwrap();
+        Self { silent, garbage, slow }
+    }
+
+    /// The garbage client was told why (after the server's magic) and its connection closed.
+    pub fn garbage_was_told(&mut self) {
+        self.garbage.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut told = Vec::new();
+        let _ = self.garbage.read_to_end(&mut told);
+        assert!(told.starts_with(b"\x89LPATH/S"), "{told:?}");
+    }
+
+    /// The silent and the slow client each read `hi`, which the server wrote on their plain
+    /// streams.
+    pub fn plain_ones_read_hi(&mut self) {
+        for client in [&mut self.silent, &mut self.slow] {
+            let mut hi = [0u8; 2];
+            client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            client.read_exact(&mut hi).unwrap();
+            assert_eq!(&hi, b"hi");
+        }
+    }
 }
