@@ -164,8 +164,10 @@ impl SpareDescriptor {
 struct InFlight {
     tcp: std::net::TcpStream,
     handshake: Handshake,
-    /// What wakes it (readable or writable) and when it gives up waiting.
-    wait: (PollFlags, Instant),
+    /// What wakes it: its socket readable or writable (`PollFlags::IN` or `OUT`)...
+    interest: PollFlags,
+    /// ... before this, when it gives up waiting.
+    deadline: Instant,
 }
 
 /// Where [`advance`] left a negotiation.
@@ -218,8 +220,7 @@ fn advance(handshake: &mut Handshake, tcp: &std::net::TcpStream) -> Advanced {
 
 /// Takes a negotiation that [`advance`] found over to its end: the stream for `accept`, or
 /// nothing for a client that failed (it was told why, if it can parse it).
-fn finish(flight: InFlight, options: &Options) -> Option<io::Result<Stream>> {
-    let InFlight { tcp, handshake, .. } = flight;
+fn finish(tcp: std::net::TcpStream, handshake: Handshake, options: &Options) -> Option<io::Result<Stream>> {
     // Streams get their connection back in blocking mode, as the blocking driver leaves it (a
     // queue pair's copy of the descriptor shares the flag).
     if let Err(err) = tcp.set_nonblocking(false) {
@@ -248,9 +249,11 @@ fn accept_loop(
         return;
     }
     let mut flights: Vec<InFlight> = Vec::new();
-    // The vector the next pass fills (two, swapped, so that no pass allocates).
-    let mut spare_flights: Vec<InFlight> = Vec::new();
-    let mut finished = Vec::new();
+    // A negotiation's outcome goes to `accept`; false once the listener is gone.
+    let hand_over = |tcp, handshake| match finish(tcp, handshake, &options) {
+        Some(stream) => ready.send(stream).is_ok(),
+        None => true,
+    };
     loop {
         // Take every client that waits, as long as there is room, and start on each at once:
         // its hello has usually arrived with its connection.
@@ -285,20 +288,13 @@ fn accept_loop(
             let started = conn.set_nonblocking(true).and_then(|()| Handshake::server(&conn, &options));
             let Ok(mut handshake) = started else { continue };
             match advance(&mut handshake, &conn) {
-                Advanced::Wait(flags, deadline) => {
-                    flights.push(InFlight { tcp: conn, handshake, wait: (flags, deadline) })
+                Advanced::Wait(interest, deadline) => {
+                    flights.push(InFlight { tcp: conn, handshake, interest, deadline })
                 }
-                Advanced::Done => finished.push(InFlight {
-                    tcp: conn,
-                    handshake,
-                    wait: (PollFlags::empty(), Instant::now()),
-                }),
-            }
-        }
-        for flight in finished.drain(..) {
-            if let Some(stream) = finish(flight, &options) {
-                if ready.send(stream).is_err() {
-                    return;
+                Advanced::Done => {
+                    if !hand_over(conn, handshake) {
+                        return;
+                    }
                 }
             }
         }
@@ -309,17 +305,15 @@ fn accept_loop(
         // Wait for the listener (while there is room), a negotiation's socket, or the
         // earliest deadline; after a failed accept, 10 ms at most before trying again.
         let now = Instant::now();
-        let mut until = flights.iter().map(|f| f.wait.1).min();
+        let mut until = flights.iter().map(|f| f.deadline).min();
         if accept_failed || flights.len() >= MAX_NEGOTIATING {
             // Full, the listener is not watched: look at `stop` now and then all the same.
             let cap =
                 now + if accept_failed { Duration::from_millis(10) } else { Duration::from_millis(100) };
             until = Some(until.map_or(cap, |u| u.min(cap)));
         }
-        let listen = !accept_failed && flights.len() < MAX_NEGOTIATING;
-        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(flights.len() + 1);
-        fds.extend(flights.iter().map(|f| PollFd::new(&f.tcp, f.wait.0)));
-        if listen {
+        let mut fds: Vec<PollFd<'_>> = flights.iter().map(|f| PollFd::new(&f.tcp, f.interest)).collect();
+        if !accept_failed && flights.len() < MAX_NEGOTIATING {
             fds.push(PollFd::new(&tcp, PollFlags::IN));
         }
         let timeout = until.map(|u| {
@@ -336,27 +330,26 @@ fn accept_loop(
         drop(fds);
 
         // Move on every negotiation whose socket is ready or whose deadline passed (it then
-        // times out in `advance`).
+        // times out in `advance`); those that are over leave the loop.
         let now = Instant::now();
-        let mut waiting = std::mem::take(&mut spare_flights);
-        for (mut flight, woke) in flights.drain(..).zip(woken) {
-            if woke || flight.wait.1 <= now {
-                match advance(&mut flight.handshake, &flight.tcp) {
-                    Advanced::Wait(flags, deadline) => flight.wait = (flags, deadline),
-                    Advanced::Done => {
-                        finished.push(flight);
-                        continue;
+        let mut index = 0;
+        let over: Vec<InFlight> = flights
+            .extract_if(.., |flight| {
+                let woke = woken[index];
+                index += 1;
+                (woke || flight.deadline <= now)
+                    && match advance(&mut flight.handshake, &flight.tcp) {
+                        Advanced::Wait(interest, deadline) => {
+                            (flight.interest, flight.deadline) = (interest, deadline);
+                            false
+                        }
+                        Advanced::Done => true,
                     }
-                }
-            }
-            waiting.push(flight);
-        }
-        spare_flights = std::mem::replace(&mut flights, waiting);
-        for flight in finished.drain(..) {
-            if let Some(stream) = finish(flight, &options) {
-                if ready.send(stream).is_err() {
-                    return;
-                }
+            })
+            .collect();
+        for InFlight { tcp, handshake, .. } in over {
+            if !hand_over(tcp, handshake) {
+                return;
             }
         }
     }
