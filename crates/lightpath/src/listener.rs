@@ -9,13 +9,12 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsFd, BorrowedFd};
 
 use rustix::event::{PollFd, PollFlags};
-use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::negotiate::{Handshake, Need};
+use crate::negotiate::{self, Advanced, Handshake};
 use crate::options::Options;
 use crate::stream::Stream;
 
@@ -170,50 +169,19 @@ struct InFlight {
     deadline: Instant,
 }
 
-/// Where [`advance`] left a negotiation.
-enum Advanced {
-    /// It needs the socket to be ready (`PollFlags::IN` or `OUT`) before the deadline.
-    Wait(PollFlags, Instant),
-    /// Over: [`Handshake::finish`].
-    Done,
-}
-
-/// Moves `handshake` on over the nonblocking `tcp` as far as it goes without waiting (the
-/// blocking and tokio drivers' loop, with their waits turned into a return).
-fn advance(handshake: &mut Handshake, tcp: &std::net::TcpStream) -> Advanced {
-    let mut chunk = [0u8; 512];
+/// Moves a server's negotiation on (see [`negotiate::advance`]): what its socket must be
+/// ready for, and until when, or `None` once it is over.
+fn advance(handshake: &mut Handshake, tcp: &std::net::TcpStream) -> Option<(PollFlags, Instant)> {
     loop {
-        match handshake.need() {
-            Need::Write { deadline } => match (&*tcp).write(handshake.outgoing()) {
-                Ok(n) => handshake.sent(n),
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() < deadline {
-                        return Advanced::Wait(PollFlags::OUT, deadline);
-                    }
-                    handshake.write_failed(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "lightpath: the peer took nothing during negotiation",
-                    ));
-                }
-                Err(err) => handshake.write_failed(err),
-            },
-            Need::Read { max, deadline } => match (&*tcp).read(&mut chunk[..max.min(512)]) {
-                Ok(n) => handshake.received(&chunk[..n], tcp),
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() < deadline {
-                        return Advanced::Wait(PollFlags::IN, deadline);
-                    }
-                    handshake.timed_out();
-                }
-                Err(err) => handshake.read_failed(err),
-            },
+        match negotiate::advance(handshake, tcp) {
+            Advanced::Wait { write, deadline } => {
+                return Some((if write { PollFlags::OUT } else { PollFlags::IN }, deadline))
+            }
             // Only a client probes.
-            Need::Probe { .. } => {
+            Advanced::Probe { .. } => {
                 handshake.probe_finished(Err(io::Error::other("lightpath: a server has no probe")))
             }
-            Need::Done => return Advanced::Done,
+            Advanced::Done => return None,
         }
     }
 }
@@ -288,10 +256,10 @@ fn accept_loop(
             let started = conn.set_nonblocking(true).and_then(|()| Handshake::server(&conn, &options));
             let Ok(mut handshake) = started else { continue };
             match advance(&mut handshake, &conn) {
-                Advanced::Wait(interest, deadline) => {
+                Some((interest, deadline)) => {
                     flights.push(InFlight { tcp: conn, handshake, interest, deadline })
                 }
-                Advanced::Done => {
+                None => {
                     if !hand_over(conn, handshake) {
                         return;
                     }
@@ -339,11 +307,11 @@ fn accept_loop(
                 index += 1;
                 (woke || flight.deadline <= now)
                     && match advance(&mut flight.handshake, &flight.tcp) {
-                        Advanced::Wait(interest, deadline) => {
+                        Some((interest, deadline)) => {
                             (flight.interest, flight.deadline) = (interest, deadline);
                             false
                         }
-                        Advanced::Done => true,
+                        None => true,
                     }
             })
             .collect();

@@ -678,6 +678,59 @@ fn not_lightpath_closed() -> io::Error {
     )
 }
 
+/// What a negotiation moved on by [`advance`] needs before it can go on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Advanced {
+    /// Its socket writable (`write`) or readable before `deadline` (past it, the next
+    /// `advance` gives up on the peer).
+    Wait { write: bool, deadline: Instant },
+    /// The probe's acknowledgement before `deadline` ([`Handshake::probe_conn`], then
+    /// [`Handshake::probe_finished`]; a client's only).
+    Probe { deadline: Instant },
+    /// Over: [`Handshake::finish`].
+    Done,
+}
+
+/// Moves `handshake` on over the nonblocking `tcp` as far as it goes without waiting: the
+/// step the acceptor's `poll` loop and the tokio driver share, each waiting its own way for
+/// what it returns. A read or write that would block past the step's deadline ends the
+/// negotiation as the blocking driver's timeout does.
+pub(crate) fn advance(handshake: &mut Handshake, tcp: &TcpStream) -> Advanced {
+    let mut chunk = [0u8; 512];
+    loop {
+        match handshake.need() {
+            Need::Write { deadline } => match (&*tcp).write(handshake.outgoing()) {
+                Ok(n) => handshake.sent(n),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() < deadline {
+                        return Advanced::Wait { write: true, deadline };
+                    }
+                    handshake.write_failed(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "lightpath: the peer took nothing during negotiation",
+                    ));
+                }
+                Err(err) => handshake.write_failed(err),
+            },
+            Need::Read { max, deadline } => match (&*tcp).read(&mut chunk[..max.min(512)]) {
+                Ok(n) => handshake.received(&chunk[..n], tcp),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() < deadline {
+                        handshake.before_waiting(tcp);
+                        return Advanced::Wait { write: false, deadline };
+                    }
+                    handshake.timed_out();
+                }
+                Err(err) => handshake.read_failed(err),
+            },
+            Need::Probe { deadline } => return Advanced::Probe { deadline },
+            Need::Done => return Advanced::Done,
+        }
+    }
+}
+
 /// Runs `handshake` to its end with blocking calls on `tcp`.
 fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Negotiated> {
     let mut chunk = [0u8; 512];

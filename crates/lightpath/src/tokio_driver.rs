@@ -74,7 +74,7 @@ use ::tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use ::tokio::task::{AbortHandle, JoinSet};
 
 use crate::completions::PortLook;
-use crate::negotiate::{Handshake, Need, Negotiated};
+use crate::negotiate::{advance, Advanced, Handshake, Negotiated};
 use crate::options::Options;
 use crate::rdma::RdmaStream;
 use crate::stream::Backend;
@@ -772,41 +772,23 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Runs a negotiation on the runtime's reactor: the same state machine as the blocking
-/// calls (see `crate::negotiate`), its waits turned into readiness and timers. Dropping the
-/// future drops the TCP connection and whatever the negotiation had set up.
+/// Runs a negotiation on the runtime's reactor: the same state machine and nonblocking step
+/// as the blocking listener's loop (see `crate::negotiate::advance`), its waits turned into
+/// readiness and timers. The socket is registered with the reactor only once the negotiation
+/// has to wait: a server's first step usually does not (the client's hello came with its
+/// connection), and waiting for a registration's first readiness cost a turn of the reactor.
+/// Dropping the future drops the TCP connection and whatever the negotiation had set up.
 async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Result<Negotiated> {
     tcp.set_nonblocking(true)?;
-    // SAFETY: the socket is moved into the registration, which owns it until `into_inner`
-    // hands it back at the end; nothing else can close or replace its fd meanwhile.
-    let tcp = unsafe { AsyncFd::register_with_interest(tcp, Interest::READABLE | Interest::WRITABLE) }
-        .map_err(io::Error::from)?;
-    let mut chunk = [0u8; 512];
+    // Declared after `tcp`, so dropped before it, however this future ends.
+    let mut registration: Option<AsyncFd<StreamFd>> = None;
     loop {
-        match handshake.need() {
-            Need::Write { deadline } => {
-                let out = handshake.outgoing();
-                let write = tcp.async_io(Interest::WRITABLE, |tcp| (&*tcp).write(out));
-                match ::tokio::time::timeout_at(deadline.into(), write).await {
-                    Ok(Ok(n)) => handshake.sent(n),
-                    Ok(Err(err)) => handshake.write_failed(err),
-                    Err(_elapsed) => handshake.write_failed(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "lightpath: the peer took nothing during negotiation",
-                    )),
-                }
+        match advance(&mut handshake, &tcp) {
+            Advanced::Done => {
+                drop(registration);
+                return handshake.finish(tcp);
             }
-            Need::Read { max, deadline } => {
-                handshake.before_waiting(tcp.get_ref());
-                let max = max.min(chunk.len());
-                let read = tcp.async_io(Interest::READABLE, |tcp| (&*tcp).read(&mut chunk[..max]));
-                match ::tokio::time::timeout_at(deadline.into(), read).await {
-                    Ok(Ok(n)) => handshake.received(&chunk[..n], tcp.get_ref()),
-                    Ok(Err(err)) => handshake.read_failed(err),
-                    Err(_elapsed) => handshake.timed_out(),
-                }
-            }
-            Need::Probe { deadline } => {
+            Advanced::Probe { deadline } => {
                 let result = match handshake.probe_conn() {
                     Some(conn) => match ::tokio::time::timeout_at(deadline.into(), wait_probe(conn)).await {
                         Ok(result) => result,
@@ -819,7 +801,31 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
                 };
                 handshake.probe_finished(result);
             }
-            Need::Done => return handshake.finish(tcp.into_inner()),
+            Advanced::Wait { write, deadline } => {
+                let fd = match registration {
+                    Some(ref fd) => fd,
+                    // SAFETY: `tcp` stays open, and keeps its number, until after the
+                    // registration is dropped (above, or by the declaration order).
+                    None => registration.insert(unsafe {
+                        register(tcp.as_raw_fd(), Interest::READABLE | Interest::WRITABLE)
+                    }?),
+                };
+                let interest = if write { Interest::WRITABLE } else { Interest::READABLE };
+                // The step that returned found the socket not ready (its read or write would
+                // block), so the readiness seen is cleared before the next step tries again.
+                let ready = async {
+                    let mut guard = fd.ready(interest).await?;
+                    guard.clear_ready();
+                    Ok::<(), io::Error>(())
+                };
+                match ::tokio::time::timeout_at(deadline.into(), ready).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) if write => handshake.write_failed(err),
+                    Ok(Err(err)) => handshake.read_failed(err),
+                    // Past the deadline, the next step gives up on the peer.
+                    Err(_elapsed) => {}
+                }
+            }
         }
     }
 }
