@@ -7,9 +7,11 @@
 //! (opening devices, setting up and connecting queue pairs, starting the probe), but never
 //! waits: it says what it needs next ([`Need`]) — bytes written, bytes read before a
 //! deadline, the probe's acknowledgement — and is fed the outcome. [`client`] and [`server`]
-//! drive it with blocking socket calls (the blocking [`crate::Stream`] and
-//! [`crate::Listener`]); `crate::tokio` drives the same machine on the runtime's reactor, so
-//! an async accept or connect never occupies a thread and can be dropped at any point.
+//! drive it with blocking socket calls (the blocking [`crate::Stream`]'s connect and
+//! `negotiate_server`); [`advance`] moves it on over a nonblocking socket as far as it goes,
+//! the step that [`crate::Listener`]'s acceptor (one `poll` loop over every negotiation in
+//! progress) and `crate::tokio` (on the runtime's reactor, so an async accept or connect never
+//! occupies a thread and can be dropped at any point) both wait around.
 //!
 //! The machine reads exactly as many bytes as the current step needs (the magic's 8, then
 //! one message at a time, whose 3-byte header says its length), so nothing the peer sends

@@ -105,8 +105,9 @@ impl Stream {
         Self::from_negotiated(negotiated, options.spin)
     }
 
-    /// Runs the server side of the negotiation on a TCP connection accepted by the caller
-    /// (what [`crate::Listener`] does on its own thread for each connection). A client that
+    /// Runs the server side of the negotiation on a TCP connection accepted by the caller,
+    /// blocking until it is over (what [`crate::Listener`] does for each connection, beside
+    /// the others, on its acceptor thread). A client that
     /// does not speak Lightpath gives a plain TCP stream; one that leaves or speaks garbage
     /// gives an error.
     pub fn negotiate_server(tcp: TcpStream, options: &Options) -> io::Result<Stream> {
