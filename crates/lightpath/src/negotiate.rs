@@ -733,35 +733,73 @@ pub(crate) fn advance(handshake: &mut Handshake, tcp: &TcpStream) -> Advanced {
     }
 }
 
+/// A socket timeout for the blocking driver's calls (`SO_RCVTIMEO` or `SO_SNDTIMEO`), kept
+/// while it ends a call that starts now within [`CallTimeout::SLACK`] of the step's deadline.
+/// Set before every call, it cost a `setsockopt` each (about eight per connection); kept, it
+/// is set once per direction, as a step's deadline moves by the microseconds between two
+/// steps. (A call whose timeout expires before the deadline is tried again with the timeout
+/// set anew.)
+#[derive(Default)]
+struct CallTimeout(Option<Duration>);
+
+impl CallTimeout {
+    const SLACK: Duration = Duration::from_millis(50);
+
+    /// Makes sure a call starting now gives up at `deadline`, give or take the slack, with
+    /// `set` (the socket's setter) if the timeout in place does not.
+    fn cover(
+        &mut self,
+        deadline: Instant,
+        set: impl FnOnce(Option<Duration>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let now = Instant::now();
+        let fits = self.0.is_some_and(|t| {
+            let ends = now + t;
+            ends + Self::SLACK >= deadline && ends <= deadline + Self::SLACK
+        });
+        if !fits {
+            let left = deadline.saturating_duration_since(now).max(Duration::from_millis(1));
+            set(Some(left))?;
+            self.0 = Some(left);
+        }
+        Ok(())
+    }
+}
+
+/// Whether a blocking call's error is its socket timeout expiring.
+fn timeout_expired(err: &io::Error) -> bool {
+    matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
 /// Runs `handshake` to its end with blocking calls on `tcp`.
 fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Negotiated> {
     let mut chunk = [0u8; 512];
+    let (mut read_timeout, mut write_timeout) = (CallTimeout::default(), CallTimeout::default());
     loop {
         match handshake.need() {
             Need::Write { deadline } => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                tcp.set_write_timeout(Some(left.max(Duration::from_millis(1))))?;
+                write_timeout.cover(deadline, |t| tcp.set_write_timeout(t))?;
                 match tcp.write(handshake.outgoing()) {
                     Ok(n) => handshake.sent(n),
                     Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                    // A timeout set for an earlier deadline: set it again.
+                    Err(err) if timeout_expired(&err) && Instant::now() < deadline => write_timeout.0 = None,
                     Err(err) => handshake.write_failed(err),
                 }
             }
             Need::Read { max, deadline } => {
                 handshake.before_waiting(&tcp);
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                if deadline <= Instant::now() {
                     handshake.timed_out();
                     continue;
                 }
-                tcp.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+                read_timeout.cover(deadline, |t| tcp.set_read_timeout(t))?;
                 let max = max.min(chunk.len());
                 match tcp.read(&mut chunk[..max]) {
                     Ok(n) => handshake.received(&chunk[..n], &tcp),
                     Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                    Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                        handshake.timed_out()
-                    }
+                    Err(err) if timeout_expired(&err) && Instant::now() < deadline => read_timeout.0 = None,
+                    Err(err) if timeout_expired(&err) => handshake.timed_out(),
                     Err(err) => handshake.read_failed(err),
                 }
             }
@@ -774,7 +812,9 @@ fn drive_blocking(mut handshake: Handshake, mut tcp: TcpStream) -> io::Result<Ne
                 handshake.probe_finished(result);
             }
             Need::Done => {
-                tcp.set_write_timeout(None)?;
+                if write_timeout.0.is_some() {
+                    tcp.set_write_timeout(None)?;
+                }
                 return handshake.finish(tcp);
             }
         }
@@ -881,6 +921,51 @@ mod tests {
     use lightpath_verbs::Gid;
 
     /// Both ends of a loopback TCP connection.
+    #[test]
+    fn a_call_timeout_is_set_once_while_deadlines_move_by_little() {
+        let mut timeout = CallTimeout::default();
+        let mut sets = Vec::new();
+        let first = Instant::now() + Duration::from_secs(5);
+        timeout
+            .cover(first, |t| {
+                sets.push(t);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(sets.len(), 1, "nothing was set");
+        // The next step's deadline, microseconds later: the timeout in place still fits.
+        timeout
+            .cover(first + Duration::from_millis(1), |t| {
+                sets.push(t);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(sets.len(), 1, "set again for a deadline within the slack");
+        // A much later deadline (the call would give up too early) or a much earlier one (too
+        // late): set again, to what is left.
+        timeout
+            .cover(first + Duration::from_secs(2), |t| {
+                sets.push(t);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(sets.len(), 2);
+        let sooner = Instant::now() + Duration::from_secs(1);
+        timeout
+            .cover(sooner, |t| {
+                sets.push(t);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(sets.len(), 3);
+        let left = sets[2].expect("a timeout");
+        assert!(left <= Duration::from_secs(1) && left > Duration::from_millis(900), "{left:?}");
+        // A failed set leaves nothing recorded, so the next call tries again.
+        let mut failing = CallTimeout::default();
+        assert!(failing.cover(first, |_| Err(io::Error::other("no"))).is_err());
+        assert!(failing.0.is_none());
+    }
+
     fn sockets() -> (TcpStream, TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
