@@ -920,7 +920,6 @@ mod tests {
     use lightpath_stream::negotiate::RdmaEndpoint;
     use lightpath_verbs::Gid;
 
-    /// Both ends of a loopback TCP connection.
     #[test]
     fn a_call_timeout_is_set_once_while_deadlines_move_by_little() {
         let mut timeout = CallTimeout::default();
@@ -966,6 +965,7 @@ mod tests {
         assert!(failing.0.is_none());
     }
 
+    /// Both ends of a loopback TCP connection.
     fn sockets() -> (TcpStream, TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();

@@ -775,8 +775,8 @@ impl AsyncWrite for Stream {
 /// Runs a negotiation on the runtime's reactor: the same state machine and nonblocking step
 /// as the blocking listener's loop (see `crate::negotiate::advance`), its waits turned into
 /// readiness and timers. The socket is registered with the reactor only once the negotiation
-/// has to wait: a server's first step usually does not (the client's hello came with its
-/// connection), and waiting for a registration's first readiness cost a turn of the reactor.
+/// has to wait (a server whose client's hello has arrived already takes its first step
+/// without a turn of the reactor).
 /// Dropping the future drops the TCP connection and whatever the negotiation had set up.
 async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Result<Negotiated> {
     tcp.set_nonblocking(true)?;
