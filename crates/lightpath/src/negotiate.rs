@@ -920,44 +920,33 @@ mod tests {
     use lightpath_stream::negotiate::RdmaEndpoint;
     use lightpath_verbs::Gid;
 
+    /// Covers `deadline` with `timeout`; the timeout it had to set, if any.
+    fn set_for(timeout: &mut CallTimeout, deadline: Instant) -> Option<Duration> {
+        let mut set = None;
+        timeout
+            .cover(deadline, |t| {
+                set = t;
+                Ok(())
+            })
+            .unwrap();
+        set
+    }
+
     #[test]
     fn a_call_timeout_is_set_once_while_deadlines_move_by_little() {
         let mut timeout = CallTimeout::default();
-        let mut sets = Vec::new();
         let first = Instant::now() + Duration::from_secs(5);
-        timeout
-            .cover(first, |t| {
-                sets.push(t);
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(sets.len(), 1, "nothing was set");
+        assert!(set_for(&mut timeout, first).is_some(), "nothing was set");
         // The next step's deadline, microseconds later: the timeout in place still fits.
-        timeout
-            .cover(first + Duration::from_millis(1), |t| {
-                sets.push(t);
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(sets.len(), 1, "set again for a deadline within the slack");
+        assert_eq!(
+            set_for(&mut timeout, first + Duration::from_millis(1)),
+            None,
+            "set again for a deadline within the slack"
+        );
         // A much later deadline (the call would give up too early) or a much earlier one (too
         // late): set again, to what is left.
-        timeout
-            .cover(first + Duration::from_secs(2), |t| {
-                sets.push(t);
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(sets.len(), 2);
-        let sooner = Instant::now() + Duration::from_secs(1);
-        timeout
-            .cover(sooner, |t| {
-                sets.push(t);
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(sets.len(), 3);
-        let left = sets[2].expect("a timeout");
+        assert!(set_for(&mut timeout, first + Duration::from_secs(2)).is_some());
+        let left = set_for(&mut timeout, Instant::now() + Duration::from_secs(1)).expect("set again");
         assert!(left <= Duration::from_secs(1) && left > Duration::from_millis(900), "{left:?}");
         // A failed set leaves nothing recorded, so the next call tries again.
         let mut failing = CallTimeout::default();
