@@ -28,8 +28,8 @@ use crate::options::Options;
 use crate::rdma::{PendingSetup, RdmaStream};
 use crate::Transport;
 use lightpath_stream::negotiate::{
-    match_magic, pick_version, Choice, FallbackReason, MagicMatch, Message, ProviderId, BUNDLES_VERSION,
-    CLIENT_MAGIC, MIN_VERSION, SERVER_MAGIC, VERSION,
+    match_magic, pick_version, Choice, FallbackReason, MagicMatch, Message, ProviderId, CLIENT_MAGIC,
+    MIN_VERSION, SERVER_MAGIC, VERSION,
 };
 
 /// How a negotiation ended.
@@ -448,8 +448,7 @@ impl Handshake {
             State::ServerConnect { provider, setup, version } => match self.take_message()? {
                 None => State::ServerConnect { provider, setup, version },
                 Some(Message::Connect(endpoint)) => {
-                    let bundles = version >= BUNDLES_VERSION;
-                    match tcp.try_clone().and_then(|clone| setup.connect(&endpoint, clone, bundles)) {
+                    match tcp.try_clone().and_then(|clone| setup.connect(&endpoint, clone, version)) {
                         Ok(conn) => {
                             self.send(&Message::Ready);
                             // The client's probe may take up to its probe timeout.
@@ -537,8 +536,8 @@ impl Handshake {
         };
         let endpoint = setup.endpoint();
         // The server picked the version; this side speaks it only up to its own newest.
-        let bundles = (BUNDLES_VERSION..=self.max_version).contains(&version);
-        match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone, bundles)) {
+        let version = version.min(self.max_version);
+        match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone, version)) {
             Ok(conn) => {
                 self.send(&Message::Connect(endpoint));
                 self.deadline = Instant::now() + self.options.handshake_timeout;

@@ -38,6 +38,21 @@
 //! `rendezvous_*` READ planning on the receiving side, whose done record is sent ahead of any
 //! pending data (the sender waits for it and may not be reading).
 //!
+//! # Ring restarts
+//!
+//! Stream position `p` lives at ring offset `p % ring_len`, so a connection that keeps sending
+//! cycles through its whole ring (and the sender's staging mirror) however small its messages
+//! are: after enough traffic every page of both is resident, a megabyte or two per soft
+//! connection and side that a socket never holds. With `ConnConfig::ring_restarts` (protocol
+//! version 4 on both sides), a sender that knows the receiver has read everything it sent
+//! (the last credit word reported `consumed == committed`) starts its next ring-bytes record
+//! at offset 0 instead: it skips its position to the next multiple of the ring length and sets
+//! the record's restart flag ([`crate::record`]), and the receiver, which has read everything
+//! too (that is what it reported), skips its own position the same way when the record
+//! arrives. Both count the skipped bytes as consumed and reported, so no credit write is spent
+//! on them. Request/response traffic then keeps using the start of the ring: the pages it
+//! touches are those of the largest burst between two credit words, and they stay in cache.
+//!
 //! # Batching (corking)
 //!
 //! With corking on, a record is posted at once when fewer than `cork_depth` records are in
@@ -79,6 +94,10 @@ pub struct ConnConfig {
     pub max_record: u32,
     /// Records in flight before new ones are held back and merged; 0 turns corking off.
     pub cork_depth: u32,
+    /// The peer takes ring restarts (protocol version 4; see the module docs): this side may
+    /// start a record at the beginning of the peer's ring once the peer has read everything.
+    /// A receiver takes them whatever this says.
+    pub ring_restarts: bool,
 }
 
 impl ConnConfig {
@@ -206,6 +225,8 @@ struct Pending {
     len: u32,
     /// Bytes already posted (the first part of a record that wraps the ring).
     posted: u32,
+    /// The record restarts the peer's ring (its immediate carries the flag).
+    restart: bool,
 }
 
 /// What a blocked peer waits for, with its view of the counter (mod 2^27).
@@ -233,6 +254,8 @@ pub struct Conn {
     last_signaled: u64,
     // Sending.
     committed: u64,
+    /// Ring restarts this side made (see the module docs).
+    restarts: u64,
     peer_consumed: Counter,
     peer_recvs: Counter,
     imms_sent: u64,
@@ -278,6 +301,7 @@ impl Conn {
             completed_seq: 0,
             last_signaled: 0,
             committed: 0,
+            restarts: 0,
             peer_consumed: Counter(0),
             peer_recvs: Counter(u64::from(config.peer_recv_depth)),
             imms_sent: 0,
@@ -328,6 +352,22 @@ impl Conn {
         self.peer_ring() - (self.committed - self.peer_consumed.0)
     }
 
+    /// Whether the next record of `kind` starts over at the beginning of the peer's ring: the
+    /// peer takes restarts, the record carries ring bytes, nothing is pending, the peer has
+    /// reported reading every byte committed, and the position is not at the beginning already.
+    fn restarts_ring(&self, kind: RecordKind) -> bool {
+        self.config.ring_restarts
+            && kind.uses_ring()
+            && self.pending.is_empty()
+            && self.committed == self.peer_consumed.0
+            && !self.committed.is_multiple_of(self.peer_ring())
+    }
+
+    /// Ring restarts this side made so far (see the module docs).
+    pub fn ring_restarts(&self) -> u64 {
+        self.restarts
+    }
+
     /// Receive credits not yet spoken for (records pending or control records queued need
     /// one each).
     fn imms_available(&self) -> u64 {
@@ -355,8 +395,11 @@ impl Conn {
         if self.close != CloseState::Open {
             return None;
         }
-        let free = self.ring_free();
-        let offset = (self.committed % self.peer_ring()) as u32;
+        let (free, offset) = if self.restarts_ring(kind) {
+            (self.peer_ring(), 0)
+        } else {
+            (self.ring_free(), (self.committed % self.peer_ring()) as u32)
+        };
         let cap = match self.mergeable(kind) {
             Some(last) => self.max_record() - last.len,
             None if self.imms_available() > RESERVED_RECVS => self.max_record(),
@@ -377,6 +420,17 @@ impl Conn {
     /// from [`Conn::send_room`] just before, with the same kind, and copied the bytes to the
     /// staging offsets it named (wrapping at the end of the ring).
     pub fn commit(&mut self, kind: RecordKind, len: u32) {
+        let restart = len > 0 && self.restarts_ring(kind);
+        if restart {
+            // The peer has read up to `committed`; both sides skip to the ring's start and count
+            // the skipped bytes as consumed (the peer does on the record's flag).
+            let ring = self.peer_ring();
+            let skip = ring - self.committed % ring;
+            self.committed += skip;
+            self.peer_consumed.0 += skip;
+            self.restarts += 1;
+        }
+
         let pos = self.committed;
         self.committed += u64::from(len);
         if kind == RecordKind::Data && len == 0 {
@@ -393,7 +447,7 @@ impl Conn {
                 return;
             }
         }
-        self.pending.push_back(Pending { kind, pos, len, posted: 0 });
+        self.pending.push_back(Pending { kind, pos, len, posted: 0, restart });
     }
 
     /// Says that the application wants to send more but [`Conn::send_room`] refused: the
@@ -590,7 +644,7 @@ impl Conn {
         self.records_in_flight.push_back(seq);
         self.imms_in_flight.push_back(seq);
         self.imms_sent += 1;
-        let imm = Imm::new(front.kind, front.len).encode();
+        let imm = Imm::new(front.kind, front.len).restarting(front.restart).encode();
         Some(Op::Write { seq, pos: start, len: part, imm: Some(imm), signaled })
     }
 
@@ -665,7 +719,14 @@ impl Conn {
         let freed = self.head - self.reported_consumed;
         let unreported = self.recvs_posted - self.recvs_reported;
         let peer_view = self.recvs_reported - self.imms_received;
-        let due = freed >= ring / 4 || unreported >= depth / 4 || (unreported > 0 && peer_view <= depth / 2);
+        // Receives returned in a quarter of the queue are reported once the reader has read
+        // what arrived (a pump reposts them before the application reads): the word then says
+        // that everything was read, and lets the sender restart the ring (see the module
+        // docs); a reader that does not read still reports them once the sender runs low.
+        let read_all = self.head == self.tail;
+        let due = freed >= ring / 4
+            || (unreported >= depth / 4 && read_all)
+            || (unreported > 0 && peer_view <= depth / 2);
         if !due || (freed == 0 && unreported == 0) {
             return None;
         }
@@ -729,6 +790,19 @@ impl Conn {
                     return Err(ProtocolError::BadLength);
                 }
                 let ring = u64::from(self.config.local_ring);
+                if imm.restart {
+                    // The sender restarts only once this side reported reading everything;
+                    // unread bytes here would be overwritten.
+                    if self.head != self.tail {
+                        return Err(ProtocolError::RingOverrun);
+                    }
+                    // Skipped to the ring's start: consumed, and as good as reported (the
+                    // sender counted them itself).
+                    let skip = (ring - self.tail % ring) % ring;
+                    self.tail += skip;
+                    self.head += skip;
+                    self.reported_consumed += skip;
+                }
                 if self.tail - self.head + u64::from(imm.len) > ring {
                     return Err(ProtocolError::RingOverrun);
                 }
@@ -802,6 +876,12 @@ impl Conn {
             return kind == RecordKind::MsgEnd;
         }
         false
+    }
+
+    /// Ring bytes read so far, the ring's skipped ends included: the count this side's credit
+    /// words report.
+    pub fn bytes_consumed(&self) -> u64 {
+        self.head
     }
 
     /// Ring bytes received and not yet read.

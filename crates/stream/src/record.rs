@@ -11,16 +11,20 @@
 //! +--------+-----------------------------+
 //! ```
 //!
-//! For records that carry ring bytes the low 28 bits are the number of bytes covered (the
-//! driver keeps records below 2^27 bytes; rings are smaller). Control records use them for a
-//! value: the sender's view of a counter (starved notices), an application value (notify) or
-//! the number of a rendezvous (see [`crate::rendezvous`]).
+//! For records that carry ring bytes the low 27 bits are the number of bytes covered (the
+//! driver keeps records below 2^27 bytes; rings are smaller) and bit 27 is the *restart* flag:
+//! the record starts at the beginning of the receiver's ring, not where the previous one ended
+//! (protocol version 4, see [`crate::Conn`]'s "Ring restarts"). Control records use the 28
+//! bits for a value: the sender's view of a counter (starved notices), an application value
+//! (notify) or the number of a rendezvous (see [`crate::rendezvous`]).
 
 /// Largest record payload (and control value) a record carries.
 pub const MAX_RECORD_LEN: u32 = (1 << 27) - 1;
 
 const KIND_SHIFT: u32 = 28;
 const VALUE_MASK: u32 = (1 << 28) - 1;
+/// Bit 27 of a ring-bytes record's immediate: the record restarts the ring.
+const RESTART_FLAG: u32 = 1 << 27;
 
 /// What a record carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -105,6 +109,10 @@ pub struct Imm {
     pub kind: RecordKind,
     /// Ring bytes covered, or a control record's value.
     pub len: u32,
+    /// A ring-bytes record that starts at the beginning of the receiver's ring: the bytes
+    /// between the end of the previous record and the end of the ring are skipped. The sender
+    /// sets it only when the receiver had read everything before (see [`crate::Conn`]).
+    pub restart: bool,
 }
 
 /// An immediate that does not decode.
@@ -123,18 +131,29 @@ impl Imm {
     /// A record of `kind` covering `len` bytes. `len` above [`MAX_RECORD_LEN`] is truncated to
     /// 27 bits: callers split records before that.
     pub fn new(kind: RecordKind, len: u32) -> Self {
-        Self { kind, len: len & MAX_RECORD_LEN }
+        Self { kind, len: len & MAX_RECORD_LEN, restart: false }
+    }
+
+    /// The same record with the restart flag set (`restart`); only a record of a kind that
+    /// [`RecordKind::uses_ring`] carries it.
+    pub fn restarting(self, restart: bool) -> Self {
+        Self { restart: restart && self.kind.uses_ring(), ..self }
     }
 
     /// The 32-bit immediate.
     pub fn encode(self) -> u32 {
-        (u32::from(self.kind.code()) << KIND_SHIFT) | (self.len & VALUE_MASK)
+        let flag = if self.restart && self.kind.uses_ring() { RESTART_FLAG } else { 0 };
+        (u32::from(self.kind.code()) << KIND_SHIFT) | flag | (self.len & VALUE_MASK)
     }
 
     /// Decodes an immediate from the peer.
     pub fn decode(raw: u32) -> Result<Self, BadImm> {
         let kind = RecordKind::from_code((raw >> KIND_SHIFT) as u8).ok_or(BadImm(raw))?;
-        Ok(Self { kind, len: raw & VALUE_MASK })
+        if kind.uses_ring() {
+            Ok(Self { kind, len: raw & MAX_RECORD_LEN, restart: raw & RESTART_FLAG != 0 })
+        } else {
+            Ok(Self { kind, len: raw & VALUE_MASK, restart: false })
+        }
     }
 }
 
@@ -144,15 +163,32 @@ mod tests {
 
     #[test]
     fn imm_layout() {
-        let imm = Imm { kind: RecordKind::MsgEnd, len: 0x123 };
+        let imm = Imm { kind: RecordKind::MsgEnd, len: 0x123, restart: false };
         assert_eq!(imm.encode(), 0x2000_0123);
         assert_eq!(Imm::decode(0x2000_0123), Ok(imm));
         assert_eq!(Imm::new(RecordKind::Data, MAX_RECORD_LEN).encode(), 0x07FF_FFFF);
         assert_eq!(Imm::decode(0xF000_0000), Err(BadImm(0xF000_0000)));
-        assert_eq!(Imm::decode(0x7000_0005), Ok(Imm { kind: RecordKind::StarvedRecvs, len: 5 }));
-        assert_eq!(Imm::decode(0x8000_0018), Ok(Imm { kind: RecordKind::Rendezvous, len: 24 }));
-        assert_eq!(Imm::decode(0x9000_0003), Ok(Imm { kind: RecordKind::RendezvousDone, len: 3 }));
+        assert_eq!(Imm::decode(0x7000_0005), Ok(Imm::new(RecordKind::StarvedRecvs, 5)));
+        assert_eq!(Imm::decode(0x8000_0018), Ok(Imm::new(RecordKind::Rendezvous, 24)));
+        assert_eq!(Imm::decode(0x9000_0003), Ok(Imm::new(RecordKind::RendezvousDone, 3)));
         assert_eq!(Imm::decode(0xA000_0000), Err(BadImm(0xA000_0000)));
+    }
+
+    #[test]
+    fn ring_records_carry_the_restart_flag_in_bit_27() {
+        let data = Imm::new(RecordKind::Data, 0x40).restarting(true);
+        assert_eq!(data.encode(), 0x0800_0040);
+        assert_eq!(Imm::decode(0x0800_0040), Ok(data));
+        let rendezvous = Imm::new(RecordKind::Rendezvous, 24).restarting(true);
+        assert_eq!(Imm::decode(rendezvous.encode()), Ok(rendezvous));
+        assert_eq!(Imm::decode(0x2800_0000), Ok(Imm::new(RecordKind::MsgEnd, 0).restarting(true)));
+        // Control records keep all 28 bits for their value and never restart.
+        let notice = Imm::new(RecordKind::StarvedBytes, 0x07FF_FFFF).restarting(true);
+        assert!(!notice.restart);
+        assert_eq!(
+            Imm::decode(0x6800_0001),
+            Ok(Imm { kind: RecordKind::StarvedBytes, len: 0x0800_0001, restart: false })
+        );
     }
 
     #[test]

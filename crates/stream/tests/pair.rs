@@ -6,8 +6,8 @@
 
 mod model;
 
-use lightpath_stream::RecordKind;
-use model::Pair;
+use lightpath_stream::{Arrival, Conn, Imm, ProtocolError, RecordKind};
+use model::{config, Pair};
 use proptest::prelude::*;
 
 fn pattern(n: usize, salt: u8) -> Vec<u8> {
@@ -16,7 +16,23 @@ fn pattern(n: usize, salt: u8) -> Vec<u8> {
 
 /// Runs a bidirectional transfer with the given chunk sizes; returns the bytes each side got.
 fn run(ring: u32, depth: u32, cork: u32, total: usize, writes: &[usize], reads: &[usize], batch: usize) {
-    let mut pair = Pair::new(ring, depth, cork);
+    for restarts in [true, false] {
+        run_with(restarts, ring, depth, cork, total, writes, reads, batch);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_with(
+    restarts: bool,
+    ring: u32,
+    depth: u32,
+    cork: u32,
+    total: usize,
+    writes: &[usize],
+    reads: &[usize],
+    batch: usize,
+) {
+    let mut pair = Pair::with_restarts(ring, depth, cork, restarts);
     let data = [pattern(total, 1), pattern(total, 2)];
     let mut sent = [0usize; 2];
     let mut got: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
@@ -46,8 +62,49 @@ fn run(ring: u32, depth: u32, cork: u32, total: usize, writes: &[usize], reads: 
         stalled = if progress || !pair.idle() { 0 } else { stalled + 1 };
         assert!(stalled < 4, "deadlock: sent {sent:?}, received {} / {}", got[0].len(), got[1].len());
     }
-    assert_eq!(got[1], data[0], "side 0 → 1 bytes differ");
-    assert_eq!(got[0], data[1], "side 1 → 0 bytes differ");
+    assert_eq!(got[1], data[0], "side 0 → 1 bytes differ (restarts {restarts})");
+    assert_eq!(got[0], data[1], "side 1 → 0 bytes differ (restarts {restarts})");
+    if !restarts {
+        assert_eq!(pair.sides[0].conn.ring_restarts() + pair.sides[1].conn.ring_restarts(), 0);
+    }
+}
+
+/// Request/response traffic (each side reads all of one message before the next is sent) with
+/// restarts keeps to the start of the ring: the pages touched are those of one burst between
+/// two credit words, not the whole ring; without restarts the position runs through all of it.
+#[test]
+fn request_response_traffic_restarts_at_the_beginning_of_the_ring() {
+    let ring = 64 << 10;
+    for restarts in [true, false] {
+        let mut pair = Pair::with_restarts(ring, 16, 0, restarts);
+        let request = pattern(300, 7);
+        for round in 0..2_000 {
+            let (from, to) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+            assert_eq!(pair.write(from, &request, RecordKind::Data), request.len());
+            let mut got = Vec::new();
+            for _ in 0..100 {
+                pair.post(from);
+                pair.deliver(from, usize::MAX);
+                got.extend(pair.read(to, usize::MAX));
+                pair.post(to);
+                pair.deliver(to, usize::MAX);
+                if got.len() == request.len() {
+                    break;
+                }
+            }
+            assert_eq!(got, request, "round {round} (restarts {restarts})");
+        }
+        let touched = pair.ring_touched(1).max(pair.ring_touched(0));
+        let restarted = pair.sides[0].conn.ring_restarts() + pair.sides[1].conn.ring_restarts();
+        if restarts {
+            assert!(restarted >= 100, "only {restarted} restarts in 2,000 messages");
+            // A credit word at least every quarter of the receive queue (4 records here).
+            assert!(touched <= 8 * request.len(), "{touched} bytes of the ring touched");
+        } else {
+            assert_eq!(restarted, 0);
+            assert_eq!(touched, ring as usize, "the position runs through the whole ring");
+        }
+    }
 }
 
 #[test]
@@ -180,4 +237,25 @@ proptest! {
     ) {
         run(1 << ring_shift, depth, cork, total, &writes, &reads, batch);
     }
+}
+
+/// A receiver takes a restart only when it has read everything: then the record is read from
+/// the start of the ring; with bytes unread it would overwrite them, and the peer broke the
+/// protocol.
+#[test]
+fn a_restart_is_taken_only_by_a_receiver_that_has_read_everything() {
+    let restart = |len| Imm::new(RecordKind::Data, len).restarting(true).encode();
+    let mut conn = Conn::new(config(256, 8, 0));
+    assert_eq!(conn.on_recv(Imm::new(RecordKind::Data, 100).encode(), 100), Ok(Arrival::Bytes));
+    assert_eq!(conn.on_recv(restart(10), 10), Err(ProtocolError::RingOverrun), "100 bytes unread");
+    let mut conn = Conn::new(config(256, 8, 0));
+    assert_eq!(conn.on_recv(Imm::new(RecordKind::Data, 100).encode(), 100), Ok(Arrival::Bytes));
+    assert!(!conn.consume(100));
+    assert_eq!(conn.on_recv(restart(10), 10), Ok(Arrival::Bytes));
+    let front = conn.front().expect("the restarted record");
+    assert_eq!((front.offset, front.left), (0, 10), "read from the start of the ring");
+    assert_eq!(conn.readable_bytes(), 10);
+    // The skipped bytes count as consumed: the next credit word says 256 + 10 once it is read.
+    assert!(!conn.consume(10));
+    assert_eq!(conn.bytes_consumed(), 266);
 }

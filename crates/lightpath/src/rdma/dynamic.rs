@@ -377,7 +377,7 @@ pub(crate) trait PendingSetup: Send {
         self: Box<Self>,
         peer: &RdmaEndpoint,
         tcp: TcpStream,
-        bundles: bool,
+        version: u8,
     ) -> io::Result<Box<dyn RdmaStream>>;
 }
 
@@ -392,8 +392,8 @@ where
         self: Box<Self>,
         peer: &RdmaEndpoint,
         tcp: TcpStream,
-        bundles: bool,
+        version: u8,
     ) -> io::Result<Box<dyn RdmaStream>> {
-        Ok(Box::new(RdmaSetup::connect(*self, peer, tcp, bundles)?))
+        Ok(Box::new(RdmaSetup::connect(*self, peer, tcp, version)?))
     }
 }

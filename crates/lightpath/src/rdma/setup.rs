@@ -2,6 +2,7 @@
 //! queue pair to the peer's endpoint, and the probe that proves the path works.
 
 use super::*;
+use lightpath_stream::negotiate::{BUNDLES_VERSION, RESTARTS_VERSION};
 
 /// Verbs objects of one side before the peer's endpoint is known. Field order is drop order.
 pub(crate) struct RdmaSetup<D: Device> {
@@ -100,14 +101,10 @@ impl<D: Device + 'static> RdmaSetup<D> {
 
     /// Connects the queue pair to `peer`, allocates the staging mirror and posts the initial
     /// receives. The result may receive at once; it sends only after the caller says so.
-    /// `bundles`: both sides speak a stream protocol version whose soft devices take
-    /// acknowledgement bundles (`AddressVector::lightpath_bundles`).
-    pub(crate) fn connect(
-        self,
-        peer: &RdmaEndpoint,
-        tcp: TcpStream,
-        bundles: bool,
-    ) -> io::Result<RdmaConn<D>> {
+    /// `version`: the stream protocol version both sides speak, which says whether the peer's
+    /// soft device takes acknowledgement bundles (`AddressVector::lightpath_bundles`) and
+    /// whether its receiver takes ring restarts (`ConnConfig::ring_restarts`).
+    pub(crate) fn connect(self, peer: &RdmaEndpoint, tcp: TcpStream, version: u8) -> io::Result<RdmaConn<D>> {
         let offered = u32::from(peer.mtu);
         let mtu = Mtu::largest_fitting(offered).unwrap_or(Mtu::Mtu256).min(self.mtu);
         // Between two soft devices (the peer advertises its UDP port, and this side has a
@@ -125,7 +122,7 @@ impl<D: Device + 'static> RdmaSetup<D> {
         // the IPv4 identification: our soft device may then let the kernel segment large sends
         // to it (rxe and RNICs, behind an ibverbs peer, would drop renumbered segments).
         av.lightpath_peer = peer.udp_port != 0;
-        av.lightpath_bundles = av.lightpath_peer && bundles;
+        av.lightpath_bundles = av.lightpath_peer && version >= BUNDLES_VERSION;
         let rtr = QpAttr { lightpath_pmtu, ..QpAttr::to_rtr(av, mtu, peer.qpn, peer.psn) };
         self.qp.modify(&rtr).map_err(from_verbs)?;
         let mut rts = QpAttr::to_rts(self.psn);
@@ -152,6 +149,7 @@ impl<D: Device + 'static> RdmaSetup<D> {
             send_depth: self.options.send_depth,
             max_record: max_record_for(peer.ring_len),
             cork_depth: if self.options.nodelay { 0 } else { 2 },
+            ring_restarts: version >= RESTARTS_VERSION,
         };
         config.validate().map_err(invalid)?;
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

@@ -31,14 +31,21 @@ pub const SERVER_MAGIC: [u8; 8] = *b"\x89LPATH/S";
 /// changes nothing on the stream itself: it says that the side's soft device takes
 /// acknowledgement bundles (an RC Acknowledge and a request in one datagram; the address
 /// vector's `lightpath_bundles`), so two version-3 soft peers send them and a version-2 peer
-/// never gets one.
-pub const VERSION: u8 = 3;
+/// never gets one. Version 4 adds ring restarts (bit 27 of a ring-bytes record's immediate,
+/// see `Conn`'s module docs): a version-3 receiver would take the flagged length for 2^27
+/// bytes and reset the connection, so only a version-4 sender facing a version-4 receiver
+/// sets it (`ConnConfig::ring_restarts`); the stream is otherwise unchanged, so versions 2 to 4
+/// all connect.
+pub const VERSION: u8 = 4;
 
 /// The oldest protocol version this implementation speaks (see [`VERSION`]).
 pub const MIN_VERSION: u8 = 2;
 
 /// The first version whose soft peers take acknowledgement bundles (see [`VERSION`]).
 pub const BUNDLES_VERSION: u8 = 3;
+
+/// The first version whose receivers take ring restarts (see [`VERSION`]).
+pub const RESTARTS_VERSION: u8 = 4;
 
 /// How a received prefix compares with an expected magic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,11 +92,12 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(pick_version(2, 2), Some(2), "a version-2 peer: no bundles");
-        assert_eq!(pick_version(2, 3), Some(3));
+        assert_eq!(pick_version(2, 3), Some(3), "a version-3 peer: no ring restarts");
         assert_eq!(pick_version(0, 3), Some(3));
-        assert_eq!(pick_version(3, 4), Some(3), "a newer peer that still speaks 3");
+        assert_eq!(pick_version(3, 4), Some(4));
+        assert_eq!(pick_version(3, 5), Some(4), "a newer peer that still speaks 4");
         assert_eq!(pick_version(1, 1), None, "version 1 has no rendezvous");
-        assert_eq!(pick_version(4, 5), None);
+        assert_eq!(pick_version(5, 6), None);
         assert_eq!(pick_version(3, 2), None, "an empty range");
     }
 }

@@ -33,6 +33,8 @@ pub struct Side {
     pub direct: Vec<u8>,
     /// READs of this side the peer refused (bad key or range): a remote access error.
     pub access_errors: u32,
+    /// See [`Pair::ring_touched`].
+    pub touched: usize,
 }
 
 /// What travels from one side to the other, in order.
@@ -49,6 +51,7 @@ pub struct Pair {
     geometry: Option<BounceGeometry>,
 }
 
+/// Both sides take ring restarts (protocol version 4).
 pub fn config(ring: u32, depth: u32, cork: u32) -> ConnConfig {
     ConnConfig {
         local_ring: ring,
@@ -58,6 +61,7 @@ pub fn config(ring: u32, depth: u32, cork: u32) -> ConnConfig {
         send_depth: 16,
         max_record: ring,
         cork_depth: cork,
+        ring_restarts: true,
     }
 }
 
@@ -65,6 +69,22 @@ impl Pair {
     /// A pair for stream and message bytes only.
     pub fn new(ring: u32, depth: u32, cork: u32) -> Self {
         Self::build(ring, depth, cork, None)
+    }
+
+    /// [`Pair::new`] with ring restarts on (`restarts`, both sides' configuration) or off (the
+    /// sides speak protocol version 3).
+    pub fn with_restarts(ring: u32, depth: u32, cork: u32, restarts: bool) -> Self {
+        let mut pair = Self::new(ring, depth, cork);
+        for side in &mut pair.sides {
+            side.conn = Conn::new(ConnConfig { ring_restarts: restarts, ..config(ring, depth, cork) });
+        }
+        pair
+    }
+
+    /// The highest ring offset side `i` has had bytes written at so far, plus one: how much of
+    /// its ring the peer has touched.
+    pub fn ring_touched(&self, i: usize) -> usize {
+        self.sides[i].touched
     }
 
     /// A pair that can also read rendezvous, through a bounce region of `geometry`.
@@ -84,6 +104,7 @@ impl Pair {
             bounce: vec![0; geometry.map_or(0, |geometry| geometry.len())],
             direct: Vec::new(),
             access_errors: 0,
+            touched: 0,
         };
         Self { sides: [side(), side()], wires: [VecDeque::new(), VecDeque::new()], geometry }
     }
@@ -126,6 +147,7 @@ impl Pair {
                     let ring = peer.ring.len() as u64;
                     let offset = (pos % ring) as usize;
                     peer.ring[offset..offset + bytes.len()].copy_from_slice(&bytes);
+                    peer.touched = peer.touched.max(offset + bytes.len());
                     (imm.map(|imm| (imm, bytes.len() as u32)), done)
                 }
                 Packet::Credit { word, imm, done } => {
