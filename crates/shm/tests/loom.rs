@@ -222,6 +222,26 @@ fn multi_line_records_and_skips() {
     });
 }
 
+/// Records of about a quarter page through a two-page ring: before the fourth record, which
+/// reaches the second page, the producer looks at the consumer's position and, if the consumer
+/// has read everything, restarts the lap with a skip; either way every record arrives whole
+/// and in order.
+#[test]
+fn restarts_at_a_page_boundary_when_the_consumer_has_caught_up() {
+    const CAPACITY: usize = 2 * ring::PAGE;
+    model(1, || {
+        let max = ring::max_payload_for(CAPACITY);
+        let sizes = [1000u32; 5];
+        let shared = Shared::new(CAPACITY);
+        let producer = {
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes, || {}))
+        };
+        consume(&shared, CAPACITY, max, &sizes);
+        producer.join().unwrap();
+    });
+}
+
 /// A device (the consumer) with two queue pairs, each fed by its own producer through its own
 /// ring, and the activity area between them: the state word, the rung word, one word of marks,
 /// and a doorbell modelled as a counter under a mutex.

@@ -189,3 +189,39 @@ fn impossible_consumer_positions_are_refused() {
     head.store(0, Ordering::Release);
     assert_eq!(producer.try_push(&ring, &head, header(32, 5), |_| {}), Err(RingError::BadHead));
 }
+
+/// Records read as soon as they are written (a request and its answer at a time) keep to the
+/// ring's first page: before a record would reach a page not yet written in this lap, the
+/// producer finds the ring empty and restarts the lap. A consumer that lags keeps the producer
+/// on its lap, as before.
+#[test]
+fn a_ring_read_as_it_is_written_keeps_to_its_first_page() {
+    let capacity = 64 << 10;
+    let ring = HeapRing::new(capacity);
+    let head = CellWord::default();
+    let mut producer = Producer::new(capacity, max_payload_for(capacity)).expect("producer");
+    let mut consumer = Consumer::new(capacity, max_payload_for(capacity)).expect("consumer");
+    let mut furthest = 0;
+    for tag in 0..5_000u64 {
+        let len = (tag % 200) as u32;
+        assert!(push(&mut producer, &ring, &head, len, tag));
+        // Where the record ended (a record that ends the lap ends at the capacity).
+        let end = (producer.tail() - 1) % capacity as u64 + 1;
+        furthest = furthest.max(end as usize);
+        let (got, payload) = pop(&mut consumer, &ring, &head).expect("the record just written");
+        assert_eq!(got, header(len, tag));
+        assert_eq!(payload.len(), len as usize);
+    }
+    assert!(furthest <= PAGE, "records reached offset {furthest} of the ring");
+    assert!(producer.tail() > 10 * capacity as u64, "the producer restarted its laps");
+    // With a record always unread the producer goes on through the lap.
+    assert!(push(&mut producer, &ring, &head, 100, 0));
+    let mut furthest = 0;
+    for tag in 1..=200u64 {
+        assert!(push(&mut producer, &ring, &head, 100, tag));
+        furthest = furthest.max((producer.tail() - 1) % capacity as u64 + 1);
+        let (got, _) = pop(&mut consumer, &ring, &head).expect("a record");
+        assert_eq!(got, header(100, tag - 1));
+    }
+    assert!(furthest > 8 * PAGE as u64, "with a record unread the lap went only to {furthest}");
+}
