@@ -197,21 +197,18 @@ impl Producer {
         if needed <= self.head_seen + self.capacity {
             return Ok(true);
         }
-        let head = peer_head.load(Ordering::Acquire);
-        if head > self.tail
-            || self.tail - head > self.capacity
-            || !head.is_multiple_of(ALIGN as u64)
-            || head < self.head_seen
-        {
-            return Err(RingError::BadHead);
-        }
-        self.head_seen = head;
-        Ok(needed <= head + self.capacity)
+        Ok(needed <= self.look_at_head(peer_head)? + self.capacity)
     }
 
     /// Whether the consumer has read every record (its published position is this side's
-    /// tail), reading the position (checked as [`Producer::has_room`] checks it).
+    /// tail).
     fn consumer_caught_up<W: Word>(&mut self, peer_head: &W) -> Result<bool, RingError> {
+        Ok(self.look_at_head(peer_head)? == self.tail)
+    }
+
+    /// Reads the consumer's position, checks that it is possible (never ahead of this side,
+    /// never more than a lap behind, on a line, never going back) and remembers it.
+    fn look_at_head<W: Word>(&mut self, peer_head: &W) -> Result<u64, RingError> {
         let head = peer_head.load(Ordering::Acquire);
         if head > self.tail
             || self.tail - head > self.capacity
@@ -221,7 +218,7 @@ impl Producer {
             return Err(RingError::BadHead);
         }
         self.head_seen = head;
-        Ok(head == self.tail)
+        Ok(head)
     }
 
     /// Appends one record: if there is room, writes the header, calls `fill` with the ring
