@@ -430,7 +430,6 @@ impl Conn {
             self.peer_consumed.0 += skip;
             self.restarts += 1;
         }
-
         let pos = self.committed;
         self.committed += u64::from(len);
         if kind == RecordKind::Data && len == 0 {
