@@ -603,6 +603,18 @@ impl Stream {
     /// not arrived: the read would fail the same way), else [`TCP_READ_SIZE`]. Lets the tokio
     /// driver zero only what a read can fill.
     #[cfg(feature = "tokio")]
+    /// A read into memory not yet initialised, over RDMA (see `RdmaConn::read_uninit`):
+    /// `None`, with nothing written, where only [`Read::read`] can take what comes next (a TCP
+    /// stream, a rendezvous at the head of the stream).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn read_uninit(&mut self, buf: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<Option<usize>> {
+        let deadline = self.read_deadline();
+        match &mut self.backend {
+            Backend::Rdma(conn) => conn.read_uninit(buf, deadline),
+            Backend::Tcp(_) | Backend::Closed => Ok(None),
+        }
+    }
+
     pub(crate) fn read_size_hint(&mut self) -> io::Result<usize> {
         match &mut self.backend {
             Backend::Rdma(conn) => Ok(match conn.readable_bytes() {

@@ -60,6 +60,17 @@ impl MemoryRegion for ShmMr {
         }
     }
 
+    fn read_uninit<'a>(
+        &self,
+        offset: usize,
+        dst: &'a mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<&'a mut [u8]> {
+        if !self.region.contains(offset, dst.len()) {
+            return Err(out_of_range());
+        }
+        self.region.map.read_uninit(offset, dst).ok_or_else(out_of_range)
+    }
+
     fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         if self.region.contains(offset, src.len()) && self.region.map.write(offset, src) {
             Ok(())

@@ -94,6 +94,15 @@ impl MemoryRegion for SoftMr {
         Ok(())
     }
 
+    fn read_uninit<'a>(
+        &self,
+        offset: usize,
+        dst: &'a mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<&'a mut [u8]> {
+        let range = self.range(offset, dst.len())?;
+        Ok(self.memory.with_bytes(|bytes| dst.write_copy_of_slice(&bytes[range])))
+    }
+
     fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         let range = self.range(offset, src.len())?;
         self.memory.with_bytes_mut(|bytes| copy_bytes(&mut bytes[range], src));

@@ -158,6 +158,20 @@ pub trait MemoryRegion: Send + Sync {
     /// [`Error::InvalidAttribute`] if the range is not inside the region.
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
 
+    /// [`MemoryRegion::read`] into memory not yet initialised (the spare capacity of a
+    /// caller's buffer, which would otherwise be zeroed first only to be overwritten); returns
+    /// `dst`, now initialised. Providers override it with one copy; this default reads into a
+    /// temporary buffer first.
+    fn read_uninit<'a>(
+        &self,
+        offset: usize,
+        dst: &'a mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<&'a mut [u8]> {
+        let mut bytes = vec![0u8; dst.len()];
+        self.read(offset, &mut bytes)?;
+        Ok(dst.write_copy_of_slice(&bytes))
+    }
+
     /// Copies `src` into the region at `offset`. Refused with [`Error::InvalidAttribute`] if
     /// the range is not inside the region.
     fn write(&self, offset: usize, src: &[u8]) -> Result<()>;

@@ -9,6 +9,13 @@ use crate::remote::RegisteredBuf;
 /// An established RDMA connection of any provider.
 pub(crate) trait RdmaStream: crate::reaper::Parked {
     fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize>;
+    /// See `RdmaConn::read_uninit`.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn read_uninit(
+        &mut self,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+        deadline: Deadline,
+    ) -> io::Result<Option<usize>>;
     fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize>;
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>], deadline: Deadline) -> io::Result<usize>;
     fn send_msg(&mut self, msg: &[u8], deadline: Deadline) -> io::Result<()>;
@@ -151,6 +158,13 @@ where
     }
     fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize> {
         RdmaConn::read(self, buf, deadline)
+    }
+    fn read_uninit(
+        &mut self,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+        deadline: Deadline,
+    ) -> io::Result<Option<usize>> {
+        RdmaConn::read_uninit(self, buf, deadline)
     }
     fn write(&mut self, buf: &[u8], deadline: Deadline) -> io::Result<usize> {
         RdmaConn::write(self, buf, deadline)

@@ -47,12 +47,56 @@ pub(super) fn expired(deadline: Deadline) -> bool {
     matches!(deadline, Deadline::At(Some(at)) if at <= Instant::now())
 }
 
+/// One step of [`RdmaConn::read_with`] that touches the caller's buffer.
+enum ReadStep {
+    /// Copy `n` ring bytes at region offset `at` to the buffer's bytes `done..done + n`.
+    Copy { at: usize, done: usize, n: usize },
+    /// A rendezvous is at the head of the stream, nothing copied yet: fetch it into the
+    /// buffer, returning how many bytes landed, or `None` if this buffer cannot take one.
+    Rendezvous,
+}
+
 impl<D: Device> RdmaConn<D> {
     /// Reads stream bytes.
     pub(crate) fn read(&mut self, buf: &mut [u8], deadline: Deadline) -> io::Result<usize> {
+        let read = self.read_with(buf.len(), deadline, |conn, step| match step {
+            ReadStep::Copy { at, done, n } => {
+                conn.recv_mr.read(at, &mut buf[done..done + n]).map_err(from_verbs).map(|()| Some(n))
+            }
+            ReadStep::Rendezvous => conn.read_rendezvous(buf).map(Some),
+        })?;
+        Ok(read.unwrap_or(0))
+    }
+
+    /// [`RdmaConn::read`] into memory not yet initialised (an event loop's spare buffer
+    /// capacity, which need not be zeroed first): `Some(n)` once the first `n` bytes of `buf`
+    /// hold stream bytes (0: the peer closed); `None`, with nothing written, when a
+    /// rendezvous is at the head of the stream (it lands through `read`).
+    pub(crate) fn read_uninit(
+        &mut self,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+        deadline: Deadline,
+    ) -> io::Result<Option<usize>> {
+        self.read_with(buf.len(), deadline, |conn, step| match step {
+            ReadStep::Copy { at, done, n } => {
+                conn.recv_mr.read_uninit(at, &mut buf[done..done + n]).map_err(from_verbs)?;
+                Ok(Some(n))
+            }
+            ReadStep::Rendezvous => Ok(None),
+        })
+    }
+
+    /// The reading loop of [`RdmaConn::read`] for a buffer of `len` bytes, which `step`
+    /// writes. `None` when `step` could not take a rendezvous.
+    fn read_with(
+        &mut self,
+        len: usize,
+        deadline: Deadline,
+        mut step: impl FnMut(&mut Self, ReadStep) -> io::Result<Option<usize>>,
+    ) -> io::Result<Option<usize>> {
         self.check_no_direct_call()?;
-        if buf.is_empty() {
-            return Ok(0);
+        if len == 0 {
+            return Ok(Some(0));
         }
         self.push_kept_quietly();
         // `wait` returns right after a pump that made progress; pumping again at once would
@@ -63,11 +107,14 @@ impl<D: Device> RdmaConn<D> {
                 self.pump();
             }
             let mut done = 0;
-            while done < buf.len() {
+            while done < len {
                 let Some(front) = self.core.front() else { break };
                 if front.kind == RecordKind::Rendezvous {
                     if done == 0 {
-                        done = self.read_rendezvous(buf)?;
+                        match step(self, ReadStep::Rendezvous)? {
+                            Some(n) => done = n,
+                            None => return Ok(None),
+                        }
                     }
                     break;
                 }
@@ -77,18 +124,18 @@ impl<D: Device> RdmaConn<D> {
                     }
                     return Err(invalid("the peer sent a message here; use recv_msg"));
                 }
-                let n = (front.contiguous as usize).min(buf.len() - done);
+                let n = (front.contiguous as usize).min(len - done);
                 let at = SLOT_AREA + front.offset as usize;
-                self.recv_mr.read(at, &mut buf[done..done + n]).map_err(from_verbs)?;
+                step(self, ReadStep::Copy { at, done, n })?;
                 self.core.consume(n as u32);
                 done += n;
             }
             if done > 0 {
                 self.post_ops();
-                return Ok(done);
+                return Ok(Some(done));
             }
             if !self.wait_readable(deadline)? {
-                return Ok(0);
+                return Ok(Some(0));
             }
             just_pumped = true;
         }

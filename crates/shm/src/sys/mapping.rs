@@ -17,6 +17,7 @@
 //! a NIC's DMA; callers copy what they need once, then validate the copy.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,6 +116,23 @@ impl Mapping {
         // concurrently, which yields unspecified bytes but no reference is formed to it.
         unsafe { copy_in_pieces(src, dst.as_mut_ptr(), dst.len()) };
         true
+    }
+
+    /// [`Mapping::read`] into memory not yet initialised; returns `dst`, now initialised, or
+    /// `None` if the range is outside the mapping (then nothing was written).
+    pub(crate) fn read_uninit<'a>(
+        &self,
+        offset: usize,
+        dst: &'a mut [MaybeUninit<u8>],
+    ) -> Option<&'a mut [u8]> {
+        let src = self.pointer(offset, dst.len())?;
+        // SAFETY: as in `read`: the source range is inside the live mapping and `dst` is a
+        // private buffer; `MaybeUninit<u8>` has the layout of `u8`, so its pointer is valid for
+        // writes of `dst.len()` bytes.
+        unsafe { copy_in_pieces(src, dst.as_mut_ptr().cast::<u8>(), dst.len()) };
+        // SAFETY: the copy above wrote every one of the `dst.len()` bytes, so all of them are
+        // initialised; the new slice borrows `dst` for as long as `dst` was borrowed.
+        Some(unsafe { &mut *(std::ptr::from_mut::<[MaybeUninit<u8>]>(dst) as *mut [u8]) })
     }
 
     /// Copies `src` into the mapping at `offset`.

@@ -53,6 +53,9 @@ pub fn mr_byte_accessors<F: ConformanceFixture>() {
     let data = pattern(300, 7);
     mr.write(4000, &data).expect("write across a page boundary");
     assert_eq!(read_region(&mr, 4000, 300), data);
+    let mut spare = vec![std::mem::MaybeUninit::<u8>::uninit(); 300];
+    let read = mr.read_uninit(4000, &mut spare).expect("read_uninit across a page boundary");
+    assert_eq!(read, &data[..], "read_uninit differs from read");
     assert_eq!(read_region(&mr, 3990, 10), vec![0u8; 10]);
     mr.write_u64(9992, 0x0123_4567_89ab_cdef).expect("write_u64 at the end");
     assert_eq!(mr.read_u64(9992).expect("read_u64"), 0x0123_4567_89ab_cdef);
@@ -63,6 +66,9 @@ pub fn mr_byte_accessors<F: ConformanceFixture>() {
     assert_refused(mr.read(9999, &mut two), "read past the end", out_of_bounds);
     assert_refused(mr.write(9999, &[1, 2]), "write past the end", out_of_bounds);
     assert_refused(mr.read(usize::MAX, &mut two), "read at usize::MAX", out_of_bounds);
+    let mut spare_two = [std::mem::MaybeUninit::<u8>::uninit(); 2];
+    assert_refused(mr.read_uninit(9999, &mut spare_two), "read_uninit past the end", out_of_bounds);
+    assert_refused(mr.read_uninit(usize::MAX, &mut spare_two), "read_uninit at usize::MAX", out_of_bounds);
     assert_refused(mr.write(usize::MAX - 1, &[1, 2, 3]), "write wrapping around", out_of_bounds);
     assert_refused(mr.read_u64(9996), "read_u64 past the end", out_of_bounds);
     mr.write(10_000, &[]).expect("an empty write at the end is in bounds");
