@@ -596,13 +596,6 @@ impl Stream {
         }
     }
 
-    /// How many bytes a read should offer room for (at least 1): an RDMA stream's readable
-    /// bytes as last seen, or [`RDMA_READ_PROBE`] when none were (the read looks for more
-    /// first, and a later read takes whatever did not fit, sized exactly); over the TCP
-    /// fallback the rest of the current record, its header read first (`WouldBlock` if it has
-    /// not arrived: the read would fail the same way), else [`TCP_READ_SIZE`]. Lets the tokio
-    /// driver zero only what a read can fill.
-    #[cfg(feature = "tokio")]
     /// A read into memory not yet initialised, over RDMA (see `RdmaConn::read_uninit`):
     /// `None`, with nothing written, where only [`Read::read`] can take what comes next (a TCP
     /// stream, a rendezvous at the head of the stream).
@@ -615,6 +608,13 @@ impl Stream {
         }
     }
 
+    /// How many bytes a read should offer room for (at least 1): an RDMA stream's readable
+    /// bytes as last seen, or [`RDMA_READ_PROBE`] when none were (the read looks for more
+    /// first, and a later read takes whatever did not fit, sized exactly); over the TCP
+    /// fallback the rest of the current record, its header read first (`WouldBlock` if it has
+    /// not arrived: the read would fail the same way), else [`TCP_READ_SIZE`]. Lets the tokio
+    /// driver zero only what a read can fill.
+    #[cfg(feature = "tokio")]
     pub(crate) fn read_size_hint(&mut self) -> io::Result<usize> {
         match &mut self.backend {
             Backend::Rdma(conn) => Ok(match conn.readable_bytes() {
