@@ -87,7 +87,8 @@ impl<D: Device> RdmaConn<D> {
     }
 
     /// The reading loop of [`RdmaConn::read`] for a buffer of `len` bytes, which `step`
-    /// writes. `None` when `step` could not take a rendezvous.
+    /// writes (a copy's value is not looked at; a rendezvous' is the bytes that landed).
+    /// `None` when `step` could not take a rendezvous.
     fn read_with(
         &mut self,
         len: usize,
