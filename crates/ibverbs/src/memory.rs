@@ -94,6 +94,24 @@ impl RegionMemory {
         unsafe { copy_in_pieces(self.ptr().as_ptr().add(range.start), dst.as_mut_ptr(), dst.len()) };
     }
 
+    /// [`RegionMemory::copy_out`] into memory not yet initialised; returns `dst`, initialised.
+    pub(crate) fn copy_out_uninit<'a>(
+        &self,
+        range: std::ops::Range<usize>,
+        dst: &'a mut [std::mem::MaybeUninit<u8>],
+    ) -> &'a mut [u8] {
+        debug_assert_eq!(range.len(), dst.len());
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: as in `copy_out`; `MaybeUninit<u8>` has the layout of `u8`, so `dst`'s pointer
+        // is valid for writes of `dst.len()` bytes.
+        unsafe {
+            copy_in_pieces(self.ptr().as_ptr().add(range.start), dst.as_mut_ptr().cast::<u8>(), dst.len())
+        };
+        // SAFETY: the copy above wrote all `dst.len()` bytes, so every one is initialised; the
+        // new slice borrows `dst` for as long as `dst` was borrowed.
+        unsafe { &mut *(std::ptr::from_mut::<[std::mem::MaybeUninit<u8>]>(dst) as *mut [u8]) }
+    }
+
     /// Copies `src` in at `offset`. The caller checked the range and serialises CPU accesses.
     pub(crate) fn copy_in(&self, range: std::ops::Range<usize>, src: &[u8]) {
         debug_assert_eq!(range.len(), src.len());
@@ -155,6 +173,8 @@ mod tests {
         let mut two = [0u8; 2];
         memory.copy_out(9_998..10_000, &mut two);
         assert_eq!(two, [7, 8]);
+        let mut spare = [std::mem::MaybeUninit::<u8>::uninit(); 3];
+        assert_eq!(memory.copy_out_uninit(9_997..10_000, &mut spare), [0, 7, 8]);
         assert_eq!(memory.range(9_999, 2), None);
         assert_eq!(memory.range(usize::MAX, 2), None);
         assert_eq!(memory.range(10_000, 0), Some(10_000..10_000));

@@ -126,6 +126,16 @@ impl MemoryRegion for IbvMr {
         Ok(())
     }
 
+    fn read_uninit<'a>(
+        &self,
+        offset: usize,
+        dst: &'a mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<&'a mut [u8]> {
+        let range = self.range(offset, dst.len())?;
+        let _cpu = self.cpu_access.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(self.memory.copy_out_uninit(range, dst))
+    }
+
     fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         let range = self.range(offset, src.len())?;
         let _cpu = self.cpu_access.lock().unwrap_or_else(|p| p.into_inner());

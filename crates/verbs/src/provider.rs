@@ -160,8 +160,8 @@ pub trait MemoryRegion: Send + Sync {
 
     /// [`MemoryRegion::read`] into memory not yet initialised (the spare capacity of a
     /// caller's buffer, which would otherwise be zeroed first only to be overwritten); returns
-    /// `dst`, now initialised. Providers override it with one copy; this default reads into a
-    /// temporary buffer first.
+    /// `dst`, now initialised. Every provider of this workspace overrides it with one copy; this
+    /// default (for others) reads into a temporary buffer first, an allocation per call.
     fn read_uninit<'a>(
         &self,
         offset: usize,
