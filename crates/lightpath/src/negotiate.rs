@@ -535,8 +535,9 @@ impl Handshake {
             Err(err) => return Ok(fallback(self, FallbackReason::NoDevice, err.to_string())),
         };
         let endpoint = setup.endpoint();
-        // The server picked the version; this side speaks it only up to its own newest.
-        let version = version.min(self.max_version);
+        // The server picked the version; one this side did not offer (above its newest) gets
+        // nothing newer than the oldest, as it did when only bundles depended on it.
+        let version = if version <= self.max_version { version } else { MIN_VERSION };
         match tcp.try_clone().and_then(|clone| setup.connect(&server_endpoint, clone, version)) {
             Ok(conn) => {
                 self.send(&Message::Connect(endpoint));
