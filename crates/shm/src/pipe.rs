@@ -18,8 +18,9 @@
 //! nonce (a pid of another PID namespace names some other process). Nothing is left in a file system:
 //! the memory goes when both processes have dropped their ends (or died).
 //!
-//! A message is one record ([`PipeSender::try_send`] copies it in, `false` when the ring is
-//! full for now); [`PipeReceiver::try_recv`] copies the next one out. There is no wake-up: the
+//! A message is one record of a [packed](crate::ring::PACKED) ring, 16 bytes apart, so that
+//! small messages share cache lines ([`PipeSender::try_send`] copies it in, `false` when the
+//! ring is full for now); [`PipeReceiver::try_recv`] copies the next one out. There is no wake-up: the
 //! receiver polls, and a caller that sleeps must wake itself now and then. Everything read from
 //! the shared memory is validated (the ring's own checks); a peer that writes garbage makes
 //! the receiver's calls fail with [`PipeError`], never read out of bounds.
@@ -48,7 +49,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
-use crate::ring::{self, Consumer, Producer, RecordHeader, RingError, RingMemory, Word};
+use crate::ring::{self, Consumer, Producer, RecordHeader, RingError, RingMemory, Word, PACKED};
 use crate::sys::{Mapping, Memfd};
 
 /// Where the ring starts in the file (the receiver's position and acknowledgement count have
@@ -157,14 +158,15 @@ pub struct PipeSender {
 
 impl PipeSender {
     /// A pipe whose ring holds `capacity` bytes of records (a power of two, 256 bytes to
-    /// 64 MiB); it carries messages of up to a quarter of that, less 32 bytes.
+    /// 64 MiB); it carries messages of up to a quarter of that, less 16 bytes.
     pub fn create(capacity: usize) -> io::Result<PipeSender> {
         let invalid =
             || io::Error::new(io::ErrorKind::InvalidInput, "pipe capacity: a power of two, 256 B to 64 MiB");
         if !capacity.is_power_of_two() || !(ring::MIN_CAPACITY..=64 << 20).contains(&capacity) {
             return Err(invalid());
         }
-        let producer = Producer::new(capacity, ring::max_payload_for(capacity)).ok_or_else(invalid)?;
+        let producer =
+            Producer::with_layout(PACKED, capacity, PACKED.max_payload_for(capacity)).ok_or_else(invalid)?;
         let memfd = Memfd::create("lightpath-pipe", (RING_OFFSET + capacity) as u64)?;
         let map = Mapping::new(&memfd, true)?;
         let nonce = crate::sys::random_u64() | 1;
@@ -236,7 +238,9 @@ impl PipeSender {
         std::ptr::addr_of!(PROBE) as u64
     }
 
-    /// Whether everything sent has been taken by the receiver.
+    /// Whether everything sent has been taken by the receiver, as far as it has said: a
+    /// receiver says so when it finds the pipe empty, and after each eighth of the ring (see
+    /// [`PipeReceiver::try_recv`]).
     pub fn is_drained(&self) -> bool {
         HeadWord(&self.map).load(Ordering::Acquire) == self.producer.tail()
     }
@@ -265,6 +269,10 @@ pub struct PipeReceiver {
     /// The sender's process id (whose memory `read_sender_memory` reads).
     pid: u32,
     acks: u64,
+    /// The ring's capacity in bytes.
+    capacity: usize,
+    /// The position this side last published (see [`PipeReceiver::try_recv`]).
+    published: u64,
     /// Where the kernel copies sender memory that `dst` lies at a slow distance from (see
     /// [`PipeReceiver::read_sender_memory`]); empty until first needed.
     bounce: std::sync::Mutex<Vec<u8>>,
@@ -293,7 +301,7 @@ impl PipeReceiver {
         let pid: u32 = pid.parse().map_err(|_| bad("bad pid"))?;
         let fd: u32 = fd.parse().map_err(|_| bad("bad fd"))?;
         let nonce = u64::from_str_radix(nonce, 16).map_err(|_| bad("bad nonce"))?;
-        let consumer = Consumer::new(capacity, ring::max_payload_for(capacity))
+        let consumer = Consumer::with_layout(PACKED, capacity, PACKED.max_payload_for(capacity))
             .filter(|_| capacity <= 64 << 20)
             .ok_or_else(|| bad("bad capacity"))?;
         let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/fd/{fd}"))?;
@@ -303,7 +311,15 @@ impl PipeReceiver {
         if map.load_u64(NONCE_OFFSET, Ordering::Acquire) != Some(nonce) {
             return Err(bad("the file there is not that pipe"));
         }
-        Ok(PipeReceiver { map, consumer, pid, acks: 0, bounce: std::sync::Mutex::new(Vec::new()) })
+        Ok(PipeReceiver {
+            map,
+            consumer,
+            pid,
+            acks: 0,
+            capacity,
+            published: 0,
+            bounce: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// Whether this process may read the sender's memory: reads the word at `probe` (the
@@ -437,9 +453,23 @@ impl PipeReceiver {
 
     /// Copies the next message into `dst` and returns its length, or `None` if none has
     /// arrived. A message longer than `dst` is an error (and stays in the pipe).
+    ///
+    /// The space of the messages taken goes back to the sender when the receiver finds the
+    /// pipe empty (it then has nothing to wait for but the sender) or once an eighth of the
+    /// ring has been taken since it last did, not after each message: a sender that runs
+    /// ahead and waits for room keeps reading the receiver's position, and a store to it per
+    /// message would cost the receiver a cache miss per message. The sender never waits on
+    /// this alone: with less than an eighth of the ring held back it still has room for the
+    /// largest message (a quarter).
     pub fn try_recv(&mut self, dst: &mut [u8]) -> Result<Option<usize>, PipeError> {
         let map = &self.map;
-        let Some(record) = self.consumer.peek(&PipeRing(map), &HeadWord(map))? else { return Ok(None) };
+        let Some(record) = self.consumer.peek(&PipeRing(map), &HeadWord(map))? else {
+            if self.published != self.consumer.head() {
+                self.consumer.publish(&HeadWord(map));
+                self.published = self.consumer.head();
+            }
+            return Ok(None);
+        };
         let len = record.header.len as usize;
         if len > dst.len() {
             return Err(PipeError::TooLong { len, max: dst.len() });
@@ -447,7 +477,11 @@ impl PipeReceiver {
         if !map.read(RING_OFFSET + record.payload_offset, &mut dst[..len]) {
             return Err(PipeError::Ring(RingError::BadLength));
         }
-        self.consumer.release(&record, &HeadWord(map));
+        self.consumer.consume(&record);
+        if self.consumer.head() - self.published >= (self.capacity / 8) as u64 {
+            self.consumer.publish(&HeadWord(map));
+            self.published = self.consumer.head();
+        }
         Ok(Some(len))
     }
 }
@@ -501,7 +535,8 @@ mod tests {
             assert!(!tx.is_drained());
             assert_eq!(rx.try_recv(&mut buf).expect("recv"), Some(msg.len()));
             assert_eq!(&buf[..msg.len()], &msg[..], "round {round}");
-            assert!(tx.is_drained());
+            assert_eq!(rx.try_recv(&mut buf).expect("recv"), None, "one message sent");
+            assert!(tx.is_drained(), "a receiver that found the pipe empty gave its space back");
         }
         let mut sent = 0;
         while tx.try_send(&[7u8; 100]).expect("send") {
@@ -512,6 +547,31 @@ mod tests {
             assert_eq!(rx.try_recv(&mut buf).expect("recv"), Some(100));
         }
         assert!(tx.try_send(&[1]).expect("send"), "room again once taken");
+    }
+
+    /// The receiver gives space back now and then, not per message, and never holds back so
+    /// much that the largest message has no room: a sender that filled the pipe with small
+    /// messages can send the largest once they are read, before the receiver finds it empty.
+    #[test]
+    fn small_messages_share_lines_and_read_space_comes_back_in_time() {
+        let mut tx = PipeSender::create(4096).expect("pipe");
+        let mut rx = PipeReceiver::open(&tx.address(), tx.capacity()).expect("open");
+        let mut sent = 0u64;
+        while tx.try_send(&sent.to_le_bytes()).expect("send") {
+            sent += 1;
+        }
+        assert_eq!(sent, (4096 - 16) / 32, "8-byte messages take 32 bytes each");
+        let mut buf = [0u8; 1024];
+        for i in 0..sent {
+            assert_eq!(rx.try_recv(&mut buf).expect("recv"), Some(8));
+            assert_eq!(u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")), i);
+        }
+        assert!(!tx.is_drained(), "the last messages' space is given back when the pipe is found empty");
+        let largest = vec![9u8; tx.max_message()];
+        assert!(tx.try_send(&largest).expect("send"), "space held back kept the largest message out");
+        assert_eq!(rx.try_recv(&mut buf).expect("recv"), Some(largest.len()));
+        assert_eq!(rx.try_recv(&mut buf).expect("recv"), None);
+        assert!(tx.is_drained());
     }
 
     #[test]
@@ -586,7 +646,7 @@ mod tests {
     #[test]
     fn bad_lengths_and_addresses_are_refused() {
         let mut tx = PipeSender::create(1024).expect("pipe");
-        assert!(matches!(tx.try_send(&[0u8; 300]), Err(PipeError::TooLong { len: 300, max: 224 })));
+        assert!(matches!(tx.try_send(&[0u8; 300]), Err(PipeError::TooLong { len: 300, max: 240 })));
         let mut rx = PipeReceiver::open(&tx.address(), tx.capacity()).expect("open");
         assert!(tx.try_send(&[5u8; 40]).expect("send"));
         let mut small = [0u8; 8];

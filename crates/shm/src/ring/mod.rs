@@ -3,13 +3,24 @@
 //!
 //! # Layout
 //!
-//! The ring is `capacity` bytes (a power of two) of records, each starting at a multiple of 64
-//! bytes (a cache line) and never wrapping around the end:
+//! The ring is `capacity` bytes (a power of two) of records, never wrapping around the end, in
+//! one of two [`Layout`]s:
 //!
 //! ```text
-//! record:  [ stamp: u64 | info: u64 | word2: u64 | word3: u64 | payload … ] padded to 64 bytes
+//! LINES:   [ stamp: u64 | info: u64 | word2: u64 | word3: u64 | payload … ] padded to 64 bytes
+//! PACKED:  [ stamp: u64 | info: u64 | payload … ]                           padded to 16 bytes
 //! info  =  kind (bits 0..8) | flags (8..16) | payload length (32..64)
 //! ```
+//!
+//! [`LINES`] starts every record on a cache line and carries two opaque words: the queue pairs'
+//! rings (a record there is a work request's notice). [`PACKED`] carries only the kind, flags
+//! and length, and packs records 16 bytes apart (so that the end of a lap always has room for a
+//! skip record's header): the pipes' rings, whose messages are the small ones of a collective
+//! (an 8-byte broadcast takes 32 bytes instead of a line). A consumer that runs behind its
+//! producer takes a cache miss per line it reads, so a packed ring of small messages moves
+//! two of them per miss (2 ranks, 8-byte broadcasts in a loop, where the
+//! receiver's misses set the pace). Both ends of a ring must use the same layout: nothing in
+//! the ring says which it is.
 //!
 //! Positions are byte counts that only grow (`u64`); a record at position `p` lives at offset
 //! `p % capacity`. Its *stamp* is `!p`. The producer writes the header words and the payload,
@@ -22,8 +33,10 @@
 //! record before publishing it.
 //!
 //! A record that would run past the end is preceded by a *skip* record that covers the rest of
-//! the lap. The consumer publishes its position (`head`, `Release`) after each record; the
-//! producer reads it (`Acquire`) when its cached copy says the ring is full, and before a
+//! the lap. The consumer publishes its position (`head`, `Release`) after each record
+//! ([`Consumer::release`]), or less often ([`Consumer::consume`], then [`Consumer::publish`]:
+//! a consumer that runs behind a producer waiting for room then does not take a cache miss on
+//! the word the producer keeps reading, each record); the producer reads it (`Acquire`) when its cached copy says the ring is full, and before a
 //! record that would be the first in a [`PAGE`] of the ring: if the consumer has read
 //! everything then, the producer skips the rest of the lap and writes the record at offset 0.
 //! A connection whose ring empties between its messages (a request and its answer) so keeps
@@ -57,10 +70,51 @@ pub use memory::{RingMemory, Word};
 
 use crate::sync::Ordering;
 
-/// Bytes of a record header (the stamp and three words).
+/// Bytes of a record header in the [`LINES`] layout (the stamp and three words).
 pub const HEADER: usize = 32;
-/// Records start on cache-line boundaries.
+/// Records of the [`LINES`] layout start on cache-line boundaries.
 pub const ALIGN: usize = 64;
+
+/// Where a ring's records start and how long their headers are (see the [module](self) docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Records start at multiples of this many bytes (a power of two, at least the header, so
+    /// that the end of a lap has room for a skip record's header).
+    align: u64,
+    /// Bytes of a record's header: the stamp, the info word and, in [`LINES`], two more.
+    header: usize,
+}
+
+/// Records on cache lines with a 32-byte header carrying `word2` and `word3`.
+pub const LINES: Layout = Layout { align: ALIGN as u64, header: HEADER };
+/// Records 16 bytes apart with a 16-byte header: `word2` and `word3` are not carried (a
+/// producer refuses records that set them).
+pub const PACKED: Layout = Layout { align: 16, header: 16 };
+
+impl Layout {
+    /// Bytes a record with `len` payload bytes occupies.
+    pub fn record_size(&self, len: u32) -> u64 {
+        (self.header as u64 + u64::from(len)).div_ceil(self.align) * self.align
+    }
+
+    /// The largest payload one record of a ring of `capacity` bytes may carry: a quarter of
+    /// the ring, so that a lap always has room for a record after any skip.
+    pub fn max_payload_for(&self, capacity: usize) -> u32 {
+        u32::try_from(capacity / 4 - self.header).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes after the stamp that the header takes.
+    fn rest(&self) -> usize {
+        self.header - 8
+    }
+
+    /// Whether a ring of `capacity` bytes carrying at most `max_payload` per record is valid.
+    fn valid(&self, capacity: usize, max_payload: u32) -> bool {
+        capacity.is_power_of_two()
+            && capacity >= MIN_CAPACITY
+            && max_payload <= self.max_payload_for(capacity)
+    }
+}
 /// Smallest ring.
 pub const MIN_CAPACITY: usize = 256;
 /// The unit of the producer's restarts at the beginning of the ring (see the module docs): a
@@ -145,15 +199,15 @@ pub struct Record {
     size: u64,
 }
 
-/// Bytes a record with `len` payload bytes occupies.
+/// Bytes a record with `len` payload bytes occupies in the [`LINES`] layout.
 pub fn record_size(len: u32) -> u64 {
-    (HEADER as u64 + u64::from(len)).div_ceil(ALIGN as u64) * ALIGN as u64
+    LINES.record_size(len)
 }
 
-/// The largest payload one record of a ring of `capacity` bytes may carry: a quarter of the
-/// ring, so that a lap always has room for a record after any skip.
+/// The largest payload one record of a [`LINES`] ring of `capacity` bytes may carry (see
+/// [`Layout::max_payload_for`]).
 pub fn max_payload_for(capacity: usize) -> u32 {
-    u32::try_from(capacity / 4 - HEADER).unwrap_or(u32::MAX)
+    LINES.max_payload_for(capacity)
 }
 
 fn stamp(position: u64) -> u64 {
@@ -163,6 +217,7 @@ fn stamp(position: u64) -> u64 {
 /// The writing side of a ring.
 #[derive(Debug)]
 pub struct Producer {
+    layout: Layout,
     capacity: u64,
     max_payload: u32,
     tail: u64,
@@ -170,14 +225,23 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// A producer for an empty ring of `capacity` bytes (a power of two, at least
+    /// A producer for an empty [`LINES`] ring of `capacity` bytes (a power of two, at least
     /// [`MIN_CAPACITY`]) whose records carry at most `max_payload` bytes (at most
     /// [`max_payload_for`]`(capacity)`). Returns `None` for other sizes.
     pub fn new(capacity: usize, max_payload: u32) -> Option<Self> {
-        let valid = capacity.is_power_of_two()
-            && capacity >= MIN_CAPACITY
-            && max_payload <= max_payload_for(capacity);
-        valid.then_some(Self { capacity: capacity as u64, max_payload, tail: 0, head_seen: 0 })
+        Self::with_layout(LINES, capacity, max_payload)
+    }
+
+    /// [`Producer::new`] for a ring of the given layout (`max_payload` at most
+    /// [`Layout::max_payload_for`]`(capacity)`).
+    pub fn with_layout(layout: Layout, capacity: usize, max_payload: u32) -> Option<Self> {
+        layout.valid(capacity, max_payload).then_some(Self {
+            layout,
+            capacity: capacity as u64,
+            max_payload,
+            tail: 0,
+            head_seen: 0,
+        })
     }
 
     /// The position of the next record.
@@ -193,7 +257,7 @@ impl Producer {
     /// Whether `bytes` more can be written (plus the spare line for the next stamp), reading
     /// the consumer's position only if the cached one says no.
     fn has_room<W: Word>(&mut self, bytes: u64, peer_head: &W) -> Result<bool, RingError> {
-        let needed = self.tail + bytes + ALIGN as u64;
+        let needed = self.tail + bytes + self.layout.align;
         if needed <= self.head_seen + self.capacity {
             return Ok(true);
         }
@@ -212,7 +276,7 @@ impl Producer {
         let head = peer_head.load(Ordering::Acquire);
         if head > self.tail
             || self.tail - head > self.capacity
-            || !head.is_multiple_of(ALIGN as u64)
+            || !head.is_multiple_of(self.layout.align)
             || head < self.head_seen
         {
             return Err(RingError::BadHead);
@@ -227,8 +291,8 @@ impl Producer {
     ///
     /// # Panics
     ///
-    /// If `header.len` exceeds the maximum payload or `header.kind` is [`KIND_SKIP`] (caller
-    /// bugs, never peer input).
+    /// If `header.len` exceeds the maximum payload, `header.kind` is [`KIND_SKIP`], or the
+    /// ring is [`PACKED`] and `word2` or `word3` is set (caller bugs, never peer input).
     pub fn try_push<M: RingMemory, W: Word>(
         &mut self,
         ring: &M,
@@ -238,7 +302,11 @@ impl Producer {
     ) -> Result<bool, RingError> {
         assert!(header.len <= self.max_payload, "record payload above the ring's maximum");
         assert!(header.kind != KIND_SKIP, "the skip kind is reserved");
-        let size = record_size(header.len);
+        assert!(
+            self.layout.header == HEADER || (header.word2 == 0 && header.word3 == 0),
+            "a packed ring carries no header words"
+        );
+        let size = self.layout.record_size(header.len);
         let mut offset = (self.tail % self.capacity) as usize;
         let pad = self.capacity - offset as u64;
         let wraps = size > pad;
@@ -249,7 +317,7 @@ impl Producer {
         let restarts = !wraps
             && offset != 0
             && (offset as u64 + size) / page > offset as u64 / page
-            && pad + size + ALIGN as u64 <= self.capacity
+            && pad + size + self.layout.align <= self.capacity
             && self.consumer_caught_up(peer_head)?;
         if wraps || restarts {
             if !self.has_room(pad + size, peer_head)? {
@@ -261,8 +329,8 @@ impl Producer {
         } else if !self.has_room(size, peer_head)? {
             return Ok(false);
         }
-        ring.write_bytes(offset + 8, &header.encode());
-        fill(offset + HEADER);
+        ring.write_bytes(offset + 8, &header.encode()[..self.layout.rest()]);
+        fill(offset + self.layout.header);
         self.publish(ring, offset, size, &header);
         Ok(true)
     }
@@ -271,7 +339,7 @@ impl Producer {
     /// words other than the stamp are already written, except for skips).
     fn publish<M: RingMemory>(&mut self, ring: &M, offset: usize, size: u64, header: &RecordHeader) {
         if header.kind == KIND_SKIP {
-            ring.write_bytes(offset + 8, &header.encode());
+            ring.write_bytes(offset + 8, &header.encode()[..self.layout.rest()]);
         }
         let next = ((self.tail + size) % self.capacity) as usize;
         ring.store_word(next, 0, Ordering::Relaxed);
@@ -283,19 +351,27 @@ impl Producer {
 /// The reading side of a ring.
 #[derive(Debug)]
 pub struct Consumer {
+    layout: Layout,
     capacity: u64,
     max_payload: u32,
     head: u64,
 }
 
 impl Consumer {
-    /// A consumer for an empty ring of `capacity` bytes whose records carry at most
+    /// A consumer for an empty [`LINES`] ring of `capacity` bytes whose records carry at most
     /// `max_payload` bytes; `None` for sizes [`Producer::new`] would refuse.
     pub fn new(capacity: usize, max_payload: u32) -> Option<Self> {
-        let valid = capacity.is_power_of_two()
-            && capacity >= MIN_CAPACITY
-            && max_payload <= max_payload_for(capacity);
-        valid.then_some(Self { capacity: capacity as u64, max_payload, head: 0 })
+        Self::with_layout(LINES, capacity, max_payload)
+    }
+
+    /// [`Consumer::new`] for a ring of the given layout.
+    pub fn with_layout(layout: Layout, capacity: usize, max_payload: u32) -> Option<Self> {
+        layout.valid(capacity, max_payload).then_some(Self {
+            layout,
+            capacity: capacity as u64,
+            max_payload,
+            head: 0,
+        })
     }
 
     /// The position of the next record to read.
@@ -316,7 +392,7 @@ impl Consumer {
                 return Ok(None);
             }
             let mut bytes = [0u8; HEADER - 8];
-            ring.read_bytes(offset + 8, &mut bytes);
+            ring.read_bytes(offset + 8, &mut bytes[..self.layout.rest()]);
             let header = RecordHeader::decode(&bytes);
             if header.kind == KIND_SKIP {
                 if offset == 0 {
@@ -326,18 +402,30 @@ impl Consumer {
                 own_head.store(self.head, Ordering::Release);
                 continue;
             }
-            let size = record_size(header.len);
+            let size = self.layout.record_size(header.len);
             if header.len > self.max_payload || offset as u64 + size > self.capacity {
                 return Err(RingError::BadLength);
             }
-            return Ok(Some(Record { header, payload_offset: offset + HEADER, size }));
+            return Ok(Some(Record { header, payload_offset: offset + self.layout.header, size }));
         }
     }
 
     /// Consumes `record` (the one [`Consumer::peek`] returned last) and publishes the new
     /// position, releasing the space to the producer.
     pub fn release<W: Word>(&mut self, record: &Record, own_head: &W) {
+        self.consume(record);
+        self.publish(own_head);
+    }
+
+    /// Consumes `record` (the one [`Consumer::peek`] returned last) without publishing the
+    /// new position: the producer sees the space after the next [`Consumer::publish`] (or a
+    /// skip record taken by [`Consumer::peek`]).
+    pub fn consume(&mut self, record: &Record) {
         self.head += record.size;
+    }
+
+    /// Publishes this side's position, releasing the space of every record consumed so far.
+    pub fn publish<W: Word>(&self, own_head: &W) {
         own_head.store(self.head, Ordering::Release);
     }
 }

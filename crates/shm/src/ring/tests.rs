@@ -145,7 +145,7 @@ fn garbage_records_are_refused() {
     // A record within the maximum that would run past the end of the ring.
     let ring = HeapRing::new(512);
     let head = CellWord::default();
-    let mut consumer = Consumer { capacity: 512, max_payload: 96, head: 448 };
+    let mut consumer = Consumer { layout: LINES, capacity: 512, max_payload: 96, head: 448 };
     forge(&ring, 512, 448, 1, 96);
     assert_eq!(consumer.peek(&ring, &head), Err(RingError::BadLength));
 }
@@ -159,7 +159,7 @@ fn stale_and_random_memory_is_not_a_record() {
     assert_eq!(consumer.peek(&ring, &head), Ok(None), "random bytes taken as a record");
     // A record stamped for the previous lap at this offset.
     forge(&ring, 256, 0, 1, 0);
-    let mut ahead = Consumer { capacity: 256, max_payload: 32, head: 256 };
+    let mut ahead = Consumer { layout: LINES, capacity: 256, max_payload: 32, head: 256 };
     assert_eq!(ahead.peek(&ring, &head), Ok(None), "a stale record taken as new");
 }
 
@@ -224,4 +224,108 @@ fn a_ring_read_as_it_is_written_keeps_to_its_first_page() {
         assert_eq!(got, header(100, tag - 1));
     }
     assert!(furthest > 8 * PAGE as u64, "with a record unread the lap went only to {furthest}");
+}
+
+fn packed_header(len: u32) -> RecordHeader {
+    RecordHeader { kind: 1, flags: 2, len, word2: 0, word3: 0 }
+}
+
+/// A packed ring carries the kind, flags, length and payload across many laps (with skips of
+/// every size down to one 16-byte slot at the end of a lap), 16 bytes per record of up to 0
+/// bytes and 32 per record of 8.
+#[test]
+fn packed_records_round_trip_across_many_laps_with_every_skip_size() {
+    assert_eq!(PACKED.record_size(0), 16);
+    assert_eq!(PACKED.record_size(8), 32);
+    assert_eq!(PACKED.record_size(17), 48);
+    assert_eq!(PACKED.max_payload_for(1024), 240);
+    let capacity = 1024;
+    let ring = HeapRing::new(capacity);
+    let head = CellWord::default();
+    let max = PACKED.max_payload_for(capacity);
+    let mut producer = Producer::with_layout(PACKED, capacity, max).expect("producer");
+    let mut consumer = Consumer::with_layout(PACKED, capacity, max).expect("consumer");
+    let mut pads = std::collections::BTreeSet::new();
+    for round in 0..2_000u64 {
+        // Lengths that leave every multiple of 16 at the end of some lap.
+        let len = ((round * 37) % u64::from(max + 1)) as u32;
+        let before = producer.tail();
+        let pushed = producer
+            .try_push(&ring, &head, packed_header(len), |offset| {
+                let payload: Vec<u8> = (0..len).map(|i| (i as u64 ^ round) as u8).collect();
+                ring.write_bytes(offset, &payload);
+            })
+            .expect("push");
+        assert!(pushed, "round {round}: an empty ring refused a record");
+        let size = PACKED.record_size(len);
+        if producer.tail() - before != size {
+            pads.insert(producer.tail() - before - size);
+        }
+        let record = consumer.peek(&ring, &head).expect("peek").expect("the record just written");
+        assert_eq!(record.header, packed_header(len), "round {round}");
+        let mut payload = vec![0u8; len as usize];
+        ring.read_bytes(record.payload_offset, &mut payload);
+        assert!(payload.iter().enumerate().all(|(i, b)| *b == (i as u64 ^ round) as u8), "round {round}");
+        consumer.release(&record, &head);
+        assert!(consumer.peek(&ring, &head).expect("peek").is_none(), "a record appeared twice");
+    }
+    assert!(pads.contains(&16), "no lap ended with a one-slot skip ({pads:?})");
+    assert_eq!(consumer.head(), producer.tail());
+}
+
+/// Small packed records share lines: a 1 KiB ring holds 31 records of 8 bytes (a lines ring
+/// 15), and a packed ring refuses header words it cannot carry.
+#[test]
+fn a_packed_ring_holds_twice_the_small_records_and_no_header_words() {
+    let capacity = 1024;
+    let fill = |layout: Layout| {
+        let ring = HeapRing::new(capacity);
+        let head = CellWord::default();
+        let mut producer =
+            Producer::with_layout(layout, capacity, layout.max_payload_for(capacity)).expect("producer");
+        let mut n = 0;
+        while producer
+            .try_push(&ring, &head, packed_header(8), |offset| ring.write_bytes(offset, &[7; 8]))
+            .expect("push")
+        {
+            n += 1;
+        }
+        n
+    };
+    assert_eq!(fill(PACKED), 31);
+    assert_eq!(fill(LINES), 15);
+    let refused = std::panic::catch_unwind(|| {
+        let ring = HeapRing::new(capacity);
+        let head = CellWord::default();
+        let mut producer = Producer::with_layout(PACKED, capacity, 64).expect("producer");
+        let _ = producer.try_push(&ring, &head, header(8, 1), |_| {});
+    });
+    assert!(refused.is_err(), "a packed ring took word2 and word3 and would drop them");
+}
+
+/// A consumer that publishes its position only now and then ([`Consumer::consume`]) hands
+/// the space back when it does, and not before.
+#[test]
+fn consumed_space_goes_back_when_published() {
+    let ring = HeapRing::new(256);
+    let head = CellWord::default();
+    let mut producer = Producer::with_layout(PACKED, 256, 32).expect("producer");
+    let mut consumer = Consumer::with_layout(PACKED, 256, 32).expect("consumer");
+    let push = |producer: &mut Producer| {
+        producer
+            .try_push(&ring, &head, packed_header(32), |offset| ring.write_bytes(offset, &[1; 32]))
+            .expect("push")
+    };
+    // Five 48-byte records fill 256 bytes less the slot kept for the next stamp.
+    for _ in 0..5 {
+        assert!(push(&mut producer));
+    }
+    assert!(!push(&mut producer));
+    while let Some(record) = consumer.peek(&ring, &head).expect("peek") {
+        consumer.consume(&record);
+    }
+    assert_eq!(consumer.head(), producer.tail());
+    assert!(!push(&mut producer), "space came back before it was published");
+    consumer.publish(&head);
+    assert!(push(&mut producer), "published space not reused");
 }
