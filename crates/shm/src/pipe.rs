@@ -131,6 +131,10 @@ impl RingMemory for PipeRing<'_> {
     fn write_bytes(&self, offset: usize, src: &[u8]) {
         let _ = self.0.write(RING_OFFSET + offset, src);
     }
+
+    fn prepare_write(&self, offset: usize) {
+        self.0.prefetch_for_write(RING_OFFSET + offset);
+    }
 }
 
 /// The receiver's position, the pipe's first word.

@@ -16,27 +16,29 @@ use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
 use lightpath_shm::activity::{self, announce, state_value, take, AtomicWord};
-use lightpath_shm::ring::{self, Consumer, Producer, RecordHeader, RingMemory, Word};
+use lightpath_shm::ring::{self, Consumer, Layout, Producer, RecordHeader, RingMemory, Word, LINES, PACKED};
 use std::sync::atomic::Ordering;
 
-/// A ring of `capacity` bytes: one atomic stamp per 64-byte line (records start on lines),
-/// every other byte a checked cell.
+/// A ring of `capacity` bytes: one atomic stamp per `slot` bytes (where records may start: a
+/// line for [`LINES`], 16 bytes for [`PACKED`]), every other byte a checked cell.
 struct ModelRing {
+    slot: usize,
     stamps: Vec<AtomicU64>,
     bytes: Vec<UnsafeCell<u8>>,
 }
 
 impl ModelRing {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, slot: usize) -> Self {
         Self {
-            stamps: (0..capacity / ring::ALIGN).map(|_| AtomicU64::new(0)).collect(),
+            slot,
+            stamps: (0..capacity / slot).map(|_| AtomicU64::new(0)).collect(),
             bytes: (0..capacity).map(|_| UnsafeCell::new(0)).collect(),
         }
     }
 
     fn stamp(&self, offset: usize) -> &AtomicU64 {
-        assert_eq!(offset % ring::ALIGN, 0, "stamps live at the start of a line");
-        &self.stamps[offset / ring::ALIGN]
+        assert_eq!(offset % self.slot, 0, "stamps live where records may start");
+        &self.stamps[offset / self.slot]
     }
 }
 
@@ -92,13 +94,19 @@ impl AtomicWord for ModelWord {
 
 /// What one producer and the consumer share: the ring and the consumer's position in it.
 struct Shared {
+    layout: Layout,
     ring: ModelRing,
     head: ModelWord,
 }
 
 impl Shared {
     fn new(capacity: usize) -> Arc<Self> {
-        Arc::new(Self { ring: ModelRing::new(capacity), head: ModelWord(AtomicU64::new(0)) })
+        Self::with_layout(LINES, capacity)
+    }
+
+    fn with_layout(layout: Layout, capacity: usize) -> Arc<Self> {
+        let slot = if layout == PACKED { 16 } else { ring::ALIGN };
+        Arc::new(Self { layout, ring: ModelRing::new(capacity, slot), head: ModelWord(AtomicU64::new(0)) })
     }
 }
 
@@ -106,8 +114,13 @@ fn word() -> ModelWord {
     ModelWord(AtomicU64::new(0))
 }
 
-fn header(len: u32, tag: u64) -> RecordHeader {
-    RecordHeader { kind: 1, flags: 0, len, word2: tag, word3: !tag }
+fn header(layout: Layout, len: u32, tag: u64) -> RecordHeader {
+    if layout == PACKED {
+        // A packed record carries no header words: the tag goes in the flags.
+        RecordHeader { kind: 1, flags: tag as u8, len, word2: 0, word3: 0 }
+    } else {
+        RecordHeader { kind: 1, flags: 0, len, word2: tag, word3: !tag }
+    }
 }
 
 fn payload(len: u32, tag: u64) -> Vec<u8> {
@@ -117,12 +130,12 @@ fn payload(len: u32, tag: u64) -> Vec<u8> {
 /// Producer: pushes `sizes` in order, calling `published` after each record; when the ring is
 /// full it yields (as the provider's sender waits to be told of freed space).
 fn produce(shared: &Shared, capacity: usize, max: u32, sizes: &[u32], published: impl Fn()) {
-    let mut producer = Producer::new(capacity, max).expect("producer");
+    let mut producer = Producer::with_layout(shared.layout, capacity, max).expect("producer");
     for (tag, &len) in sizes.iter().enumerate() {
         let tag = tag as u64;
         loop {
             let pushed = producer
-                .try_push(&shared.ring, &shared.head, header(len, tag), |offset| {
+                .try_push(&shared.ring, &shared.head, header(shared.layout, len, tag), |offset| {
                     shared.ring.write_bytes(offset, &payload(len, tag));
                 })
                 .expect("the consumer never reports an impossible position");
@@ -138,7 +151,7 @@ fn produce(shared: &Shared, capacity: usize, max: u32, sizes: &[u32], published:
 /// Consumer: takes the records of `sizes` in order, checking each, yielding while the ring
 /// is empty.
 fn consume(shared: &Shared, capacity: usize, max: u32, sizes: &[u32]) {
-    let mut reader = Reader::new(capacity, max, sizes);
+    let mut reader = Reader::with_layout(shared.layout, capacity, max, sizes);
     while !reader.done() {
         if !reader.read(shared) {
             thread::yield_now();
@@ -150,13 +163,21 @@ fn consume(shared: &Shared, capacity: usize, max: u32, sizes: &[u32]) {
 /// The consumer of one ring: reads the records it expects, in order, checking each.
 struct Reader<'s> {
     consumer: Consumer,
+    /// Publishes its position only when it finds the ring empty, as a pipe's receiver does
+    /// (packed rings).
+    lazy: bool,
     sizes: &'s [u32],
     next: usize,
 }
 
 impl<'s> Reader<'s> {
     fn new(capacity: usize, max: u32, sizes: &'s [u32]) -> Self {
-        Self { consumer: Consumer::new(capacity, max).expect("consumer"), sizes, next: 0 }
+        Self::with_layout(LINES, capacity, max, sizes)
+    }
+
+    fn with_layout(layout: Layout, capacity: usize, max: u32, sizes: &'s [u32]) -> Self {
+        let consumer = Consumer::with_layout(layout, capacity, max).expect("consumer");
+        Self { consumer, lazy: layout == PACKED, sizes, next: 0 }
     }
 
     fn done(&self) -> bool {
@@ -169,13 +190,20 @@ impl<'s> Reader<'s> {
         while let Some(record) = self.consumer.peek(&shared.ring, &shared.head).expect("valid records") {
             let tag = self.next as u64;
             let len = *self.sizes.get(self.next).expect("an extra record appeared");
-            assert_eq!(record.header, header(len, tag), "record {tag}");
+            assert_eq!(record.header, header(shared.layout, len, tag), "record {tag}");
             let mut got = vec![0u8; len as usize];
             shared.ring.read_bytes(record.payload_offset, &mut got);
             assert_eq!(got, payload(len, tag), "payload of record {tag}");
-            self.consumer.release(&record, &shared.head);
+            if self.lazy {
+                self.consumer.consume(&record);
+            } else {
+                self.consumer.release(&record, &shared.head);
+            }
             self.next += 1;
             any = true;
+        }
+        if self.lazy {
+            self.consumer.publish(&shared.head);
         }
         any
     }
@@ -213,6 +241,27 @@ fn multi_line_records_and_skips() {
         let max = ring::max_payload_for(CAPACITY);
         let sizes = [96u32, 40, 96];
         let shared = Shared::new(CAPACITY);
+        let producer = {
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || produce(&shared, CAPACITY, max, &sizes, || {}))
+        };
+        consume(&shared, CAPACITY, max, &sizes);
+        producer.join().unwrap();
+    });
+}
+
+/// A packed ring (records 16 bytes apart, as pipes use) whose consumer publishes its position
+/// only when it finds the ring empty: the ring fills and wraps with a skip of one slot, and
+/// every record arrives whole and in order.
+#[test]
+fn packed_records_with_late_published_positions_arrive_whole_and_in_order() {
+    const CAPACITY: usize = 256;
+    model(2, || {
+        let max = PACKED.max_payload_for(CAPACITY);
+        // Records of 64 + 64 + 64 + 48 bytes fill the lap to offset 240; the last (32 bytes)
+        // takes a 16-byte skip to the start and room the consumer has given back.
+        let sizes = [48u32, 48, 48, 20, 8];
+        let shared = Shared::with_layout(PACKED, CAPACITY);
         let producer = {
             let shared = Arc::clone(&shared);
             thread::spawn(move || produce(&shared, CAPACITY, max, &sizes, || {}))

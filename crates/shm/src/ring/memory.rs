@@ -13,6 +13,9 @@ pub trait RingMemory {
     fn read_bytes(&self, offset: usize, dst: &mut [u8]);
     /// Copies bytes into the ring (producer only).
     fn write_bytes(&self, offset: usize, src: &[u8]);
+    /// A hint that the producer will write at `offset` soon (see `Producer::try_push`); does
+    /// nothing unless the memory can act on it.
+    fn prepare_write(&self, _offset: usize) {}
 }
 
 /// One shared 8-byte word outside the ring: a consumer position or a wake word.

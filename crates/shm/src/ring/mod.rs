@@ -345,6 +345,12 @@ impl Producer {
         ring.store_word(next, 0, Ordering::Relaxed);
         ring.store_word(offset, stamp(self.tail), Ordering::Release);
         self.tail += size;
+        // The line after the one the next record starts in: the consumer may be polling
+        // that one.
+        let ahead = ((self.tail % self.capacity) as usize & !(ALIGN - 1)) + ALIGN;
+        if ahead < self.capacity as usize {
+            ring.prepare_write(ahead);
+        }
     }
 }
 
