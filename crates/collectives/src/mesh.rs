@@ -697,6 +697,8 @@ impl Mesh {
         op: &'static str,
         seq: u64,
     ) -> Result<PipedRound, Error> {
+        // Whom this rank waits for, as a ping is answered (`run_steps` sets it again).
+        self.waiting_on = None;
         let mut count = 0;
         for step in steps {
             let (peer, region) = match *step {
