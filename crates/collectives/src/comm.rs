@@ -214,7 +214,6 @@ struct State {
     /// rank, the group's hosts): a loop of identical calls builds it once (see
     /// `Communicator::execute`).
     last: Option<(Collective, DType, usize, Arc<Topology>, schedule::Schedule)>,
-    next_ticket: u64,
     serving: u64,
     /// Calls waiting for their turn: the finishing call wakes them only if there are any
     /// (a condition variable's notify is a system call even when nobody waits).
@@ -226,6 +225,9 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     turn: Condvar,
+    /// The next call's ticket: the order calls run in. Outside `state`, whose lock a running
+    /// call holds, so that issuing a nonblocking call never waits for the call that runs.
+    next_ticket: AtomicU64,
     config: Config,
     _store: Option<StoreServer>,
     /// The queue of the thread that runs nonblocking calls, started by the first one. Calls
@@ -243,11 +245,11 @@ struct Shared {
 
 impl Shared {
     /// Issues a ticket and takes the call's sequence number from `seq` (the calling
-    /// communicator's counter).
+    /// communicator's counter), without waiting for the call that runs now. Calls issued by
+    /// one thread get tickets and numbers in the order it issues them; calls issued at once
+    /// by several threads run in some order, as they would with any library.
     fn issue(&self, seq: &AtomicU64) -> (u64, u64) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.next_ticket += 1;
-        (st.next_ticket - 1, next_seq(seq))
+        (self.next_ticket.fetch_add(1, Ordering::Relaxed), seq.fetch_add(1, Ordering::Relaxed))
     }
 
     fn run<R>(&self, ticket: u64, f: impl FnOnce(&mut State) -> R) -> R {
@@ -255,12 +257,13 @@ impl Shared {
         self.run_locked(st, ticket, f)
     }
 
-    /// Issues a ticket and runs `f` in its turn, taking the lock once (a blocking call).
-    fn issue_and_run<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.next_ticket += 1;
-        let ticket = st.next_ticket - 1;
-        self.run_locked(st, ticket, f)
+    /// Issues a ticket and runs `f` (given the call's sequence number, taken from `seq`, or 0
+    /// for something that is not a call) in its turn (a blocking call).
+    fn issue_and_run<R>(&self, seq: Option<&AtomicU64>, f: impl FnOnce(&mut State, u64) -> R) -> R {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let seq = seq.map_or(0, |seq| seq.fetch_add(1, Ordering::Relaxed));
+        self.run_locked(st, ticket, |st| f(st, seq))
     }
 
     fn run_locked<R>(
@@ -291,15 +294,6 @@ impl Shared {
         }
         r.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
-}
-
-/// Takes the next sequence number from a communicator's counter. Callers hold the state lock
-/// (every call's number is taken under it), so a load and a store count without a lost
-/// update; a locked read-modify-write here cost a small call a few percent of its time.
-fn next_seq(seq: &AtomicU64) -> u64 {
-    let n = seq.load(Ordering::Relaxed);
-    seq.store(n + 1, Ordering::Relaxed);
-    n
 }
 
 impl Drop for Shared {
@@ -488,7 +482,8 @@ impl Communicator {
         let shared = Arc::new(Shared {
             abort_lines,
             aborted,
-            state: Mutex::new(State { mesh, last: None, next_ticket: 0, serving: 0, waiting: 0 }),
+            state: Mutex::new(State { mesh, last: None, serving: 0, waiting: 0 }),
+            next_ticket: AtomicU64::new(0),
             turn: Condvar::new(),
             config,
             _store: server,
@@ -715,10 +710,8 @@ impl Communicator {
         output: &mut [u8],
     ) -> Result<(), Error> {
         self.check(what, dtype, input.len(), output.len())?;
-        self.shared.issue_and_run(|st| {
-            let seq = next_seq(&self.seq);
-            self.run_call(st, what, dtype, seq, input, output)
-        })
+        self.shared
+            .issue_and_run(Some(&self.seq), |st, seq| self.run_call(st, what, dtype, seq, input, output))
     }
 
     /// Runs a call in its turn (`st` locked): the schedule (the last one if it fits), the
@@ -804,7 +797,7 @@ impl Communicator {
     /// nonblocking ones included (whose requests then complete at once). Sends nothing; each
     /// of those calls finishes or fails within the timeout, so this does not hang either.
     pub fn wait_issued(&self) {
-        self.shared.issue_and_run(|_| ());
+        self.shared.issue_and_run(None, |_, _| ());
     }
 
     /// Another handle on this communicator (the same group and call counter), for a call

@@ -359,6 +359,42 @@ fn role_buffers_change(comm: &Communicator) {
     std::process::exit(0);
 }
 
+fn role_issue_while_running(comm: &Communicator) {
+    // Rank 0 starts a nonblocking allreduce that cannot finish until rank 1 joins it, then
+    // issues a second one: that must return at once (it only queues), and only then does
+    // rank 0 tell rank 1 (a marker file) to join both. An issue that waited for the running
+    // call would wait for rank 1, which waits for the marker: rank 1 gives up after 10 s.
+    let r = comm.rank();
+    let marker = std::path::PathBuf::from(std::env::var("LPCOLL_MARKER").expect("a marker path"));
+    comm.barrier().unwrap();
+    if r == 0 {
+        let first = comm.iallreduce(vec![1f32; 4096], ReduceOp::Sum);
+        // Let the call thread take the first call and block in it.
+        std::thread::sleep(Duration::from_millis(50));
+        let second = comm.iallreduce(vec![2i64; 16], ReduceOp::Sum);
+        std::fs::write(&marker, b"issued").unwrap();
+        let first = first.wait().unwrap();
+        let second = second.wait().unwrap();
+        check!(first.iter().all(|v| *v == 2.0), "first allreduce");
+        check!(second.iter().all(|v| *v == 4), "second allreduce");
+    } else {
+        let start = Instant::now();
+        while !marker.exists() {
+            check!(
+                start.elapsed() < Duration::from_secs(10),
+                "rank 0's second issue waited for its first call"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut a = vec![1f32; 4096];
+        comm.allreduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+        let mut b = vec![2i64; 16];
+        comm.allreduce_in_place(&mut b, ReduceOp::Sum).unwrap();
+        check!(a.iter().all(|v| *v == 2.0) && b.iter().all(|v| *v == 4), "rank 1's results");
+    }
+    std::process::exit(0);
+}
+
 /// The rank side: runs only when started by one of the tests below.
 #[test]
 fn worker() {
@@ -385,6 +421,7 @@ fn worker() {
         "mismatch" => return role_mismatch(comm),
         "abort" => role_abort(&comm),
         "buffers_change" => role_buffers_change(&comm),
+        "issue_while_running" => role_issue_while_running(&comm),
         other => panic!("unknown role {other}"),
     }
     drop(comm);
@@ -512,6 +549,21 @@ fn a_stopped_rank_times_out_every_other_rank_naming_it() {
 #[test]
 fn buffers_that_change_under_a_nonblocking_call_fail_it_and_the_peers() {
     let out = run(2, "buffers_change", &[]);
+    for (r, s) in out.statuses.iter().enumerate() {
+        assert!(s.success(), "rank {r} {s:?}");
+    }
+}
+
+#[test]
+fn a_nonblocking_call_issued_while_another_runs_returns_at_once() {
+    let marker = std::env::temp_dir().join(format!("lpcoll-issued-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let out = run(
+        2,
+        "issue_while_running",
+        &[("LPCOLL_MARKER", marker.to_str().unwrap()), ("LIGHTPATH_COLL_TIMEOUT_MS", "30000")],
+    );
+    let _ = std::fs::remove_file(&marker);
     for (r, s) in out.statuses.iter().enumerate() {
         assert!(s.success(), "rank {r} {s:?}");
     }
