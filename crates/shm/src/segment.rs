@@ -247,6 +247,10 @@ impl RingMemory for RingView<'_> {
         let written = self.map.write(RING_OFFSET + offset, src);
         debug_assert!(written);
     }
+
+    fn prepare_write(&self, offset: usize) {
+        self.map.prefetch_for_write(RING_OFFSET + offset);
+    }
 }
 
 /// One 8-byte word of a segment.
