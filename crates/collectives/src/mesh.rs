@@ -755,40 +755,19 @@ impl Mesh {
                 }
                 let pipe =
                     self.peers[peer_rank].as_mut().and_then(|p| p.pipe.as_mut()).expect("checked above");
-                let broken = |detail: String| Error::PeerFailed { rank: peer_rank, op, seq, detail };
-                let done = if send {
-                    pipe.tx
-                        .try_send(slice(input, output, &self.scratch, region))
-                        .map_err(|e| broken(e.to_string()))?
-                } else {
-                    let reduce = !matches!(step, Step::Recv { .. });
-                    let into = if reduce {
-                        &mut self.pipe_buf[..region.len]
-                    } else {
-                        slice_mut(output, &mut self.scratch, region)
-                    };
-                    match pipe.rx.try_recv(into).map_err(|e| broken(e.to_string()))? {
-                        None => false,
-                        Some(n) if n != region.len => {
-                            return Err(broken(format!(
-                                "a {n}-byte message where the call expects {}",
-                                region.len
-                            )))
-                        }
-                        Some(_) if !reduce => true,
-                        Some(n) => {
-                            let got = &self.pipe_buf[..n];
-                            if let Some(with) = with {
-                                let (left, dst) = two(input, output, &mut self.scratch, with, region);
-                                dtype::combine(sched.dtype, sched.op, dst, left, got);
-                            } else {
-                                let dst = slice_mut(output, &mut self.scratch, region);
-                                dtype::reduce(sched.dtype, sched.op, dst, got);
-                            }
-                            true
-                        }
-                    }
+                let kind = match step {
+                    Step::Send { .. } => 0,
+                    Step::Recv { .. } => 1,
+                    _ => 2,
                 };
+                let done = move_piped(
+                    pipe,
+                    PipedMessage { kind, region, with },
+                    sched,
+                    (input, output, &mut self.scratch),
+                    &mut self.pipe_buf,
+                    |detail| Error::PeerFailed { rank: peer_rank, op, seq, detail },
+                )?;
                 if done {
                     moved |= bit;
                 } else if blocked_len < blocked.len() {
@@ -1050,39 +1029,14 @@ impl Mesh {
                 if piped {
                     // A pipe message moves whole, with no look at the stream.
                     let pipe = peer.pipe.as_mut().expect("piped steps have a pipe");
-                    let broken = |detail: String| Error::PeerFailed { rank: peer_rank, op, seq, detail };
-                    let moved = if kind == 0 {
-                        let bytes = slice(input, output, &self.scratch, region);
-                        pipe.tx.try_send(bytes).map_err(|e| broken(e.to_string()))?
-                    } else {
-                        // A plain receive lands in place; a reducing one next to it first.
-                        let into = if kind == 1 {
-                            slice_mut(output, &mut self.scratch, region)
-                        } else {
-                            &mut self.pipe_buf[..region.len]
-                        };
-                        match pipe.rx.try_recv(into).map_err(|e| broken(e.to_string()))? {
-                            None => false,
-                            Some(n) if n != region.len => {
-                                return Err(broken(format!(
-                                    "a {n}-byte message where the call expects {}",
-                                    region.len
-                                )))
-                            }
-                            Some(_) if kind == 1 => true,
-                            Some(n) => {
-                                let got = &self.pipe_buf[..n];
-                                if let Some(with) = p.with {
-                                    let (left, dst) = two(input, output, &mut self.scratch, with, region);
-                                    dtype::combine(sched.dtype, sched.op, dst, left, got);
-                                } else {
-                                    let dst = slice_mut(output, &mut self.scratch, region);
-                                    dtype::reduce(sched.dtype, sched.op, dst, got);
-                                }
-                                true
-                            }
-                        }
-                    };
+                    let moved = move_piped(
+                        pipe,
+                        PipedMessage { kind, region, with: p.with },
+                        sched,
+                        (input, output, &mut self.scratch),
+                        &mut self.pipe_buf,
+                        |detail| Error::PeerFailed { rank: peer_rank, op, seq, detail },
+                    )?;
                     if moved {
                         p.done = region.len;
                         p.finished = true;
@@ -1554,6 +1508,51 @@ fn online_cpus() -> usize {
             .sum::<Option<usize>>()
     });
     listed.unwrap_or_else(lightpath_verbs::available_cores)
+}
+
+/// A message that goes whole through a pipe: `kind` 0 sends `region`, 1 receives into it, 2
+/// receives and reduces into it (or, with `with`, stores `with op received` there).
+struct PipedMessage {
+    kind: u8,
+    region: Region,
+    with: Option<Region>,
+}
+
+/// Moves `msg` through `pipe` if the pipe can take or give it now: a send copies the bytes in;
+/// a plain receive copies them straight into place, a reducing one into `pipe_buf` first and
+/// reduces from there. Returns whether it moved (`false`: the pipe is full, or nothing has
+/// arrived); a pipe error or a message of the wrong length is `broken`'s error.
+fn move_piped(
+    pipe: &mut Pipe,
+    msg: PipedMessage,
+    sched: &Schedule,
+    (input, output, scratch): (&[u8], &mut [u8], &mut [u8]),
+    pipe_buf: &mut [u8],
+    broken: impl Fn(String) -> Error,
+) -> Result<bool, Error> {
+    let PipedMessage { kind, region, with } = msg;
+    if kind == 0 {
+        let bytes = slice(input, output, scratch, region);
+        return pipe.tx.try_send(bytes).map_err(|e| broken(e.to_string()));
+    }
+    let into = if kind == 1 { slice_mut(output, scratch, region) } else { &mut pipe_buf[..region.len] };
+    match pipe.rx.try_recv(into).map_err(|e| broken(e.to_string()))? {
+        None => Ok(false),
+        Some(n) if n != region.len => {
+            Err(broken(format!("a {n}-byte message where the call expects {}", region.len)))
+        }
+        Some(_) if kind == 1 => Ok(true),
+        Some(n) => {
+            let got = &pipe_buf[..n];
+            if let Some(with) = with {
+                let (left, dst) = two(input, output, scratch, with, region);
+                dtype::combine(sched.dtype, sched.op, dst, left, got);
+            } else {
+                dtype::reduce(sched.dtype, sched.op, slice_mut(output, scratch, region), got);
+            }
+            Ok(true)
+        }
+    }
 }
 
 fn slice<'a>(input: &'a [u8], output: &'a [u8], scratch: &'a [u8], r: Region) -> &'a [u8] {
