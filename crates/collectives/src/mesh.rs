@@ -682,10 +682,10 @@ impl Mesh {
     /// The small calls' path: a round whose every message goes whole through a same-host
     /// pipe (2 ranks, 8 B broadcast or allreduce) moves them in a few passes over its steps,
     /// without `run_steps`' bookkeeping, which took about half of such a call (~70 ns here,
-    /// Open MPI's ~50). Returns [`PipedRound::Unsuited`] (nothing tried) for other rounds, and hands
-    /// a round that does not finish within [`PIPED_PASSES`] idle passes to `run_steps` with
-    /// what moved ([`PipedRound::Partly`]: bit `i` for the `i`th message step): the waiting, the
-    /// failure checks and the timeout are all there.
+    /// Open MPI's ~50). Returns [`PipedRound::Unsuited`] (nothing tried) for other rounds,
+    /// and hands a round that does not finish within [`PIPED_PASSES`] idle passes to
+    /// `run_steps` with what moved ([`PipedRound::Partly`]: bit `i` for the `i`th message
+    /// step): the waiting, the failure checks and the timeout are all there.
     #[allow(clippy::too_many_arguments)]
     fn run_piped(
         &mut self,

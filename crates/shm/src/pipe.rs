@@ -20,8 +20,9 @@
 //!
 //! A message is one record of a [packed](crate::ring::PACKED) ring, 16 bytes apart, so that
 //! small messages share cache lines ([`PipeSender::try_send`] copies it in, `false` when the
-//! ring is full for now); [`PipeReceiver::try_recv`] copies the next one out. There is no wake-up: the
-//! receiver polls, and a caller that sleeps must wake itself now and then. Everything read from
+//! ring is full for now); [`PipeReceiver::try_recv`] copies the next one out. There is no
+//! wake-up: the receiver polls, and a caller that sleeps must wake itself now and then.
+//! Everything read from
 //! the shared memory is validated (the ring's own checks); a peer that writes garbage makes
 //! the receiver's calls fail with [`PipeError`], never read out of bounds.
 //!

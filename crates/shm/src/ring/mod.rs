@@ -14,11 +14,11 @@
 //!
 //! [`LINES`] starts every record on a cache line and carries two opaque words: the queue pairs'
 //! rings (a record there is a work request's notice). [`PACKED`] carries only the kind, flags
-//! and length, and packs records 16 bytes apart (so that the end of a lap always has room for a
-//! skip record's header): the pipes' rings, whose messages are the small ones of a collective
-//! (an 8-byte broadcast takes 32 bytes instead of a line). A consumer that runs behind its
-//! producer takes a cache miss per line it reads, so a packed ring of small messages moves
-//! two of them per miss (2 ranks, 8-byte broadcasts in a loop, where the
+//! and length, and packs records 16 bytes apart (so that the end of a lap always has room for
+//! a skip record's header): the pipes' rings, whose messages are the small ones of a
+//! collective (an 8-byte broadcast takes 32 bytes instead of a line). A consumer that runs
+//! behind its producer takes a cache miss per line it reads, so a packed ring of small
+//! messages moves two of them per miss (2 ranks, 8-byte broadcasts in a loop, where the
 //! receiver's misses set the pace). Both ends of a ring must use the same layout: nothing in
 //! the ring says which it is.
 //!
@@ -36,7 +36,8 @@
 //! the lap. The consumer publishes its position (`head`, `Release`) after each record
 //! ([`Consumer::release`]), or less often ([`Consumer::consume`], then [`Consumer::publish`]:
 //! a consumer that runs behind a producer waiting for room then does not take a cache miss on
-//! the word the producer keeps reading, each record); the producer reads it (`Acquire`) when its cached copy says the ring is full, and before a
+//! the word the producer keeps reading, each record); the producer reads it (`Acquire`) when
+//! its cached copy says the ring is full, and before a
 //! record that would be the first in a [`PAGE`] of the ring: if the consumer has read
 //! everything then, the producer skips the rest of the lap and writes the record at offset 0.
 //! A connection whose ring empties between its messages (a request and its answer) so keeps
@@ -115,6 +116,7 @@ impl Layout {
             && max_payload <= self.max_payload_for(capacity)
     }
 }
+
 /// Smallest ring.
 pub const MIN_CAPACITY: usize = 256;
 /// The unit of the producer's restarts at the beginning of the ring (see the module docs): a
