@@ -23,8 +23,10 @@ pub enum ProgressMode {
     /// in `poll(2)` on the socket (waking a blocked thread costs microseconds). When a poll
     /// receives completions, it returns them before sending what the engine answered (ACKs);
     /// that goes out with the next post or at the start of the next poll. A helper thread
-    /// drives the device only when nobody has done so for `assist_after`, so a peer still gets
-    /// ACKs and retransmissions while the application is busy elsewhere.
+    /// drives the device when nobody has done so for `assist_after`, so a peer still gets
+    /// ACKs and retransmissions while the application is busy elsewhere, and at once when an
+    /// event loop goes to sleep on a completion notification
+    /// (`CompletionQueue::consumer_idle`), until the application drives again.
     Polling {
         /// How long `wait` busy-polls before blocking.
         spin: Duration,

@@ -221,9 +221,10 @@ impl CompletionQueue for SoftCq {
     /// The eventfd that becomes readable after `request_notify` once a completion arrives.
     ///
     /// With the progress thread this works like a completion channel. In polling mode nothing
-    /// runs in the background except the idle helper, so the fd fires when some thread's
-    /// `poll`/`wait` (or the helper, after `assist_after`) processes the arrival; programs
-    /// built around epoll should use [`ProgressMode::Thread`].
+    /// runs in the background except the helper thread, so the fd fires when some thread's
+    /// `poll`/`wait` processes the arrival, or the helper: at once after `consumer_idle` (an
+    /// event loop about to sleep on this fd says so; the helper then reads the socket until
+    /// the application looks again), else after `assist_after` without a look.
     fn notify_fd(&self) -> Option<RawFd> {
         self.inner.signal.notify_fd().ok()
     }

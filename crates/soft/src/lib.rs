@@ -49,10 +49,11 @@
 //! not hand it over and back for every message, and held answers go out within that time
 //! even if the application goes quiet; an event loop that goes to sleep on its completion
 //! notification (it never reads the socket) hands the socket over at once
-//! (`CompletionQueue::consumer_idle`), or its news would wait out that time. In [`ProgressMode::Polling`], `poll`/`wait` on a
-//! completion queue drive the engine themselves (receive, timers, transmit), spinning before
-//! they block, and a helper thread steps in only when the application has not driven the
-//! device for a while; answers are held back the same way.
+//! (`CompletionQueue::consumer_idle`), or its news would wait out that time. In
+//! [`ProgressMode::Polling`], `poll`/`wait` on a completion queue drive the engine themselves
+//! (receive, timers, transmit), spinning before they block, and a helper thread steps in when
+//! the application has not driven the device for a while, or at once when an event loop goes
+//! to sleep on its notification (`consumer_idle` again); answers are held back the same way.
 //!
 //! A queue pair whose waiter gives it a doorbell (`QueuePair::set_waiter_fd`; Lightpath's
 //! streams do by default) receives on a UDP port of its own instead

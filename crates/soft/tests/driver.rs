@@ -352,6 +352,31 @@ fn polling_mode_sends_the_held_ack_with_the_reply() {
     assert_eq!(&reply, b"pong....");
 }
 
+/// An event loop in polling mode sleeps on its queue's notification, which only a reader of
+/// the socket can make: once it says so (`consumer_idle`, which the completions layer calls
+/// before every such sleep), the helper thread reads the socket at once. Before, it stepped in
+/// only after `assist_after` without a look (1 ms by default; 600 s here, so a message waited
+/// past the deadline); a tokio client over soft in polling mode waited ~1.1 ms per request.
+#[test]
+fn polling_mode_reads_the_socket_for_an_event_loop_that_waits_on_its_notification() {
+    let (a, b) = connected(polling_without_helper());
+    let inbox = b.alloc(64, AccessFlags::LOCAL_WRITE);
+    b.post_recv(1, &inbox, 0, 8);
+    let fd = b.cq.notify_fd().expect("notification fd");
+    for round in 0..3u64 {
+        b.cq.request_notify().expect("arm");
+        b.cq.consumer_idle();
+        a.qp.post_send(&SendWr::inline(10 + round, SendOp::Send, b"request.")).expect("send");
+        assert!(poll_readable(fd, DEADLINE), "round {round}: nobody read the socket for the event loop");
+        assert!(b.cq.take_notify().expect("take"), "round {round}");
+        let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+        assert_eq!(b.cq.poll(&mut out).expect("poll"), 1, "round {round}");
+        assert_eq!((out[0].status, out[0].opcode), (WcStatus::Success, WcOpcode::Recv));
+        b.post_recv(2 + round, &inbox, 0, 8);
+        poll_for(&a.cq, WcOpcode::Send);
+    }
+}
+
 /// A 1 MiB WRITE between two devices with `udp_offload` as given; returns both devices' stats.
 fn large_write(udp_offload: bool) -> (lightpath_soft::SoftStats, lightpath_soft::SoftStats) {
     let options = PairOptions::default();

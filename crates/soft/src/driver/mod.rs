@@ -263,6 +263,10 @@ pub(crate) struct Shared {
     thread_deadline: AtomicU64,
     /// When the device was last driven (polling mode), in nanoseconds since `epoch`.
     last_driven: AtomicU64,
+    /// Polling mode: an event loop went to sleep on its notification, which only a reader of
+    /// the socket can make; the helper thread takes the socket at once (see
+    /// [`Shared::socket_relied_on`]) instead of after `assist_after`.
+    pub(crate) assist_now: AtomicBool,
     /// Application threads blocked in a progress-thread-mode `wait` that watch the socket
     /// themselves; while there are any, the progress thread leaves the socket to them.
     socket_watchers: AtomicU32,
@@ -345,6 +349,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             thread_deadline: AtomicU64::new(AWAKE),
             last_driven: AtomicU64::new(0),
+            assist_now: AtomicBool::new(false),
             answers_held: AtomicBool::new(false),
             port_armings: AtomicU64::new(0),
             socket_watchers: AtomicU32::new(0),
@@ -684,10 +689,23 @@ impl Shared {
     /// blocking calls and then serves its streams in tokio (`lightpath perf stream_rr`'s
     /// client) waited ~1 ms for the answer to its first message on each connection past the
     /// device's 64 queue-pair ports, 40% of its connection set-up time.
+    ///
+    /// In polling mode nothing reads the socket but the application's own looks and the
+    /// helper thread, which stepped in only after `assist_after` (1 ms) without a look: an
+    /// event loop (a tokio runtime, epoll on the readiness descriptor) that waited for its
+    /// notification waited that long for every answer (`lightpath perf stream_rr --polling`,
+    /// one connection over soft: ~1.1 ms per request). The helper now takes the socket at
+    /// once, until the application looks again.
     pub(crate) fn socket_relied_on(&self) {
+        if self.is_polling() {
+            if !self.assist_now.swap(true, Ordering::SeqCst) {
+                self.waker.signal(1);
+            }
+            return;
+        }
         // The hand-over timer is armed from a watcher's leave until the delay has passed: not
         // armed and not watched, the socket is the progress thread's (no clock read needed).
-        if self.is_polling() || self.socket_watched() || !self.handover_armed.load(Ordering::SeqCst) {
+        if self.socket_watched() || !self.handover_armed.load(Ordering::SeqCst) {
             return;
         }
         if self.unwatched_for().is_none_or(|d| d >= SOCKET_HANDOVER_DELAY) {

@@ -136,14 +136,18 @@ fn wait_for(shared: &Shared, timeout: Option<Duration>, ports: bool) -> u8 {
 }
 
 /// Steps in when the application has not driven the device for `assist_after`, so ACKs,
-/// responses and retransmissions keep flowing while the application is busy elsewhere.
+/// responses and retransmissions keep flowing while the application is busy elsewhere, and at
+/// once when an event loop waits for its notification (`Shared::assist_now`).
 fn run_assist(shared: &Shared, assist_after: Duration) {
     let assist_nanos = u64::try_from(assist_after.as_nanos()).unwrap_or(u64::MAX);
     while !shared.stop.load(Ordering::SeqCst) {
-        let _ = sys::wait_readable(&[shared.waker.as_fd()], Some(assist_after));
+        if !shared.assist_now.load(Ordering::SeqCst) {
+            let _ = sys::wait_readable(&[shared.waker.as_fd()], Some(assist_after));
+        }
         shared.waker.take();
+        let wanted = shared.assist_now.swap(false, Ordering::SeqCst);
         let last = shared.last_driven.load(Ordering::SeqCst);
-        if shared.now().as_nanos().saturating_sub(last) < assist_nanos {
+        if !wanted && shared.now().as_nanos().saturating_sub(last) < assist_nanos {
             continue;
         }
         // The application is idle: act as the progress thread until it drives again.
