@@ -332,7 +332,10 @@ impl Shared {
         let watcher_spin = crate::AdaptiveSpin::new(config.wait_spin, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY);
         Ok(Self {
             core: Mutex::new(core),
-            tx: Mutex::new(TxBuffers::new(config.udp_offload)),
+            tx: Mutex::new(TxBuffers::new(
+                config.udp_offload,
+                matches!(config.mode, ProgressMode::Polling { .. }),
+            )),
             tx_pending: AtomicBool::new(false),
             socket,
             waker: EventFd::new(false)?,

@@ -224,13 +224,16 @@ pub(crate) struct TxBuffers {
     segmentation: bool,
     /// Which queue pairs the device has been sending to lately (see [`FlowMix`]).
     flows: FlowMix,
+    /// Acknowledgements ride in front of requests even with one flow (see
+    /// [`TxBuffers::pair_acknowledgements`]): set in polling mode.
+    always_join: bool,
     /// The sending counters (`tx_*`, `segmentation_failures`; the rest stay 0): kept here
     /// because batches go out without the engine lock (see `Shared::transmit`).
     pub(crate) stats: DriverStats,
 }
 
 impl TxBuffers {
-    pub(crate) fn new(offload: bool) -> Self {
+    pub(crate) fn new(offload: bool, always_join: bool) -> Self {
         Self {
             // Made as batches first need them (see `fill`): most batches are a datagram or two,
             // and all of them at once (2 MiB, written to zero) cost a device's first connection a
@@ -243,8 +246,19 @@ impl TxBuffers {
             batch: SendBatch::new(),
             segmentation: offload,
             flows: FlowMix::default(),
+            always_join,
             stats: DriverStats::default(),
         }
+    }
+
+    /// Whether answers join the requests of a batch planned `now` (see
+    /// [`TxBuffers::pair_acknowledgements`]): with several queue pairs lately, and always in
+    /// polling mode. There one rank of a collective talks to one peer (a 2-rank allreduce of
+    /// 8 B over soft, p50 8.6-9.6 -> 4.9-5.5 us with the ACK in front of the next message) and
+    /// a one-connection `stream_rr --polling` lost nothing (15.8-16.8 against 15.9-16.4 us);
+    /// the pinned one-connection loss that keeps it off otherwise was in progress-thread mode.
+    fn join_answers(&self, now: Time) -> bool {
+        self.always_join || self.flows.several_lately(now)
     }
 
     /// Sends everything the engine has to send, one batch per system call.
@@ -302,7 +316,7 @@ impl TxBuffers {
         }
         let filled = self.outgoing.len();
         if filled > 0 {
-            self.plan(self.flows.several_lately(now));
+            self.plan(self.join_answers(now));
         }
         filled
     }
@@ -375,8 +389,9 @@ impl TxBuffers {
     /// queue pair that has room for it ([`Outgoing::bundles`]) and no acknowledgement yet. The last one, since
     /// earlier requests to a peer often form a segmented run that the pair would cut short.
     ///
-    /// Only with `join_answers` (several queue pairs lately), as for joining a segmented
-    /// message: with one busy connection its ACK still travels alone, ahead of nothing.
+    /// Only with `join_answers` (several queue pairs lately, or polling mode: see
+    /// [`TxBuffers::join_answers`]), as for joining a segmented message: otherwise, with one
+    /// busy connection, its ACK still travels alone, ahead of nothing.
     /// Bundling that one too cost a one-connection stream_rr with server and client pinned to
     /// a core each up to half its rate (5.1-14.3 against 12.7-19.2 k requests/s; unpinned it
     /// gained), for reasons not found (see docs/architecture.md); with several connections
@@ -583,7 +598,7 @@ mod tests {
         join_answers: bool,
         batch: &[(&str, usize, bool)],
     ) -> (Vec<usize>, Vec<OutMessage>) {
-        let mut tx = TxBuffers::new(offload);
+        let mut tx = TxBuffers::new(offload, false);
         for &(dst, len, response) in batch {
             tx.outgoing.push(outgoing(dst, len, response));
         }
@@ -654,7 +669,7 @@ mod tests {
 
     #[test]
     fn remote_ipv4_peers_that_solve_for_the_id_get_segmented_messages() {
-        let mut tx = TxBuffers::new(true);
+        let mut tx = TxBuffers::new(true, false);
         let remote = "10.0.0.2:4791";
         for segmentable in [true, true, true, false, false] {
             tx.outgoing.push(Outgoing { segmentable, ..outgoing(remote, 1052, false) });
@@ -663,7 +678,7 @@ mod tests {
         let shape: Vec<(usize, Option<u16>)> =
             tx.messages.iter().map(|m| (m.count, m.segment_size)).collect();
         assert_eq!(shape, [(3, Some(1052)), (1, None), (1, None)], "only the flagged run is segmented");
-        let mut off = TxBuffers::new(false);
+        let mut off = TxBuffers::new(false, false);
         for _ in 0..3 {
             off.outgoing.push(Outgoing { segmentable: true, ..outgoing(remote, 1052, false) });
         }
@@ -713,7 +728,7 @@ mod tests {
     /// A batch of (destination, queue pair, length, response, room for an acknowledgement in
     /// front, acknowledgement that may ride in front), offload on, not planned yet.
     fn bundling_batch(batch: &[(&str, u32, usize, bool, bool, bool)]) -> TxBuffers {
-        let mut tx = TxBuffers::new(true);
+        let mut tx = TxBuffers::new(true, false);
         for &(dst, dest_qpn, len, response, bundles, bundled_ack) in batch {
             let datagram = outgoing(dst, len, response);
             tx.outgoing.push(Outgoing { segmentable: true, bundles, bundled_ack, dest_qpn, ..datagram });
@@ -794,6 +809,20 @@ mod tests {
     }
 
     #[test]
+    fn answers_join_with_one_queue_pair_only_in_polling_mode() {
+        let at = |nanos: u64| Time::from_nanos(nanos);
+        let peer: SocketAddr = "127.0.0.2:4791".parse().expect("addr");
+        for always_join in [false, true] {
+            let mut tx = TxBuffers::new(true, always_join);
+            tx.flows.note(peer, 7, at(1_000));
+            tx.flows.note(peer, 7, at(2_000));
+            assert_eq!(tx.join_answers(at(3_000)), always_join, "one queue pair, always_join {always_join}");
+            tx.flows.note(peer, 8, at(3_000));
+            assert!(tx.join_answers(at(3_100)), "two queue pairs lately join either way");
+        }
+    }
+
+    #[test]
     fn datagram_buffers_are_made_as_batches_first_need_them() {
         use lightpath_roce::EngineConfig;
         use lightpath_verbs::{AccessFlags, AddressVector, Gid, Mtu, QpAttr, QpCaps, SendOp, SendWr};
@@ -808,7 +837,7 @@ mod tests {
         let av = AddressVector { udp_dport: 9, ..AddressVector::new(Gid::from_ip(local), 0) };
         engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rtr(av, Mtu::Mtu1024, 0x99, 0)).expect("rtr");
         engine.modify_qp(Time::ZERO, qpn, &QpAttr::to_rts(0)).expect("rts");
-        let mut tx = TxBuffers::new(false);
+        let mut tx = TxBuffers::new(false, false);
         assert!(tx.bufs.is_empty(), "a new device holds no datagram buffers");
         let post = |engine: &mut Engine, n: u64| {
             for id in 0..n {
