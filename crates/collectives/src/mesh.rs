@@ -701,13 +701,7 @@ impl Mesh {
         self.waiting_on = None;
         let mut count = 0;
         for step in steps {
-            let (peer, region) = match *step {
-                Step::Send { peer, from } => (peer, from),
-                Step::Recv { peer, into }
-                | Step::RecvReduce { peer, into }
-                | Step::RecvCombine { peer, into, .. } => (peer, into),
-                _ => continue,
-            };
+            let Some((peer, Message { kind, region, .. })) = message_of(step) else { continue };
             let piped = self
                 .peers
                 .get(group[peer])
@@ -718,7 +712,7 @@ impl Mesh {
                 return Ok(PipedRound::Unsuited);
             }
             count += 1;
-            if !matches!(step, Step::Send { .. } | Step::Recv { .. }) && self.pipe_buf.len() < region.len {
+            if kind == 2 && self.pipe_buf.len() < region.len {
                 self.pipe_buf.resize(region.len, 0);
             }
         }
@@ -737,14 +731,8 @@ impl Mesh {
             let mut blocked_len = 0;
             let mut i = 0;
             for step in steps {
-                let (peer_rank, send, region, with) = match *step {
-                    Step::Send { peer, from } => (group[peer], true, from, None),
-                    Step::Recv { peer, into } | Step::RecvReduce { peer, into } => {
-                        (group[peer], false, into, None)
-                    }
-                    Step::RecvCombine { peer, with, into } => (group[peer], false, into, Some(with)),
-                    _ => continue,
-                };
+                let Some((peer, msg)) = message_of(step) else { continue };
+                let (peer_rank, send) = (group[peer], msg.kind == 0);
                 let bit = 1u64 << i;
                 i += 1;
                 if moved & bit != 0 {
@@ -755,14 +743,9 @@ impl Mesh {
                 }
                 let pipe =
                     self.peers[peer_rank].as_mut().and_then(|p| p.pipe.as_mut()).expect("checked above");
-                let kind = match step {
-                    Step::Send { .. } => 0,
-                    Step::Recv { .. } => 1,
-                    _ => 2,
-                };
                 let done = move_piped(
                     pipe,
-                    PipedMessage { kind, region, with },
+                    msg,
                     sched,
                     (input, output, &mut self.scratch),
                     &mut self.pipe_buf,
@@ -809,13 +792,7 @@ impl Mesh {
         let mut stage_count = 0;
         // `moved`: bit `i` set for the `i`th message step, moved whole by `run_piped`.
         for (i, step) in steps.iter().filter(|s| s.is_comm()).enumerate() {
-            let (peer, region, kind, with) = match *step {
-                Step::Send { peer, from } => (peer, from, 0, None),
-                Step::Recv { peer, into } => (peer, into, 1, None),
-                Step::RecvReduce { peer, into } => (peer, into, 2, None),
-                Step::RecvCombine { peer, with, into } => (peer, into, 2, Some(with)),
-                _ => continue,
-            };
+            let Some((peer, Message { kind, region, with })) = message_of(step) else { continue };
             let stage = if kind == 2 {
                 stage_count += 1;
                 stage_count - 1
@@ -1031,7 +1008,7 @@ impl Mesh {
                     let pipe = peer.pipe.as_mut().expect("piped steps have a pipe");
                     let moved = move_piped(
                         pipe,
-                        PipedMessage { kind, region, with: p.with },
+                        Message { kind, region, with: p.with },
                         sched,
                         (input, output, &mut self.scratch),
                         &mut self.pipe_buf,
@@ -1510,12 +1487,26 @@ fn online_cpus() -> usize {
     listed.unwrap_or_else(lightpath_verbs::available_cores)
 }
 
-/// A message that goes whole through a pipe: `kind` 0 sends `region`, 1 receives into it, 2
-/// receives and reduces into it (or, with `with`, stores `with op received` there).
-struct PipedMessage {
+/// A round's message: `kind` 0 sends `region`, 1 receives into it, 2 receives and reduces
+/// into it (or, with `with`, stores `with op received` there).
+#[derive(Clone, Copy)]
+struct Message {
     kind: u8,
     region: Region,
     with: Option<Region>,
+}
+
+/// The message `step` moves, with the peer (a rank of the schedule) it goes to or comes
+/// from; `None` for a local step.
+fn message_of(step: &Step) -> Option<(usize, Message)> {
+    let (peer, kind, region, with) = match *step {
+        Step::Send { peer, from } => (peer, 0, from, None),
+        Step::Recv { peer, into } => (peer, 1, into, None),
+        Step::RecvReduce { peer, into } => (peer, 2, into, None),
+        Step::RecvCombine { peer, with, into } => (peer, 2, into, Some(with)),
+        Step::Copy { .. } | Step::Reduce { .. } | Step::Divide { .. } => return None,
+    };
+    Some((peer, Message { kind, region, with }))
 }
 
 /// Moves `msg` through `pipe` if the pipe can take or give it now: a send copies the bytes in;
@@ -1524,13 +1515,13 @@ struct PipedMessage {
 /// arrived); a pipe error or a message of the wrong length is `broken`'s error.
 fn move_piped(
     pipe: &mut Pipe,
-    msg: PipedMessage,
+    msg: Message,
     sched: &Schedule,
     (input, output, scratch): (&[u8], &mut [u8], &mut [u8]),
     pipe_buf: &mut [u8],
     broken: impl Fn(String) -> Error,
 ) -> Result<bool, Error> {
-    let PipedMessage { kind, region, with } = msg;
+    let Message { kind, region, with } = msg;
     if kind == 0 {
         let bytes = slice(input, output, scratch, region);
         return pipe.tx.try_send(bytes).map_err(|e| broken(e.to_string()));
