@@ -22,7 +22,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::netns::{namespaces_for, serve_in, Namespaces};
-use common::{report, run, scratch, soft_bytes, Line, Mode};
+use common::{report, run, scratch, soft_bytes, Line, Mode, Scratch};
 
 /// How long the server's line of a connection may take to appear once its client is done.
 const SERVER_LINE_LIMIT: Duration = Duration::from_secs(10);
@@ -40,7 +40,7 @@ fn text(output: &Output) -> String {
 /// run (so a run's lines are its own, and a server line whose peer is none of them belongs to
 /// a plain client).
 struct Reports {
-    dir: PathBuf,
+    dir: Scratch,
     client_runs: Cell<usize>,
 }
 
