@@ -475,7 +475,7 @@ impl Communicator {
             config.timeout,
             init_timeout,
         )?;
-        let soft_polled = matches!(config.stream.soft_progress, lightpath::ProgressMode::Polling { .. });
+        let soft_polled = config.stream.soft_progress.is_polling();
         mesh.choose_spin(env.local_size, soft_polled);
         let aborted = mesh.abort_flag();
         let abort_lines = Mutex::new(mesh.control_clones());

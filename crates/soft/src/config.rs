@@ -40,6 +40,11 @@ impl ProgressMode {
     pub const fn polling() -> Self {
         ProgressMode::Polling { spin: Duration::from_micros(50), assist_after: Duration::from_millis(1) }
     }
+
+    /// Whether the application drives the device ([`ProgressMode::Polling`]).
+    pub const fn is_polling(&self) -> bool {
+        matches!(self, ProgressMode::Polling { .. })
+    }
 }
 
 /// The configuration of one [`SoftDevice`](crate::SoftDevice).

@@ -33,7 +33,7 @@ pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
 
-use crate::config::{ProgressMode, SoftConfig};
+use crate::config::SoftConfig;
 use crate::sys::{self, EventFd, OneShotTimer, RECV_BATCH, SEND_DATAGRAMS};
 
 /// How long the progress thread holds the answers to what an event loop received, waiting
@@ -266,7 +266,7 @@ pub(crate) struct Shared {
     /// Polling mode: an event loop went to sleep on its notification, which only a reader of
     /// the socket can make; the helper thread takes the socket at once (see
     /// [`Shared::socket_relied_on`]) instead of after `assist_after`.
-    pub(crate) assist_now: AtomicBool,
+    assist_now: AtomicBool,
     /// Application threads blocked in a progress-thread-mode `wait` that watch the socket
     /// themselves; while there are any, the progress thread leaves the socket to them.
     socket_watchers: AtomicU32,
@@ -332,10 +332,7 @@ impl Shared {
         let watcher_spin = crate::AdaptiveSpin::new(config.wait_spin, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY);
         Ok(Self {
             core: Mutex::new(core),
-            tx: Mutex::new(TxBuffers::new(
-                config.udp_offload,
-                matches!(config.mode, ProgressMode::Polling { .. }),
-            )),
+            tx: Mutex::new(TxBuffers::new(config.udp_offload, config.mode.is_polling())),
             tx_pending: AtomicBool::new(false),
             socket,
             waker: EventFd::new(false)?,
@@ -445,7 +442,7 @@ impl Shared {
     }
 
     pub(crate) fn is_polling(&self) -> bool {
-        matches!(self.config.mode, ProgressMode::Polling { .. })
+        self.config.mode.is_polling()
     }
 
     /// After a verbs call changed the engine: send what it produced, wake waiters, and make
