@@ -302,3 +302,19 @@ fn blocked_waiters_on_many_queue_pairs_each_get_theirs() {
         }
     });
 }
+
+/// `take_queued` hands over what the queue holds and looks at no queue pair (the caller's
+/// arming just did), where `poll` on an empty queue takes in what the peer published.
+#[test]
+fn take_queued_takes_only_what_is_queued() {
+    let (a, b) = connected();
+    send(&a, &b, 0, 7);
+    let mut buf = empty();
+    assert_eq!(
+        b.cqs[0].take_queued(&mut buf).expect("take_queued"),
+        0,
+        "take_queued took in the SEND waiting in the ring"
+    );
+    let (wc, _) = poll_one(&b.cqs[0]);
+    assert_success(&wc, 0, WcOpcode::Recv);
+}

@@ -107,3 +107,30 @@ fn without_a_doorbell_nothing_is_armed() {
     assert!(!pair.b.qp.set_waiter_fd(&eventfd()).expect("set_waiter_fd"), "took a doorbell after RTR");
     assert!(!pair.b.qp.arm_waiter(WakeFor::Anything).expect("arm"), "the late doorbell was linked");
 }
+
+/// What reached the queue pair before an arming is in its queue when `arm_waiter` returns, so
+/// the look that follows may take it with `take_queued` (which looks at no queue pair): how the
+/// completions layer takes it, once per wait.
+#[test]
+fn an_arming_leaves_what_arrived_for_take_queued() {
+    let (pair, _fd) = pair_with_waiter();
+    let src = pair.a.alloc(4096, AccessFlags::LOCAL_WRITE);
+    let inbox = pair.b.alloc(4096, AccessFlags::LOCAL_WRITE);
+    src.write(0, b"arrived").expect("fill");
+    // A first exchange, so both introductions are applied and the next SEND is published into
+    // b's ring as it is posted.
+    pair.b.post_recv(1, &inbox, 0, 4096);
+    pair.a.qp.post_send(&SendWr::new(101, SendOp::Send, &[src.sge(0, 7)])).expect("send");
+    assert_success(&pair.b.wait_one(), 1, WcOpcode::Recv);
+    assert_success(&pair.a.wait_one(), 101, WcOpcode::Send);
+    for round in 2..5u64 {
+        pair.b.post_recv(round, &inbox, 0, 4096);
+        pair.a.qp.post_send(&SendWr::new(100 + round, SendOp::Send, &[src.sge(0, 7)])).expect("send");
+        assert!(pair.b.qp.arm_waiter(WakeFor::Arrivals).expect("arm"), "a linked doorbell");
+        let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
+        let n = pair.b.cq.take_queued(&mut buf).expect("take_queued");
+        assert_eq!(n, 1, "round {round}: the arming left {n} completions in the queue");
+        assert_success(&buf[0], round, WcOpcode::Recv);
+        assert_success(&pair.a.wait_one(), 100 + round, WcOpcode::Send);
+    }
+}

@@ -225,6 +225,15 @@ pub trait CompletionQueue: Send + Sync {
     /// Never blocks. Providers without a progress thread do their network work here.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
 
+    /// Moves up to `out.len()` completions already in the queue into `out`, oldest first,
+    /// without the work [`CompletionQueue::poll`] may do to make more: for a caller that has
+    /// just moved the provider forward itself, as the look right after
+    /// [`QueuePair::arm_waiter`] (whose completions are in the queue when it returns). Never
+    /// blocks. The default is `poll`, for providers whose `poll` does no more than that.
+    fn take_queued(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll(out)
+    }
+
     /// Like [`CompletionQueue::poll`] but blocks until at least one completion is available or
     /// `timeout` has passed; returns 0 on timeout.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize>;

@@ -26,6 +26,17 @@ use super::notifier::Notifier;
 /// Completions taken from the queue per poll.
 const BATCH: usize = 64;
 
+/// How a look takes from the shared queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// `CompletionQueue::poll`: the provider may do its work first.
+    Poll,
+    /// `CompletionQueue::take_queued`: only what the queue holds, for the look right after an
+    /// arming (`QueuePair::arm_waiter` moved the provider forward and left its completions in
+    /// the queue).
+    Queued,
+}
+
 /// One shared completion queue and the connections whose queue pairs use it.
 pub(crate) struct Hub<D: Device> {
     cq: CqOf<D>,
@@ -267,7 +278,7 @@ impl<D: Device> Hub<D> {
         out: &mut [WorkCompletion],
     ) -> lightpath_verbs::Result<usize> {
         let Some(routing) = self.try_routing() else { return Ok(0) };
-        self.poll_routing(routing, inbox, qpn, out)
+        self.poll_routing(routing, inbox, qpn, out, Take::Poll)
     }
 
     /// Like `poll_for`, but waits for the router lock if another thread routes: when it
@@ -289,9 +300,10 @@ impl<D: Device> Hub<D> {
         inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
+        take: Take,
     ) -> lightpath_verbs::Result<usize> {
         if let Some(routing) = self.try_routing() {
-            return self.poll_routing(routing, inbox, qpn, out);
+            return self.poll_routing(routing, inbox, qpn, out, take);
         }
         if self.leader.load(Ordering::SeqCst) {
             // What the leader routes here must wake the owner: a thread about to sleep is
@@ -309,7 +321,7 @@ impl<D: Device> Hub<D> {
             // Taken below under the lock: a wake-up the arming causes meanwhile is spurious.
             inbox.disarm();
         }
-        self.poll_for_all(inbox, qpn, out)
+        self.poll_for_all(inbox, qpn, out, take)
     }
 
     /// Like `poll_for_locked`, but waits for the router lock whoever holds it (a leader may
@@ -320,8 +332,9 @@ impl<D: Device> Hub<D> {
         inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
+        take: Take,
     ) -> lightpath_verbs::Result<usize> {
-        self.poll_routing(self.routing(), inbox, qpn, out)
+        self.poll_routing(self.routing(), inbox, qpn, out, take)
     }
 
     /// The leader stopped leading (its lock let go, `leader` cleared): routes what the queue
@@ -340,6 +353,7 @@ impl<D: Device> Hub<D> {
         inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
+        take: Take,
     ) -> lightpath_verbs::Result<usize> {
         // With the router lock held nobody else routes: what the inbox holds now is all that
         // was routed here, and older than what the queue gives next (see `poll_for`). The
@@ -348,7 +362,10 @@ impl<D: Device> Hub<D> {
         let buf: &mut Vec<WorkCompletion> = &mut guard;
         let mut taken = inbox.pop(out);
         loop {
-            let n = self.cq.poll(buf)?;
+            let n = match take {
+                Take::Poll => self.cq.poll(buf)?,
+                Take::Queued => self.cq.take_queued(buf)?,
+            };
             taken = self.keep_own(qpn, out, taken, &mut buf[..n]);
             if n < buf.len() {
                 return Ok(taken);
@@ -684,7 +701,7 @@ mod tests {
             [WorkCompletion::new(0, lightpath_verbs::WcStatus::Success, lightpath_verbs::WcOpcode::Send, 0);
                 4];
         let looked = Instant::now();
-        assert_eq!(hub.poll_for_locked(&waiter, 2, &mut out).unwrap(), 0);
+        assert_eq!(hub.poll_for_locked(&waiter, 2, &mut out, Take::Poll).unwrap(), 0);
         let took = looked.elapsed();
         assert!(took < leader_wait / 2, "the look waited {took:?} for the sleeping leader");
         assert!(hub.route_wanted.load(Ordering::SeqCst), "the leader was not asked to route");

@@ -48,6 +48,7 @@ use lightpath_soft::AdaptiveSpin;
 use lightpath_verbs::{CqOf, Device, QpOf, QueuePair, WakeFor, WorkCompletion};
 
 pub(crate) use hub::Hub;
+use hub::Take;
 pub(crate) use inbox::Inbox;
 
 use crate::error::from_verbs;
@@ -423,7 +424,7 @@ impl<D: Device> ConnCompletions<D> {
             // is routing), and only then the sleep.
             let slept = self.inbox.sleep_watching(left, watch, || {
                 found = match look.arm(qp, wake) {
-                    Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
+                    Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out, Take::Queued).map(Some),
                     Ok(false) => Ok(None),
                     Err(err) => Err(err),
                 };
@@ -501,9 +502,9 @@ impl<D: Device> ConnCompletions<D> {
             return Ok(None);
         }
         if wait_for_router {
-            return self.hub.poll_for_all(&self.inbox, qpn, out).map(Some);
+            return self.hub.poll_for_all(&self.inbox, qpn, out, Take::Queued).map(Some);
         }
-        self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some)
+        self.hub.poll_for_locked(&self.inbox, qpn, out, Take::Queued).map(Some)
     }
 
     /// Widens an arming of the queue pair's doorbell for arrivals only (`request_notify` with
@@ -576,26 +577,28 @@ impl<D: Device> ConnCompletions<D> {
 
 impl<D: Device + 'static> ConnCompletions<D> {
     /// Asks for the notification fd to become readable on the next completion of `qp` (the
-    /// attached queue pair) that `wake` asks for. Completions that are already there go into
-    /// `out` (their number is returned) or the inbox: the caller looks before it waits.
-    /// `look` says whether the queue pair's own descriptor is taken in too (see [`PortLook`]).
+    /// attached queue pair) that `wake` asks for. With the queue pair's own doorbell the arming
+    /// looks: what was there goes into `out` (`Some` of their number), and anything later
+    /// rings. Otherwise (`None`) the inbox is armed and the caller polls once more before it
+    /// waits (as after a completion channel's arming). `look` says whether the queue pair's own
+    /// descriptor is taken in too (see [`PortLook`]).
     pub(crate) fn request_notify(
         &self,
         qp: &QpOf<D>,
         out: &mut [WorkCompletion],
         wake: WakeFor,
         look: PortLook,
-    ) -> io::Result<usize> {
+    ) -> io::Result<Option<usize>> {
         // An event loop cannot lead: its own doorbell is the direct path even alone on the hub.
         if let Some(n) = self.arm_doorbell(qp, out, wake, false, look).map_err(from_verbs)? {
-            return Ok(n);
+            return Ok(Some(n));
         }
         self.inbox.set_arrivals_only(false);
         self.inbox.arm();
         self.hub.ensure_notifier()?;
         // About to wait: answers the provider held for a reply from here go now.
         lightpath_verbs::CompletionQueue::consumer_idle(self.hub.cq());
-        Ok(0)
+        Ok(None)
     }
 }
 

@@ -232,11 +232,17 @@ impl<D: Device> RdmaConn<D> {
                 break;
             }
         }
+        self.post_allowed();
+        progressed
+    }
+
+    /// What `pump` does after its polls: reads the credit slot when credits run low and posts
+    /// what the core wants.
+    fn post_allowed(&mut self) {
         if self.core.credit_low() {
             self.read_slot();
         }
         self.post_ops();
-        progressed
     }
 
     fn read_slot(&mut self) -> bool {
@@ -706,9 +712,22 @@ impl<D: Device + 'static> RdmaConn<D> {
     /// (see `PortLook`).
     pub(crate) fn arm(&mut self, wake: WakeFor, look: PortLook) -> io::Result<bool> {
         self.armed_for_arrivals = wake == WakeFor::Arrivals;
-        let n = self.cq.request_notify(&self.qp, &mut self.wcs, wake, look)?;
-        self.handle_taken(n);
-        let progressed = self.pump() || n > 0;
+        let progressed = match self.cq.request_notify(&self.qp, &mut self.wcs, wake, look)? {
+            // The doorbell's arming looked at the queue pair and took what was there: a poll
+            // now would look again for nothing (anything later rings), so only what those
+            // completions allow is done. Unless they filled the buffer: the rest is polled.
+            Some(n) if n < self.wcs.len() => {
+                self.handle_taken(n);
+                self.post_allowed();
+                n > 0
+            }
+            Some(n) => {
+                self.handle_taken(n);
+                self.pump();
+                true
+            }
+            None => self.pump(),
+        };
         // A reader armed for what the peer sends that found only its own requests'
         // acknowledgements (and what they freed) has still nothing to read: it stays armed.
         // Saying "ready" sent an event loop round once more (the read, `WouldBlock`, another
