@@ -236,6 +236,18 @@ impl<D: Device> RdmaConn<D> {
         progressed
     }
 
+    /// After a sleep that ended with `n` completions taken into `wcs` (handled): a poll now
+    /// would mostly find nothing (the sleep's last look was a moment ago; what comes later is
+    /// found by the next call), so only what those completions allow is done, unless they
+    /// filled `wcs` (the rest is polled). A sleep that took nothing polls.
+    fn after_taking(&mut self, n: usize) {
+        if n > 0 && n < self.wcs.len() {
+            self.post_allowed();
+        } else {
+            self.pump();
+        }
+    }
+
     /// What `pump` does after its polls: reads the credit slot when credits run low and posts
     /// what the core wants.
     fn post_allowed(&mut self) {
@@ -556,7 +568,7 @@ impl<D: Device> RdmaConn<D> {
             std::hint::spin_loop();
         }
         let n = self.sleep(Deadline::At(deadline), wake)?;
-        self.pump();
+        self.after_taking(n);
         if n == 0 {
             self.check_tcp();
         }
@@ -713,18 +725,16 @@ impl<D: Device + 'static> RdmaConn<D> {
     pub(crate) fn arm(&mut self, wake: WakeFor, look: PortLook) -> io::Result<bool> {
         self.armed_for_arrivals = wake == WakeFor::Arrivals;
         let progressed = match self.cq.request_notify(&self.qp, &mut self.wcs, wake, look)? {
-            // The doorbell's arming looked at the queue pair and took what was there: a poll
-            // now would look again for nothing (anything later rings), so only what those
-            // completions allow is done. Unless they filled the buffer: the rest is polled.
-            Some(n) if n < self.wcs.len() => {
-                self.handle_taken(n);
-                self.post_allowed();
-                n > 0
-            }
+            // The doorbell's arming looked at the queue pair and took what was there.
             Some(n) => {
                 self.handle_taken(n);
-                self.pump();
-                true
+                if n < self.wcs.len() {
+                    // Nothing more to look for: anything later rings the doorbell.
+                    self.post_allowed();
+                } else {
+                    self.pump();
+                }
+                n > 0
             }
             None => self.pump(),
         };
