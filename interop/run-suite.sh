@@ -332,13 +332,20 @@ case_peer_fault() {
     return 1
 }
 
+# Lightpath's side of the ping-pong cases logs its queue pair's transport state when it goes
+# (requester, responder, timers: `lightpath_roce` at trace level, one line per queue pair and
+# one per retransmission), so that a run that stalls says where. A stall seen twice on
+# 2026-12-07 (`pingpong-lp-client-s10000-m256`, passed on the retry): Lightpath waited 60 s
+# for a reply with no retransmission, timeout or NAK counted on its queue pair.
+pp_log=${LIGHTPATH_LOG:-lightpath_roce=trace}
+
 # Lightpath serves (host namespace), ibv_rc_pingpong connects from the VM.
 case_pingpong_lp_server() {
     local s=$1 m=$2 port host_rc=0 vm_rc=0 pid
     need_lightpath pingpong || return $NOT_RUN
     take_port
     lp_traffic=$((lp_traffic + 1))
-    lpvm_ns_start "$case_dir/lightpath.log" $T_CASE "$LP" pingpong --bind "$LPVM_HOST_IP" \
+    lpvm_ns_start "$case_dir/lightpath.log" $T_CASE env LIGHTPATH_LOG="$pp_log" "$LP" pingpong --bind "$LPVM_HOST_IP" \
         -p "$port" -m "$m" -s "$s" -n "$pp_iters"
     pid=$LPVM_BG_PID
     if ! lpvm_ns_wait_listening "$port" 30; then
@@ -370,7 +377,7 @@ case_pingpong_lp_client() {
         cat "$LPVM_SHARE/jobs/$id.log"
         return 1
     fi
-    lpvm_ns timeout --kill-after=3 $T_CASE "$LP" pingpong --bind "$LPVM_HOST_IP" \
+    lpvm_ns timeout --kill-after=3 $T_CASE env LIGHTPATH_LOG="$pp_log" "$LP" pingpong --bind "$LPVM_HOST_IP" \
         -p "$port" -m "$m" -s "$s" -n "$pp_iters" "$LPVM_VM_IP" > "$case_dir/lightpath.log" 2>&1 || host_rc=$?
     lpvm_job_wait "$id" $((T_CASE + 30)) || vm_rc=$?
     cp "$LPVM_SHARE/jobs/$id.log" "$case_dir/rxe.log" 2> /dev/null

@@ -161,6 +161,19 @@ impl Qp {
         }
     }
 
+    /// The transport's bookkeeping, for a log line when something stalls: requester,
+    /// responder, timers and the engine's flags for this queue pair.
+    pub(crate) fn transport_state(&self) -> impl std::fmt::Debug + '_ {
+        (
+            &self.req,
+            &self.resp,
+            &self.timers,
+            ("in_ready_list", self.in_ready_list, "answers_held", self.answers_held),
+            ("timer_queued", self.timer_queued),
+            &self.sq,
+        )
+    }
+
     /// Checks the capabilities a queue pair is created with.
     pub(crate) fn check_caps(caps: &QpCaps) -> lightpath_verbs::Result<()> {
         use lightpath_verbs::Error;
