@@ -236,15 +236,16 @@ impl<D: Device> RdmaConn<D> {
         progressed
     }
 
-    /// After a sleep that ended with `n` completions taken into `wcs` (handled): a poll now
-    /// would mostly find nothing (the sleep's last look was a moment ago; what comes later is
-    /// found by the next call), so only what those completions allow is done, unless they
-    /// filled `wcs` (the rest is polled). A sleep that took nothing polls.
-    fn after_taking(&mut self, n: usize) {
-        if n > 0 && n < self.wcs.len() {
-            self.post_allowed();
-        } else {
+    /// After a look that took `n` completions into `wcs` (handled; an arming's, or a sleep's):
+    /// a poll now would look again for nothing (anything later rings the doorbell, or is found
+    /// by the next call), so only what those completions allow is done. It polls when they
+    /// filled `wcs` (there is more), and with `poll_if_none` when there were none (a sleep that
+    /// ran out).
+    fn after_look(&mut self, n: usize, poll_if_none: bool) {
+        if n == self.wcs.len() || (n == 0 && poll_if_none) {
             self.pump();
+        } else {
+            self.post_allowed();
         }
     }
 
@@ -568,7 +569,7 @@ impl<D: Device> RdmaConn<D> {
             std::hint::spin_loop();
         }
         let n = self.sleep(Deadline::At(deadline), wake)?;
-        self.after_taking(n);
+        self.after_look(n, true);
         if n == 0 {
             self.check_tcp();
         }
@@ -728,12 +729,7 @@ impl<D: Device + 'static> RdmaConn<D> {
             // The doorbell's arming looked at the queue pair and took what was there.
             Some(n) => {
                 self.handle_taken(n);
-                if n < self.wcs.len() {
-                    // Nothing more to look for: anything later rings the doorbell.
-                    self.post_allowed();
-                } else {
-                    self.pump();
-                }
+                self.after_look(n, false);
                 n > 0
             }
             None => self.pump(),
