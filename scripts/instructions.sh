@@ -7,6 +7,7 @@
 # Then, per operation and per call, the inclusive counts of the functions named in FUNCS.
 #
 #   scripts/instructions.sh                          # soft stream_rr, 16 conns, event-loop server
+#   SERVER=threads PROVIDER=shm scripts/instructions.sh   # a thread per connection instead
 #   PROVIDER=shm scripts/instructions.sh
 #   TEST=stream_bw SIZE=64K NETNS=1 SIDE=client scripts/instructions.sh   # bulk, sender side,
 #                                                    # between two namespaces (root)
@@ -31,6 +32,7 @@ command -v valgrind > /dev/null || { echo "instructions.sh: needs valgrind" >&2;
 PROVIDER=${PROVIDER:-soft}
 TEST=${TEST:-stream_rr}
 SIDE=${SIDE:-server}
+SERVER=${SERVER:-loop} # stream_rr's server shape: loop (one event loop) or threads
 NETNS=${NETNS:-0}
 CONNS=${CONNS:-16}
 if [ "$TEST" = stream_rr ]; then
@@ -38,7 +40,7 @@ if [ "$TEST" = stream_rr ]; then
     N1=${N1:-300}
     N2=${N2:-1300}
     PER_ITER=$CONNS # stream_rr's -n counts requests per connection
-    EXTRA=(--server loop --conns "$CONNS" --spin-us 0)
+    EXTRA=(--server "$SERVER" --conns "$CONNS" --spin-us 0)
 else
     SIZE=${SIZE:-64K}
     N1=${N1:-1000}
