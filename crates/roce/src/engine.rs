@@ -212,7 +212,12 @@ impl Engine {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         let qp = self.qps.remove(qpn).ok_or(Error::NotFound("queue pair"))?;
         tracing::debug!(qpn, state = ?qp.state, stats = ?qp.stats, "queue pair destroyed");
-        tracing::trace!(qpn, transport = ?qp.transport_state(), "queue pair destroyed: its transport state");
+        tracing::trace!(
+            qpn,
+            transport = ?qp.transport_state(),
+            engine = ?self.stats,
+            "queue pair destroyed: its transport state, and the engine's counters"
+        );
         self.cqs.remove_user(qp.send_cq);
         self.cqs.remove_user(qp.recv_cq);
         self.tidy_timer_top();
