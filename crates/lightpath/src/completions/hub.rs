@@ -28,7 +28,7 @@ const BATCH: usize = 64;
 
 /// How a look takes from the shared queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Take {
+enum Take {
     /// `CompletionQueue::poll`: the provider may do its work first.
     Poll,
     /// `CompletionQueue::take_queued`: only what the queue holds, for the look right after an
@@ -295,15 +295,17 @@ impl<D: Device> Hub<D> {
     /// own beside ones without, once the device's ports ran out) sleep through the leader's
     /// whole wait: a thread-per-connection server with 12 connections and 2 ports per device
     /// answered 0.2k requests/s, against 19k once it no longer waited.
+    ///
+    /// It is the look right after an arming (`QueuePair::arm_waiter`), which moved the
+    /// provider forward: the queue is taken as it is (`Take::Queued`), as by `poll_for_all`.
     pub(crate) fn poll_for_locked(
         &self,
         inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
-        take: Take,
     ) -> lightpath_verbs::Result<usize> {
         if let Some(routing) = self.try_routing() {
-            return self.poll_routing(routing, inbox, qpn, out, take);
+            return self.poll_routing(routing, inbox, qpn, out, Take::Queued);
         }
         if self.leader.load(Ordering::SeqCst) {
             // What the leader routes here must wake the owner: a thread about to sleep is
@@ -321,7 +323,7 @@ impl<D: Device> Hub<D> {
             // Taken below under the lock: a wake-up the arming causes meanwhile is spurious.
             inbox.disarm();
         }
-        self.poll_for_all(inbox, qpn, out, take)
+        self.poll_for_all(inbox, qpn, out)
     }
 
     /// Like `poll_for_locked`, but waits for the router lock whoever holds it (a leader may
@@ -332,9 +334,8 @@ impl<D: Device> Hub<D> {
         inbox: &Inbox,
         qpn: u32,
         out: &mut [WorkCompletion],
-        take: Take,
     ) -> lightpath_verbs::Result<usize> {
-        self.poll_routing(self.routing(), inbox, qpn, out, take)
+        self.poll_routing(self.routing(), inbox, qpn, out, Take::Queued)
     }
 
     /// The leader stopped leading (its lock let go, `leader` cleared): routes what the queue
@@ -701,7 +702,7 @@ mod tests {
             [WorkCompletion::new(0, lightpath_verbs::WcStatus::Success, lightpath_verbs::WcOpcode::Send, 0);
                 4];
         let looked = Instant::now();
-        assert_eq!(hub.poll_for_locked(&waiter, 2, &mut out, Take::Poll).unwrap(), 0);
+        assert_eq!(hub.poll_for_locked(&waiter, 2, &mut out).unwrap(), 0);
         let took = looked.elapsed();
         assert!(took < leader_wait / 2, "the look waited {took:?} for the sleeping leader");
         assert!(hub.route_wanted.load(Ordering::SeqCst), "the leader was not asked to route");

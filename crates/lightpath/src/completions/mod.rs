@@ -48,7 +48,6 @@ use lightpath_soft::AdaptiveSpin;
 use lightpath_verbs::{CqOf, Device, QpOf, QueuePair, WakeFor, WorkCompletion};
 
 pub(crate) use hub::Hub;
-use hub::Take;
 pub(crate) use inbox::Inbox;
 
 use crate::error::from_verbs;
@@ -424,7 +423,7 @@ impl<D: Device> ConnCompletions<D> {
             // is routing), and only then the sleep.
             let slept = self.inbox.sleep_watching(left, watch, || {
                 found = match look.arm(qp, wake) {
-                    Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out, Take::Queued).map(Some),
+                    Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
                     Err(err) => Err(err),
                 };
@@ -502,9 +501,9 @@ impl<D: Device> ConnCompletions<D> {
             return Ok(None);
         }
         if wait_for_router {
-            return self.hub.poll_for_all(&self.inbox, qpn, out, Take::Queued).map(Some);
+            return self.hub.poll_for_all(&self.inbox, qpn, out).map(Some);
         }
-        self.hub.poll_for_locked(&self.inbox, qpn, out, Take::Queued).map(Some)
+        self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some)
     }
 
     /// Widens an arming of the queue pair's doorbell for arrivals only (`request_notify` with
