@@ -16,7 +16,7 @@ import threading
 from typing import Optional
 
 from . import errors
-from ._lightpath import Communicator, StoreServer
+from ._lightpath import Communicator, Request, StoreServer
 from .errors import (
     AbortedError,
     BootstrapError,
@@ -31,6 +31,7 @@ __all__ = [
     "init",
     "world",
     "Communicator",
+    "Request",
     "StoreServer",
     "SUM",
     "PROD",

@@ -1,10 +1,23 @@
 """Type stubs for lightpath's native module (src/lib.rs)."""
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 # Anything with the buffer protocol (numpy arrays, bytearray, memoryview, array.array, ...)
 # or DLPack on the CPU (torch tensors). Buffers must be C-contiguous; outputs writable.
 Buffer = Any
+
+# Called once a nonblocking call has ended: with None, or with the call's exception.
+Callback = Optional[Callable[[Optional[BaseException]], Any]]
+
+class Request:
+    """A nonblocking call started by a ``Communicator.i*`` method. Its buffers belong to the
+    call until ``wait`` returns; dropping the request does not cancel the call."""
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits (GIL released) and raises the call's error; False if ``timeout`` seconds
+        passed first. The callback has run when this returns True."""
+    def done(self) -> bool:
+        """Whether the call has ended and its callback ran."""
 
 class Communicator:
     """A group of ranks and the collective calls among them.
@@ -64,12 +77,34 @@ class Communicator:
         """Sends ``buf`` to ``peer`` (which receives as many bytes)."""
     def recv(self, buf: Buffer, peer: int) -> None:
         """Receives ``len(buf)`` bytes from ``peer``."""
+    # Nonblocking forms: start the call and return at once. Calls of a process run in the
+    # order they were started, blocking and nonblocking alike.
+    def iallreduce(
+        self, buf: Buffer, out: Optional[Buffer] = None, op: str = "sum", dtype: Optional[str] = None, callback: Callback = None
+    ) -> Request: ...
+    def ireduce(
+        self, buf: Buffer, root: int = 0, op: str = "sum", dtype: Optional[str] = None, callback: Callback = None
+    ) -> Request: ...
+    def ibroadcast(self, buf: Buffer, root: int = 0, callback: Callback = None) -> Request: ...
+    def iallgather(self, buf: Optional[Buffer], out: Buffer, callback: Callback = None) -> Request: ...
+    def iallgatherv(self, buf: Buffer, out: Buffer, counts: List[int], callback: Callback = None) -> Request: ...
+    def ireduce_scatter(
+        self, buf: Buffer, out: Buffer, op: str = "sum", dtype: Optional[str] = None, callback: Callback = None
+    ) -> Request: ...
+    def ialltoall(self, buf: Buffer, out: Buffer, callback: Callback = None) -> Request: ...
+    def ialltoallv(
+        self, buf: Buffer, send_counts: List[int], out: Buffer, recv_counts: List[int], callback: Callback = None
+    ) -> Request: ...
+    def ibarrier(self, callback: Callback = None) -> Request: ...
+    def isend(self, buf: Buffer, peer: int, callback: Callback = None) -> Request: ...
+    def irecv(self, buf: Buffer, peer: int, callback: Callback = None) -> Request: ...
     def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
         """Ranks with the same color form a new communicator (ordered by key, then rank)."""
     def abort(self, reason: str) -> None:
         """Makes every rank's current or next call raise ``AbortedError``."""
     def close(self) -> None:
-        """Leaves the job cleanly; later calls raise."""
+        """Leaves the job cleanly (nonblocking calls still running end first); later calls
+        raise."""
     def __enter__(self) -> "Communicator": ...
     def __exit__(self, *args: Any) -> None: ...
 

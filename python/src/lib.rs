@@ -25,6 +25,9 @@ use std::ffi::CStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod nonblocking;
+use nonblocking::{Completer, RawBuffers, Request};
+
 /// DLPack's C structs (dlpack.h, ABI version 0.x as torch 1.13 and numpy 1.24 export it).
 mod dlpack {
     use std::ffi::c_void;
@@ -433,13 +436,36 @@ fn exception(
 #[pyclass(frozen, name = "Communicator", module = "lightpath._lightpath")]
 struct Communicator {
     inner: Mutex<Option<Arc<RustCommunicator>>>,
+    /// The thread that finishes nonblocking calls nobody waits for, from the first one on.
+    completer: Mutex<Option<Completer>>,
     rank: usize,
     size: usize,
 }
 
+/// A call ready to run: what, over which element type, and the exports of its input and
+/// output (absent where the call reads or writes nothing, or works in place).
+struct Prepared {
+    what: Collective,
+    dtype: DType,
+    input: Option<View>,
+    output: Option<View>,
+}
+
+impl Prepared {
+    /// A call over no buffers.
+    fn bare(what: Collective) -> Prepared {
+        Prepared { what, dtype: DType::U8, input: None, output: None }
+    }
+}
+
 impl Communicator {
     fn wrap(c: RustCommunicator) -> Communicator {
-        Communicator { rank: c.rank(), size: c.size(), inner: Mutex::new(Some(Arc::new(c))) }
+        Communicator {
+            rank: c.rank(),
+            size: c.size(),
+            inner: Mutex::new(Some(Arc::new(c))),
+            completer: Mutex::new(None),
+        }
     }
 
     fn get(&self, py: Python<'_>, op: &str) -> PyResult<Arc<RustCommunicator>> {
@@ -456,17 +482,162 @@ impl Communicator {
         })
     }
 
-    /// Runs `what` with the GIL released.
-    fn run(
+    /// Runs a call with the GIL released.
+    fn run(&self, py: Python<'_>, call: Prepared) -> PyResult<()> {
+        let comm = self.get(py, call.what.name())?;
+        let Prepared { what, dtype, input, mut output } = call;
+        let input = input.as_ref().map(View::bytes).unwrap_or(&[]);
+        let output = match output.as_mut() {
+            Some(v) => v.bytes_mut(),
+            None => &mut [],
+        };
+        py.detach(|| comm.execute(&what, dtype, input, output)).map_err(|e| to_pyerr(py, &e))
+    }
+
+    /// Starts a call on the call thread (see `nonblocking`).
+    fn start(&self, py: Python<'_>, call: Prepared, callback: Option<Py<PyAny>>) -> PyResult<Request> {
+        let comm = self.get(py, call.what.name())?;
+        let completer = {
+            let mut slot = self.completer.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_none() {
+                *slot = Some(Completer::start().map_err(|e| {
+                    PyRuntimeError::new_err(format!("starting lightpath's completion thread: {e}"))
+                })?);
+            }
+            slot.as_ref().map(Completer::sender).expect("started above")
+        };
+        let Prepared { what, dtype, input, mut output } = call;
+        let raw = RawBuffers::new(input.as_ref(), output.as_mut());
+        let exports = input.into_iter().chain(output).collect();
+        nonblocking::launch(exports, callback, completer, move |then| {
+            comm.iexecute_then(what, dtype, raw, move |outcome| then(outcome.map(drop)))
+        })
+        .map_err(|e| to_pyerr(py, &e))
+    }
+
+    fn prep_allreduce(
         &self,
         py: Python<'_>,
-        what: &Collective,
-        dtype: DType,
-        input: &[u8],
-        output: &mut [u8],
-    ) -> PyResult<()> {
-        let comm = self.get(py, what.name())?;
-        py.detach(|| comm.execute(what, dtype, input, output)).map_err(|e| to_pyerr(py, &e))
+        buf: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+        op: &str,
+        dtype: Option<&str>,
+    ) -> PyResult<Prepared> {
+        let op = parse_op(op)?;
+        let comm = self.get(py, "allreduce")?;
+        let (inp, out) = match out {
+            Some(o) => Self::pair(Some(buf), o)?,
+            None => (None, View::export(buf, "the buffer", true)?),
+        };
+        let d = reduce_dtype(&out, dtype)?;
+        if let Some(i) = &inp {
+            same_elements(i, &out, dtype)?;
+        }
+        let count = out.len() / d.size();
+        let algo = comm.allreduce_algorithm(out.len());
+        let what = Collective::Allreduce { count, op, algo, in_place: inp.is_none() };
+        Ok(Prepared { what, dtype: d, input: inp, output: Some(out) })
+    }
+
+    fn prep_reduce(buf: &Bound<'_, PyAny>, root: usize, op: &str, dtype: Option<&str>) -> PyResult<Prepared> {
+        let op = parse_op(op)?;
+        let v = View::export(buf, "the buffer", true)?;
+        let d = reduce_dtype(&v, dtype)?;
+        let what = Collective::Reduce { count: v.len() / d.size(), op, root };
+        Ok(Prepared { what, dtype: d, input: None, output: Some(v) })
+    }
+
+    fn prep_broadcast(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<Prepared> {
+        let comm = self.get(py, "broadcast")?;
+        let v = View::export(buf, "the buffer", true)?;
+        let algo = comm.broadcast_algorithm(v.len());
+        let what = Collective::Broadcast { count: v.len(), root, algo };
+        Ok(Prepared { what, dtype: DType::U8, input: None, output: Some(v) })
+    }
+
+    fn prep_allgather(&self, buf: Option<&Bound<'_, PyAny>>, out: &Bound<'_, PyAny>) -> PyResult<Prepared> {
+        let (inp, out) = Self::pair(buf, out)?;
+        let block = match &inp {
+            Some(i) => i.len(),
+            None => {
+                if !out.len().is_multiple_of(self.size) {
+                    return Err(PyValueError::new_err(format!(
+                        "allgather in place: the output's {} bytes do not split into {} equal blocks",
+                        out.len(),
+                        self.size
+                    )));
+                }
+                out.len() / self.size
+            }
+        };
+        let what = Collective::Allgather { counts: vec![block; self.size], in_place: inp.is_none() };
+        Ok(Prepared { what, dtype: DType::U8, input: inp, output: Some(out) })
+    }
+
+    fn prep_allgatherv(
+        buf: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        counts: &[usize],
+    ) -> PyResult<Prepared> {
+        let (inp, out) = Self::both(buf, out)?;
+        let counts = counts_in_bytes(counts, out.itemsize(), "allgatherv counts")?;
+        let what = Collective::Allgather { counts, in_place: false };
+        Ok(Prepared { what, dtype: DType::U8, input: Some(inp), output: Some(out) })
+    }
+
+    fn prep_reduce_scatter(
+        buf: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        op: &str,
+        dtype: Option<&str>,
+    ) -> PyResult<Prepared> {
+        let op = parse_op(op)?;
+        let (inp, out) = Self::both(buf, out)?;
+        let d = reduce_dtype(&out, dtype)?;
+        same_elements(&inp, &out, dtype)?;
+        let what = Collective::ReduceScatter { count: out.len() / d.size(), op };
+        Ok(Prepared { what, dtype: d, input: Some(inp), output: Some(out) })
+    }
+
+    fn prep_alltoall(&self, buf: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<Prepared> {
+        let (inp, out) = Self::both(buf, out)?;
+        let p = self.size;
+        if !inp.len().is_multiple_of(p) || !out.len().is_multiple_of(p) {
+            return Err(PyValueError::new_err(format!(
+                "alltoall: {} input and {} output bytes do not split into {p} equal blocks",
+                inp.len(),
+                out.len()
+            )));
+        }
+        let what =
+            Collective::Alltoall { send_counts: vec![inp.len() / p; p], recv_counts: vec![out.len() / p; p] };
+        Ok(Prepared { what, dtype: DType::U8, input: Some(inp), output: Some(out) })
+    }
+
+    fn prep_alltoallv(
+        buf: &Bound<'_, PyAny>,
+        send_counts: &[usize],
+        out: &Bound<'_, PyAny>,
+        recv_counts: &[usize],
+    ) -> PyResult<Prepared> {
+        let (inp, out) = Self::both(buf, out)?;
+        let what = Collective::Alltoall {
+            send_counts: counts_in_bytes(send_counts, inp.itemsize(), "alltoallv send_counts")?,
+            recv_counts: counts_in_bytes(recv_counts, out.itemsize(), "alltoallv recv_counts")?,
+        };
+        Ok(Prepared { what, dtype: DType::U8, input: Some(inp), output: Some(out) })
+    }
+
+    fn prep_send(buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<Prepared> {
+        let v = View::export(buf, "the buffer", false)?;
+        let what = Collective::Send { count: v.len(), peer };
+        Ok(Prepared { what, dtype: DType::U8, input: Some(v), output: None })
+    }
+
+    fn prep_recv(buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<Prepared> {
+        let v = View::export(buf, "the buffer", true)?;
+        let what = Collective::Recv { count: v.len(), peer };
+        Ok(Prepared { what, dtype: DType::U8, input: None, output: Some(v) })
     }
 
     /// Exports an input and a distinct output; `None` for the input means in place.
@@ -614,21 +785,24 @@ impl Communicator {
         op: &str,
         dtype: Option<&str>,
     ) -> PyResult<()> {
-        let op = parse_op(op)?;
-        let comm = self.get(py, "allreduce")?;
-        let (inp, mut out) = match out {
-            Some(o) => Self::pair(Some(buf), o)?,
-            None => (None, View::export(buf, "the buffer", true)?),
-        };
-        let d = reduce_dtype(&out, dtype)?;
-        if let Some(i) = &inp {
-            same_elements(i, &out, dtype)?;
-        }
-        let count = out.len() / d.size();
-        let algo = comm.allreduce_algorithm(out.len());
-        let what = Collective::Allreduce { count, op, algo, in_place: inp.is_none() };
-        let input = inp.as_ref().map(View::bytes).unwrap_or(&[]);
-        self.run(py, &what, d, input, out.bytes_mut())
+        self.run(py, self.prep_allreduce(py, buf, out, op, dtype)?)
+    }
+
+    /// :meth:`allreduce`, nonblocking: returns a :class:`Request` at once. ``callback``, if
+    /// given, is called with None (or the call's exception) once the call has ended, on a
+    /// thread of Lightpath's or in :meth:`Request.wait`, with the GIL. The same holds for
+    /// every ``i*`` method.
+    #[pyo3(signature = (buf, out = None, op = "sum", dtype = None, callback = None))]
+    fn iallreduce(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+        op: &str,
+        dtype: Option<&str>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, self.prep_allreduce(py, buf, out, op, dtype)?, callback)
     }
 
     /// The root's ``buf`` = ``op`` over every rank's ``buf``; other ranks' buffers are left
@@ -642,21 +816,39 @@ impl Communicator {
         op: &str,
         dtype: Option<&str>,
     ) -> PyResult<()> {
-        let op = parse_op(op)?;
-        let mut v = View::export(buf, "the buffer", true)?;
-        let d = reduce_dtype(&v, dtype)?;
-        let what = Collective::Reduce { count: v.len() / d.size(), op, root };
-        self.run(py, &what, d, &[], v.bytes_mut())
+        self.run(py, Self::prep_reduce(buf, root, op, dtype)?)
+    }
+
+    /// :meth:`reduce`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, root = 0, op = "sum", dtype = None, callback = None))]
+    fn ireduce(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        root: usize,
+        op: &str,
+        dtype: Option<&str>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, Self::prep_reduce(buf, root, op, dtype)?, callback)
     }
 
     /// Every rank's ``buf`` = the root's.
     #[pyo3(signature = (buf, root = 0))]
     fn broadcast(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
-        let comm = self.get(py, "broadcast")?;
-        let mut v = View::export(buf, "the buffer", true)?;
-        let algo = comm.broadcast_algorithm(v.len());
-        let what = Collective::Broadcast { count: v.len(), root, algo };
-        self.run(py, &what, DType::U8, &[], v.bytes_mut())
+        self.run(py, self.prep_broadcast(py, buf, root)?)
+    }
+
+    /// :meth:`broadcast`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, root = 0, callback = None))]
+    fn ibroadcast(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        root: usize,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, self.prep_broadcast(py, buf, root)?, callback)
     }
 
     /// ``out`` = every rank's ``buf`` concatenated in rank order (``size`` times the bytes of
@@ -667,23 +859,19 @@ impl Communicator {
         buf: Option<&Bound<'_, PyAny>>,
         out: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (inp, mut out) = Self::pair(buf, out)?;
-        let block = match &inp {
-            Some(i) => i.len(),
-            None => {
-                if !out.len().is_multiple_of(self.size) {
-                    return Err(PyValueError::new_err(format!(
-                        "allgather in place: the output's {} bytes do not split into {} equal blocks",
-                        out.len(),
-                        self.size
-                    )));
-                }
-                out.len() / self.size
-            }
-        };
-        let what = Collective::Allgather { counts: vec![block; self.size], in_place: inp.is_none() };
-        let input = inp.as_ref().map(View::bytes).unwrap_or(&[]);
-        self.run(py, &what, DType::U8, input, out.bytes_mut())
+        self.run(py, self.prep_allgather(buf, out)?)
+    }
+
+    /// :meth:`allgather`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, out, callback = None))]
+    fn iallgather(
+        &self,
+        py: Python<'_>,
+        buf: Option<&Bound<'_, PyAny>>,
+        out: &Bound<'_, PyAny>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, self.prep_allgather(buf, out)?, callback)
     }
 
     /// Allgather with a count per rank: ``counts[r]`` elements (of ``out``'s item size) from
@@ -695,10 +883,20 @@ impl Communicator {
         out: &Bound<'_, PyAny>,
         counts: Vec<usize>,
     ) -> PyResult<()> {
-        let (inp, mut out) = Self::both(buf, out)?;
-        let counts = counts_in_bytes(&counts, out.itemsize(), "allgatherv counts")?;
-        let what = Collective::Allgather { counts, in_place: false };
-        self.run(py, &what, DType::U8, inp.bytes(), out.bytes_mut())
+        self.run(py, Self::prep_allgatherv(buf, out, &counts)?)
+    }
+
+    /// :meth:`allgatherv`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, out, counts, callback = None))]
+    fn iallgatherv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        counts: Vec<usize>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, Self::prep_allgatherv(buf, out, &counts)?, callback)
     }
 
     /// ``out`` = ``op`` over every rank's block ``rank`` of ``buf`` (``buf`` holds ``size``
@@ -712,29 +910,39 @@ impl Communicator {
         op: &str,
         dtype: Option<&str>,
     ) -> PyResult<()> {
-        let op = parse_op(op)?;
-        let (inp, mut out) = Self::both(buf, out)?;
-        let d = reduce_dtype(&out, dtype)?;
-        same_elements(&inp, &out, dtype)?;
-        let what = Collective::ReduceScatter { count: out.len() / d.size(), op };
-        self.run(py, &what, d, inp.bytes(), out.bytes_mut())
+        self.run(py, Self::prep_reduce_scatter(buf, out, op, dtype)?)
+    }
+
+    /// :meth:`reduce_scatter`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, out, op = "sum", dtype = None, callback = None))]
+    fn ireduce_scatter(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        op: &str,
+        dtype: Option<&str>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, Self::prep_reduce_scatter(buf, out, op, dtype)?, callback)
     }
 
     /// Block ``j`` of ``buf`` goes to rank ``j``; block ``i`` of ``out`` comes from rank
     /// ``i`` (``size`` equal blocks each).
     fn alltoall(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (inp, mut out) = Self::both(buf, out)?;
-        let p = self.size;
-        if !inp.len().is_multiple_of(p) || !out.len().is_multiple_of(p) {
-            return Err(PyValueError::new_err(format!(
-                "alltoall: {} input and {} output bytes do not split into {p} equal blocks",
-                inp.len(),
-                out.len()
-            )));
-        }
-        let what =
-            Collective::Alltoall { send_counts: vec![inp.len() / p; p], recv_counts: vec![out.len() / p; p] };
-        self.run(py, &what, DType::U8, inp.bytes(), out.bytes_mut())
+        self.run(py, self.prep_alltoall(buf, out)?)
+    }
+
+    /// :meth:`alltoall`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, out, callback = None))]
+    fn ialltoall(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, self.prep_alltoall(buf, out)?, callback)
     }
 
     /// Alltoall with counts (elements of each buffer's item size) per peer, blocks
@@ -747,30 +955,67 @@ impl Communicator {
         out: &Bound<'_, PyAny>,
         recv_counts: Vec<usize>,
     ) -> PyResult<()> {
-        let (inp, mut out) = Self::both(buf, out)?;
-        let what = Collective::Alltoall {
-            send_counts: counts_in_bytes(&send_counts, inp.itemsize(), "alltoallv send_counts")?,
-            recv_counts: counts_in_bytes(&recv_counts, out.itemsize(), "alltoallv recv_counts")?,
-        };
-        self.run(py, &what, DType::U8, inp.bytes(), out.bytes_mut())
+        self.run(py, Self::prep_alltoallv(buf, &send_counts, out, &recv_counts)?)
+    }
+
+    /// :meth:`alltoallv`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, send_counts, out, recv_counts, callback = None))]
+    fn ialltoallv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        send_counts: Vec<usize>,
+        out: &Bound<'_, PyAny>,
+        recv_counts: Vec<usize>,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, Self::prep_alltoallv(buf, &send_counts, out, &recv_counts)?, callback)
     }
 
     /// Returns once every rank of the group has entered.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        self.run(py, &Collective::Barrier, DType::U8, &[], &mut [])
+        self.run(py, Prepared::bare(Collective::Barrier))
+    }
+
+    /// :meth:`barrier`, nonblocking (see :meth:`iallreduce`): the request ends once every
+    /// rank has entered.
+    #[pyo3(signature = (callback = None))]
+    fn ibarrier(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<Request> {
+        self.start(py, Prepared::bare(Collective::Barrier), callback)
     }
 
     /// Sends ``buf`` to ``peer``, which must :meth:`recv` the same number of bytes.
     fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
-        let v = View::export(buf, "the buffer", false)?;
-        self.run(py, &Collective::Send { count: v.len(), peer }, DType::U8, v.bytes(), &mut [])
+        self.run(py, Self::prep_send(buf, peer)?)
+    }
+
+    /// :meth:`send`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, peer, callback = None))]
+    fn isend(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: usize,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, Self::prep_send(buf, peer)?, callback)
     }
 
     /// Receives ``len(buf)`` bytes from ``peer`` into ``buf``.
     fn recv(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
-        let mut v = View::export(buf, "the buffer", true)?;
-        let what = Collective::Recv { count: v.len(), peer };
-        self.run(py, &what, DType::U8, &[], v.bytes_mut())
+        self.run(py, Self::prep_recv(buf, peer)?)
+    }
+
+    /// :meth:`recv`, nonblocking (see :meth:`iallreduce`).
+    #[pyo3(signature = (buf, peer, callback = None))]
+    fn irecv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: usize,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<Request> {
+        self.start(py, Self::prep_recv(buf, peer)?, callback)
     }
 
     /// Splits the group: ranks passing the same ``color`` form a new communicator, ordered
@@ -791,9 +1036,18 @@ impl Communicator {
 
     /// Leaves the job cleanly (flushes what this rank sent and tells the peers); later calls
     /// raise. Also done by ``with`` and, for ``lightpath.init()``'s communicator, at exit.
+    /// Nonblocking calls still running end first (their callbacks run).
     fn close(&self, py: Python<'_>) {
         let taken = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-        py.detach(move || drop(taken));
+        let completer = self.completer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // Without the GIL: the completion thread needs it for the calls still running, and
+        // stops once they have ended.
+        py.detach(move || {
+            drop(taken);
+            if let Some(c) = completer {
+                c.stop();
+            }
+        });
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -856,5 +1110,6 @@ impl StoreServer {
 fn _lightpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Communicator>()?;
     m.add_class::<StoreServer>()?;
+    m.add_class::<Request>()?;
     Ok(())
 }

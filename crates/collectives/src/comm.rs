@@ -812,13 +812,47 @@ impl Communicator {
         }
     }
 
+    /// [`Communicator::iexecute`] that reports the outcome instead of returning a [`Request`]:
+    /// the call thread calls `then` with the buffers (or the call's error) the moment the call
+    /// ends, in the order calls end (the order they were issued). `then` runs on the call
+    /// thread, before any later call starts, so it must be short and must not wait for
+    /// anything: hand the outcome over (a channel, a condition variable) and return. Bindings
+    /// use it to complete their own futures without a thread of theirs waiting on each
+    /// request. An inconsistent call is refused with the error, before anything is issued,
+    /// and `then` is then dropped without being called.
+    pub fn iexecute_then<B: CallBuffers>(
+        &self,
+        what: Collective,
+        dtype: DType,
+        bufs: B,
+        then: impl FnOnce(Result<B, Error>) + Send + 'static,
+    ) -> Result<(), Error> {
+        self.launch_then(what, dtype, bufs, |b| b.buffers(), then)
+    }
+
     fn launch<T: Send + 'static>(
+        &self,
+        what: Collective,
+        dtype: DType,
+        buf: T,
+        bytes: impl for<'a> Fn(&'a mut T) -> (&'a [u8], &'a mut [u8]) + Send + 'static,
+    ) -> Result<Request<T>, Error> {
+        let done = Arc::new(Completion { outcome: Mutex::new(None), ready: Condvar::new() });
+        let completion = done.clone();
+        self.launch_then(what, dtype, buf, bytes, move |outcome| completion.complete(outcome))?;
+        Ok(Request { state: Some(Pending::Running(done)) })
+    }
+
+    /// Checks the call now, then queues it for the call thread, which hands its outcome to
+    /// `then` (see [`Communicator::iexecute_then`]).
+    fn launch_then<T: Send + 'static>(
         &self,
         what: Collective,
         dtype: DType,
         mut buf: T,
         bytes: impl for<'a> Fn(&'a mut T) -> (&'a [u8], &'a mut [u8]) + Send + 'static,
-    ) -> Result<Request<T>, Error> {
+        then: impl FnOnce(Result<T, Error>) + Send + 'static,
+    ) -> Result<(), Error> {
         {
             let (input, output) = bytes(&mut buf);
             self.check(&what, dtype, input.len(), output.len())?;
@@ -839,10 +873,8 @@ impl Communicator {
                 .map_err(|e| Error::Internal { op, detail: format!("starting the call thread: {e}") })?;
             *worker = Some(tx);
         }
-        let done = Arc::new(Completion { outcome: Mutex::new(None), ready: Condvar::new() });
         let (ticket, seq) = self.shared.issue(&self.seq);
         let comm = self.handle();
-        let completion = done.clone();
         let job: Job = Box::new(move || {
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
                 let r = comm.shared.run(ticket, |st| {
@@ -864,7 +896,7 @@ impl Communicator {
             .unwrap_or_else(|_| {
                 Err(Error::Internal { op, detail: "the call panicked (a bug in Lightpath)".into() })
             });
-            completion.complete(outcome);
+            then(outcome);
         });
         if let Err(std::sync::mpsc::SendError(job)) = worker.as_ref().expect("started above").send(job) {
             // The call thread has gone (it does not while the connections live): run the
@@ -873,7 +905,7 @@ impl Communicator {
             drop(worker);
             job();
         }
-        Ok(Request { state: Some(Pending::Running(done)) })
+        Ok(())
     }
 
     /// [`Communicator::launch`] for the in-place calls of the typed API, whose argument errors

@@ -166,6 +166,38 @@ if p > 1:
         t.join()
         assert after - before > 50, f"only {after - before} ticks while waiting in barrier: GIL held?"
 
+# Nonblocking calls: started in order (interleaved with a blocking one), waited in another
+# order; callbacks run once, with the call's outcome, before wait returns.
+n = 50_000
+seen = []
+a = rank_values(r, n, np.float64)
+b = np.empty(n * p, dtype=np.float64)
+c = np.full(7, r, dtype=np.int32)
+req_a = comm.iallreduce(a, callback=lambda err: seen.append(("a", err)))
+req_b = comm.iallgather(rank_values(r, n, np.float64), b, callback=lambda err: seen.append(("b", err)))
+comm.broadcast(c, root=p - 1)  # blocking, between them: runs after a and b
+req_bar = comm.ibarrier()
+req_s = comm.ireduce_scatter(np.concatenate([np.full(3, r + 1, np.int64)] * p), np.empty(3, np.int64))
+assert np.all(c == p - 1)
+assert req_b.wait() is True and req_a.wait() is True and req_bar.wait() is True
+assert req_a.done() and req_b.done()
+assert sorted(name for name, _ in seen) == ["a", "b"] and all(err is None for _, err in seen), seen
+assert np.allclose(a, np.sum([rank_values(q, n, np.float64) for q in range(p)], axis=0))
+assert np.array_equal(b, np.concatenate([rank_values(q, n, np.float64) for q in range(p)]))
+req_s.wait()
+# A nonblocking call whose request is dropped at once still runs and keeps its buffers alive.
+dropped = np.ones(1000, dtype=np.float32)
+comm.iallreduce(dropped)
+del dropped
+pending = [comm.iallreduce(np.full(4, q, dtype=np.int64)) for q in range(64)]
+assert all(req.wait(timeout=30) for req in pending)
+# Bad input is refused when the call is started, and nothing is issued.
+raises(TypeError, comm.iallreduce, np.zeros(4, dtype=np.int8))
+raises(errors.InvalidArgumentError, comm.ibroadcast, np.zeros(4), root=p)
+ok = np.ones(2, dtype=np.float32)
+comm.iallreduce(ok).wait()
+assert np.all(ok == p)
+
 sub = comm.split(r % 2, key=-r)
 assert sub.size == len(range(r % 2, p, 2)) and sub.rank == (sub.size - 1 - r // 2), (sub.size, sub.rank)
 x = np.array([r], dtype=np.int64)
