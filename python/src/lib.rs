@@ -494,8 +494,22 @@ impl Communicator {
         py.detach(|| comm.execute(&what, dtype, input, output)).map_err(|e| to_pyerr(py, &e))
     }
 
-    /// Starts a call on the call thread (see `nonblocking`).
-    fn start(&self, py: Python<'_>, call: Prepared, callback: Option<Py<PyAny>>) -> PyResult<Request> {
+    /// Starts a call on the call thread (see `nonblocking`); with `blocking`, runs it here
+    /// instead, as the blocking methods do, then calls `callback` with None (a failure raises).
+    fn start(
+        &self,
+        py: Python<'_>,
+        call: Prepared,
+        callback: Option<Py<PyAny>>,
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        if blocking {
+            self.run(py, call)?;
+            if let Some(callback) = callback {
+                callback.call1(py, (py.None(),))?;
+            }
+            return Ok(None);
+        }
         let comm = self.get(py, call.what.name())?;
         let completer = {
             let mut slot = self.completer.lock().unwrap_or_else(|e| e.into_inner());
@@ -512,6 +526,7 @@ impl Communicator {
         nonblocking::launch(exports, callback, completer, move |then| {
             comm.iexecute_then(what, dtype, raw, move |outcome| then(outcome.map(drop)))
         })
+        .map(Some)
         .map_err(|e| to_pyerr(py, &e))
     }
 
@@ -790,9 +805,12 @@ impl Communicator {
 
     /// :meth:`allreduce`, nonblocking: returns a :class:`Request` at once. ``callback``, if
     /// given, is called with None (or the call's exception) once the call has ended, on a
-    /// thread of Lightpath's or in :meth:`Request.wait`, with the GIL. The same holds for
-    /// every ``i*`` method.
-    #[pyo3(signature = (buf, out = None, op = "sum", dtype = None, callback = None))]
+    /// thread of Lightpath's or in :meth:`Request.wait`, with the GIL. ``blocking=True`` runs
+    /// the call before returning None instead (a failure raises; the callback is called with
+    /// None): for a caller that decides per call whether it will wait at once. The same
+    /// holds for every ``i*`` method.
+    #[pyo3(signature = (buf, out = None, op = "sum", dtype = None, callback = None, blocking = false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
     fn iallreduce(
         &self,
         py: Python<'_>,
@@ -801,8 +819,9 @@ impl Communicator {
         op: &str,
         dtype: Option<&str>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, self.prep_allreduce(py, buf, out, op, dtype)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, self.prep_allreduce(py, buf, out, op, dtype)?, callback, blocking)
     }
 
     /// The root's ``buf`` = ``op`` over every rank's ``buf``; other ranks' buffers are left
@@ -820,7 +839,8 @@ impl Communicator {
     }
 
     /// :meth:`reduce`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, root = 0, op = "sum", dtype = None, callback = None))]
+    #[pyo3(signature = (buf, root = 0, op = "sum", dtype = None, callback = None, blocking = false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
     fn ireduce(
         &self,
         py: Python<'_>,
@@ -829,8 +849,9 @@ impl Communicator {
         op: &str,
         dtype: Option<&str>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, Self::prep_reduce(buf, root, op, dtype)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Self::prep_reduce(buf, root, op, dtype)?, callback, blocking)
     }
 
     /// Every rank's ``buf`` = the root's.
@@ -840,15 +861,16 @@ impl Communicator {
     }
 
     /// :meth:`broadcast`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, root = 0, callback = None))]
+    #[pyo3(signature = (buf, root = 0, callback = None, blocking = false))]
     fn ibroadcast(
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         root: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, self.prep_broadcast(py, buf, root)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, self.prep_broadcast(py, buf, root)?, callback, blocking)
     }
 
     /// ``out`` = every rank's ``buf`` concatenated in rank order (``size`` times the bytes of
@@ -863,15 +885,16 @@ impl Communicator {
     }
 
     /// :meth:`allgather`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, out, callback = None))]
+    #[pyo3(signature = (buf, out, callback = None, blocking = false))]
     fn iallgather(
         &self,
         py: Python<'_>,
         buf: Option<&Bound<'_, PyAny>>,
         out: &Bound<'_, PyAny>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, self.prep_allgather(buf, out)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, self.prep_allgather(buf, out)?, callback, blocking)
     }
 
     /// Allgather with a count per rank: ``counts[r]`` elements (of ``out``'s item size) from
@@ -887,7 +910,7 @@ impl Communicator {
     }
 
     /// :meth:`allgatherv`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, out, counts, callback = None))]
+    #[pyo3(signature = (buf, out, counts, callback = None, blocking = false))]
     fn iallgatherv(
         &self,
         py: Python<'_>,
@@ -895,8 +918,9 @@ impl Communicator {
         out: &Bound<'_, PyAny>,
         counts: Vec<usize>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, Self::prep_allgatherv(buf, out, &counts)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Self::prep_allgatherv(buf, out, &counts)?, callback, blocking)
     }
 
     /// ``out`` = ``op`` over every rank's block ``rank`` of ``buf`` (``buf`` holds ``size``
@@ -914,7 +938,8 @@ impl Communicator {
     }
 
     /// :meth:`reduce_scatter`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, out, op = "sum", dtype = None, callback = None))]
+    #[pyo3(signature = (buf, out, op = "sum", dtype = None, callback = None, blocking = false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
     fn ireduce_scatter(
         &self,
         py: Python<'_>,
@@ -923,8 +948,9 @@ impl Communicator {
         op: &str,
         dtype: Option<&str>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, Self::prep_reduce_scatter(buf, out, op, dtype)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Self::prep_reduce_scatter(buf, out, op, dtype)?, callback, blocking)
     }
 
     /// Block ``j`` of ``buf`` goes to rank ``j``; block ``i`` of ``out`` comes from rank
@@ -934,15 +960,16 @@ impl Communicator {
     }
 
     /// :meth:`alltoall`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, out, callback = None))]
+    #[pyo3(signature = (buf, out, callback = None, blocking = false))]
     fn ialltoall(
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, self.prep_alltoall(buf, out)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, self.prep_alltoall(buf, out)?, callback, blocking)
     }
 
     /// Alltoall with counts (elements of each buffer's item size) per peer, blocks
@@ -959,7 +986,8 @@ impl Communicator {
     }
 
     /// :meth:`alltoallv`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, send_counts, out, recv_counts, callback = None))]
+    #[pyo3(signature = (buf, send_counts, out, recv_counts, callback = None, blocking = false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
     fn ialltoallv(
         &self,
         py: Python<'_>,
@@ -968,8 +996,9 @@ impl Communicator {
         out: &Bound<'_, PyAny>,
         recv_counts: Vec<usize>,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, Self::prep_alltoallv(buf, &send_counts, out, &recv_counts)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Self::prep_alltoallv(buf, &send_counts, out, &recv_counts)?, callback, blocking)
     }
 
     /// Returns once every rank of the group has entered.
@@ -979,9 +1008,14 @@ impl Communicator {
 
     /// :meth:`barrier`, nonblocking (see :meth:`iallreduce`): the request ends once every
     /// rank has entered.
-    #[pyo3(signature = (callback = None))]
-    fn ibarrier(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<Request> {
-        self.start(py, Prepared::bare(Collective::Barrier), callback)
+    #[pyo3(signature = (callback = None, blocking = false))]
+    fn ibarrier(
+        &self,
+        py: Python<'_>,
+        callback: Option<Py<PyAny>>,
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Prepared::bare(Collective::Barrier), callback, blocking)
     }
 
     /// Sends ``buf`` to ``peer``, which must :meth:`recv` the same number of bytes.
@@ -990,15 +1024,16 @@ impl Communicator {
     }
 
     /// :meth:`send`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, peer, callback = None))]
+    #[pyo3(signature = (buf, peer, callback = None, blocking = false))]
     fn isend(
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         peer: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, Self::prep_send(buf, peer)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Self::prep_send(buf, peer)?, callback, blocking)
     }
 
     /// Receives ``len(buf)`` bytes from ``peer`` into ``buf``.
@@ -1007,15 +1042,16 @@ impl Communicator {
     }
 
     /// :meth:`recv`, nonblocking (see :meth:`iallreduce`).
-    #[pyo3(signature = (buf, peer, callback = None))]
+    #[pyo3(signature = (buf, peer, callback = None, blocking = false))]
     fn irecv(
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         peer: usize,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<Request> {
-        self.start(py, Self::prep_recv(buf, peer)?, callback)
+        blocking: bool,
+    ) -> PyResult<Option<Request>> {
+        self.start(py, Self::prep_recv(buf, peer)?, callback, blocking)
     }
 
     /// Splits the group: ranks passing the same ``color`` form a new communicator, ordered

@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lightpath_collectives::{CallBuffers, Error};
+use lightpath_collectives::{CallBuffers, Error, Started};
 use pyo3::prelude::*;
 
 use crate::View;
@@ -111,6 +111,8 @@ struct CallState {
 pub(crate) struct Call {
     state: Mutex<CallState>,
     changed: Condvar,
+    /// The call as started, which a waiter runs itself if the call thread has not begun it.
+    started: std::sync::OnceLock<Started>,
 }
 
 impl Call {
@@ -171,8 +173,13 @@ impl Call {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let ended = py.detach(|| {
+                self.lock().waiters += 1;
+                // A blocking wait right after the start (torch's synchronous calls) runs the
+                // call here rather than waking the call thread and sleeping until it is done.
+                if let Some(started) = self.started.get() {
+                    started.run_here();
+                }
                 let mut st = self.lock();
-                st.waiters += 1;
                 let ended = loop {
                     let settled = match st.stage {
                         Stage::Done => true,
@@ -254,7 +261,7 @@ pub(crate) fn launch(
     exports: Vec<View>,
     callback: Option<Py<PyAny>>,
     completer: Sender<Arc<Call>>,
-    start: impl FnOnce(Box<dyn FnOnce(Result<(), Error>) + Send>) -> Result<(), Error>,
+    start: impl FnOnce(Box<dyn FnOnce(Result<(), Error>) + Send>) -> Result<Started, Error>,
 ) -> Result<Request, Error> {
     let call = Arc::new(Call {
         state: Mutex::new(CallState {
@@ -263,9 +270,11 @@ pub(crate) fn launch(
             stage: Stage::Pending(Finish { exports: Exports(exports), callback }),
         }),
         changed: Condvar::new(),
+        started: std::sync::OnceLock::new(),
     });
     let ended = call.clone();
-    start(Box::new(move |outcome| ended.ended(outcome, &completer)))?;
+    let started = start(Box::new(move |outcome| ended.ended(outcome, &completer)))?;
+    let _ = call.started.set(started);
     Ok(Request { call })
 }
 

@@ -252,6 +252,20 @@ fn a_dead_rank_raises_peer_failed_naming_rank_op_and_seq() {
 }
 
 #[test]
+fn a_dead_rank_fails_the_torch_work_naming_rank_op_and_seq() {
+    if skip_without(&["numpy", "torch.distributed"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let done = env_ranks(3, "torch_peer_failure.py", Duration::from_secs(120));
+    for (r, f) in done.iter().enumerate().take(2) {
+        check(&format!("rank {r}"), f, "torch peer failure reported on rank", 1);
+        assert!(f.stdout.contains("rank=2 op=allreduce seq=5"), "{}", f.stdout);
+    }
+    assert_eq!(done[2].code, Some(3), "the dying rank exits 3: {}", done[2].stderr);
+}
+
+#[test]
 fn torch_backend_collectives_under_torchrun_and_mpirun() {
     if skip_without(&["numpy", "torch.distributed.run"], false) {
         return;

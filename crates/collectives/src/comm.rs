@@ -347,7 +347,7 @@ pub struct Request<T> {
 
 #[derive(Debug)]
 enum Pending<T> {
-    Running(Arc<Completion<T>>),
+    Running(Arc<Completion<T>>, Started),
     /// Refused before it was issued.
     Failed(Error),
 }
@@ -369,11 +369,46 @@ impl<T> Completion<T> {
 /// A nonblocking call, queued for the call thread.
 type Job = Box<dyn FnOnce() + Send>;
 
+/// A started nonblocking call that a thread about to wait for it may run itself
+/// ([`Started::run_here`]) if the call thread has not begun it yet: a blocking wait right after
+/// the start (torch's synchronous calls are such) then costs no thread hand-over, the call
+/// thread's wake-up arriving to find the call gone.
+#[derive(Clone)]
+pub struct Started(Arc<Mutex<Option<Job>>>);
+
+impl std::fmt::Debug for Started {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Started").finish_non_exhaustive()
+    }
+}
+
+impl Started {
+    /// Takes the call if nobody has begun it.
+    fn take(&self) -> Option<Job> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Runs the call on this thread (in its turn: it first waits for the calls issued before
+    /// it, which the call thread runs) if the call thread has not begun it; returns whether
+    /// it did. Either way the call then ends as it would have on the call thread (its outcome
+    /// handed over the same way).
+    pub fn run_here(&self) -> bool {
+        match self.take() {
+            Some(job) => {
+                job();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 impl<T> Request<T> {
     /// Waits for the call and returns its buffer (or the call's error).
     pub fn wait(mut self) -> Result<T, Error> {
         match self.state.take() {
-            Some(Pending::Running(done)) => {
+            Some(Pending::Running(done, started)) => {
+                started.run_here();
                 let mut outcome = done.outcome.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if let Some(r) = outcome.take() {
@@ -391,7 +426,9 @@ impl<T> Request<T> {
     /// for longer than a lock the call thread holds only to store the outcome.
     pub fn is_finished(&self) -> bool {
         match &self.state {
-            Some(Pending::Running(done)) => done.outcome.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
+            Some(Pending::Running(done, _)) => {
+                done.outcome.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+            }
             _ => true,
         }
     }
@@ -826,7 +863,7 @@ impl Communicator {
         dtype: DType,
         bufs: B,
         then: impl FnOnce(Result<B, Error>) + Send + 'static,
-    ) -> Result<(), Error> {
+    ) -> Result<Started, Error> {
         self.launch_then(what, dtype, bufs, |b| b.buffers(), then)
     }
 
@@ -839,8 +876,9 @@ impl Communicator {
     ) -> Result<Request<T>, Error> {
         let done = Arc::new(Completion { outcome: Mutex::new(None), ready: Condvar::new() });
         let completion = done.clone();
-        self.launch_then(what, dtype, buf, bytes, move |outcome| completion.complete(outcome))?;
-        Ok(Request { state: Some(Pending::Running(done)) })
+        let started =
+            self.launch_then(what, dtype, buf, bytes, move |outcome| completion.complete(outcome))?;
+        Ok(Request { state: Some(Pending::Running(done, started)) })
     }
 
     /// Checks the call now, then queues it for the call thread, which hands its outcome to
@@ -852,7 +890,7 @@ impl Communicator {
         mut buf: T,
         bytes: impl for<'a> Fn(&'a mut T) -> (&'a [u8], &'a mut [u8]) + Send + 'static,
         then: impl FnOnce(Result<T, Error>) + Send + 'static,
-    ) -> Result<(), Error> {
+    ) -> Result<Started, Error> {
         {
             let (input, output) = bytes(&mut buf);
             self.check(&what, dtype, input.len(), output.len())?;
@@ -898,6 +936,11 @@ impl Communicator {
             });
             then(outcome);
         });
+        let started = Started(Arc::new(Mutex::new(Some(job))));
+        let queued = started.clone();
+        let job: Job = Box::new(move || {
+            queued.run_here();
+        });
         if let Err(std::sync::mpsc::SendError(job)) = worker.as_ref().expect("started above").send(job) {
             // The call thread has gone (it does not while the connections live): run the
             // call here, blocking, rather than leave its turn untaken.
@@ -905,7 +948,7 @@ impl Communicator {
             drop(worker);
             job();
         }
-        Ok(())
+        Ok(started)
     }
 
     /// [`Communicator::launch`] for the in-place calls of the typed API, whose argument errors

@@ -30,7 +30,7 @@ pub mod store;
 
 pub use comm::{
     choose_allreduce, choose_allreduce_on, choose_broadcast, choose_broadcast_on, CallBuffers, Communicator,
-    Config, Request, MESH_RING,
+    Config, Request, Started, MESH_RING,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::Error;

@@ -197,6 +197,10 @@ raises(errors.InvalidArgumentError, comm.ibroadcast, np.zeros(4), root=p)
 ok = np.ones(2, dtype=np.float32)
 comm.iallreduce(ok).wait()
 assert np.all(ok == p)
+# blocking=True: the call has run when it returns (None), its callback too.
+called = []
+assert comm.iallreduce(ok, blocking=True, callback=called.append) is None
+assert called == [None] and np.all(ok == p * p), (called, ok)
 
 sub = comm.split(r % 2, key=-r)
 assert sub.size == len(range(r % 2, p, 2)) and sub.rank == (sub.size - 1 - r // 2), (sub.size, sub.rank)

@@ -141,6 +141,46 @@ if backend == "lightpath":
     else:
         raise AssertionError("BXOR should raise")
 
+# Asynchronous Work. Rank 0 starts an allreduce with async_op=True and only then tells the
+# others (through torch's store) to join it: a backend that ran the call inside all_reduce
+# would wait there for ranks that wait for rank 0, and the job would hang.
+store = dist.distributed_c10d._get_default_store()
+t = torch.full((1000,), float(r + 1))
+if r == 0:
+    work = dist.all_reduce(t, async_op=True)
+    assert not work.is_completed(), "the allreduce ended before the other ranks joined it"
+    store.set("async-go", "1")
+    fut = work.get_future()
+    chained = fut.then(lambda f: f.value()[0].sum().item())
+    assert work.wait() is True and work.is_completed() and work.is_success()
+    assert chained.wait() == 1000 * sum(range(1, p + 1)), chained.wait()
+else:
+    store.wait(["async-go"])
+    work = dist.all_reduce(t, async_op=True)
+    assert torch.equal(work.get_future().wait()[0], t)
+assert torch.equal(t, torch.full((1000,), float(sum(range(1, p + 1))))), t
+# Many calls in flight at once, of different kinds, waited in reverse order; list forms use
+# staging tensors that calls in flight must not share.
+works, checks = [], []
+for i in range(20):
+    a = torch.full((64,), float(r + i))
+    works.append(dist.all_reduce(a, async_op=True))
+    checks.append((a, torch.full((64,), float(sum(q + i for q in range(p))))))
+    outs = [torch.empty(8, dtype=torch.int64) for _ in range(p)]
+    works.append(dist.all_gather(outs, torch.full((8,), r * 100 + i, dtype=torch.int64), async_op=True))
+    for q, o in enumerate(outs):
+        checks.append((o, torch.full((8,), q * 100 + i, dtype=torch.int64)))
+for w in reversed(works):
+    w.wait()
+for got, want in checks:
+    assert torch.equal(got, want), (got, want)
+# A Work nobody waits for still completes its future, and the backend lets it go.
+for i in range(50):
+    dist.all_reduce(torch.ones(4), async_op=True)
+dist.barrier()
+kept = len(lightpath.torch._kept)
+assert kept <= 60, f"{kept} works kept after they ended"
+
 # The process group's Communicator takes torch tensors directly (DLPack).
 comm = dist.distributed_c10d._get_default_group().comm
 t = torch.full((5,), float(r + 1))
