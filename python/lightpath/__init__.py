@@ -16,7 +16,7 @@ import threading
 from typing import Optional
 
 from . import errors
-from ._lightpath import Communicator, Request, StoreServer
+from ._lightpath import Communicator, Request, StoreServer, _finish_pending
 from .errors import (
     AbortedError,
     BootstrapError,
@@ -91,3 +91,9 @@ def world() -> Communicator:
 def _close_world() -> None:
     if _world is not None:
         _world.close()
+
+
+# At exit, before Python finalizes: the nonblocking calls of communicators dropped without
+# close (a torch group destroyed with calls in flight) end and their callbacks run.
+# (lightpath.torch's handler, registered later, runs before this one and closes live groups.)
+atexit.register(_finish_pending)

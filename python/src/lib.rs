@@ -1142,8 +1142,35 @@ impl StoreServer {
     }
 }
 
+/// Completion threads of communicators dropped without `close` (a torch process group
+/// destroyed with calls in flight, say): they still finish those calls, which needs the GIL,
+/// so they are kept here and joined by [`_finish_pending`] at interpreter exit, before Python
+/// finalizes (a thread that takes the GIL after that is ended by the interpreter mid-call).
+static ORPHANED: Mutex<Vec<Completer>> = Mutex::new(Vec::new());
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if let Some(completer) = self.completer.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            ORPHANED.lock().unwrap_or_else(|e| e.into_inner()).push(completer);
+        }
+    }
+}
+
+/// Waits, without the GIL, for the nonblocking calls of communicators dropped without
+/// `close` to end and their callbacks to run (registered with `atexit` by the package).
+#[pyfunction]
+fn _finish_pending(py: Python<'_>) {
+    let orphaned = std::mem::take(&mut *ORPHANED.lock().unwrap_or_else(|e| e.into_inner()));
+    py.detach(move || {
+        for completer in orphaned {
+            completer.stop();
+        }
+    });
+}
+
 #[pymodule]
 fn _lightpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_finish_pending, m)?)?;
     m.add_class::<Communicator>()?;
     m.add_class::<StoreServer>()?;
     m.add_class::<Request>()?;

@@ -252,6 +252,17 @@ fn a_dead_rank_raises_peer_failed_naming_rank_op_and_seq() {
 }
 
 #[test]
+fn a_nonblocking_call_in_flight_at_exit_still_completes() {
+    if skip_without(&["numpy"], false) {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let done = env_ranks(2, "nonblocking_exit.py", Duration::from_secs(60));
+    check("rank 0", &done[0], "rank 0 callback ran: err=None sum=2.0", 1);
+    check("rank 1", &done[1], "rank 1 done", 1);
+}
+
+#[test]
 fn a_dead_rank_fails_the_torch_work_naming_rank_op_and_seq() {
     if skip_without(&["numpy", "torch.distributed"], false) {
         return;

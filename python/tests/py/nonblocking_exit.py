@@ -1,0 +1,26 @@
+"""A nonblocking call still in flight when its script ends, its communicator dropped without
+close: the interpreter's exit waits for the call, so it completes (its callback runs) and the
+peer sees no failure. Run with 2 ranks (RANK, MASTER_PORT set); rank 1 joins the call a
+second late. Prints "rank 0 callback ran ..." and "rank 1 done"."""
+
+import os
+import time
+
+import numpy as np
+
+from lightpath import Communicator, StoreServer
+
+r = int(os.environ["RANK"])
+port = int(os.environ["MASTER_PORT"])
+server = StoreServer("127.0.0.1", port) if r == 0 else None
+comm = Communicator.join(r, 2, f"127.0.0.1:{port}")
+buf = np.ones(1 << 20, dtype=np.float32)
+if r == 1:
+    time.sleep(1.0)  # rank 0's call is still in flight when rank 0's script ends
+    comm.allreduce(buf)
+    comm.close()
+    print("rank 1 done", flush=True)
+else:
+    comm.iallreduce(buf, callback=lambda err: print(f"rank 0 callback ran: err={err} sum={buf[0]}", flush=True))
+    del comm  # dropped without close, the call in flight
+    print("rank 0 script ends", flush=True)
