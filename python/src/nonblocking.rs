@@ -175,8 +175,9 @@ impl Call {
             let ended = py.detach(|| {
                 self.lock().waiters += 1;
                 // A blocking wait right after the start (torch's synchronous calls) runs the
-                // call here rather than waking the call thread and sleeping until it is done.
-                if let Some(started) = self.started.get() {
+                // call here rather than waking the call thread and sleeping until it is done;
+                // not a wait with a timeout, which the call could outlast.
+                if let (None, Some(started)) = (deadline, self.started.get()) {
                     started.run_here();
                 }
                 let mut st = self.lock();

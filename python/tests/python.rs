@@ -97,7 +97,9 @@ fn run(mut cmd: Command, deadline: Duration) -> Finished {
         }
         if Instant::now() > until {
             eprintln!("deadline of {deadline:?} passed: killing process group {}", child.id());
-            let _ = Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            // `--` before the negative process-group id: procps' kill reads `kill -KILL -PGID`
+            // without it as options, returns 0 and kills nothing (then `wait` below hung).
+            let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{}", child.id())]).status();
             break child.wait().unwrap();
         }
         std::thread::sleep(Duration::from_millis(20));
