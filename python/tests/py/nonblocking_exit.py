@@ -17,8 +17,10 @@ from lightpath import Communicator, StoreServer
 r = int(os.environ["RANK"])
 port = int(os.environ["MASTER_PORT"])
 server = StoreServer("127.0.0.1", port) if r == 0 else None
-comm = Communicator.join(r, 2, f"127.0.0.1:{port}")
 flag = f"/tmp/lightpath-nonblocking-{port}"
+if r == 0 and os.path.exists(flag):
+    os.unlink(flag)  # left by a killed run: rank 1 looks only after joining, i.e. after this
+comm = Communicator.join(r, 2, f"127.0.0.1:{port}")
 first = np.ones(4, dtype=np.float32)
 if r == 0:
     req = comm.iallreduce(first)
