@@ -284,7 +284,8 @@ def _launch(result: Any, on_done: Optional[Callable[[], None]], starts: Sequence
 # its future taken: what every caller of a Work does). Works nobody claims are let go, oldest
 # first, beyond _UNCLAIMED_LIMIT ended ones.
 _kept: Dict[int, _Work] = {}
-_unclaimed: "collections.deque[_Work]" = collections.deque()
+# The ended, unclaimed ones among them, oldest first (by id; a work claimed later leaves).
+_unclaimed: "collections.OrderedDict[int, None]" = collections.OrderedDict()
 _UNCLAIMED_LIMIT = 4096
 
 
@@ -295,13 +296,19 @@ def _keep(work: _Work) -> None:
 def _release(work: _Work) -> None:
     if not work._finished.is_set():
         return
+    key = id(work)
     if work._claimed:
-        _kept.pop(id(work), None)
+        _kept.pop(key, None)
+        _unclaimed.pop(key, None)
         return
-    if id(work) in _kept:
-        _unclaimed.append(work)
+    if key in _kept:
+        _unclaimed[key] = None
         while len(_unclaimed) > _UNCLAIMED_LIMIT:
-            _kept.pop(id(_unclaimed.popleft()), None)
+            try:
+                oldest, _ = _unclaimed.popitem(last=False)
+            except KeyError:  # another thread emptied it meanwhile
+                break
+            _kept.pop(oldest, None)
 
 
 class _Staging:

@@ -4,6 +4,7 @@ correct on rank R". (Not a gloo comparison: torch 1.13's gloo lacks all_gather_i
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -174,6 +175,12 @@ for w in reversed(works):
     w.wait()
 for got, want in checks:
     assert torch.equal(got, want), (got, want)
+# A Work waited for only after it ended is let go then, with its tensors.
+late = dist.all_reduce(torch.ones(4), async_op=True)
+while not late.is_completed():
+    time.sleep(0.001)
+late.wait()
+assert id(late) not in lightpath.torch._unclaimed and id(late) not in lightpath.torch._kept
 # A Work nobody waits for still completes its future, and the backend lets it go.
 for i in range(50):
     dist.all_reduce(torch.ones(4), async_op=True)
