@@ -76,6 +76,14 @@ pub struct Options {
     /// `LIGHTPATH_SOFT_SPIN_US` sets it (0 turns spinning off). Taken by the device the first
     /// connection opens.
     pub soft_wait_spin: Duration,
+    /// Over shm, how long a thread blocked on its connection (with other connections on the
+    /// device, which wait on their doorbells) looks for news, yielding the core between
+    /// looks, before it arms its doorbell and sleeps, while that pays (spinning stops by
+    /// itself on idle connections, as the soft wait's does). An answer that comes within it
+    /// costs neither side a wake-up. Default 20 µs; the environment variable
+    /// `LIGHTPATH_SHM_SPIN_US` sets it (0 turns spinning off). See docs/shm-scaling.md,
+    /// "Spinning doorbell waiters".
+    pub shm_wait_spin: Duration,
     /// UDP port the soft device takes if it is free (default 4791, where hardware and rxe
     /// peers send); otherwise it takes a port the kernel picks, which Lightpath peers learn
     /// in the negotiation.
@@ -177,6 +185,15 @@ impl PeerRule {
     }
 }
 
+/// [`Options::shm_wait_spin`]'s default: 20 µs, or `LIGHTPATH_SHM_SPIN_US` µs when that
+/// environment variable holds a number (0 turns spinning off).
+pub fn default_shm_wait_spin() -> Duration {
+    std::env::var("LIGHTPATH_SHM_SPIN_US")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(Duration::from_micros(20), Duration::from_micros)
+}
+
 fn same_prefix(a: IpAddr, b: IpAddr, bits: u8) -> bool {
     let (a, b, width) = match (a, b) {
         (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
@@ -222,6 +239,7 @@ impl Default for Options {
             spin: Duration::ZERO,
             soft_progress: ProgressMode::Thread,
             soft_wait_spin: lightpath_soft::config::default_wait_spin(),
+            shm_wait_spin: default_shm_wait_spin(),
             soft_udp_port: lightpath_soft::ROCE_PORT,
             nodelay: true,
             rendezvous_min: None,

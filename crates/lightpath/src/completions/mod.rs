@@ -163,15 +163,16 @@ pub(crate) struct ConnCompletions<D: Device> {
     doorbell_only: bool,
     /// The device's connections (this one included), over all its hubs.
     device_connections: Arc<AtomicUsize>,
-    /// How long a blocking wait on a queue pair's own descriptor polls it before it sleeps
-    /// (see `spin_on_own_port`), and how that paid lately.
-    own_port_spin: AdaptiveSpin,
+    /// How long a blocking wait on the queue pair's doorbell looks for news before it sleeps
+    /// (see `spin_on_own_port` and `spin_on_queue`), and how that paid lately.
+    wait_spin: AdaptiveSpin,
 }
 
 /// A blocking wait on a queue pair's own descriptor (a soft queue pair's UDP port) that slept
 /// at once paid a kernel wake-up per message, where the device's shared socket had its watcher
-/// spin first (`SoftConfig::wait_spin`): it spins too, adaptively (see `AdaptiveSpin`), given
-/// up after this many spins in a row found nothing...
+/// spin first (`SoftConfig::wait_spin`): it spins too, adaptively (see `AdaptiveSpin`), and so
+/// does one on a doorbell alone (shm, see `spin_on_queue`); given up after this many spins in
+/// a row found nothing...
 const SPIN_GIVE_UP_AFTER: u32 = 8;
 /// ... and then tried again once every this many waits.
 const SPIN_RETRY_EVERY: u32 = 64;
@@ -208,8 +209,27 @@ enum Spun {
     NoPort,
 }
 
-/// The spin of a wait on a queue pair's own port, `limit` long while it pays.
-fn own_port_spin(limit: Duration) -> AdaptiveSpin {
+/// Threads of this process in a blocking wait on a doorbell (`wait_on_doorbell`), spinning or
+/// asleep.
+static DOORBELL_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Doorbell waiters per core up to which a wait on a doorbell alone spins (`spin_on_queue`).
+/// A spinning thread stays runnable and yields: with tens of them per core the yields take
+/// turns with the threads that answer, and an answer found on the thread's next turn costs no
+/// wake-up on either side; with hundreds per core every yield is a context switch that mostly
+/// finds nothing (shm, `perf stream_rr -s 64 --server threads`, 2 cores: 100 connections
+/// 151 -> 196 k requests/s with spinning, 1,000 connections 112 -> 59 k unbounded and 118 k
+/// with this limit; see docs/shm-scaling.md, "Spinning doorbell waiters").
+const SPIN_WAITERS_PER_CORE: usize = 64;
+
+/// How many doorbell waiters the process may have for a new wait to spin.
+fn spinning_waiters_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| SPIN_WAITERS_PER_CORE * lightpath_verbs::available_cores().max(1))
+}
+
+/// The spin of a wait on a queue pair's doorbell, `limit` long while it pays.
+fn wait_spin(limit: Duration) -> AdaptiveSpin {
     AdaptiveSpin::new(limit, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY)
 }
 
@@ -234,7 +254,7 @@ impl<D: Device> ConnCompletions<D> {
                     waiter: false,
                     doorbell_only: false,
                     device_connections,
-                    own_port_spin: own_port_spin(Duration::ZERO),
+                    wait_spin: wait_spin(Duration::ZERO),
                 })
             }
             Err(err) => {
@@ -267,10 +287,10 @@ impl<D: Device> ConnCompletions<D> {
         Ok(())
     }
 
-    /// How long a blocking wait on the queue pair's own descriptor busy-polls it before it
-    /// sleeps (see `AdaptiveSpin`; zero, the default, never).
-    pub(crate) fn set_own_port_spin(&mut self, limit: Duration) {
-        self.own_port_spin = own_port_spin(limit);
+    /// How long a blocking wait on the queue pair's doorbell looks for news, yielding the
+    /// core between looks, before it sleeps (see `AdaptiveSpin`; zero, the default, never).
+    pub(crate) fn set_wait_spin(&mut self, limit: Duration) {
+        self.wait_spin = wait_spin(limit);
     }
 
     /// The device's connections, this one included.
@@ -383,6 +403,15 @@ impl<D: Device> ConnCompletions<D> {
         wake: WakeFor,
         watch: Option<BorrowedFd<'_>>,
     ) -> lightpath_verbs::Result<Option<usize>> {
+        DOORBELL_WAITERS.fetch_add(1, Ordering::Relaxed);
+        /// Counts the wait out however it ends.
+        struct Leave;
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                DOORBELL_WAITERS.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let _leave = Leave;
         let deadline = std::time::Instant::now() + timeout;
         let mut woken = false;
         loop {
@@ -404,6 +433,10 @@ impl<D: Device> ConnCompletions<D> {
                     Spun::Nothing => {}
                     Spun::Found(n) => return Ok(Some(n)),
                     Spun::NoPort => return Ok(None),
+                }
+            } else if !woken {
+                if let Some(n) = self.spin_on_queue(qpn, out, deadline)? {
+                    return Ok(Some(n));
                 }
             }
             // The arming before the sleep looks at the queue pair's own descriptor only after a
@@ -453,7 +486,7 @@ impl<D: Device> ConnCompletions<D> {
         wake: WakeFor,
         deadline: std::time::Instant,
     ) -> lightpath_verbs::Result<Spun> {
-        let budget = self.own_port_spin.budget();
+        let budget = self.wait_spin.budget();
         if budget.is_zero() {
             return Ok(Spun::Nothing);
         }
@@ -465,14 +498,55 @@ impl<D: Device> ConnCompletions<D> {
             let n = self.hub.poll_for(&self.inbox, qpn, out)?;
             let n = if n > 0 { n } else { self.inbox.pop(out) };
             if n > 0 {
-                self.own_port_spin.record(true);
+                self.wait_spin.record(true);
                 return Ok(Spun::Found(n));
             }
             if std::time::Instant::now() >= until {
-                self.own_port_spin.record(false);
+                self.wait_spin.record(false);
                 return Ok(Spun::Nothing);
             }
             // On few cores the peer (or the thread that answers) may need this one.
+            std::thread::yield_now();
+        }
+    }
+
+    /// Before a blocking wait arms the queue pair's doorbell (one without a descriptor of the
+    /// queue pair's own: shm's) and sleeps: looks for completions over and over, yielding
+    /// the core in between, for the spin budget (see `AdaptiveSpin`) or until `deadline`;
+    /// not at all while the process has more blocked doorbell waiters than
+    /// [`SPIN_WAITERS_PER_CORE`] per core. `Some(n)` if it found `n`.
+    ///
+    /// Unarmed meanwhile, so a peer whose answer comes within the spin finds no waiter to
+    /// ring: no eventfd write on its side, no `ppoll` and `read` and no kernel wake-up on this
+    /// one. With a thread per connection on few cores the yield hands the core to whoever
+    /// runs next (often the thread that answers). Measured over shm, `perf stream_rr -s 64
+    /// --server threads`, alternated runs against kernel TCP (see docs/shm-scaling.md,
+    /// "Spinning doorbell waiters").
+    fn spin_on_queue(
+        &self,
+        qpn: u32,
+        out: &mut [WorkCompletion],
+        deadline: std::time::Instant,
+    ) -> lightpath_verbs::Result<Option<usize>> {
+        let budget = self.wait_spin.budget();
+        if budget.is_zero() {
+            return Ok(None);
+        }
+        if DOORBELL_WAITERS.load(Ordering::Relaxed) > spinning_waiters_limit() {
+            return Ok(None);
+        }
+        let until = (std::time::Instant::now() + budget).min(deadline);
+        loop {
+            let n = self.hub.poll_for(&self.inbox, qpn, out)?;
+            let n = if n > 0 { n } else { self.inbox.pop(out) };
+            if n > 0 {
+                self.wait_spin.record(true);
+                return Ok(Some(n));
+            }
+            if std::time::Instant::now() >= until {
+                self.wait_spin.record(false);
+                return Ok(None);
+            }
             std::thread::yield_now();
         }
     }

@@ -340,3 +340,78 @@ fn a_device_counts_its_connections_over_every_hub() {
     let alone = ConnCompletions::new(hubs.reserve(&device, 60, Some(false)).unwrap(), 60).unwrap();
     assert_eq!(alone.device_connections(), 1, "made outside the pool: counted alone");
 }
+
+/// Blocking waits on an shm queue pair's doorbell (`spin_on_queue`).
+mod shm_doorbell_spin {
+    use super::*;
+    use lightpath_shm::{ShmConfig, ShmDevice};
+
+    use crate::completions::HubPool;
+
+    struct ShmEnd {
+        qp: lightpath_verbs::QpOf<ShmDevice>,
+        completions: ConnCompletions<ShmDevice>,
+    }
+
+    /// A connected pair of ends on one shm device, each with a queue of its own (as streams'
+    /// are), whose blocking waits spin for `spin` before they sleep.
+    fn pair(device: &ShmDevice, hubs: &HubPool<ShmDevice>, spin: Duration) -> (ShmEnd, ShmEnd) {
+        let pd = device.alloc_pd().unwrap();
+        let end = || {
+            let mut completions = hubs.connection(device, 64, None).unwrap();
+            let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
+            let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
+            completions.attach(&qp, true).unwrap();
+            completions.set_wait_spin(spin);
+            ShmEnd { qp, completions }
+        };
+        let (a, b) = (end(), end());
+        connect(&a.qp, &b.qp, Mtu::Mtu4096, &PairOptions::default());
+        (a, b)
+    }
+
+    /// `b` waits for a SEND that `a` posts after a while; returns whether `b`'s waiter was
+    /// seen asleep on its doorbell before that.
+    fn slept_before_the_send(spin: Duration) -> bool {
+        let config =
+            ShmConfig { name: Some(format!("spin-test-{}", spin.as_millis())), ..ShmConfig::default() };
+        let device = ShmDevice::open(config).unwrap();
+        let hubs = HubPool::own_queues_by_default(1024);
+        let (a, b) = pair(&device, &hubs, spin);
+        assert!(b.completions.waits_alone(), "two connections on the device: doorbell waits");
+        b.qp.post_recv(&RecvWr::new(7, &[])).unwrap();
+        let b = Arc::new(b);
+        let waiter = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || {
+                let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
+                let n = b.completions.wait(&b.qp, &mut buf, WAITER_PATIENCE, WakeFor::Arrivals).unwrap();
+                buf[..n].to_vec()
+            })
+        };
+        let watch_until = Instant::now() + Duration::from_millis(200);
+        let mut slept = false;
+        while Instant::now() < watch_until {
+            slept |= b.completions.inbox.is_sleeping();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        send_empty_to(&a.qp, 1);
+        let got = waiter.join().unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].wr_id, got[0].status, got[0].opcode), (7, WcStatus::Success, WcOpcode::Recv));
+        slept
+    }
+
+    fn send_empty_to(qp: &lightpath_verbs::QpOf<ShmDevice>, wr_id: u64) {
+        qp.post_send(&SendWr::new(wr_id, SendOp::Send, &[])).unwrap();
+    }
+
+    #[test]
+    fn a_doorbell_wait_spins_before_it_sleeps_and_still_gets_what_comes() {
+        // A spin longer than the test: the waiter is never seen asleep, and the SEND that
+        // comes while it spins ends its wait (no doorbell rung: it never armed).
+        assert!(!slept_before_the_send(Duration::from_secs(30)), "a spinning waiter slept");
+        // Without a spin it sleeps on its doorbell at once, and the SEND wakes it.
+        assert!(slept_before_the_send(Duration::ZERO), "a waiter without a spin never slept");
+    }
+}

@@ -72,5 +72,5 @@ pub(crate) fn setup(tcp: &TcpStream, options: &Options) -> io::Result<Box<dyn Pe
         io::Error::new(io::ErrorKind::NotFound, format!("no RDMA device has a RoCE v2 GID for {local}"))
     })?;
     let mtu = device.query_port(1).map_err(crate::error::from_verbs)?.active_mtu;
-    Ok(Box::new(RdmaSetup::new(device, &hubs, 0, mtu, None, options)?))
+    Ok(Box::new(RdmaSetup::new(device, &hubs, 0, mtu, None, std::time::Duration::ZERO, options)?))
 }

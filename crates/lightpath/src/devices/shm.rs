@@ -60,7 +60,7 @@ pub(crate) fn warm() {
 /// This side's verbs objects for a same-host connection.
 pub(crate) fn setup(options: &Options) -> io::Result<Box<dyn PendingSetup>> {
     let (device, hubs) = device()?;
-    Ok(Box::new(RdmaSetup::new(device, &hubs, 0, Mtu::Mtu4096, None, options)?))
+    Ok(Box::new(RdmaSetup::new(device, &hubs, 0, Mtu::Mtu4096, None, options.shm_wait_spin, options)?))
 }
 
 /// The 16-byte identity of this host and namespace, as the client hello carries it (zeros if

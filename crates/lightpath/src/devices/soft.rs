@@ -169,7 +169,7 @@ pub(crate) fn setup(
         soft_qp_port: Some(options.soft_qp_port != Some(false)),
         ..options.clone()
     };
-    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, &options)?))
+    Ok(Box::new(RdmaSetup::new(device, &hubs, port, mtu, lightpath_pmtu, options.soft_wait_spin, &options)?))
 }
 
 fn open(addr: SocketAddr, mtu: Mtu, options: &Options) -> io::Result<SoftDevice> {

@@ -22,13 +22,15 @@ pub(crate) struct RdmaSetup<D: Device> {
 
 impl<D: Device + 'static> RdmaSetup<D> {
     /// Creates the queue pair (in INIT) on one of the device's shared completion queues
-    /// (from `hubs`), and the receive region.
+    /// (from `hubs`), and the receive region. A blocking wait on the queue pair's doorbell
+    /// looks for news for up to `wait_spin` before it sleeps (while that pays).
     pub(crate) fn new(
         device: D,
         hubs: &HubPool<D>,
         udp_port: u16,
         mtu: Mtu,
         lightpath_pmtu: Option<u32>,
+        wait_spin: Duration,
         options: &Options,
     ) -> io::Result<Self> {
         let ring = options.ring_size.max(4096);
@@ -48,8 +50,9 @@ impl<D: Device + 'static> RdmaSetup<D> {
         // of its own, only where the options ask for one; other providers' doorbells cost
         // nothing extra and are always taken, whatever `soft_qp_port` says.
         cq.attach(&qp, udp_port == 0 || options.soft_qp_port == Some(true))?;
-        // A blocking wait on a port of its own spins first, as one on the device's socket does.
-        cq.set_own_port_spin(options.soft_wait_spin);
+        // A blocking wait on a port of its own spins first, as one on the device's socket
+        // does; one on a doorbell alone (shm) too.
+        cq.set_wait_spin(wait_spin);
         // Where the peer writes straight into this ring (shm: both sides use one provider),
         // neither side keeps a staging mirror; the ring gets that memory instead, so memory
         // per connection stays about twice `ring_size` and a writer runs ahead twice as far.
