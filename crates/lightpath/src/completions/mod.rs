@@ -199,7 +199,7 @@ impl PortLook {
     }
 }
 
-/// What [`ConnCompletions::spin_on_own_port`] came to.
+/// What a spin before a blocking wait (`ConnCompletions::spin`) came to.
 enum Spun {
     /// This many completions, in `out`.
     Found(usize),
@@ -435,7 +435,7 @@ impl<D: Device> ConnCompletions<D> {
                     Spun::NoPort => return Ok(None),
                 }
             } else if !woken {
-                if let Some(n) = self.spin_on_queue(qpn, out, deadline)? {
+                if let Spun::Found(n) = self.spin_on_queue(qpn, out, deadline)? {
                     return Ok(Some(n));
                 }
             }
@@ -476,8 +476,8 @@ impl<D: Device> ConnCompletions<D> {
     }
 
     /// Before a blocking wait sleeps on the queue pair's own descriptor: takes in the port
-    /// (an arming, `QueuePair::arm_waiter`) and looks for completions over and over, yielding
-    /// the core in between, for the spin budget (see `AdaptiveSpin`) or until `deadline`.
+    /// (an arming, `QueuePair::arm_waiter`) and looks for completions over and over (see
+    /// `spin`).
     fn spin_on_own_port(
         &self,
         qp: &QpOf<D>,
@@ -486,35 +486,18 @@ impl<D: Device> ConnCompletions<D> {
         wake: WakeFor,
         deadline: std::time::Instant,
     ) -> lightpath_verbs::Result<Spun> {
-        let budget = self.wait_spin.budget();
-        if budget.is_zero() {
-            return Ok(Spun::Nothing);
-        }
-        let until = (std::time::Instant::now() + budget).min(deadline);
-        loop {
+        self.spin(deadline, || {
             if !qp.arm_waiter(wake)? {
                 return Ok(Spun::NoPort);
             }
-            let n = self.hub.poll_for(&self.inbox, qpn, out)?;
-            let n = if n > 0 { n } else { self.inbox.pop(out) };
-            if n > 0 {
-                self.wait_spin.record(true);
-                return Ok(Spun::Found(n));
-            }
-            if std::time::Instant::now() >= until {
-                self.wait_spin.record(false);
-                return Ok(Spun::Nothing);
-            }
-            // On few cores the peer (or the thread that answers) may need this one.
-            std::thread::yield_now();
-        }
+            self.look_for(qpn, out)
+        })
     }
 
     /// Before a blocking wait arms the queue pair's doorbell (one without a descriptor of the
-    /// queue pair's own: shm's) and sleeps: looks for completions over and over, yielding
-    /// the core in between, for the spin budget (see `AdaptiveSpin`) or until `deadline`;
+    /// queue pair's own: shm's) and sleeps: looks for completions over and over (see `spin`);
     /// not at all while the process has more blocked doorbell waiters than
-    /// [`SPIN_WAITERS_PER_CORE`] per core. `Some(n)` if it found `n`.
+    /// [`SPIN_WAITERS_PER_CORE`] per core.
     ///
     /// Unarmed meanwhile, so a peer whose answer comes within the spin finds no waiter to
     /// ring: no eventfd write on its side, no `ppoll` and `read` and no kernel wake-up on this
@@ -527,28 +510,49 @@ impl<D: Device> ConnCompletions<D> {
         qpn: u32,
         out: &mut [WorkCompletion],
         deadline: std::time::Instant,
-    ) -> lightpath_verbs::Result<Option<usize>> {
+    ) -> lightpath_verbs::Result<Spun> {
+        if DOORBELL_WAITERS.load(Ordering::Relaxed) > spinning_waiters_limit() {
+            return Ok(Spun::Nothing);
+        }
+        self.spin(deadline, || self.look_for(qpn, out))
+    }
+
+    /// Runs `look` over and over, yielding the core in between (on few cores the peer, or the
+    /// thread that answers, may need this one), for the spin budget (see `AdaptiveSpin`, told
+    /// whether the spin found anything) or until `deadline`; stops at the first look that
+    /// says anything but `Nothing`.
+    fn spin(
+        &self,
+        deadline: std::time::Instant,
+        mut look: impl FnMut() -> lightpath_verbs::Result<Spun>,
+    ) -> lightpath_verbs::Result<Spun> {
         let budget = self.wait_spin.budget();
         if budget.is_zero() {
-            return Ok(None);
-        }
-        if DOORBELL_WAITERS.load(Ordering::Relaxed) > spinning_waiters_limit() {
-            return Ok(None);
+            return Ok(Spun::Nothing);
         }
         let until = (std::time::Instant::now() + budget).min(deadline);
         loop {
-            let n = self.hub.poll_for(&self.inbox, qpn, out)?;
-            let n = if n > 0 { n } else { self.inbox.pop(out) };
-            if n > 0 {
-                self.wait_spin.record(true);
-                return Ok(Some(n));
+            match look()? {
+                Spun::Nothing => {}
+                Spun::Found(n) => {
+                    self.wait_spin.record(true);
+                    return Ok(Spun::Found(n));
+                }
+                Spun::NoPort => return Ok(Spun::NoPort),
             }
             if std::time::Instant::now() >= until {
                 self.wait_spin.record(false);
-                return Ok(None);
+                return Ok(Spun::Nothing);
             }
             std::thread::yield_now();
         }
+    }
+
+    /// One look of a spin: the connection's completions, polling the queue if none wait.
+    fn look_for(&self, qpn: u32, out: &mut [WorkCompletion]) -> lightpath_verbs::Result<Spun> {
+        let n = self.hub.poll_for(&self.inbox, qpn, out)?;
+        let n = if n > 0 { n } else { self.inbox.pop(out) };
+        Ok(if n > 0 { Spun::Found(n) } else { Spun::Nothing })
     }
 
     /// Arms the queue pair's own doorbell for `wake` (an event loop's wait; see
