@@ -192,7 +192,12 @@ enum Registration {
     /// then skips looking at it. Looking after every wake-up was one `recv` system call per
     /// message (1.25 per request on a tokio `stream_rr` server over soft, 7 % of an shm
     /// server's CPU).
-    Rdma { notify: AsyncFd<StreamFd>, port: Option<AsyncFd<StreamFd>>, liveness: AsyncFd<StreamFd> },
+    ///
+    /// `notify` is `None` when the connection's news comes through the completion router
+    /// (its queue pair took no doorbell of its own, see `ConnCompletions::wakes_tasks`): the
+    /// router wakes the task directly (`RdmaConn::poll_woken`), and the connection has no
+    /// notification eventfd at all.
+    Rdma { notify: Option<AsyncFd<StreamFd>>, port: Option<AsyncFd<StreamFd>>, liveness: AsyncFd<StreamFd> },
     /// The TCP socket, readable and writable as any socket.
     Tcp(AsyncFd<StreamFd>),
     /// Deregistered: the stream is being dropped.
@@ -328,12 +333,15 @@ impl Stream {
                 Backend::Rdma(conn) => {
                     // `liveness` below: the driver looks at the connection when it has news.
                     conn.set_tcp_watched(true);
-                    let notify = conn.notify_fd().ok_or_else(|| {
-                        io::Error::new(
-                            io::ErrorKind::Unsupported,
-                            "lightpath: this provider's completion queue has no notification fd",
-                        )
-                    })?;
+                    let notify = match conn.wakes_tasks() {
+                        true => None,
+                        false => Some(conn.notify_fd().ok_or_else(|| {
+                            io::Error::new(
+                                io::ErrorKind::Unsupported,
+                                "lightpath: this provider's completion queue has no notification fd",
+                            )
+                        })?),
+                    };
                     (conn.tcp().as_raw_fd(), notify, conn.poll_fd())
                 }
                 _ => return Err(io::ErrorKind::NotConnected.into()),
@@ -344,8 +352,11 @@ impl Stream {
             // eventfd and its queue pair's port are its own (one inbox per connection, one
             // port per queue pair), set before the connection was made, and kept as long as
             // the connection.
-            // SAFETY: the connection's notification eventfd, open now, kept as said above.
-            let notify = unsafe { register(notify, Interest::READABLE) }?;
+            let notify = match notify {
+                // SAFETY: the connection's notification eventfd, open now, kept as said above.
+                Some(notify) => Some(unsafe { register(notify, Interest::READABLE) }?),
+                None => None,
+            };
             let port = match port {
                 // SAFETY: the queue pair's own port, open now, kept as said above.
                 Some(port) => Some(unsafe { register(port, Interest::READABLE) }?),
@@ -632,7 +643,7 @@ impl Stream {
                 // costs nothing (the registration is edge-triggered, and every later ring is an
                 // edge again). Reading it was one system call per message that mostly found
                 // nothing (the wake-up came from the queue pair's port).
-                if take_readiness(notify, port.as_ref(), &mut shared)? {
+                if take_readiness(notify.as_ref(), port.as_ref(), &**conn, &mut shared)? {
                     // Both sides wait on these registrations: what one side consumed, the
                     // other no longer sees, so neither may skip its next arming or look.
                     self.armed = [None, None];
@@ -669,7 +680,7 @@ impl Stream {
                 *armed = Some(Armed { wake, events: conn.events(), arming: self.armings });
                 // Cleared before the retry: an event after this point wakes the task again,
                 // one before it is handled by the retry (the eventfd is not read, as above).
-                if !take_readiness(notify, port.as_ref(), &mut shared)? {
+                if !take_readiness(notify.as_ref(), port.as_ref(), &**conn, &mut shared)? {
                     return Poll::Pending;
                 }
                 self.armed = [None, None];
@@ -683,14 +694,16 @@ impl Stream {
 }
 
 /// Whether `notify` or `port` (the registrations a wait covers besides the TCP connection) is
-/// ready, clearing what is; each one not ready keeps `cx`'s waker.
+/// ready, clearing what is; each one not ready keeps `cx`'s waker. Without `notify`, the
+/// connection's own wake-up of the task (`RdmaConn::poll_woken`) stands in for it.
 fn take_readiness(
-    notify: &AsyncFd<StreamFd>,
+    notify: Option<&AsyncFd<StreamFd>>,
     port: Option<&AsyncFd<StreamFd>>,
+    conn: &dyn RdmaStream,
     cx: &mut Context<'_>,
 ) -> io::Result<bool> {
-    let mut any = false;
-    for fd in std::iter::once(notify).chain(port) {
+    let mut any = notify.is_none() && conn.poll_woken(cx.waker());
+    for fd in notify.into_iter().chain(port) {
         if let Poll::Ready(guard) = fd.poll_read_ready(cx) {
             guard?.clear_ready();
             any = true;
@@ -839,7 +852,8 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
     }
 }
 
-/// Waits for the probe's acknowledgement on the connection's notification fds.
+/// Waits for the probe's acknowledgement on the connection's notification fds (and, for a
+/// connection that wakes tasks directly, its wake-up of this task).
 async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
     let fds = conn
         .notification_fds()?
@@ -852,9 +866,13 @@ async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
         if let Some(outcome) = conn.probe_outcome() {
             return outcome;
         }
-        poll_fn(|cx| {
-            let mut any = false;
-            for fd in &fds {
+        // Borrowed mutably (`Send`, unlike a shared borrow of the connection).
+        let task_wakes = conn.wakes_tasks();
+        let looked: &mut Box<dyn RdmaStream> = conn;
+        let fds = &fds;
+        poll_fn(move |cx| {
+            let mut any = task_wakes && looked.poll_woken(cx.waker());
+            for fd in fds {
                 if let Poll::Ready(guard) = fd.poll_read_ready(cx) {
                     guard?.clear_ready();
                     any = true;

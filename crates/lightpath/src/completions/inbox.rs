@@ -1,24 +1,42 @@
-//! One connection's share of a shared completion queue: the completions routed to it, and the
-//! eventfd that wakes its owner (a blocked thread, or an event loop that armed it).
+//! One connection's share of a shared completion queue: the completions routed to it, and what
+//! wakes its owner: an eventfd (a blocked thread, an event loop that watches the connection's
+//! notification fd, a queue pair that takes it as its own doorbell) or a task's `Waker` (the
+//! tokio driver's streams whose queue pair has no doorbell of its own).
+//!
+//! The eventfd is made on first use, not with the inbox: a tokio stream whose news reaches it
+//! through the completion router wakes its task directly, with no descriptor of its own
+//! (issue 15: one descriptor per established stream beyond its TCP socket).
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::Waker;
 use std::time::Duration;
 
 use lightpath_verbs::WorkCompletion;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
+
+/// How long a sleeper naps when no eventfd can be made for it (the process is out of
+/// descriptors): it then looks again.
+const NAP_WITHOUT_EVENTFD: Duration = Duration::from_millis(1);
 
 /// Completions waiting for one connection, in the order the queue produced them.
 pub(crate) struct Inbox {
     queue: Mutex<VecDeque<WorkCompletion>>,
     /// Entries in `queue` (updated under its lock), so an empty look takes no lock.
     len: AtomicUsize,
-    /// Readable while a wake-up is pending. Shared with the connection's queue pair where the
-    /// provider takes it as the queue pair's own doorbell (`QueuePair::set_waiter_fd`).
-    event: Arc<OwnedFd>,
+    /// Readable while a wake-up is pending; made on first use (see the module docs). Shared
+    /// with the connection's queue pair where the provider takes it as the queue pair's own
+    /// doorbell (`QueuePair::set_waiter_fd`).
+    event: OnceLock<Arc<OwnedFd>>,
+    /// The task of an event loop that waits without the eventfd (see [`Inbox::poll_woken`]).
+    task: Mutex<Option<Waker>>,
+    /// A wake-up for that task is pending.
+    task_woken: AtomicBool,
+    /// A task has waited through `poll_woken` (set once): wake-ups look at `task` only then.
+    task_waits: AtomicBool,
     /// An event loop asked to be told (once) about the next completion.
     armed: AtomicBool,
     /// A thread sleeps on `event`.
@@ -46,6 +64,7 @@ impl std::fmt::Debug for Inbox {
             .field("len", &self.len)
             .field("armed", &self.armed)
             .field("sleeping", &self.sleeping)
+            .field("event", &self.event.get().map(|fd| fd.as_raw_fd()))
             .field("poll_fd", &self.poll_fd().map(|fd| fd.as_raw_fd()))
             .finish_non_exhaustive()
     }
@@ -53,11 +72,13 @@ impl std::fmt::Debug for Inbox {
 
 impl Inbox {
     pub(crate) fn new() -> io::Result<Self> {
-        let event = Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         Ok(Self {
             queue: Mutex::new(VecDeque::new()),
             len: AtomicUsize::new(0),
-            event,
+            event: OnceLock::new(),
+            task: Mutex::new(None),
+            task_woken: AtomicBool::new(false),
+            task_waits: AtomicBool::new(false),
             armed: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             arrivals_only: AtomicBool::new(false),
@@ -158,16 +179,76 @@ impl Inbox {
         }
     }
 
-    /// Makes the eventfd readable.
-    pub(super) fn wake(&self) {
-        // Fails only when the counter would overflow, i.e. a wake-up is pending anyway.
-        let _ = rustix::io::write(&*self.event, &1u64.to_ne_bytes());
+    /// A fresh eventfd of the kind the inbox uses, for [`Inbox::adopt_event`].
+    pub(crate) fn new_event() -> io::Result<Arc<OwnedFd>> {
+        Ok(Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?))
     }
 
-    /// Consumes a pending wake-up; returns whether there was one.
+    /// The eventfd, made now if it is not yet.
+    fn event(&self) -> io::Result<&Arc<OwnedFd>> {
+        if let Some(event) = self.event.get() {
+            return Ok(event);
+        }
+        let made = Self::new_event()?;
+        // Another thread may have made one meanwhile: theirs is kept, this one closed.
+        Ok(self.event.get_or_init(|| made))
+    }
+
+    /// Takes `event` (made by [`Inbox::new_event`] and given to the queue pair as its own
+    /// doorbell) as the inbox's eventfd. False if the inbox has one already.
+    pub(super) fn adopt_event(&self, event: Arc<OwnedFd>) -> bool {
+        self.event.set(event).is_ok()
+    }
+
+    /// The eventfd if the inbox has one, to share with the queue pair as its own doorbell.
+    pub(super) fn shared_event(&self) -> Option<&Arc<OwnedFd>> {
+        self.event.get()
+    }
+
+    /// Whether the inbox has its eventfd (made by a sleeper, an event loop that asked for the
+    /// notification fd, or adopted as the queue pair's doorbell).
+    #[cfg(test)]
+    pub(crate) fn has_event(&self) -> bool {
+        self.event.get().is_some()
+    }
+
+    /// Wakes the owner: makes the eventfd readable if there is one, and wakes the task that
+    /// waits through [`Inbox::poll_woken`] if one does.
+    pub(super) fn wake(&self) {
+        if let Some(event) = self.event.get() {
+            // Fails only when the counter would overflow, i.e. a wake-up is pending anyway.
+            let _ = rustix::io::write(&**event, &1u64.to_ne_bytes());
+        }
+        // Pairs with `poll_woken`, which stores its waker (and `task_waits`) before it swaps
+        // the flag: either it sees the flag, or this sees its waker.
+        if !self.task_waits.load(Ordering::SeqCst) {
+            return;
+        }
+        self.task_woken.store(true, Ordering::SeqCst);
+        let waker = self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// For an event loop's task that waits without the eventfd: whether a wake-up came since
+    /// the last call (consumed), leaving `waker` to be woken by the next one otherwise.
+    pub(crate) fn poll_woken(&self, waker: &Waker) -> bool {
+        {
+            let mut task = self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !task.as_ref().is_some_and(|held| held.will_wake(waker)) {
+                *task = Some(waker.clone());
+            }
+        }
+        self.task_waits.store(true, Ordering::SeqCst);
+        self.task_woken.swap(false, Ordering::SeqCst)
+    }
+
+    /// Consumes a pending wake-up of the eventfd; returns whether there was one.
     pub(crate) fn take_wake(&self) -> bool {
+        let Some(event) = self.event.get() else { return false };
         let mut value = [0u8; 8];
-        matches!(rustix::io::read(&*self.event, &mut value), Ok(8))
+        matches!(rustix::io::read(&**event, &mut value), Ok(8))
     }
 
     /// Asks for a wake-up on the next completion (for event loops; see `notify_fd`).
@@ -180,14 +261,10 @@ impl Inbox {
         self.armed.store(false, Ordering::SeqCst);
     }
 
-    /// The eventfd, for epoll: readable once a completion arrives after `arm`.
-    pub(crate) fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.event.as_fd()
-    }
-
-    /// The eventfd itself, to share with the queue pair as its own doorbell.
-    pub(super) fn shared_event(&self) -> &Arc<OwnedFd> {
-        &self.event
+    /// The eventfd, for epoll (made now if it is not yet): readable once a completion arrives
+    /// after `arm`.
+    pub(crate) fn event_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        Ok(self.event()?.as_fd())
     }
 
     /// Has sleepers watch `fd` too (readable when the queue pair has news that its next arming
@@ -222,6 +299,16 @@ impl Inbox {
         watch: Option<BorrowedFd<'_>>,
         still_needed: impl FnOnce() -> bool,
     ) -> Slept {
+        // The eventfd exists before this thread counts as asleep: whoever sees it asleep then
+        // finds the eventfd to write. Without one (no descriptor left) the sleep is a short
+        // nap, and the caller looks again.
+        let event = match self.event() {
+            Ok(event) => event,
+            Err(_) => {
+                std::thread::sleep(timeout.min(NAP_WITHOUT_EVENTFD));
+                return Slept { woken: !self.is_empty(), watched: false };
+            }
+        };
         self.sleeping.store(true, Ordering::SeqCst);
         let mut woken = !self.is_empty();
         let mut watched = false;
@@ -233,9 +320,9 @@ impl Inbox {
             // EINTR or a failure both just end this sleep; the caller looks again.
             let own = self.poll_fd();
             let mut fds = [
-                PollFd::new(&*self.event, PollFlags::IN),
-                PollFd::from_borrowed_fd(own.unwrap_or(self.event.as_fd()), PollFlags::IN),
-                PollFd::from_borrowed_fd(watch.unwrap_or(self.event.as_fd()), PollFlags::IN),
+                PollFd::new(&**event, PollFlags::IN),
+                PollFd::from_borrowed_fd(own.unwrap_or(event.as_fd()), PollFlags::IN),
+                PollFd::from_borrowed_fd(watch.unwrap_or(event.as_fd()), PollFlags::IN),
             ];
             // The eventfd, then the queue pair's own descriptor and the watched one if there
             // are (a slot without one repeats the eventfd, unwatched).
@@ -320,11 +407,40 @@ mod tests {
     #[test]
     fn wake_is_seen_once() {
         let inbox = Inbox::new().unwrap();
+        assert!(!inbox.has_event(), "the eventfd was made before anyone needed it");
+        inbox.event_fd().unwrap();
         assert!(!inbox.take_wake());
         inbox.wake();
         inbox.wake();
         assert!(inbox.take_wake());
         assert!(!inbox.take_wake());
+    }
+
+    /// Wakes the test when woken.
+    struct Flag(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_task_is_woken_without_an_eventfd() {
+        let inbox = Inbox::new().unwrap();
+        let flag = std::sync::Arc::new(Flag(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = Waker::from(std::sync::Arc::clone(&flag));
+        assert!(!inbox.poll_woken(&waker), "woken before anything came");
+        inbox.arm();
+        assert!(inbox.push(&[wc(1)]), "armed: wake once");
+        inbox.wake();
+        assert_eq!(flag.0.load(Ordering::SeqCst), 1, "the task was not woken");
+        assert!(inbox.poll_woken(&waker), "the wake-up was not kept for the task's next look");
+        assert!(!inbox.poll_woken(&waker), "one wake-up seen twice");
+        // A wake-up while the task runs (its waker taken) is kept for its next look.
+        inbox.wake();
+        assert!(inbox.poll_woken(&waker));
+        assert!(!inbox.has_event(), "waking a task made an eventfd");
     }
 
     #[test]

@@ -277,7 +277,20 @@ impl<D: Device> ConnCompletions<D> {
             self.hub.detach(old);
         }
         self.hub.attach(qpn, Arc::clone(&self.inbox));
-        self.waiter = doorbell && qp.set_waiter_fd(self.inbox.shared_event()).map_err(from_verbs)?;
+        self.waiter = false;
+        if doorbell {
+            // An eventfd of its own, which the inbox keeps only if the queue pair takes it:
+            // a connection whose news comes through the router makes one when it first
+            // sleeps or is asked for its notification fd, and a tokio stream's never does.
+            let event = match self.inbox.shared_event() {
+                Some(event) => Arc::clone(event),
+                None => Inbox::new_event()?,
+            };
+            self.waiter = qp.set_waiter_fd(&event).map_err(from_verbs)?;
+            if self.waiter {
+                self.inbox.adopt_event(event);
+            }
+        }
         if self.waiter {
             if let Some(fd) = qp.waiter_poll_fd() {
                 self.inbox.set_poll_fd(fd);
@@ -623,9 +636,23 @@ impl<D: Device> ConnCompletions<D> {
     }
 
     /// The fd an event loop waits on (readable after `request_notify` once a completion
-    /// arrives).
+    /// arrives), made now if it is not yet; `None` if it cannot be (no descriptor left).
     pub(crate) fn notify_fd(&self) -> Option<RawFd> {
-        Some(self.inbox.event_fd().as_raw_fd())
+        self.inbox.event_fd().ok().map(|fd| fd.as_raw_fd())
+    }
+
+    /// Whether the connection's wake-ups need no descriptor of its own: its queue pair took
+    /// no doorbell (its news comes through the router), so an event loop's task can wait
+    /// through [`ConnCompletions::poll_woken`] instead of the notification fd.
+    pub(crate) fn wakes_tasks(&self) -> bool {
+        !self.waiter
+    }
+
+    /// For an event loop's task that waits without the notification fd (see
+    /// [`ConnCompletions::wakes_tasks`]): whether a wake-up came since the last call, leaving
+    /// `waker` to be woken by the next one otherwise. Armed as the fd is, by `request_notify`.
+    pub(crate) fn poll_woken(&self, waker: &std::task::Waker) -> bool {
+        self.inbox.poll_woken(waker)
     }
 
     /// The queue pair's own descriptor an event loop must watch beside `notify_fd`, if it has
@@ -635,11 +662,15 @@ impl<D: Device> ConnCompletions<D> {
         self.inbox.poll_fd().map(|fd| fd.as_raw_fd())
     }
 
-    /// Descriptors of their own for the notification fd and the queue pair's own descriptor
-    /// (see `notify_fd` and `poll_fd`).
+    /// Descriptors of their own for the notification fd (unless the connection wakes tasks
+    /// directly, see `wakes_tasks`) and the queue pair's own descriptor (see `notify_fd` and
+    /// `poll_fd`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     pub(crate) fn notification_fds(&self) -> io::Result<Vec<std::os::fd::OwnedFd>> {
-        let mut fds = vec![self.inbox.event_fd().try_clone_to_owned()?];
+        let mut fds = Vec::with_capacity(2);
+        if !self.wakes_tasks() {
+            fds.push(self.inbox.event_fd()?.try_clone_to_owned()?);
+        }
         if let Some(fd) = self.inbox.poll_fd() {
             fds.push(fd.try_clone_to_owned()?);
         }

@@ -46,6 +46,13 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn readable_bytes(&self) -> usize;
     fn notify_fd(&self) -> Option<std::os::fd::RawFd>;
+    /// Whether an event loop's task can wait without `notify_fd` (see
+    /// `ConnCompletions::wakes_tasks`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn wakes_tasks(&self) -> bool;
+    /// See `ConnCompletions::poll_woken`.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn poll_woken(&self, waker: &std::task::Waker) -> bool;
     /// The queue pair's own descriptor, watched beside `notify_fd` (see
     /// `ConnCompletions::poll_fd`).
     fn poll_fd(&self) -> Option<std::os::fd::RawFd>;
@@ -229,6 +236,12 @@ where
     }
     fn notify_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::notify_fd(self)
+    }
+    fn wakes_tasks(&self) -> bool {
+        RdmaConn::wakes_tasks(self)
+    }
+    fn poll_woken(&self, waker: &std::task::Waker) -> bool {
+        RdmaConn::poll_woken(self, waker)
     }
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::poll_fd(self)

@@ -637,6 +637,18 @@ impl<D: Device> RdmaConn<D> {
         self.cq.notify_fd()
     }
 
+    /// Whether an event loop's task can wait without `notify_fd` (see
+    /// `ConnCompletions::wakes_tasks`).
+    pub(crate) fn wakes_tasks(&self) -> bool {
+        self.cq.wakes_tasks()
+    }
+
+    /// Whether a wake-up came since the last call; leaves `waker` for the next one otherwise
+    /// (see `ConnCompletions::poll_woken`).
+    pub(crate) fn poll_woken(&self, waker: &std::task::Waker) -> bool {
+        self.cq.poll_woken(waker)
+    }
+
     /// The queue pair's own descriptor, to watch beside `notify_fd` (see
     /// `ConnCompletions::poll_fd`).
     pub(crate) fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
