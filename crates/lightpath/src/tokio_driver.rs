@@ -64,6 +64,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll, Wake, Waker};
 
@@ -243,6 +244,73 @@ impl Drop for AbandonOnDrop<'_, '_> {
     }
 }
 
+/// `options` for a connection of this driver: its queue pair wakes the stream's task through
+/// the device's task doorbell where the provider can (see [`Options::event_loop`]).
+fn event_loop_options(options: &Options) -> Options {
+    Options { event_loop: true, ..options.clone() }
+}
+
+/// A task that watches a device's task doorbell in one runtime (see [`ensure_dispatcher`]).
+struct Dispatcher {
+    /// The doorbell's descriptor number: one device's, while the task holds the doorbell.
+    fd: RawFd,
+    runtime: ::tokio::runtime::Id,
+    /// Cleared when the task ends (its runtime shut down).
+    running: Arc<AtomicBool>,
+}
+
+/// The dispatchers running, in every runtime.
+static DISPATCHERS: Mutex<Vec<Dispatcher>> = Mutex::new(Vec::new());
+
+/// Clears a dispatcher's `running` flag when its task is dropped.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Sees that a task of the current runtime watches `doorbell` and dispatches its rings (one
+/// per device and runtime): the streams whose queue pairs ring it are woken by that task,
+/// with no descriptor of their own. Any runtime's dispatcher wakes any stream's task, so a
+/// stream used in another runtime is served too; a runtime that shuts down takes its
+/// dispatcher with it, and the next stream registered starts another.
+fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>) -> io::Result<()> {
+    let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+    let fd = doorbell.fd().as_raw_fd();
+    let mut dispatchers = DISPATCHERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    dispatchers.retain(|d| d.running.load(Ordering::SeqCst));
+    if dispatchers.iter().any(|d| d.fd == fd && d.runtime == runtime.id()) {
+        return Ok(());
+    }
+    // A duplicate of its own: the registration owns it, and the doorbell's file stays open
+    // while the task runs.
+    let watched = register_owned(doorbell.fd().try_clone_to_owned()?, Interest::READABLE)?;
+    let running = Arc::new(AtomicBool::new(true));
+    let guard = Running(Arc::clone(&running));
+    let doorbell = Arc::clone(doorbell);
+    runtime.spawn(async move {
+        let _running = guard;
+        loop {
+            match watched.readable().await {
+                // Cleared before the dispatch: a ring after this point wakes the task again,
+                // one before it is dispatched now. The eventfd is not read: the registration
+                // is edge-triggered, and every ring is an edge (the count it keeps cannot
+                // overflow in practice; a blocked thread that watches the doorbell too reads
+                // it, see `TaskDoorbell::take_rings`). Reading it would be one system call
+                // more per wake-up than a stream's own eventfd cost (which it does not read
+                // either).
+                Ok(mut ready) => ready.clear_ready(),
+                Err(_) => return,
+            }
+            doorbell.dispatch();
+        }
+    });
+    dispatchers.push(Dispatcher { fd, runtime: runtime.id(), running });
+    Ok(())
+}
+
 /// Registers `fd` with the current runtime's reactor, which owns it from now on.
 fn register_owned(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: `fd` is an `OwnedFd` moved into the registration: it is open, nothing else can
@@ -279,6 +347,7 @@ impl Stream {
             match ::tokio::net::TcpStream::connect(addr).await {
                 Ok(tcp) => {
                     let tcp = tcp.into_std()?;
+                    let options = &event_loop_options(options);
                     let handshake = Handshake::client(&tcp, options)?;
                     return Self::from_negotiated(negotiate(handshake, tcp).await?, options);
                 }
@@ -342,6 +411,9 @@ impl Stream {
                             )
                         })?),
                     };
+                    if let Some(doorbell) = conn.task_doorbell() {
+                        ensure_dispatcher(&doorbell)?;
+                    }
                     (conn.tcp().as_raw_fd(), notify, conn.poll_fd())
                 }
                 _ => return Err(io::ErrorKind::NotConnected.into()),
@@ -855,6 +927,9 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
 /// Waits for the probe's acknowledgement on the connection's notification fds (and, for a
 /// connection that wakes tasks directly, its wake-up of this task).
 async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
+    if let Some(doorbell) = conn.task_doorbell() {
+        ensure_dispatcher(&doorbell)?;
+    }
     let fds = conn
         .notification_fds()?
         .into_iter()
@@ -936,7 +1011,8 @@ impl Listener {
         let tcp = ::tokio::net::TcpListener::bind(addr).await?;
         let local = tcp.local_addr()?;
         let (sender, receiver) = mpsc::unbounded_channel();
-        let acceptor = ::tokio::spawn(accept_loop(tcp, Arc::new(options), sender)).abort_handle();
+        let acceptor =
+            ::tokio::spawn(accept_loop(tcp, Arc::new(event_loop_options(&options)), sender)).abort_handle();
         Ok(Listener {
             shared: Arc::new(Shared { local, ready: ::tokio::sync::Mutex::new(receiver), acceptor }),
         })

@@ -12,6 +12,10 @@
 //! it holds its TCP socket and nothing else (the connection's notification eventfd is made
 //! only for a blocked thread or a caller that asks for it).
 //!
+//! Over shm, a tokio stream's queue pair wakes its task through the device's task doorbell
+//! (one descriptor per device, see `lightpath_shm::activity`), so it holds its TCP socket alone
+//! too (before, its own eventfd and the peer's copy of it: three).
+//!
 //! One test in this file, so no other test opens descriptors while it counts them.
 #![cfg(feature = "tokio")]
 
@@ -159,4 +163,10 @@ fn a_tokio_stream_costs_no_descriptor_beyond_the_blocking_stream() {
     let (per_pair, anon_added) = descriptors_per_tokio_pair(without_ports, 16);
     assert!(anon_added <= 4, "{anon_added} eventfds and the like for 16 tokio pairs over soft without ports");
     assert!(per_pair <= 2.25, "{per_pair} descriptors per tokio pair over soft without ports (TCP: 2)");
+
+    // shm: each queue pair wakes its task through its device's task doorbell, not through an
+    // eventfd of its own that the peer holds a copy of (6 per pair, with the TCP sockets).
+    let (per_pair, anon_added) = descriptors_per_tokio_pair(common::shm(), 16);
+    assert!(anon_added <= 4, "{anon_added} eventfds and the like for 16 tokio pairs over shm");
+    assert!(per_pair <= 2.25, "{per_pair} descriptors per tokio pair over shm (TCP: 2)");
 }

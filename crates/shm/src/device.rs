@@ -130,9 +130,93 @@ pub(crate) struct DeviceShared {
     max_spinners: u32,
     /// How long waiters spin before they yield the core between looks.
     pub(crate) spin_policy: crate::cq::SpinPolicy,
+    /// The wake-ups of queue pairs whose waiters are tasks, by activity slot (see
+    /// [`DeviceShared::dispatch_tasks`]).
+    task_wakes: Mutex<TaskWakes>,
+}
+
+/// The task wake-ups of a device's queue pairs, by activity slot (slots are dense, lowest
+/// reused first).
+#[derive(Default)]
+struct TaskWakes {
+    by_slot: Vec<Option<lightpath_verbs::TaskWake>>,
+}
+
+impl TaskWakes {
+    /// Task-bit words that can have a bit set for a registered slot.
+    fn words(&self) -> usize {
+        self.by_slot.len().div_ceil(crate::activity::SLOTS_PER_WORD as usize)
+    }
+}
+
+impl std::fmt::Debug for TaskWakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let registered = self.by_slot.iter().filter(|wake| wake.is_some()).count();
+        f.debug_struct("TaskWakes").field("registered", &registered).finish()
+    }
+}
+
+/// A device's doorbell for tasks ([`lightpath_verbs::TaskDoorbell`]): the task doorbell
+/// eventfd peers ring, and the dispatch of the task bits they set.
+#[derive(Debug)]
+pub(crate) struct ShmTaskDoorbell(pub(crate) Arc<DeviceShared>);
+
+impl lightpath_verbs::TaskDoorbell for ShmTaskDoorbell {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.0.ctx.task_doorbell)
+    }
+
+    fn dispatch(&self) {
+        self.0.dispatch_tasks();
+    }
+
+    fn take_rings(&self) -> bool {
+        self.0.ctx.task_doorbell.take() > 0
+    }
 }
 
 impl DeviceShared {
+    /// Calls `wake` when a peer rings the task doorbell for the queue pair in `slot` (see
+    /// [`lightpath_verbs::QueuePair::set_waiter_task`]).
+    pub(crate) fn register_task(&self, slot: u32, wake: lightpath_verbs::TaskWake) {
+        let mut wakes = self.task_wakes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = slot as usize;
+        if wakes.by_slot.len() <= slot {
+            wakes.by_slot.resize(slot + 1, None);
+        }
+        wakes.by_slot[slot] = Some(wake);
+    }
+
+    /// Forgets the task wake-up of `slot` (its queue pair is gone).
+    pub(crate) fn unregister_task(&self, slot: u32) {
+        let mut wakes = self.task_wakes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(wake) = wakes.by_slot.get_mut(slot as usize) {
+            *wake = None;
+        }
+        while wakes.by_slot.last().is_some_and(Option::is_none) {
+            wakes.by_slot.pop();
+        }
+    }
+
+    /// Takes the task bits peers set and wakes the task of each slot named. A bit of a slot
+    /// whose queue pair is gone, or reused by one that has no task, wakes nobody. The wake-ups
+    /// run under the table's lock, which they never take (`TaskWake` must not call into the
+    /// provider).
+    pub(crate) fn dispatch_tasks(&self) {
+        let wakes = self.task_wakes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.ctx.activity.rearm_task_ring();
+        for index in 0..wakes.words() {
+            let mut bits = self.ctx.activity.take_tasks(index);
+            while bits != 0 {
+                let slot = index * crate::activity::SLOTS_PER_WORD as usize + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(Some(wake)) = wakes.by_slot.get(slot) {
+                    wake();
+                }
+            }
+        }
+    }
+
     /// The engine, locked.
     pub(crate) fn lock_core(&self) -> MutexGuard<'_, DeviceCore> {
         // The engine never panics while holding the lock by design; if a bug made it do so,
@@ -534,6 +618,7 @@ impl ShmDevice {
             uid: rustix::process::getuid().as_raw(),
             config,
             doorbell: EventFd::new(false)?,
+            task_doorbell: EventFd::new(false)?,
             activity,
             registry: Arc::new(SocketRegistry::new()?),
             links: crate::engine::Links::default(),
@@ -564,6 +649,7 @@ impl ShmDevice {
             spinners: AtomicU32::new(0),
             spin_policy,
             max_spinners: (lightpath_verbs::available_cores() / 2).max(1) as u32,
+            task_wakes: Mutex::new(TaskWakes::default()),
         });
         let threads = crate::helper::start(&shared)?;
         Ok(Self { inner: Arc::new(DeviceInner { shared, threads }) })

@@ -141,6 +141,30 @@ impl QueuePair for ShmQp {
         })
     }
 
+    /// Keeps `wake` for the task that will wait for this queue pair: the introduction at RTR
+    /// tells the peer to ring the device's task doorbell (returned) rather than a doorbell of
+    /// the queue pair's own, and this device's threads call `wake` for the completions they
+    /// make while the task is armed. Too late once in RTR (`Ok(None)`).
+    fn set_waiter_task(
+        &self,
+        wake: lightpath_verbs::TaskWake,
+    ) -> Result<Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>>> {
+        let shared = &self.pd.device.shared;
+        let taken = self.with_core(|qp, _| {
+            if qp.state != QpState::Reset && qp.state != QpState::Init {
+                return false;
+            }
+            qp.waiter_fd = None;
+            qp.waiter_task = Some(crate::engine::TaskWaker(std::sync::Arc::clone(&wake)));
+            true
+        })?;
+        if !taken {
+            return Ok(None);
+        }
+        shared.register_task(self.slot, wake);
+        Ok(Some(std::sync::Arc::new(crate::device::ShmTaskDoorbell(std::sync::Arc::clone(shared)))))
+    }
+
     /// Sets this queue pair's waiting bit in the device's activity area, then moves the device
     /// forward as `poll` does (under its lock unless nothing is marked or owed): news the peer
     /// published before the bit was visible is found by that look or by the look another
@@ -182,6 +206,8 @@ impl QueuePair for ShmQp {
 impl Drop for ShmQp {
     fn drop(&mut self) {
         let shared = &self.pd.device.shared;
+        // Before the slot is freed: until then no other queue pair has it.
+        shared.unregister_task(self.slot);
         let removed = shared.lock_core().remove_qp(self.qpn);
         {
             let qp = lock_qp(&self.cell);

@@ -7,6 +7,9 @@
 //! another device (a *link*, see `engine/link.rs`), so a queue pair that goes says
 //! so (`Goodbye`) instead of closing a connection of its own.
 //!
+//! Version 5: an introduction carries the device's task doorbell as a fourth fixed descriptor,
+//! and says whether the queue pair's waiter is a task (see `crate::activity`).
+//!
 //! Every message starts with the 4-byte magic `LPSM`, a version byte and a kind byte; fields
 //! are little-endian at fixed offsets. Decoding checks the exact length of each kind and
 //! returns `None` for anything else, so a socket peer that is not a Lightpath shm device (or a
@@ -15,7 +18,7 @@
 use lightpath_verbs::Gid;
 
 const MAGIC: [u8; 4] = *b"LPSM";
-const VERSION: u8 = 4;
+const VERSION: u8 = 5;
 /// Largest encoded message.
 pub(crate) const MAX_MESSAGE: usize = 64;
 
@@ -35,21 +38,43 @@ pub(crate) struct RegionOffer {
     pub(crate) access: u32,
 }
 
-/// `Hello` flags: which optional descriptors follow the three fixed ones.
+/// `Hello` flags: which optional descriptors follow the four fixed ones, and how the queue
+/// pair's waiter is told of news.
 const HELLO_WAITER: u32 = 1;
 const HELLO_REGION: u32 = 2;
+const HELLO_TASK: u32 = 4;
+
+/// How an introduced queue pair's waiter hears of news (see `crate::activity`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaiterKind {
+    /// Nobody waits for it alone: news rings the device.
+    Device,
+    /// A thread waits on the queue pair's own doorbell, which follows as a descriptor.
+    Own,
+    /// A task waits: news sets its task bit and rings the device's task doorbell.
+    Task,
+}
 
 /// A control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Message {
     /// A queue pair reached RTR and introduces itself to the device of its destination. Carries
-    /// three to five descriptors: the queue pair's shared segment, its device's doorbell, its
+    /// four to six descriptors: the queue pair's shared segment, its device's doorbell, its
     /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`),
-    /// then, if `waiter`, the queue pair's own doorbell (an eventfd, written when the slot's
-    /// waiting bit is set: its owner waits for it alone), then, with `region`, the memfd of a
-    /// region shared with this queue pair's peer only (handed over here instead of on the
-    /// first question about it). Version 3: the area has waiting bits; version 4: the region.
-    Hello { from_gid: Gid, from_qpn: u32, to_qpn: u32, slot: u32, waiter: bool, region: Option<RegionOffer> },
+    /// its device's task doorbell, then, if `waiter` is [`WaiterKind::Own`], the queue pair's
+    /// own doorbell (an eventfd, written when the slot's waiting bit is set: its owner waits
+    /// for it alone), then, with `region`, the memfd of a region shared with this queue
+    /// pair's peer only (handed over here instead of on the first question about it).
+    /// Version 3: the area has waiting bits; version 4: the region; version 5: task bits and
+    /// the task doorbell.
+    Hello {
+        from_gid: Gid,
+        from_qpn: u32,
+        to_qpn: u32,
+        slot: u32,
+        waiter: WaiterKind,
+        region: Option<RegionOffer>,
+    },
     /// "Describe your region with remote key `rkey`, as seen by your queue pair `qpn`."
     RegionQuery { tag: u32, qpn: u32, rkey: u32 },
     /// The answer; when `found`, carries the region's memfd.
@@ -122,8 +147,12 @@ impl Message {
                 w.u32(from_qpn);
                 w.u32(to_qpn);
                 w.u32(slot);
-                let flags =
-                    if waiter { HELLO_WAITER } else { 0 } | if region.is_some() { HELLO_REGION } else { 0 };
+                let waiter_flag = match waiter {
+                    WaiterKind::Device => 0,
+                    WaiterKind::Own => HELLO_WAITER,
+                    WaiterKind::Task => HELLO_TASK,
+                };
+                let flags = waiter_flag | if region.is_some() { HELLO_REGION } else { 0 };
                 w.u32(flags);
                 let offer = region.unwrap_or(RegionOffer { rkey: 0, addr: 0, len: 0, access: 0 });
                 w.u32(offer.rkey);
@@ -182,9 +211,15 @@ impl Message {
                 expect(56)?;
                 let (from_gid, from_qpn, to_qpn, slot) = (Gid(r.take()), r.u32(), r.u32(), r.u32());
                 let flags = r.u32();
-                if flags & !(HELLO_WAITER | HELLO_REGION) != 0 {
+                if flags & !(HELLO_WAITER | HELLO_REGION | HELLO_TASK) != 0 {
                     return None;
                 }
+                let waiter = match (flags & HELLO_WAITER != 0, flags & HELLO_TASK != 0) {
+                    (false, false) => WaiterKind::Device,
+                    (true, false) => WaiterKind::Own,
+                    (false, true) => WaiterKind::Task,
+                    (true, true) => return None,
+                };
                 let offer = RegionOffer { rkey: r.u32(), addr: r.u64(), len: r.u64(), access: r.u32() };
                 let region = if flags & HELLO_REGION != 0 {
                     Some(offer)
@@ -193,7 +228,7 @@ impl Message {
                 } else {
                     return None;
                 };
-                Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter: flags & HELLO_WAITER != 0, region }
+                Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region }
             }
             KIND_REGION_QUERY => {
                 expect(12)?;
@@ -237,7 +272,7 @@ mod tests {
                 from_qpn: 0x12,
                 to_qpn: 0xFF_FFFF,
                 slot: 4095,
-                waiter: false,
+                waiter: WaiterKind::Device,
                 region: None,
             },
             Message::Hello {
@@ -245,13 +280,21 @@ mod tests {
                 from_qpn: 1,
                 to_qpn: 2,
                 slot: 0,
-                waiter: true,
+                waiter: WaiterKind::Own,
                 region: Some(RegionOffer {
                     rkey: 0xDEAD_BEEF,
                     addr: 0x7f00_0000_1000,
                     len: 1 << 20,
                     access: 0b111,
                 }),
+            },
+            Message::Hello {
+                from_gid: Gid([9; 16]),
+                from_qpn: 3,
+                to_qpn: 4,
+                slot: 64,
+                waiter: WaiterKind::Task,
+                region: None,
             },
             Message::RegionQuery { tag: 9, qpn: 3, rkey: 0xDEAD_BEEF },
             Message::RegionReply {
@@ -288,13 +331,15 @@ mod tests {
             wrong_version[4] = 1;
             assert_eq!(Message::decode(&wrong_version[..len]), None);
         }
-        let (mut reply, len) = samples()[3].encode();
+        let (mut reply, len) = samples()[4].encode();
         reply[10] = 2;
         assert_eq!(Message::decode(&reply[..len]), None, "a found flag of 2");
         assert_eq!(Message::decode(b"LPSM\x01\x63"), None, "unknown kind");
         let (mut hello, len) = samples()[0].encode();
-        hello[34] = 4;
+        hello[34] = 8;
         assert_eq!(Message::decode(&hello[..len]), None, "an unknown hello flag");
+        hello[34] = 5;
+        assert_eq!(Message::decode(&hello[..len]), None, "a waiter with a doorbell that is also a task");
         hello[34] = 0;
         hello[40] = 1;
         assert_eq!(Message::decode(&hello[..len]), None, "region fields without the region flag");

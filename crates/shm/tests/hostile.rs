@@ -59,10 +59,10 @@ fn assert_dropped(fd: &OwnedFd, what: &str) {
 }
 
 /// An introduction as a Lightpath device would send it, for `to_qpn`, from activity slot
-/// `slot`, with `flags` (1: the queue pair's own doorbell follows, 2: a region follows) and no
-/// region described.
+/// `slot`, with `flags` (1: the queue pair's own doorbell follows, 2: a region follows, 4: the
+/// queue pair's waiter is a task) and no region described.
 fn hello_with(to_qpn: u32, slot: u32, flags: u32) -> Vec<u8> {
-    let mut bytes = b"LPSM\x04\x01".to_vec();
+    let mut bytes = b"LPSM\x05\x01".to_vec();
     bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
     bytes.extend_from_slice(&2u32.to_le_bytes());
     bytes.extend_from_slice(&to_qpn.to_le_bytes());
@@ -90,6 +90,14 @@ fn first_hello(to_qpn: u32) -> Vec<u8> {
     let mut bytes = hello(to_qpn);
     bytes.truncate(bytes.len() - 32);
     bytes[4] = 1;
+    bytes
+}
+
+/// An introduction as version 4 sent it (the same bytes; three fixed descriptors, no task
+/// doorbell).
+fn version_4_hello(to_qpn: u32) -> Vec<u8> {
+    let mut bytes = hello(to_qpn);
+    bytes[4] = 4;
     bytes
 }
 
@@ -139,40 +147,58 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
 
     let cases: Vec<(&str, Vec<u8>, Vec<BorrowedFd<'_>>)> = vec![
         ("junk bytes", b"GET / HTTP/1.1\r\n".to_vec(), vec![]),
-        ("a question before any introduction", b"LPSM\x04\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
+        ("a question before any introduction", b"LPSM\x05\x02\0\0\0\0\0\0\0\0\0\0\0\0".to_vec(), vec![]),
         ("an introduction without descriptors", hello(target), vec![]),
         ("an introduction of version 1", first_hello(target), vec![seg, bell, area.as_fd()]),
-        ("an introduction of the previous version", previous_hello(target), vec![seg, bell, area.as_fd()]),
-        ("a pipe for a doorbell", hello(target), vec![seg, pipe.as_fd(), area.as_fd()]),
-        ("an unsealed segment", hello(target), vec![unsealed.as_fd(), bell, area.as_fd()]),
-        ("a segment without a header", hello(target), vec![headerless.as_fd(), bell, area.as_fd()]),
-        ("a segment smaller than any ring", hello(target), vec![tiny.as_fd(), bell, area.as_fd()]),
+        ("an introduction of version 3", previous_hello(target), vec![seg, bell, area.as_fd()]),
+        ("an introduction of the previous version", version_4_hello(target), vec![seg, bell, area.as_fd()]),
+        ("a pipe for a doorbell", hello(target), vec![seg, pipe.as_fd(), area.as_fd(), bell]),
+        ("an unsealed segment", hello(target), vec![unsealed.as_fd(), bell, area.as_fd(), bell]),
+        ("a segment without a header", hello(target), vec![headerless.as_fd(), bell, area.as_fd(), bell]),
+        ("a segment smaller than any ring", hello(target), vec![tiny.as_fd(), bell, area.as_fd(), bell]),
         ("no activity area", hello(target), vec![seg, bell]),
-        ("an unsealed activity area", hello(target), vec![seg, bell, unsealed.as_fd()]),
-        ("an activity area too small for one slot", hello(target), vec![seg, bell, tiny.as_fd()]),
-        ("a pipe for an activity area", hello(target), vec![seg, bell, pipe.as_fd()]),
-        ("a slot outside the activity area", hello_from_slot(target, 1 << 20), vec![seg, bell, area.as_fd()]),
+        ("an unsealed activity area", hello(target), vec![seg, bell, unsealed.as_fd(), bell]),
+        ("an activity area too small for one slot", hello(target), vec![seg, bell, tiny.as_fd(), bell]),
+        ("a pipe for an activity area", hello(target), vec![seg, bell, pipe.as_fd(), bell]),
+        ("no task doorbell", hello(target), vec![seg, bell, area.as_fd()]),
+        ("a pipe for a task doorbell", hello(target), vec![seg, bell, area.as_fd(), pipe.as_fd()]),
+        ("a memfd for a task doorbell", hello_with(target, 0, 4), vec![seg, bell, area.as_fd(), seg]),
+        (
+            "a slot outside the activity area",
+            hello_from_slot(target, 1 << 20),
+            vec![seg, bell, area.as_fd(), bell],
+        ),
         (
             "a memfd for the queue pair's own doorbell",
             hello_with_waiter(target),
-            vec![seg, bell, area.as_fd(), seg],
+            vec![seg, bell, area.as_fd(), bell, seg],
         ),
         (
             "a pipe for the queue pair's own doorbell",
             hello_with_waiter(target),
-            vec![seg, bell, area.as_fd(), pipe.as_fd()],
+            vec![seg, bell, area.as_fd(), bell, pipe.as_fd()],
         ),
-        ("a fourth descriptor the flags do not announce", hello(target), vec![seg, bell, area.as_fd(), bell]),
-        ("a missing own doorbell", hello_with_waiter(target), vec![seg, bell, area.as_fd()]),
-        ("a region announced but not sent", hello_with(target, 0, 2), vec![seg, bell, area.as_fd()]),
-        ("a pipe for a region", hello_with(target, 0, 2), vec![seg, bell, area.as_fd(), pipe.as_fd()]),
+        (
+            "a fifth descriptor the flags do not announce",
+            hello(target),
+            vec![seg, bell, area.as_fd(), bell, bell],
+        ),
+        (
+            "a task waiter with a doorbell of its own",
+            hello_with(target, 0, 4),
+            vec![seg, bell, area.as_fd(), bell, bell],
+        ),
+        ("a missing own doorbell", hello_with_waiter(target), vec![seg, bell, area.as_fd(), bell]),
+        ("both waiter flags", hello_with(target, 0, 5), vec![seg, bell, area.as_fd(), bell, bell]),
+        ("a region announced but not sent", hello_with(target, 0, 2), vec![seg, bell, area.as_fd(), bell]),
+        ("a pipe for a region", hello_with(target, 0, 2), vec![seg, bell, area.as_fd(), bell, pipe.as_fd()]),
         (
             "a headerless memfd for a region",
             hello_with(target, 0, 2),
-            vec![seg, bell, area.as_fd(), headerless.as_fd()],
+            vec![seg, bell, area.as_fd(), bell, headerless.as_fd()],
         ),
-        ("an unknown flag", hello_with(target, 0, 4), vec![seg, bell, area.as_fd()]),
-        ("five descriptors", hello_with_waiter(target), vec![seg, bell, area.as_fd(), bell, bell]),
+        ("an unknown flag", hello_with(target, 0, 8), vec![seg, bell, area.as_fd(), bell]),
+        ("six descriptors", hello_with_waiter(target), vec![seg, bell, area.as_fd(), bell, bell, bell]),
     ];
     for (what, bytes, fds) in cases {
         let fd = raw_connect(victim);

@@ -32,7 +32,7 @@ pub use mtu::{
 };
 pub use provider::{
     BatchError, CompletionHook, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain,
-    Provider, QpOf, QueuePair, WakeFor,
+    Provider, QpOf, QueuePair, TaskDoorbell, TaskWake, WakeFor,
 };
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -216,6 +216,31 @@ pub trait MemoryRegion: Send + Sync {
 /// [`CompletionQueue::set_completion_hook`]).
 pub type CompletionHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
+/// Wakes the task (of an event loop) that waits for one queue pair (see
+/// [`QueuePair::set_waiter_task`]). Called by whichever thread learns of the news, possibly
+/// with the provider's locks held: it must be quick, must not block, and must not call into
+/// the provider.
+pub type TaskWake = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// A device's doorbell for tasks (see [`QueuePair::set_waiter_task`]): one descriptor per
+/// device, however many queue pairs' tasks it serves, where a doorbell of each queue pair's
+/// own costs a descriptor per queue pair (two, with the peer's copy).
+pub trait TaskDoorbell: Send + Sync + std::fmt::Debug {
+    /// Readable when a peer rang for one of the device's waiting tasks (an eventfd: watch it
+    /// for readability, edge- or level-triggered).
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
+    /// Calls the [`TaskWake`] of every queue pair rung for since the last dispatch. Never
+    /// blocks; a call that finds nothing does nothing. Call it after each wake-up of
+    /// [`TaskDoorbell::fd`] (after clearing the readiness an edge-triggered watcher saw, or
+    /// [`TaskDoorbell::take_rings`] for a level-triggered one: a ring after that is either
+    /// handled by this call or makes the fd ready again).
+    fn dispatch(&self);
+    /// Consumes the rings so far (reads the eventfd), for a watcher that waits level-triggered
+    /// (`poll`), before [`TaskDoorbell::dispatch`]; whether there were any. An edge-triggered
+    /// watcher (epoll with `EPOLLET`, tokio) need not: every ring is an edge of its own.
+    fn take_rings(&self) -> bool;
+}
+
 /// A completion queue.
 pub trait CompletionQueue: Send + Sync {
     /// How many completions the queue holds.
@@ -339,6 +364,19 @@ pub trait QueuePair: Send + Sync {
     fn set_waiter_fd(&self, fd: &std::sync::Arc<std::os::fd::OwnedFd>) -> Result<bool> {
         let _ = fd;
         Ok(false)
+    }
+
+    /// Like [`QueuePair::set_waiter_fd`], for an event loop's task rather than a thread: news
+    /// for this queue pair after an arming ([`QueuePair::arm_waiter`], the same protocol)
+    /// calls `wake` instead of writing an eventfd, so the queue pair needs no descriptor of its
+    /// own. News this process's threads make calls `wake` directly; news a peer process makes
+    /// rings the device's [`TaskDoorbell`] (returned here), whose `dispatch` calls it: whoever
+    /// waits for queue pairs this way must see that the doorbell is watched and dispatched
+    /// (a thread blocked on such a queue pair may watch it itself). Call it before RTR.
+    /// `Ok(None)` (the default) when the provider has no such doorbell: use `set_waiter_fd`.
+    fn set_waiter_task(&self, wake: TaskWake) -> Result<Option<std::sync::Arc<dyn TaskDoorbell>>> {
+        let _ = wake;
+        Ok(None)
     }
 
     /// Arms the doorbell given to [`QueuePair::set_waiter_fd`] for one wait, for the news `wake`

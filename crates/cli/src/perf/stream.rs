@@ -665,7 +665,9 @@ fn rr_client(args: &StreamArgs, server: &str, options: &Options, plan: &Plan) ->
             return rr_measure(args, plan, streams, shape, &transport, started).await;
         }
         // Connected as `lightpath::tokio::Stream::connect_with` would (each soft queue pair
-        // with a UDP port of its own, as every soft stream by default).
+        // with a UDP port of its own, as every soft stream by default; shm queue pairs woken
+        // through their device's task doorbell, `Options::event_loop`).
+        let options = &Options { event_loop: true, ..options.clone() };
         let (mut streams, mut shape) = (Vec::with_capacity(plan.conns), ServerShape::Threads);
         for c in 0..plan.conns {
             let mut stream = lightpath::tokio::Stream::from_std(connect(server, args, options)?)?;

@@ -288,15 +288,19 @@ impl Inbox {
     /// asleep, `still_needed` says no. Returns whether it was woken (or found completions)
     /// rather than timed out.
     pub(super) fn sleep_while(&self, timeout: Duration, still_needed: impl FnOnce() -> bool) -> bool {
-        self.sleep_watching(timeout, None, still_needed).woken
+        self.sleep_watching(timeout, None, None, still_needed).woken
     }
 
     /// [`Inbox::sleep_while`], also ended by `watch` turning readable (a stream's TCP
     /// connection, whose news the caller looks at itself: see `RdmaConn::wait_woken_by`).
+    /// With `tasks` (the device's task doorbell the queue pair's news rings, see
+    /// `ConnCompletions::attach`), the sleeper watches that doorbell too and dispatches it
+    /// when it fires: the dispatch writes this inbox's eventfd if the ring was for it.
     pub(super) fn sleep_watching(
         &self,
         timeout: Duration,
         watch: Option<BorrowedFd<'_>>,
+        tasks: Option<&dyn lightpath_verbs::TaskDoorbell>,
         still_needed: impl FnOnce() -> bool,
     ) -> Slept {
         // The eventfd exists before this thread counts as asleep: whoever sees it asleep then
@@ -319,27 +323,40 @@ impl Inbox {
             };
             // EINTR or a failure both just end this sleep; the caller looks again.
             let own = self.poll_fd();
-            let mut fds = [
-                PollFd::new(&**event, PollFlags::IN),
-                PollFd::from_borrowed_fd(own.unwrap_or(event.as_fd()), PollFlags::IN),
-                PollFd::from_borrowed_fd(watch.unwrap_or(event.as_fd()), PollFlags::IN),
-            ];
-            // The eventfd, then the queue pair's own descriptor and the watched one if there
-            // are (a slot without one repeats the eventfd, unwatched).
-            if own.is_none() {
-                fds.swap(1, 2);
+            // The eventfd, then the queue pair's own descriptor, the watched one and the task
+            // doorbell, those there are.
+            let mut fds: [PollFd<'_>; 4] = std::array::from_fn(|_| PollFd::new(&**event, PollFlags::IN));
+            let mut count = 1;
+            let mut at = [None; 3];
+            for (slot, fd) in at.iter_mut().zip([own, watch, tasks.map(|doorbell| doorbell.fd())]) {
+                if let Some(fd) = fd {
+                    fds[count] = PollFd::from_borrowed_fd(fd, PollFlags::IN);
+                    *slot = Some(count);
+                    count += 1;
+                }
             }
-            let count = 1 + usize::from(own.is_some()) + usize::from(watch.is_some());
+            let [own_at, watch_at, tasks_at] = at;
             let _ = rustix::event::poll(&mut fds[..count], Some(&timeout));
-            let fired = |i: usize| i < count && !fds[i].revents().is_empty();
+            let fired = |at: Option<usize>| at.is_some_and(|i| !fds[i].revents().is_empty());
             // News on the queue pair's own descriptor: the caller's next arming takes it in.
-            woken |= own.is_some() && fired(1);
-            watched = watch.is_some() && fired(if own.is_some() { 2 } else { 1 });
+            woken |= fired(own_at);
+            watched = fired(watch_at);
+            let rung_for_tasks = fired(tasks_at);
+            let fired_event = fired(Some(0));
+            if rung_for_tasks {
+                if let Some(doorbell) = tasks {
+                    // Watched level-triggered: consumed first, or it stays readable.
+                    doorbell.take_rings();
+                    doorbell.dispatch();
+                }
+                // The dispatch wrote the eventfd if the ring was for this connection.
+                woken |= self.take_wake();
+            }
             // The eventfd is read only when it fired (a wake-up by the queue pair's own
             // descriptor alone, or by none, costs no read). A write it missed (after the sleep
             // ended, or while the arming looked and found work without sleeping) stays
             // pending: the next sleep returns at once and takes it, one more look at most.
-            if fired(0) {
+            if fired_event {
                 woken |= self.take_wake();
             }
         }

@@ -156,8 +156,12 @@ pub(crate) struct ConnCompletions<D: Device> {
     entries: u32,
     /// The queue pair routed here, once attached.
     qpn: Option<u32>,
-    /// The queue pair's own doorbell is the inbox's eventfd (see the module docs).
+    /// The queue pair has a doorbell of its own: the inbox's eventfd (see the module docs),
+    /// or the inbox's wake-up called through `task_doorbell`.
     waiter: bool,
+    /// The device's task doorbell the queue pair's news rings (an event loop's connection,
+    /// see `attach`).
+    task_doorbell: Option<Arc<dyn lightpath_verbs::TaskDoorbell>>,
     /// Waiters also sleep on a descriptor of the queue pair's (`QueuePair::waiter_poll_fd`):
     /// the doorbell is the direct path even alone on the hub.
     doorbell_only: bool,
@@ -253,6 +257,7 @@ impl<D: Device> ConnCompletions<D> {
                     qpn: None,
                     waiter: false,
                     doorbell_only: false,
+                    task_doorbell: None,
                     device_connections,
                     wait_spin: wait_spin(Duration::ZERO),
                 })
@@ -270,15 +275,29 @@ impl<D: Device> ConnCompletions<D> {
     }
 
     /// Routes the completions of `qp` here, and (with `doorbell`) gives it the inbox's eventfd
-    /// as its own doorbell if the provider takes one (call before RTR).
-    pub(crate) fn attach(&mut self, qp: &QpOf<D>, doorbell: bool) -> io::Result<()> {
+    /// as its own doorbell if the provider takes one (call before RTR). With `tasks` (an
+    /// event loop's connection), the provider is asked first to wake the inbox through its
+    /// device's task doorbell instead (`QueuePair::set_waiter_task`): no descriptor per
+    /// connection.
+    pub(crate) fn attach(&mut self, qp: &QpOf<D>, doorbell: bool, tasks: bool) -> io::Result<()> {
         let qpn = qp.qpn();
         if let Some(old) = self.qpn.replace(qpn) {
             self.hub.detach(old);
         }
         self.hub.attach(qpn, Arc::clone(&self.inbox));
         self.waiter = false;
-        if doorbell {
+        self.task_doorbell = None;
+        if doorbell && tasks {
+            let inbox = Arc::downgrade(&self.inbox);
+            let wake: lightpath_verbs::TaskWake = Arc::new(move || {
+                if let Some(inbox) = inbox.upgrade() {
+                    inbox.wake();
+                }
+            });
+            self.task_doorbell = qp.set_waiter_task(wake).map_err(from_verbs)?;
+            self.waiter = self.task_doorbell.is_some();
+        }
+        if doorbell && !self.waiter {
             // An eventfd of its own, which the inbox keeps only if the queue pair takes it:
             // a connection whose news comes through the router makes one when it first
             // sleeps or is asked for its notification fd, and a tokio stream's never does.
@@ -326,6 +345,7 @@ impl<D: Device> ConnCompletions<D> {
     fn waits_alone(&self) -> bool {
         self.waiter
             && (self.doorbell_only
+                || self.task_doorbell.is_some()
                 || self.hub.attached() > 1
                 || self.device_connections.load(Ordering::Relaxed) > 1)
     }
@@ -467,7 +487,7 @@ impl<D: Device> ConnCompletions<D> {
             // writes the eventfd; then armed, so the peer's next news does; then one more look
             // (the arm moved the provider forward, and the router lock waits for a thread that
             // is routing), and only then the sleep.
-            let slept = self.inbox.sleep_watching(left, watch, || {
+            let slept = self.inbox.sleep_watching(left, watch, self.task_doorbell.as_deref(), || {
                 found = match look.arm(qp, wake) {
                     Ok(true) => self.hub.poll_for_locked(&self.inbox, qpn, out).map(Some),
                     Ok(false) => Ok(None),
@@ -645,7 +665,14 @@ impl<D: Device> ConnCompletions<D> {
     /// no doorbell (its news comes through the router), so an event loop's task can wait
     /// through [`ConnCompletions::poll_woken`] instead of the notification fd.
     pub(crate) fn wakes_tasks(&self) -> bool {
-        !self.waiter
+        !self.waiter || self.task_doorbell.is_some()
+    }
+
+    /// The device's task doorbell this connection's queue pair is woken through, if it is
+    /// (see `attach`): an event loop must see that it is watched and dispatched.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    pub(crate) fn task_doorbell(&self) -> Option<&Arc<dyn lightpath_verbs::TaskDoorbell>> {
+        self.task_doorbell.as_ref()
     }
 
     /// For an event loop's task that waits without the notification fd (see

@@ -38,7 +38,7 @@ fn end(device: &SoftDevice, pd: &Pd, hubs: &HubPool<SoftDevice>) -> End {
         ConnCompletions::new(hubs.reserve(device, entries, Some(true)).unwrap(), entries).unwrap();
     let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
     let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
-    completions.attach(&qp, true).unwrap();
+    completions.attach(&qp, true, false).unwrap();
     End { qp, completions }
 }
 
@@ -355,13 +355,16 @@ mod shm_doorbell_spin {
 
     /// A connected pair of ends on one shm device, each with a queue of its own (as streams'
     /// are), whose blocking waits spin for `spin` before they sleep.
-    fn pair(device: &ShmDevice, hubs: &HubPool<ShmDevice>, spin: Duration) -> (ShmEnd, ShmEnd) {
+    /// With `tasks`, their queue pairs wake them through the device's task doorbell (an
+    /// event loop's connections, see `ConnCompletions::attach`).
+    fn pair(device: &ShmDevice, hubs: &HubPool<ShmDevice>, spin: Duration, tasks: bool) -> (ShmEnd, ShmEnd) {
         let pd = device.alloc_pd().unwrap();
         let end = || {
             let mut completions = hubs.connection(device, 64, None).unwrap();
             let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
             let qp = pd.create_qp(completions.cq(), completions.cq(), caps).unwrap();
-            completions.attach(&qp, true).unwrap();
+            completions.attach(&qp, true, tasks).unwrap();
+            assert_eq!(completions.task_doorbell().is_some(), tasks, "shm took the task waiter or not");
             completions.set_wait_spin(spin);
             ShmEnd { qp, completions }
         };
@@ -372,12 +375,14 @@ mod shm_doorbell_spin {
 
     /// `b` waits for a SEND that `a` posts after a while; returns whether `b`'s waiter was
     /// seen asleep on its doorbell before that.
-    fn slept_before_the_send(spin: Duration) -> bool {
-        let config =
-            ShmConfig { name: Some(format!("spin-test-{}", spin.as_millis())), ..ShmConfig::default() };
+    fn slept_before_the_send(spin: Duration, tasks: bool) -> bool {
+        let config = ShmConfig {
+            name: Some(format!("spin-test-{}-{tasks}", spin.as_millis())),
+            ..ShmConfig::default()
+        };
         let device = ShmDevice::open(config).unwrap();
         let hubs = HubPool::own_queues_by_default(1024);
-        let (a, b) = pair(&device, &hubs, spin);
+        let (a, b) = pair(&device, &hubs, spin, tasks);
         assert!(b.completions.waits_alone(), "two connections on the device: doorbell waits");
         b.qp.post_recv(&RecvWr::new(7, &[])).unwrap();
         let b = Arc::new(b);
@@ -410,8 +415,18 @@ mod shm_doorbell_spin {
     fn a_doorbell_wait_spins_before_it_sleeps_and_still_gets_what_comes() {
         // A spin longer than the test: the waiter is never seen asleep, and the SEND that
         // comes while it spins ends its wait (no doorbell rung: it never armed).
-        assert!(!slept_before_the_send(Duration::from_secs(30)), "a spinning waiter slept");
+        assert!(!slept_before_the_send(Duration::from_secs(30), false), "a spinning waiter slept");
         // Without a spin it sleeps on its doorbell at once, and the SEND wakes it.
-        assert!(slept_before_the_send(Duration::ZERO), "a waiter without a spin never slept");
+        assert!(slept_before_the_send(Duration::ZERO, false), "a waiter without a spin never slept");
+    }
+
+    #[test]
+    fn a_blocked_thread_on_a_task_woken_queue_pair_watches_the_task_doorbell_itself() {
+        // No event loop watches the device's task doorbell: the sleeping thread does, and the
+        // peer's SEND (which rings that doorbell, the queue pair having no doorbell of its
+        // own) still ends its wait long before `WAITER_PATIENCE`.
+        let started = Instant::now();
+        assert!(slept_before_the_send(Duration::ZERO, true), "a waiter without a spin never slept");
+        assert!(started.elapsed() < WAITER_PATIENCE / 2, "the wait ended by its timeout");
     }
 }

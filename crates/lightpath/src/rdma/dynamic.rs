@@ -50,6 +50,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// `ConnCompletions::wakes_tasks`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn wakes_tasks(&self) -> bool;
+    /// See `ConnCompletions::task_doorbell`.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn task_doorbell(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>>;
     /// See `ConnCompletions::poll_woken`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn poll_woken(&self, waker: &std::task::Waker) -> bool;
@@ -242,6 +245,9 @@ where
     }
     fn poll_woken(&self, waker: &std::task::Waker) -> bool {
         RdmaConn::poll_woken(self, waker)
+    }
+    fn task_doorbell(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>> {
+        RdmaConn::task_doorbell(self)
     }
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::poll_fd(self)

@@ -643,6 +643,12 @@ impl<D: Device> RdmaConn<D> {
         self.cq.wakes_tasks()
     }
 
+    /// The device's task doorbell this connection is woken through, if it is (see
+    /// `ConnCompletions::task_doorbell`).
+    pub(crate) fn task_doorbell(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>> {
+        self.cq.task_doorbell().cloned()
+    }
+
     /// Whether a wake-up came since the last call; leaves `waker` for the next one otherwise
     /// (see `ConnCompletions::poll_woken`).
     pub(crate) fn poll_woken(&self, waker: &std::task::Waker) -> bool {

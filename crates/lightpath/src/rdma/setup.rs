@@ -49,7 +49,7 @@ impl<D: Device + 'static> RdmaSetup<D> {
         // A soft queue pair (the one kind with a UDP port) gets a doorbell, and with it a port
         // of its own, only where the options ask for one; other providers' doorbells cost
         // nothing extra and are always taken, whatever `soft_qp_port` says.
-        cq.attach(&qp, udp_port == 0 || options.soft_qp_port == Some(true))?;
+        cq.attach(&qp, udp_port == 0 || options.soft_qp_port == Some(true), options.event_loop)?;
         // A blocking wait on a port of its own spins first, as one on the device's socket
         // does; one on a doorbell alone (shm) too.
         cq.set_wait_spin(wait_spin);

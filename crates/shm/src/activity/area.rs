@@ -12,9 +12,10 @@ use crate::sys::{EventFd, Mapping, Memfd};
 
 const OFF_STATE: usize = 0;
 const OFF_RUNG: usize = 64;
+const OFF_TASK_RUNG: usize = 128;
 /// Where the activity bits start (on a cache line of their own: producers write them all the
 /// time, while the state word is mostly read).
-const BITS_OFFSET: usize = 128;
+const BITS_OFFSET: usize = 192;
 /// Most slots an area has (queue-pair numbers have 24 bits).
 pub(crate) const MAX_SLOTS: u32 = 1 << 24;
 /// Fewest slots an area has (one word).
@@ -26,14 +27,24 @@ fn words_of(slots: u32) -> usize {
 }
 
 /// Bytes of an area with `slots` slots: the activity bits, then twice as many words of waiting
-/// bits (two per slot).
+/// bits (two per slot), then the task bits (one per slot).
 fn area_len(slots: u32) -> usize {
-    BITS_OFFSET + 3 * words_of(slots) * 8
+    BITS_OFFSET + AREA_WORDS_PER_ACTIVITY_WORD * words_of(slots) * 8
 }
+
+/// Words of an area per word of activity bits: one of activity bits, two of waiting bits, one
+/// of task bits.
+const AREA_WORDS_PER_ACTIVITY_WORD: usize = 4;
 
 /// Where the waiting bits of an area with `slots` slots start.
 fn waiting_offset(slots: u32) -> usize {
     BITS_OFFSET + words_of(slots) * 8
+}
+
+/// Where the task bits of an area with `slots` slots start (see
+/// [`mark_task`](super::mark_task)).
+fn tasks_offset(slots: u32) -> usize {
+    BITS_OFFSET + 3 * words_of(slots) * 8
 }
 
 /// One word of an area mapping. Accesses outside the mapping cannot happen (offsets are
@@ -151,6 +162,30 @@ impl OwnArea {
         super::take_waiter(&self.word(waiting_offset(self.slots) + index * 8), slot, arrival)
     }
 
+    /// Before a dispatch takes the task bits: says the task doorbell's next ring is wanted
+    /// (see [`task_ring_needed`](super::task_ring_needed)).
+    pub(crate) fn rearm_task_ring(&self) {
+        super::rearm_task_ring(&self.word(OFF_TASK_RUNG));
+    }
+
+    /// Takes the task bits of word `index` (slots `64 * index ..`, see
+    /// [`take`](super::take)); 0 past the end.
+    pub(crate) fn take_tasks(&self, index: usize) -> u64 {
+        if index >= words_of(self.slots) {
+            return 0;
+        }
+        super::take(&self.word(tasks_offset(self.slots) + index * 8))
+    }
+
+    /// Sets the task bit of `slot` as a peer would (tests).
+    #[cfg(test)]
+    pub(crate) fn mark_task(&self, slot: u32) {
+        if slot < self.slots {
+            let (index, _) = slot_position(slot);
+            super::mark_task(&self.word(tasks_offset(self.slots) + index * 8), slot);
+        }
+    }
+
     /// The waiting bits of `slot` (tests): (anything, arrivals).
     #[cfg(test)]
     pub(crate) fn waiter_armed(&self, slot: u32) -> (bool, bool) {
@@ -199,30 +234,44 @@ fn identity(memfd: &Memfd) -> io::Result<FileIdentity> {
     Ok((stat.st_dev, stat.st_ino))
 }
 
-/// A peer device's area, mapped here, with that device's doorbell: one descriptor per peer
-/// device, however many links lead there (the first introduction's; later ones' duplicates are
-/// closed). A hostile process that holds the area and introduces itself first with an eventfd
-/// of its own only keeps that device's sleepers from being rung (they find news by the safety
-/// net), the same harm as clearing its marks.
+/// How a peer queue pair's waiter wants to hear of news for it (see `crate::activity`).
+#[derive(Debug)]
+pub(crate) enum PeerWaiter {
+    /// Nobody waits for it alone: news rings the device if it sleeps.
+    Device,
+    /// A thread waits for it alone on this eventfd, the queue pair's own doorbell.
+    Own(EventFd),
+    /// A task of an event loop waits for it: news sets its task bit and rings the device's
+    /// task doorbell, whose reader wakes the task.
+    Task,
+}
+
+/// A peer device's area, mapped here, with that device's two doorbells (the device's and its
+/// tasks'): one descriptor each per peer device, however many links lead there (the first
+/// introduction's; later ones' duplicates are closed). A hostile process that holds the area
+/// and introduces itself first with eventfds of its own only keeps that device's sleepers or
+/// tasks from being rung (they find news by the safety net, or when their connection's TCP
+/// socket or next call shows it), the same harm as clearing its marks.
 #[derive(Debug)]
 pub(crate) struct PeerArea {
     map: Mapping,
     slots: u32,
     doorbell: EventFd,
+    task_doorbell: EventFd,
 }
 
 impl PeerArea {
     /// Maps an area a peer handed over. Its slot count follows from the file's size (sealed,
     /// so it cannot change); there is no header a peer could spoil for the others.
-    fn map(memfd: &Memfd, doorbell: EventFd) -> Result<Self, &'static str> {
+    fn map(memfd: &Memfd, doorbell: EventFd, task_doorbell: EventFd) -> Result<Self, &'static str> {
         let len = usize::try_from(memfd.len()).unwrap_or(usize::MAX);
         if !(area_len(MIN_SLOTS)..=area_len(MAX_SLOTS)).contains(&len) {
             return Err("the peer's activity area has an impossible size");
         }
-        let slots = ((len - BITS_OFFSET) / 24) as u32 * SLOTS_PER_WORD;
+        let slots = ((len - BITS_OFFSET) / (AREA_WORDS_PER_ACTIVITY_WORD * 8)) as u32 * SLOTS_PER_WORD;
         let map = Mapping::peer(memfd, area_len(slots) as u64, true)
             .map_err(|_| "the peer's activity area cannot be mapped writable")?;
-        Ok(Self { map, slots, doorbell })
+        Ok(Self { map, slots, doorbell, task_doorbell })
     }
 
     /// Rings the peer device's doorbell.
@@ -259,15 +308,28 @@ impl PeerArea {
     /// 8 collective ranks setting up at once under load (1 run in 12 to 30): each rank blocked
     /// in a flush waiting for the acknowledgement of a peer blocked in a flush of its own,
     /// for the whole set-up deadline.
-    pub(crate) fn notify(&self, slot: u32, waiter: Option<&EventFd>, arrival: bool) {
+    ///
+    /// A waiter that is a task ([`PeerWaiter::Task`]) is told through the device's task
+    /// doorbell instead of a doorbell of its own: its task bit is set, then the task doorbell
+    /// rung (whoever reads that doorbell takes the task bits and wakes their tasks).
+    pub(crate) fn notify(&self, slot: u32, waiter: &PeerWaiter, arrival: bool) {
         // `mark` fences after marking: what was published before is seen by a waiter that
         // armed before the load in `take_waiter` (it fences between arming and its last look).
         let marked = self.mark(slot);
-        if let Some(waiter) = waiter {
-            if self.take_waiter(slot, arrival) {
+        match waiter {
+            PeerWaiter::Own(waiter) if self.take_waiter(slot, arrival) => {
                 waiter.signal(1);
                 return;
             }
+            PeerWaiter::Task if self.take_waiter(slot, arrival) => {
+                let (index, _) = slot_position(slot);
+                super::mark_task(&self.word(tasks_offset(self.slots) + index * 8), slot);
+                if super::task_ring_needed(&self.word(OFF_TASK_RUNG)) {
+                    self.task_doorbell.signal(1);
+                }
+                return;
+            }
+            _ => {}
         }
         if marked && self.ring_needed() {
             self.ring();
@@ -314,15 +376,20 @@ pub(crate) struct PeerAreas {
 }
 
 impl PeerAreas {
-    /// The mapping of the area `memfd` holds (made now, with `doorbell`, if no live link has it
-    /// mapped; otherwise `doorbell` is closed).
-    pub(crate) fn get(&self, memfd: &Memfd, doorbell: EventFd) -> Result<Arc<PeerArea>, &'static str> {
+    /// The mapping of the area `memfd` holds (made now, with `doorbell` and `task_doorbell`, if
+    /// no live link has it mapped; otherwise they are closed).
+    pub(crate) fn get(
+        &self,
+        memfd: &Memfd,
+        doorbell: EventFd,
+        task_doorbell: EventFd,
+    ) -> Result<Arc<PeerArea>, &'static str> {
         let id = identity(memfd).map_err(|_| "cannot identify the peer's activity area")?;
         let mut mapped = self.mapped.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(area) = mapped.get(&id).and_then(Weak::upgrade) {
             return Ok(area);
         }
-        let area = Arc::new(PeerArea::map(memfd, doorbell)?);
+        let area = Arc::new(PeerArea::map(memfd, doorbell, task_doorbell)?);
         mapped.retain(|_, area| area.strong_count() > 0);
         mapped.insert(id, Arc::downgrade(&area));
         Ok(area)
@@ -350,7 +417,7 @@ mod tests {
         let own = OwnArea::create(200).expect("area");
         assert_eq!(own.slots(), 256);
         let areas = PeerAreas::default();
-        let peer = areas.get(&peer_memfd(&own), bell()).expect("peer view");
+        let peer = areas.get(&peer_memfd(&own), bell(), bell()).expect("peer view");
         assert!(!peer.signal(70), "rang an owner that is awake");
         assert!(!peer.signal(199));
         assert!(!peer.signal(256), "slot past the end");
@@ -390,45 +457,50 @@ mod tests {
                 &peer_memfd(&own),
                 EventFd::from_peer(device_bell.as_fd().try_clone_to_owned().expect("dup"))
                     .expect("an eventfd"),
+                bell(),
             )
             .expect("peer view");
-        let waiter = bell();
+        let waiter = PeerWaiter::Own(bell());
+        let own_bell = |waiter: &PeerWaiter| match waiter {
+            PeerWaiter::Own(bell) => bell.take(),
+            _ => unreachable!(),
+        };
         own.announce(state_value(7, true, false));
         own.arm_waiter(5, Wake::Arrivals);
         // An arrival for the waiting reader: its doorbell only.
-        peer.notify(5, Some(&waiter), true);
-        assert_eq!((waiter.take(), device_bell.take()), (1, 0), "the reader's arrival");
+        peer.notify(5, &waiter, true);
+        assert_eq!((own_bell(&waiter), device_bell.take()), (1, 0), "the reader's arrival");
         // Marked too: the waiting bit outlives the wait (only a producer clears it), so the
         // thread rung may have stopped waiting; the mark makes the device's next drive look.
         assert_eq!(own.take(0), 1 << 5, "news a waiter was rung for is marked as well");
         // An acknowledgement the reader does not wait for: the sleeping device, once per sleep.
         own.arm_waiter(5, Wake::Arrivals);
-        peer.notify(5, Some(&waiter), false);
-        peer.notify(6, None, true);
-        assert_eq!((waiter.take(), device_bell.take()), (0, 1), "the acknowledgement");
+        peer.notify(5, &waiter, false);
+        peer.notify(6, &PeerWaiter::Device, true);
+        assert_eq!((own_bell(&waiter), device_bell.take()), (0, 1), "the acknowledgement");
         // A new sleep is rung again; a queue pair without a doorbell rings the device.
         own.announce(state_value(8, true, false));
-        peer.notify(6, None, true);
-        assert_eq!((waiter.take(), device_bell.take()), (0, 1), "a queue pair with no waiter");
+        peer.notify(6, &PeerWaiter::Device, true);
+        assert_eq!((own_bell(&waiter), device_bell.take()), (0, 1), "a queue pair with no waiter");
         // An owner awake and looking everywhere is neither marked nor rung; its waiter still is.
         own.announce(state_value(9, false, true));
         own.take(0);
-        peer.notify(5, Some(&waiter), true);
-        assert_eq!((waiter.take(), device_bell.take(), own.take(0)), (1, 0, 0), "an awake owner");
+        peer.notify(5, &waiter, true);
+        assert_eq!((own_bell(&waiter), device_bell.take(), own.take(0)), (1, 0, 0), "an awake owner");
     }
 
     #[test]
     fn links_to_one_device_share_its_mapping() {
         let own = OwnArea::create(64).expect("area");
         let areas = PeerAreas::default();
-        let first = areas.get(&peer_memfd(&own), bell()).expect("first");
-        let second = areas.get(&peer_memfd(&own), bell()).expect("second");
+        let first = areas.get(&peer_memfd(&own), bell(), bell()).expect("first");
+        let second = areas.get(&peer_memfd(&own), bell(), bell()).expect("second");
         assert!(Arc::ptr_eq(&first, &second), "mapped twice");
         let other = OwnArea::create(64).expect("another device's area");
-        let third = areas.get(&peer_memfd(&other), bell()).expect("third");
+        let third = areas.get(&peer_memfd(&other), bell(), bell()).expect("third");
         assert!(!Arc::ptr_eq(&first, &third), "two devices' areas confused");
         drop((first, second));
-        let again = areas.get(&peer_memfd(&own), bell()).expect("remapped");
+        let again = areas.get(&peer_memfd(&own), bell(), bell()).expect("remapped");
         assert!(!Arc::ptr_eq(&again, &third));
     }
 
@@ -438,11 +510,12 @@ mod tests {
             let memfd = Memfd::create("lightpath-shm-test", len.max(1)).expect("memfd");
             let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
             let received = Memfd::from_peer(fd, 1).expect("memfd");
-            assert!(PeerArea::map(&received, bell()).is_err(), "an area of {len} bytes was mapped");
+            assert!(PeerArea::map(&received, bell(), bell()).is_err(), "an area of {len} bytes was mapped");
         }
         let memfd = Memfd::create("lightpath-shm-test", area_len(128) as u64 + 13).expect("memfd");
         let fd = memfd.as_fd().try_clone_to_owned().expect("dup");
-        let area = PeerArea::map(&Memfd::from_peer(fd, 1).expect("memfd"), bell()).expect("a two-word area");
+        let area =
+            PeerArea::map(&Memfd::from_peer(fd, 1).expect("memfd"), bell(), bell()).expect("a two-word area");
         assert!(area.has_slot(127) && !area.has_slot(128), "slots of a file with a partial word");
     }
 

@@ -15,11 +15,16 @@
 //! ```text
 //! offset 0     sleep word: odd while a thread of the owner sleeps and wants the doorbell rung
 //! offset 64    rung word: the sleep value a peer last rang the doorbell for
-//! offset 128   activity bits: bit s % 64 of word s / 64 is slot s
+//! offset 128   task rung word: 1 while a ring of the task doorbell is pending (rung, and no
+//!               dispatch has begun since)
+//! offset 192   activity bits: bit s % 64 of word s / 64 is slot s
 //! then          waiting bits, two per slot (twice as many words as activity bits): bits
 //!               2 (s % 32) and 2 (s % 32) + 1 of word s / 32 are set while a thread of the owner
 //!               waits for slot s's queue pair on its own doorbell, for anything or for
 //!               arrivals only (see [`Wake`])
+//! then          task bits, one per slot (as many words as activity bits): bit s % 64 of
+//!               word s / 64 is set by a producer that took slot s's waiting bit when the
+//!               queue pair's waiter is a task (see below)
 //! ```
 //!
 //! Every queue pair of the owner has a *slot* (dense, lowest free first, reused after the queue
@@ -60,6 +65,18 @@
 //!   once for the request's acknowledgement and once for the response. The same
 //!   store-buffer handshake as the sleep word: either the waiter's look finds the news or the
 //!   producer sees the bit.
+//!
+//! - **Waiting as a task**: a queue pair whose owner is an event loop (Lightpath's tokio
+//!   streams) hands the peer no doorbell of its own (a descriptor per connection on each side
+//!   was what issue 15 counted): its introduction says its waiter is a *task*. The waiting
+//!   bit works as above; the producer that takes it sets the slot's task bit ([`mark_task`])
+//!   and rings the device's *task doorbell*, one eventfd per device (handed over with every
+//!   introduction, kept once per peer device). Whoever reads that doorbell — a task of the
+//!   event loop, or a thread blocked on one such queue pair — takes the task bits and wakes
+//!   the task of every slot named. One ring can so wake many tasks, and producers ring only
+//!   when no ring is pending ([`task_ring_needed`]: the task rung word, which a dispatch
+//!   clears before it takes the bits), so a busy device's peers pay fewer eventfd writes
+//!   than one per arming, as a doorbell of each queue pair's own cost.
 //!
 //! `tests/loom.rs` model-checks these handshakes together with the ring (two producers, one
 //! consumer that sleeps whenever it finds nothing; two waiters, each for its own queue pair,
@@ -159,6 +176,34 @@ pub fn take_waiter<W: AtomicWord>(waiting: &W, slot: u32, arrival: bool) -> bool
     let bits = if arrival { anything | anything << 1 } else { anything };
     // Mostly nobody waits: a plain load keeps the line shared.
     waiting.load(Ordering::Relaxed) & bits != 0 && waiting.fetch_and(!bits, Ordering::Relaxed) & bits != 0
+}
+
+/// Producer side, after [`take_waiter`] returned true for a queue pair whose waiter is a task
+/// (it handed over no doorbell of its own): sets the slot's task bit in `tasks` (its word, see
+/// [`slot_position`]), `Release`, before the producer rings the owner's task doorbell. The
+/// owner's reader of that doorbell takes the task bits ([`take`]) after the ring and wakes
+/// each task named, which then looks at its queue pair: what was published is seen.
+pub fn mark_task<W: AtomicWord>(tasks: &W, slot: u32) {
+    tasks.fetch_or(slot_position(slot).1, Ordering::Release);
+}
+
+/// Producer side, after [`mark_task`]: whether to ring the task doorbell (no ring is pending:
+/// the word was 0, and this producer claimed it). The `SeqCst` swap orders the task bit
+/// before it: a dispatch that clears the word after this ([`rearm_task_ring`]) takes the bit.
+pub fn task_ring_needed<W: AtomicWord>(rung: &W) -> bool {
+    // The store-buffer handshake with `rearm_task_ring`: the task bit, then this load; the
+    // dispatch's clear, then its takes. Of the two, one sees the other's store.
+    fence(Ordering::SeqCst);
+    // Mostly a ring is pending on a busy device: a plain load keeps the line shared.
+    rung.load(Ordering::Relaxed) == 0 && rung.swap(1, Ordering::SeqCst) == 0
+}
+
+/// Owner side, before a dispatch takes the task bits: clears the task rung word, so the next
+/// producer rings. Bits set before a producer found the word set are taken by this dispatch
+/// (the fence orders the clear before the takes); bits set after the clear come with a ring.
+pub fn rearm_task_ring<W: AtomicWord>(rung: &W) {
+    rung.store(0, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
 }
 
 /// Owner side: publishes a new state. After announcing a sleep, or that it stopped looking

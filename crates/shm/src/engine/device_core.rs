@@ -471,7 +471,8 @@ impl DeviceCore {
 }
 
 /// After a call on `qp`: if it made completions and a thread waits for it alone (its waiting
-/// bit is set), writes its own doorbell, unless that thread is the one looking (`arming`).
+/// bit is set), writes its own doorbell (or wakes its task), unless that thread is the one
+/// looking (`arming`).
 /// The fence pairs with the waiter's (`arm_waiter`): it stores its bit, fences and then looks
 /// at the queue; this call added the completions, fences and then loads the bit. Either the
 /// waiter's look finds them or this sees the bit.
@@ -485,6 +486,11 @@ fn tell_waiter(qp: &mut QpCore, activity: &OwnArea, arming: Option<u32>) {
         if activity.take_waiter(qp.slot, arrival) {
             // Fails only if the counter would overflow: it is readable anyway.
             let _ = rustix::io::write(&**fd, &1u64.to_ne_bytes());
+        }
+    } else if let Some(wake) = &qp.waiter_task {
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
+        if activity.take_waiter(qp.slot, arrival) {
+            (wake.0)();
         }
     }
 }

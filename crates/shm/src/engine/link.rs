@@ -22,14 +22,14 @@ use rustix::event::{PollFd, PollFlags};
 
 use super::sge::IdMap;
 use super::DeviceContext;
-use crate::activity::area::PeerArea;
+use crate::activity::area::{PeerArea, PeerWaiter};
 use crate::address::rendezvous_name;
 use crate::region::{self, PeerRegion};
 use crate::registry::{SocketGuard, SocketRegistry};
 use crate::ring::{Consumer, Producer};
 use crate::segment::{OwnSegment, PeerSegment, PeerStatus};
-use crate::sys::{poll_fds, EventFd, Memfd, SeqPacket};
-use crate::wire::{Message, RegionOffer};
+use crate::sys::{poll_fds, Memfd, SeqPacket};
+use crate::wire::{Message, RegionOffer, WaiterKind};
 
 /// Most peer regions kept mapped per link (the cache is emptied when it would grow past this).
 const MAX_CACHED_REGIONS: usize = 1024;
@@ -174,9 +174,9 @@ pub(crate) struct PeerAttach {
     pub(crate) from_gid: Gid,
     pub(crate) from_qpn: u32,
     pub(crate) segment: PeerSegment,
-    /// Its own doorbell, if a thread of the peer waits for it alone (see `crate::activity`).
-    pub(crate) waiter: Option<EventFd>,
-    /// Its device's activity area (with the device's doorbell), and its slot there.
+    /// How its waiter hears of news (see `crate::activity`).
+    pub(crate) waiter: PeerWaiter,
+    /// Its device's activity area (with the device's doorbells), and its slot there.
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
     /// The id of the connection it came over (the peer device's link to us).
@@ -217,7 +217,7 @@ impl Drop for Refusal {
 pub(crate) struct PeerSide {
     pub(crate) segment: PeerSegment,
     pub(crate) consumer: Consumer,
-    pub(crate) waiter: Option<EventFd>,
+    pub(crate) waiter: PeerWaiter,
     pub(crate) area: Arc<PeerArea>,
     pub(crate) slot: u32,
     /// The id of the connection its introduction came over.
@@ -234,8 +234,19 @@ impl PeerSide {
     /// records, a NAK or a state change; else only acknowledgements or freed ring space); never
     /// both (see `PeerArea::notify`).
     pub(crate) fn signal(&self, arrival: bool) {
-        self.area.notify(self.slot, self.waiter.as_ref(), arrival);
+        self.area.notify(self.slot, &self.waiter, arrival);
     }
+}
+
+/// How a queue pair going to RTR asks its peer to tell its waiter of news.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum IntroWaiter<'a> {
+    /// Nobody waits for it alone (the device is rung if it sleeps).
+    Device,
+    /// Through this eventfd, the queue pair's own doorbell.
+    Own(BorrowedFd<'a>),
+    /// Through the device's task doorbell (its waiter is a task).
+    Task,
 }
 
 /// What a queue pair going to RTR introduces itself with.
@@ -247,8 +258,8 @@ pub(crate) struct Introduction<'a> {
     pub(crate) dgid: Gid,
     pub(crate) dqpn: u32,
     pub(crate) status: PeerStatus,
-    /// The queue pair's own doorbell, if a thread waits for it alone.
-    pub(crate) waiter: Option<BorrowedFd<'a>>,
+    /// How the queue pair's waiter hears of news.
+    pub(crate) waiter: IntroWaiter<'a>,
     /// A region of its protection domain for this peer only.
     pub(crate) offer: Option<&'a (RegionOffer, Memfd)>,
 }
@@ -295,11 +306,22 @@ impl Link {
             from_qpn: qpn,
             to_qpn: dqpn,
             slot,
-            waiter: waiter.is_some(),
+            waiter: match waiter {
+                IntroWaiter::Device => WaiterKind::Device,
+                IntroWaiter::Own(_) => WaiterKind::Own,
+                IntroWaiter::Task => WaiterKind::Task,
+            },
             region: offer.map(|(offer, _)| *offer),
         };
-        let mut fds = vec![outbox_memfd.as_fd(), ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd()];
-        fds.extend(waiter);
+        let mut fds = vec![
+            outbox_memfd.as_fd(),
+            ctx.doorbell.as_fd(),
+            ctx.activity.memfd().as_fd(),
+            ctx.task_doorbell.as_fd(),
+        ];
+        if let IntroWaiter::Own(fd) = waiter {
+            fds.push(fd);
+        }
         fds.extend(offer.map(|(_, memfd)| memfd.as_fd()));
         let (mut client, fresh) = ctx.links.get_or_connect(dgid, ctx)?;
         if let Err(err) = client.send(hello, &fds, config.rpc_timeout) {
@@ -412,6 +434,7 @@ mod tests {
     use crate::config::ShmConfig;
     use crate::registry::SocketRegistry;
     use crate::segment::RING_OFFSET;
+    use crate::sys::EventFd;
     use crate::sys::Listener;
     use crate::wire::MAX_MESSAGE;
 
@@ -421,6 +444,7 @@ mod tests {
             uid: rustix::process::getuid().as_raw(),
             config: ShmConfig { ring_bytes: 4096, max_fragment: 512, ..ShmConfig::default() },
             doorbell: EventFd::new(false).expect("eventfd"),
+            task_doorbell: EventFd::new(false).expect("eventfd"),
             activity: Arc::new(OwnArea::create(64).expect("activity area")),
             registry: Arc::new(SocketRegistry::new().expect("registry")),
             links: Links::default(),
@@ -431,13 +455,21 @@ mod tests {
     /// device with GID `peer_gid`, as RTR does.
     fn introduce(ctx: &DeviceContext, peer_gid: Gid, qpn: u32, slot: u32, dqpn: u32) -> (Link, PeerStatus) {
         let status = PeerStatus { state: QpState::Rtr, access: AccessFlags::REMOTE_WRITE, rnr_retry: 3 };
-        let intro = Introduction { qpn, slot, dgid: peer_gid, dqpn, status, waiter: None, offer: None };
+        let intro = Introduction {
+            qpn,
+            slot,
+            dgid: peer_gid,
+            dqpn,
+            status,
+            waiter: IntroWaiter::Device,
+            offer: None,
+        };
         (Link::establish(intro, ctx).expect("establish"), status)
     }
 
     /// The introduction `introduce` sends: no own doorbell, no region.
     fn plain_hello(ctx: &DeviceContext, from_qpn: u32, to_qpn: u32, slot: u32) -> Message {
-        Message::Hello { from_gid: ctx.gid, from_qpn, to_qpn, slot, waiter: false, region: None }
+        Message::Hello { from_gid: ctx.gid, from_qpn, to_qpn, slot, waiter: WaiterKind::Device, region: None }
     }
 
     fn next_message(socket: &SeqPacket) -> (Option<Message>, usize) {
@@ -462,7 +494,7 @@ mod tests {
         let mut buf = [0u8; MAX_MESSAGE];
         let hello = served.recv(&mut buf).expect("recv").expect("the introduction");
         assert_eq!(Message::decode(&buf[..hello.len]), Some(plain_hello(&ctx, 7, 9, 5)));
-        assert_eq!(hello.fds.len(), 3, "segment, doorbell and activity area");
+        assert_eq!(hello.fds.len(), 4, "segment, doorbell, activity area and task doorbell");
         let segment_fd = hello.fds.into_iter().next().expect("the segment");
         let memfd = Memfd::from_peer(segment_fd, RING_OFFSET as u64).expect("memfd");
         let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).expect("segment");
@@ -483,8 +515,8 @@ mod tests {
 
         let served = listener.accept().expect("accept").expect("a connection");
         assert!(listener.accept().expect("accept").is_none(), "a second connection was opened");
-        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 7, 9, 5)), 3));
-        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 8, 10, 6)), 3));
+        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 7, 9, 5)), 4));
+        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 8, 10, 6)), 4));
         drop(first);
         assert_eq!(next_message(&served), (Some(Message::Goodbye { from_qpn: 7, to_qpn: 9 }), 0));
         drop(second);

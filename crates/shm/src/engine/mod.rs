@@ -49,6 +49,7 @@ use lightpath_verbs::Gid;
 pub(crate) use device_core::{lock_qp, DeviceCore, Hints, QpCell, Tables};
 pub(crate) use link::{send_patiently, Links, PeerAttach, Refusal};
 pub(crate) use qp::QpCore;
+pub(crate) use qp::TaskWaker;
 pub(crate) use sge::{IdMap, Regions};
 
 use crate::activity::area::OwnArea;
@@ -75,6 +76,8 @@ pub(crate) struct DeviceContext {
     pub(crate) config: ShmConfig,
     /// Peers write it to wake this device.
     pub(crate) doorbell: EventFd,
+    /// Peers write it to wake tasks waiting for our queue pairs (see `crate::activity`).
+    pub(crate) task_doorbell: EventFd,
     /// Where peers mark which of our queue pairs has news (see [`crate::activity`]).
     pub(crate) activity: Arc<OwnArea>,
     pub(crate) registry: Arc<SocketRegistry>,

@@ -8,12 +8,22 @@ use lightpath_verbs::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::link::{Introduction, Link, LinkFailure, PeerAttach};
+use super::link::{IntroWaiter, Introduction, Link, LinkFailure, PeerAttach};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::sge::{Regions, SgeList};
 use super::wqe::{Payload, RecvWqe, SendWqe, Stage};
 use super::DeviceContext;
+
+/// The wake-up of the task that waits for a queue pair (`QueuePair::set_waiter_task`).
+#[derive(Clone)]
+pub(crate) struct TaskWaker(pub(crate) lightpath_verbs::TaskWake);
+
+impl std::fmt::Debug for TaskWaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TaskWaker")
+    }
+}
 use crate::address::is_shm_gid;
 use crate::cq::CqShared;
 use crate::segment::PeerStatus;
@@ -69,6 +79,9 @@ pub(crate) struct QpCore {
     /// The queue pair's own doorbell (see `crate::activity`), shared with the application
     /// (no descriptor of its own), handed to the peer with the introduction at RTR.
     pub(crate) waiter_fd: Option<Arc<std::os::fd::OwnedFd>>,
+    /// Or the wake-up of the task that waits for it (see `crate::activity`; the peer then
+    /// rings the device's task doorbell).
+    pub(crate) waiter_task: Option<TaskWaker>,
     /// The current link was introduced with the queue pair's own doorbell: a thread may wait
     /// for this queue pair alone.
     pub(crate) waiter_linked: Arc<std::sync::atomic::AtomicBool>,
@@ -137,6 +150,7 @@ impl QpCore {
             queued: false,
             timer: None,
             waiter_fd: None,
+            waiter_task: None,
             waiter_linked: Arc::default(),
             completed: false,
             completed_arrival: false,
@@ -182,7 +196,11 @@ impl QpCore {
                 let min_rnr_timer = attr.min_rnr_timer.ok_or_else(|| missing(from, to, "min_rnr_timer"))?;
                 let access = attr.access.unwrap_or(self.access);
                 let status = PeerStatus { state: QpState::Rtr, access, rnr_retry: self.rnr_retry };
-                let waiter = self.waiter_fd.as_deref().map(std::os::fd::AsFd::as_fd);
+                let waiter = match (&self.waiter_fd, &self.waiter_task) {
+                    (Some(fd), _) => IntroWaiter::Own(std::os::fd::AsFd::as_fd(&**fd)),
+                    (None, Some(_)) => IntroWaiter::Task,
+                    (None, None) => IntroWaiter::Device,
+                };
                 let intro = Introduction {
                     qpn: self.qpn,
                     slot: self.slot,
@@ -196,7 +214,8 @@ impl QpCore {
                 // In flight, the introduction holds the region's file; the peer maps it.
                 *offer = None;
                 self.link = Some(link);
-                self.waiter_linked.store(self.waiter_fd.is_some(), std::sync::atomic::Ordering::Release);
+                let linked = self.waiter_fd.is_some() || self.waiter_task.is_some();
+                self.waiter_linked.store(linked, std::sync::atomic::Ordering::Release);
                 self.dest = Some((av.dgid, dqpn));
                 self.min_rnr_timer = min_rnr_timer;
                 self.access = access;

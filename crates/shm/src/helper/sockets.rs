@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
+use crate::activity::area::PeerWaiter;
 use crate::config::ShmConfig;
 use crate::device::DeviceShared;
 use crate::engine::{send_patiently, Event, PeerAttach, Refusal};
@@ -25,7 +26,7 @@ use crate::region::PeerRegion;
 use crate::registry::{Changes, Reply, Watched};
 use crate::segment::{PeerSegment, RING_OFFSET};
 use crate::sys::{poll_fds, Epoll, EventFd, Memfd, SeqPacket};
-use crate::wire::{Message, MAX_MESSAGE};
+use crate::wire::{Message, WaiterKind, MAX_MESSAGE};
 
 /// Connections that have not introduced themselves yet, at most.
 const MAX_PENDING: usize = 256;
@@ -467,8 +468,8 @@ fn answer_region(
 }
 
 /// Checks an introduction's descriptors: a sealed memfd holding a valid segment, an eventfd
-/// doorbell, a sealed memfd holding a valid activity area with the queue pair's slot, then as
-/// its flags say the queue pair's own doorbell (an eventfd) and a region for our queue pair
+/// doorbell, a sealed memfd holding a valid activity area with the queue pair's slot, an
+/// eventfd task doorbell, then as its flags say the queue pair's own doorbell (an eventfd) and a region for our queue pair
 /// alone (a memfd that maps as the region it is described as), and nothing more.
 fn accept_hello(
     shared: &DeviceShared,
@@ -479,10 +480,12 @@ fn accept_hello(
 ) -> Option<PeerAttach> {
     let Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region } = hello else { return None };
     let mut fds = fds.into_iter();
-    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd)) = (fds.next(), fds.next(), fds.next()) else {
+    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd), Some(task_doorbell_fd)) =
+        (fds.next(), fds.next(), fds.next(), fds.next())
+    else {
         return None;
     };
-    let waiter_fd = if waiter { Some(fds.next()?) } else { None };
+    let waiter_fd = if waiter == WaiterKind::Own { Some(fds.next()?) } else { None };
     let region_fd = if region.is_some() { Some(fds.next()?) } else { None };
     if fds.next().is_some() {
         return None;
@@ -491,11 +494,13 @@ fn accept_hello(
     let memfd = Memfd::from_peer(segment_fd, min_len).ok()?;
     let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).ok()?;
     let doorbell = EventFd::from_peer(doorbell_fd).ok()?;
-    let waiter = match waiter_fd {
-        Some(fd) => Some(EventFd::from_peer(fd).ok()?),
-        None => None,
+    let task_doorbell = EventFd::from_peer(task_doorbell_fd).ok()?;
+    let waiter = match (waiter, waiter_fd) {
+        (WaiterKind::Own, Some(fd)) => PeerWaiter::Own(EventFd::from_peer(fd).ok()?),
+        (WaiterKind::Task, _) => PeerWaiter::Task,
+        _ => PeerWaiter::Device,
     };
-    let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?, doorbell).ok()?;
+    let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?, doorbell, task_doorbell).ok()?;
     if !area.has_slot(slot) {
         return None;
     }
