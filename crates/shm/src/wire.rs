@@ -7,8 +7,10 @@
 //! another device (a *link*, see `engine/link.rs`), so a queue pair that goes says
 //! so (`Goodbye`) instead of closing a connection of its own.
 //!
-//! Version 5: an introduction carries the device's task doorbell as a fourth fixed descriptor,
-//! and says whether the queue pair's waiter is a task (see `crate::activity`).
+//! Version 5: an introduction says whether the queue pair's waiter is a task (see
+//! `crate::activity`), and carries its device's descriptors (doorbell, activity area, task
+//! doorbell) only when it is the first on its link: later ones on the same link refer to them.
+//! Three descriptors fewer to pass, check and close per connection and side.
 //!
 //! Every message starts with the 4-byte magic `LPSM`, a version byte and a kind byte; fields
 //! are little-endian at fixed offsets. Decoding checks the exact length of each kind and
@@ -43,6 +45,7 @@ pub(crate) struct RegionOffer {
 const HELLO_WAITER: u32 = 1;
 const HELLO_REGION: u32 = 2;
 const HELLO_TASK: u32 = 4;
+const HELLO_DEVICE: u32 = 8;
 
 /// How an introduced queue pair's waiter hears of news (see `crate::activity`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,20 +62,22 @@ pub(crate) enum WaiterKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Message {
     /// A queue pair reached RTR and introduces itself to the device of its destination. Carries
-    /// four to six descriptors: the queue pair's shared segment, its device's doorbell, its
+    /// one to six descriptors: the queue pair's shared segment; then, with `device` (the first
+    /// introduction on its link; later ones refer to these), its device's doorbell, its
     /// device's activity area, in which `slot` is the queue pair's (see `crate::activity`),
-    /// its device's task doorbell, then, if `waiter` is [`WaiterKind::Own`], the queue pair's
-    /// own doorbell (an eventfd, written when the slot's waiting bit is set: its owner waits
-    /// for it alone), then, with `region`, the memfd of a region shared with this queue
+    /// and its device's task doorbell; then, if `waiter` is [`WaiterKind::Own`], the queue
+    /// pair's own doorbell (an eventfd, written when the slot's waiting bit is set: its owner
+    /// waits for it alone); then, with `region`, the memfd of a region shared with this queue
     /// pair's peer only (handed over here instead of on the first question about it).
-    /// Version 3: the area has waiting bits; version 4: the region; version 5: task bits and
-    /// the task doorbell.
+    /// Version 3: the area has waiting bits; version 4: the region; version 5: task bits, the
+    /// task doorbell, device descriptors once per link.
     Hello {
         from_gid: Gid,
         from_qpn: u32,
         to_qpn: u32,
         slot: u32,
         waiter: WaiterKind,
+        device: bool,
         region: Option<RegionOffer>,
     },
     /// "Describe your region with remote key `rkey`, as seen by your queue pair `qpn`."
@@ -141,7 +146,7 @@ impl Message {
     /// The encoded message.
     pub(crate) fn encode(&self) -> ([u8; MAX_MESSAGE], usize) {
         let writer = match *self {
-            Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region } => {
+            Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, device, region } => {
                 let mut w = Writer::new(KIND_HELLO);
                 w.put(&from_gid.0);
                 w.u32(from_qpn);
@@ -152,7 +157,9 @@ impl Message {
                     WaiterKind::Own => HELLO_WAITER,
                     WaiterKind::Task => HELLO_TASK,
                 };
-                let flags = waiter_flag | if region.is_some() { HELLO_REGION } else { 0 };
+                let flags = waiter_flag
+                    | if region.is_some() { HELLO_REGION } else { 0 }
+                    | if device { HELLO_DEVICE } else { 0 };
                 w.u32(flags);
                 let offer = region.unwrap_or(RegionOffer { rkey: 0, addr: 0, len: 0, access: 0 });
                 w.u32(offer.rkey);
@@ -211,7 +218,7 @@ impl Message {
                 expect(56)?;
                 let (from_gid, from_qpn, to_qpn, slot) = (Gid(r.take()), r.u32(), r.u32(), r.u32());
                 let flags = r.u32();
-                if flags & !(HELLO_WAITER | HELLO_REGION | HELLO_TASK) != 0 {
+                if flags & !(HELLO_WAITER | HELLO_REGION | HELLO_TASK | HELLO_DEVICE) != 0 {
                     return None;
                 }
                 let waiter = match (flags & HELLO_WAITER != 0, flags & HELLO_TASK != 0) {
@@ -228,7 +235,8 @@ impl Message {
                 } else {
                     return None;
                 };
-                Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region }
+                let device = flags & HELLO_DEVICE != 0;
+                Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, device, region }
             }
             KIND_REGION_QUERY => {
                 expect(12)?;
@@ -273,6 +281,7 @@ mod tests {
                 to_qpn: 0xFF_FFFF,
                 slot: 4095,
                 waiter: WaiterKind::Device,
+                device: true,
                 region: None,
             },
             Message::Hello {
@@ -281,6 +290,7 @@ mod tests {
                 to_qpn: 2,
                 slot: 0,
                 waiter: WaiterKind::Own,
+                device: false,
                 region: Some(RegionOffer {
                     rkey: 0xDEAD_BEEF,
                     addr: 0x7f00_0000_1000,
@@ -294,6 +304,7 @@ mod tests {
                 to_qpn: 4,
                 slot: 64,
                 waiter: WaiterKind::Task,
+                device: false,
                 region: None,
             },
             Message::RegionQuery { tag: 9, qpn: 3, rkey: 0xDEAD_BEEF },
@@ -336,11 +347,11 @@ mod tests {
         assert_eq!(Message::decode(&reply[..len]), None, "a found flag of 2");
         assert_eq!(Message::decode(b"LPSM\x01\x63"), None, "unknown kind");
         let (mut hello, len) = samples()[0].encode();
-        hello[34] = 8;
+        hello[34] = 16;
         assert_eq!(Message::decode(&hello[..len]), None, "an unknown hello flag");
         hello[34] = 5;
         assert_eq!(Message::decode(&hello[..len]), None, "a waiter with a doorbell that is also a task");
-        hello[34] = 0;
+        hello[34] = 8;
         hello[40] = 1;
         assert_eq!(Message::decode(&hello[..len]), None, "region fields without the region flag");
         assert_eq!(Message::decode(b"6.22\0\0\0\0\0\0\0\0"), None);

@@ -59,9 +59,15 @@ fn assert_dropped(fd: &OwnedFd, what: &str) {
 }
 
 /// An introduction as a Lightpath device would send it, for `to_qpn`, from activity slot
-/// `slot`, with `flags` (1: the queue pair's own doorbell follows, 2: a region follows, 4: the
-/// queue pair's waiter is a task) and no region described.
+/// `slot`, as the first on its link (flag 8: the device's doorbell, activity area and task
+/// doorbell follow the segment), with `flags` besides (1: the queue pair's own doorbell
+/// follows, 2: a region follows, 4: the queue pair's waiter is a task) and no region described.
 fn hello_with(to_qpn: u32, slot: u32, flags: u32) -> Vec<u8> {
+    raw_hello(to_qpn, slot, flags | 8)
+}
+
+/// An introduction with exactly `flags`.
+fn raw_hello(to_qpn: u32, slot: u32, flags: u32) -> Vec<u8> {
     let mut bytes = b"LPSM\x05\x01".to_vec();
     bytes.extend_from_slice(&[0xfd, 0x53, 0x48, 0x4d, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
     bytes.extend_from_slice(&2u32.to_le_bytes());
@@ -161,6 +167,12 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
         ("an activity area too small for one slot", hello(target), vec![seg, bell, tiny.as_fd(), bell]),
         ("a pipe for an activity area", hello(target), vec![seg, bell, pipe.as_fd(), bell]),
         ("no task doorbell", hello(target), vec![seg, bell, area.as_fd()]),
+        ("a first introduction without the device's descriptors", raw_hello(target, 0, 0), vec![seg]),
+        (
+            "a first introduction that sends the device's descriptors unannounced",
+            raw_hello(target, 0, 0),
+            vec![seg, bell, area.as_fd(), bell],
+        ),
         ("a pipe for a task doorbell", hello(target), vec![seg, bell, area.as_fd(), pipe.as_fd()]),
         ("a memfd for a task doorbell", hello_with(target, 0, 4), vec![seg, bell, area.as_fd(), seg]),
         (
@@ -197,7 +209,7 @@ fn hostile_connections_are_dropped_and_the_device_keeps_working() {
             hello_with(target, 0, 2),
             vec![seg, bell, area.as_fd(), bell, headerless.as_fd()],
         ),
-        ("an unknown flag", hello_with(target, 0, 8), vec![seg, bell, area.as_fd(), bell]),
+        ("an unknown flag", hello_with(target, 0, 16), vec![seg, bell, area.as_fd(), bell]),
         ("six descriptors", hello_with_waiter(target), vec![seg, bell, area.as_fd(), bell, bell, bell]),
     ];
     for (what, bytes, fds) in cases {

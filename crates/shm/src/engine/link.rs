@@ -72,6 +72,9 @@ pub(crate) struct DeviceLink {
     next_tag: AtomicU32,
     /// A send failed or timed out: the link is shut down and new queue pairs connect afresh.
     broken: AtomicBool,
+    /// Held while an introduction is sent; true once one carried the device's descriptors,
+    /// which later introductions on this link then refer to (see `Message::Hello`).
+    introduced_device: Mutex<bool>,
 }
 
 impl DeviceLink {
@@ -87,6 +90,29 @@ impl DeviceLink {
     /// Sends `message`; a failure breaks the link (see [`Self::give_up`]).
     fn send(&self, message: Message, fds: &[BorrowedFd<'_>], patience: Duration) -> std::io::Result<()> {
         send_patiently(&self.guard.socket, message, fds, patience).inspect_err(|_| self.give_up())
+    }
+
+    /// Sends an introduction, with the device's descriptors (`device_fds`) if it is the first
+    /// on this link; `rest` are the descriptors that follow (see `Message::Hello`).
+    fn introduce(
+        &self,
+        hello: impl Fn(bool) -> Message,
+        segment: BorrowedFd<'_>,
+        device_fds: [BorrowedFd<'_>; 3],
+        rest: &[BorrowedFd<'_>],
+        patience: Duration,
+    ) -> std::io::Result<()> {
+        // Introductions go one at a time, so the first one sent is the first one the peer reads.
+        let mut introduced = self.introduced_device.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut fds = Vec::with_capacity(6);
+        fds.push(segment);
+        if !*introduced {
+            fds.extend(device_fds);
+        }
+        fds.extend_from_slice(rest);
+        self.send(hello(!*introduced), &fds, patience)?;
+        *introduced = true;
+        Ok(())
     }
 
     /// Shuts the connection down: the peer's socket thread sees it hang up (every peer queue
@@ -133,7 +159,12 @@ fn connect(dgid: Gid, ctx: &DeviceContext) -> Result<DeviceLink> {
         return Err(Error::Unavailable(format!("the shm device with GID {dgid} belongs to user {uid}")));
     }
     let guard = SocketRegistry::register(&ctx.registry, Arc::new(socket));
-    Ok(DeviceLink { guard, next_tag: AtomicU32::new(0), broken: AtomicBool::new(false) })
+    Ok(DeviceLink {
+        guard,
+        next_tag: AtomicU32::new(0),
+        broken: AtomicBool::new(false),
+        introduced_device: Mutex::new(false),
+    })
 }
 
 /// Why a link was given up.
@@ -301,7 +332,7 @@ impl Link {
         outbox.publish_status(status);
         let producer = Producer::new(config.ring_bytes, config.max_fragment)
             .ok_or(Error::InvalidAttribute("ring size"))?;
-        let hello = Message::Hello {
+        let hello = |device: bool| Message::Hello {
             from_gid: ctx.gid,
             from_qpn: qpn,
             to_qpn: dqpn,
@@ -311,27 +342,27 @@ impl Link {
                 IntroWaiter::Own(_) => WaiterKind::Own,
                 IntroWaiter::Task => WaiterKind::Task,
             },
+            device,
             region: offer.map(|(offer, _)| *offer),
         };
-        let mut fds = vec![
-            outbox_memfd.as_fd(),
-            ctx.doorbell.as_fd(),
-            ctx.activity.memfd().as_fd(),
-            ctx.task_doorbell.as_fd(),
-        ];
+        let device_fds = [ctx.doorbell.as_fd(), ctx.activity.memfd().as_fd(), ctx.task_doorbell.as_fd()];
+        let mut rest = Vec::with_capacity(2);
         if let IntroWaiter::Own(fd) = waiter {
-            fds.push(fd);
+            rest.push(fd);
         }
-        fds.extend(offer.map(|(_, memfd)| memfd.as_fd()));
+        rest.extend(offer.map(|(_, memfd)| memfd.as_fd()));
+        let segment = outbox_memfd.as_fd();
         let (mut client, fresh) = ctx.links.get_or_connect(dgid, ctx)?;
-        if let Err(err) = client.send(hello, &fds, config.rpc_timeout) {
+        if let Err(err) = client.introduce(hello, segment, device_fds, &rest, config.rpc_timeout) {
             // A link that served earlier queue pairs may have died since (its device closed,
             // or it broke): one fresh try tells which.
             if fresh {
                 return Err(unreachable(dgid, &err));
             }
             client = ctx.links.get_or_connect(dgid, ctx)?.0;
-            client.send(hello, &fds, config.rpc_timeout).map_err(|err| unreachable(dgid, &err))?;
+            client
+                .introduce(hello, segment, device_fds, &rest, config.rpc_timeout)
+                .map_err(|err| unreachable(dgid, &err))?;
         }
         // In flight, the message holds the file; the peer maps it, and so do we already.
         drop(outbox_memfd);
@@ -468,8 +499,16 @@ mod tests {
     }
 
     /// The introduction `introduce` sends: no own doorbell, no region.
-    fn plain_hello(ctx: &DeviceContext, from_qpn: u32, to_qpn: u32, slot: u32) -> Message {
-        Message::Hello { from_gid: ctx.gid, from_qpn, to_qpn, slot, waiter: WaiterKind::Device, region: None }
+    fn plain_hello(ctx: &DeviceContext, from_qpn: u32, to_qpn: u32, slot: u32, device: bool) -> Message {
+        Message::Hello {
+            from_gid: ctx.gid,
+            from_qpn,
+            to_qpn,
+            slot,
+            waiter: WaiterKind::Device,
+            device,
+            region: None,
+        }
     }
 
     fn next_message(socket: &SeqPacket) -> (Option<Message>, usize) {
@@ -493,7 +532,7 @@ mod tests {
         let served = listener.accept().expect("accept").expect("a connection");
         let mut buf = [0u8; MAX_MESSAGE];
         let hello = served.recv(&mut buf).expect("recv").expect("the introduction");
-        assert_eq!(Message::decode(&buf[..hello.len]), Some(plain_hello(&ctx, 7, 9, 5)));
+        assert_eq!(Message::decode(&buf[..hello.len]), Some(plain_hello(&ctx, 7, 9, 5, true)));
         assert_eq!(hello.fds.len(), 4, "segment, doorbell, activity area and task doorbell");
         let segment_fd = hello.fds.into_iter().next().expect("the segment");
         let memfd = Memfd::from_peer(segment_fd, RING_OFFSET as u64).expect("memfd");
@@ -515,8 +554,9 @@ mod tests {
 
         let served = listener.accept().expect("accept").expect("a connection");
         assert!(listener.accept().expect("accept").is_none(), "a second connection was opened");
-        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 7, 9, 5)), 4));
-        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 8, 10, 6)), 4));
+        // The device's descriptors go with the link's first introduction only.
+        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 7, 9, 5, true)), 4));
+        assert_eq!(next_message(&served), (Some(plain_hello(&ctx, 8, 10, 6, false)), 1));
         drop(first);
         assert_eq!(next_message(&served), (Some(Message::Goodbye { from_qpn: 7, to_qpn: 9 }), 0));
         drop(second);

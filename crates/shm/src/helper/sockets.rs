@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::activity::area::PeerWaiter;
+use crate::activity::area::{PeerArea, PeerWaiter};
 use crate::config::ShmConfig;
 use crate::device::DeviceShared;
 use crate::engine::{send_patiently, Event, PeerAttach, Refusal};
@@ -97,6 +97,8 @@ struct Newcomer {
 /// peer queue pair on this link introduced itself to.
 struct ServedLink {
     socket: Arc<SeqPacket>,
+    /// The peer device's activity area and doorbells, from the link's first introduction.
+    area: Arc<PeerArea>,
     pairs: HashMap<u32, HashSet<u32>>,
     pair_count: usize,
 }
@@ -255,7 +257,7 @@ impl<'a> SocketThread<'a> {
             Some(hello @ Message::Hello { .. }) => {
                 let id = self.shared.ctx.registry.allocate_id();
                 let socket = Arc::new(socket);
-                let Some(attach) = accept_hello(self.shared, &socket, id, received.fds, hello) else {
+                let Some(attach) = accept_hello(self.shared, &socket, id, received.fds, hello, None) else {
                     return;
                 };
                 // A link whose hang-up could go unnoticed is not taken (the introduction
@@ -263,7 +265,8 @@ impl<'a> SocketThread<'a> {
                 if self.epoll.add(&*socket, Token::Served(id).encode()).is_err() {
                     return;
                 }
-                let mut link = ServedLink { socket, pairs: HashMap::new(), pair_count: 0 };
+                let area = Arc::clone(&attach.area);
+                let mut link = ServedLink { socket, area, pairs: HashMap::new(), pair_count: 0 };
                 link.add_pair(attach.qpn, attach.from_qpn);
                 self.served.insert(id, link);
                 self.shared.post_event(Event::Attach(attach));
@@ -367,9 +370,11 @@ fn serve(shared: &DeviceShared, link: &mut ServedLink, id: u64) -> bool {
         };
         let message = Message::decode(&buf[..received.len]);
         if let Some(hello @ Message::Hello { .. }) = message {
-            let Some(attach) = accept_hello(shared, &link.socket, id, received.fds, hello) else {
+            let known = Some(&link.area);
+            let Some(attach) = accept_hello(shared, &link.socket, id, received.fds, hello, known) else {
                 return false;
             };
+            link.area = Arc::clone(&attach.area);
             if !link.add_pair(attach.qpn, attach.from_qpn) {
                 return false;
             }
@@ -467,9 +472,10 @@ fn answer_region(
     }
 }
 
-/// Checks an introduction's descriptors: a sealed memfd holding a valid segment, an eventfd
-/// doorbell, a sealed memfd holding a valid activity area with the queue pair's slot, an
-/// eventfd task doorbell, then as its flags say the queue pair's own doorbell (an eventfd) and a region for our queue pair
+/// Checks an introduction's descriptors: a sealed memfd holding a valid segment; with the
+/// device flag (always on a link's first introduction, `known` being `None`) an eventfd
+/// doorbell, a sealed memfd holding a valid activity area and an eventfd task doorbell (else
+/// the link's `known` area); the queue pair's slot in that area; then as its flags say the queue pair's own doorbell (an eventfd) and a region for our queue pair
 /// alone (a memfd that maps as the region it is described as), and nothing more.
 fn accept_hello(
     shared: &DeviceShared,
@@ -477,13 +483,16 @@ fn accept_hello(
     link: u64,
     fds: Vec<OwnedFd>,
     hello: Message,
+    known: Option<&Arc<PeerArea>>,
 ) -> Option<PeerAttach> {
-    let Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, region } = hello else { return None };
-    let mut fds = fds.into_iter();
-    let (Some(segment_fd), Some(doorbell_fd), Some(area_fd), Some(task_doorbell_fd)) =
-        (fds.next(), fds.next(), fds.next(), fds.next())
-    else {
+    let Message::Hello { from_gid, from_qpn, to_qpn, slot, waiter, device, region } = hello else {
         return None;
+    };
+    let mut fds = fds.into_iter();
+    let segment_fd = fds.next()?;
+    let device_fds = match device {
+        true => Some((fds.next()?, fds.next()?, fds.next()?)),
+        false => None,
     };
     let waiter_fd = if waiter == WaiterKind::Own { Some(fds.next()?) } else { None };
     let region_fd = if region.is_some() { Some(fds.next()?) } else { None };
@@ -493,14 +502,20 @@ fn accept_hello(
     let min_len = (RING_OFFSET + crate::ring::MIN_CAPACITY) as u64;
     let memfd = Memfd::from_peer(segment_fd, min_len).ok()?;
     let segment = PeerSegment::from_memfd(&memfd, ShmConfig::MAX_RING).ok()?;
-    let doorbell = EventFd::from_peer(doorbell_fd).ok()?;
-    let task_doorbell = EventFd::from_peer(task_doorbell_fd).ok()?;
     let waiter = match (waiter, waiter_fd) {
         (WaiterKind::Own, Some(fd)) => PeerWaiter::Own(EventFd::from_peer(fd).ok()?),
         (WaiterKind::Task, _) => PeerWaiter::Task,
         _ => PeerWaiter::Device,
     };
-    let area = shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?, doorbell, task_doorbell).ok()?;
+    let area = match (device_fds, known) {
+        (Some((doorbell_fd, area_fd, task_doorbell_fd)), _) => {
+            let doorbell = EventFd::from_peer(doorbell_fd).ok()?;
+            let task_doorbell = EventFd::from_peer(task_doorbell_fd).ok()?;
+            shared.peer_areas.get(&Memfd::from_peer(area_fd, 1).ok()?, doorbell, task_doorbell).ok()?
+        }
+        (None, Some(known)) => Arc::clone(known),
+        (None, None) => return None,
+    };
     if !area.has_slot(slot) {
         return None;
     }
