@@ -142,14 +142,10 @@ impl QueuePair for ShmQp {
     }
 
     /// Keeps `wake` for the task that will wait for this queue pair: the introduction at RTR
-    /// tells the peer to ring the device's task doorbell (returned) rather than a doorbell of
-    /// the queue pair's own, and this device's threads call `wake` for the completions they
-    /// make while the task is armed. Too late once in RTR (`Ok(None)`).
-    fn set_waiter_task(
-        &self,
-        wake: lightpath_verbs::TaskWake,
-    ) -> Result<Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>>> {
-        let shared = &self.pd.device.shared;
+    /// tells the peer to ring the device's task doorbell ([`QueuePair::task_doorbell`]) rather
+    /// than a doorbell of the queue pair's own, and this device's threads call `wake` for the
+    /// completions they make while the task is armed. Too late once in RTR (`Ok(false)`).
+    fn set_waiter_task(&self, wake: lightpath_verbs::TaskWake) -> Result<bool> {
         let taken = self.with_core(|qp, _| {
             if qp.state != QpState::Reset && qp.state != QpState::Init {
                 return false;
@@ -158,11 +154,15 @@ impl QueuePair for ShmQp {
             qp.waiter_task = Some(crate::engine::TaskWaker(std::sync::Arc::clone(&wake)));
             true
         })?;
-        if !taken {
-            return Ok(None);
+        if taken {
+            self.pd.device.shared.register_task(self.slot, wake);
         }
-        shared.register_task(self.slot, wake);
-        Ok(Some(std::sync::Arc::new(crate::device::ShmTaskDoorbell(std::sync::Arc::clone(shared)))))
+        Ok(taken)
+    }
+
+    fn task_doorbell(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>> {
+        let shared = &self.pd.device.shared;
+        Some(std::sync::Arc::new(crate::device::ShmTaskDoorbell(std::sync::Arc::clone(shared))))
     }
 
     /// Sets this queue pair's waiting bit in the device's activity area, then moves the device

@@ -10,7 +10,7 @@ use lightpath_verbs::{
 use lightpath_roce::QpStats;
 
 use crate::cq::{CqInner, SoftCq};
-use crate::driver::QpPort;
+use crate::driver::{PortDoorbell, QpPort};
 use crate::pd::SoftPd;
 
 /// A queue pair of a [`SoftDevice`](crate::SoftDevice). It holds its protection domain and both
@@ -52,6 +52,27 @@ impl SoftQp {
     /// [`SoftDevice::stats`](crate::SoftDevice::stats).)
     pub fn stats(&self) -> Result<QpStats> {
         self.pd.device.lock().engine.qp_stats(self.qpn)
+    }
+}
+
+impl SoftQp {
+    /// Gives the queue pair a UDP port of its own with `doorbell` for its waiter (see
+    /// [`QueuePair::set_waiter_fd`]); whether it has one. Only in RESET and INIT.
+    fn open_port(&self, doorbell: PortDoorbell) -> Result<bool> {
+        if self.port.get().is_some() {
+            return Ok(true);
+        }
+        let device = &self.pd.device;
+        if !matches!(device.lock().engine.qp_state(self.qpn)?, QpState::Reset | QpState::Init) {
+            return Ok(false);
+        }
+        match device.open_port(self.qpn, doorbell) {
+            Some(port) => {
+                let _ = self.port.set(port);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 }
 
@@ -140,20 +161,15 @@ impl QueuePair for SoftQp {
     /// a thread other than the waiter makes news for it. `Ok(false)` past RESET and INIT, or
     /// when no port is used.
     fn set_waiter_fd(&self, fd: &Arc<OwnedFd>) -> Result<bool> {
-        if self.port.get().is_some() {
-            return Ok(true);
-        }
-        let device = &self.pd.device;
-        if !matches!(device.lock().engine.qp_state(self.qpn)?, QpState::Reset | QpState::Init) {
-            return Ok(false);
-        }
-        match device.open_port(self.qpn, fd) {
-            Some(port) => {
-                let _ = self.port.set(port);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        self.open_port(PortDoorbell::Fd(Arc::clone(fd)))
+    }
+
+    /// [`QueuePair::set_waiter_fd`] for an event loop's task: the same port of its own (its
+    /// socket is what the task's event loop watches), and news another thread makes calls
+    /// `wake` instead of writing an eventfd. No task doorbell: soft news never comes from
+    /// another process.
+    fn set_waiter_task(&self, wake: lightpath_verbs::TaskWake) -> Result<bool> {
+        self.open_port(PortDoorbell::Task(wake))
     }
 
     /// Takes in what waits in the queue pair's port (its completions are in the completion

@@ -369,14 +369,24 @@ pub trait QueuePair: Send + Sync {
     /// Like [`QueuePair::set_waiter_fd`], for an event loop's task rather than a thread: news
     /// for this queue pair after an arming ([`QueuePair::arm_waiter`], the same protocol)
     /// calls `wake` instead of writing an eventfd, so the queue pair needs no descriptor of its
-    /// own. News this process's threads make calls `wake` directly; news a peer process makes
-    /// rings the device's [`TaskDoorbell`] (returned here), whose `dispatch` calls it: whoever
-    /// waits for queue pairs this way must see that the doorbell is watched and dispatched
-    /// (a thread blocked on such a queue pair may watch it itself). Call it before RTR.
-    /// `Ok(None)` (the default) when the provider has no such doorbell: use `set_waiter_fd`.
-    fn set_waiter_task(&self, wake: TaskWake) -> Result<Option<std::sync::Arc<dyn TaskDoorbell>>> {
+    /// own for it. News this process's threads make calls `wake` directly; news a peer process
+    /// makes (shm) rings the device's [`TaskDoorbell`] ([`QueuePair::task_doorbell`]), whose
+    /// `dispatch` calls it: whoever waits for queue pairs this way must see that the doorbell
+    /// is watched and dispatched (a thread blocked on such a queue pair may watch it itself).
+    /// News that arrives on the queue pair's own descriptor ([`QueuePair::waiter_poll_fd`])
+    /// is seen there, as with `set_waiter_fd`. Call it before RTR. Returns whether the
+    /// provider took it; `false` (the default): use `set_waiter_fd`.
+    fn set_waiter_task(&self, wake: TaskWake) -> Result<bool> {
         let _ = wake;
-        Ok(None)
+        Ok(false)
+    }
+
+    /// The device's [`TaskDoorbell`] that a peer rings for this queue pair's task (see
+    /// [`QueuePair::set_waiter_task`]), if the provider has one (shm); `None` (the default)
+    /// when news only ever comes from this process's threads or the queue pair's own
+    /// descriptor (soft).
+    fn task_doorbell(&self) -> Option<std::sync::Arc<dyn TaskDoorbell>> {
+        None
     }
 
     /// Arms the doorbell given to [`QueuePair::set_waiter_fd`] for one wait, for the news `wake`

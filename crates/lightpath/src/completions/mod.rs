@@ -159,8 +159,10 @@ pub(crate) struct ConnCompletions<D: Device> {
     /// The queue pair has a doorbell of its own: the inbox's eventfd (see the module docs),
     /// or the inbox's wake-up called through `task_doorbell`.
     waiter: bool,
-    /// The device's task doorbell the queue pair's news rings (an event loop's connection,
-    /// see `attach`).
+    /// The queue pair's news wakes the inbox's task (or sleeper) through a call, not the
+    /// inbox's eventfd (an event loop's connection, see `attach`).
+    task_waiter: bool,
+    /// The device's task doorbell the peer rings for it, if the provider has one (shm).
     task_doorbell: Option<Arc<dyn lightpath_verbs::TaskDoorbell>>,
     /// Waiters also sleep on a descriptor of the queue pair's (`QueuePair::waiter_poll_fd`):
     /// the doorbell is the direct path even alone on the hub.
@@ -257,6 +259,7 @@ impl<D: Device> ConnCompletions<D> {
                     qpn: None,
                     waiter: false,
                     doorbell_only: false,
+                    task_waiter: false,
                     task_doorbell: None,
                     device_connections,
                     wait_spin: wait_spin(Duration::ZERO),
@@ -286,6 +289,7 @@ impl<D: Device> ConnCompletions<D> {
         }
         self.hub.attach(qpn, Arc::clone(&self.inbox));
         self.waiter = false;
+        self.task_waiter = false;
         self.task_doorbell = None;
         if doorbell && tasks {
             let inbox = Arc::downgrade(&self.inbox);
@@ -294,8 +298,11 @@ impl<D: Device> ConnCompletions<D> {
                     inbox.wake();
                 }
             });
-            self.task_doorbell = qp.set_waiter_task(wake).map_err(from_verbs)?;
-            self.waiter = self.task_doorbell.is_some();
+            self.task_waiter = qp.set_waiter_task(wake).map_err(from_verbs)?;
+            self.waiter = self.task_waiter;
+            if self.task_waiter {
+                self.task_doorbell = qp.task_doorbell();
+            }
         }
         if doorbell && !self.waiter {
             // An eventfd of its own, which the inbox keeps only if the queue pair takes it:
@@ -345,7 +352,7 @@ impl<D: Device> ConnCompletions<D> {
     fn waits_alone(&self) -> bool {
         self.waiter
             && (self.doorbell_only
-                || self.task_doorbell.is_some()
+                || self.task_waiter
                 || self.hub.attached() > 1
                 || self.device_connections.load(Ordering::Relaxed) > 1)
     }
@@ -665,7 +672,7 @@ impl<D: Device> ConnCompletions<D> {
     /// no doorbell (its news comes through the router), so an event loop's task can wait
     /// through [`ConnCompletions::poll_woken`] instead of the notification fd.
     pub(crate) fn wakes_tasks(&self) -> bool {
-        !self.waiter || self.task_doorbell.is_some()
+        !self.waiter || self.task_waiter
     }
 
     /// The device's task doorbell this connection's queue pair is woken through, if it is

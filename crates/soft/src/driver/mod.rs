@@ -17,7 +17,6 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -27,8 +26,8 @@ use lightpath_roce::{CqHandle, Engine, EngineConfig, EngineEvent, Time};
 use lightpath_verbs::{lightpath_pmtu_for_link, WakeFor, WorkCompletion};
 use lightpath_verbs::{CompletionHook, Error, Gid, Mtu, Result};
 
-pub(crate) use ports::QpPort;
 use ports::{HeldAnswers, PortSet, PORTS_ACTIVE_FOR, PORT_TICK};
+pub(crate) use ports::{PortDoorbell, QpPort};
 pub(crate) use signal::CqSignal;
 use socket::{RoceSocket, RxBuffers, TxBuffers};
 pub use stats::{DriverStats, SoftStats};
@@ -798,7 +797,7 @@ impl Shared {
     /// Gives queue pair `qpn` a port of its own whose waiter's doorbell is `doorbell` (see
     /// `ports`). `None` when ports are not used: polling mode (the caller drives the device
     /// itself), [`SoftConfig::max_qp_ports`] reached, or the kernel refused a socket.
-    pub(crate) fn open_port(&self, qpn: u32, doorbell: &Arc<OwnedFd>) -> Option<Arc<QpPort>> {
+    pub(crate) fn open_port(&self, qpn: u32, doorbell: PortDoorbell) -> Option<Arc<QpPort>> {
         if self.is_polling() || self.port_count.load(Ordering::SeqCst) >= self.config.max_qp_ports {
             return None;
         }
@@ -1213,7 +1212,7 @@ mod tests {
 
     /// A device (no progress thread: nothing else reads the port) with a port for queue pair
     /// 7, its doorbell, and a plain UDP socket to send to the port from.
-    fn device_with_port() -> (Shared, Arc<QpPort>, Arc<OwnedFd>, std::net::UdpSocket) {
+    fn device_with_port() -> (Shared, Arc<QpPort>, Arc<std::os::fd::OwnedFd>, std::net::UdpSocket) {
         let mut config = SoftConfig::with_addr("127.0.0.1:0".parse().unwrap());
         config.udp_offload = false;
         let shared = Shared::new(config).expect("device");
@@ -1224,7 +1223,7 @@ mod tests {
             )
             .expect("eventfd"),
         );
-        let port = shared.open_port(7, &doorbell).expect("a port of its own");
+        let port = shared.open_port(7, PortDoorbell::Fd(Arc::clone(&doorbell))).expect("a port of its own");
         let sender = std::net::UdpSocket::bind("127.0.0.1:0").expect("sender");
         sender.connect(port.socket.local()).expect("connect");
         (shared, port, doorbell, sender)
@@ -1294,7 +1293,7 @@ mod tests {
     fn an_owner_keeps_the_answers_it_held_through_one_empty_arming() {
         let (shared, port, _doorbell, _sender) = device_with_port();
         let doorbell = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
-        let other = shared.open_port(8, &doorbell).expect("a second port");
+        let other = shared.open_port(8, PortDoorbell::Fd(Arc::clone(&doorbell))).expect("a second port");
         // No progress thread here: it counts as awake (as it is when it runs its loop).
         shared.thread_deadline.store(AWAKE, Ordering::SeqCst);
         assert!(!shared.owes_answers(&port, WakeFor::Arrivals), "nothing is held");

@@ -63,14 +63,43 @@ const NOT_ARMED: u8 = 0;
 const ARMED_ARRIVALS: u8 = 1;
 const ARMED_ANYTHING: u8 = 2;
 
+/// What wakes a port's waiter when a thread other than the waiter makes news for it.
+#[derive(Clone)]
+pub(crate) enum PortDoorbell {
+    /// An eventfd (`QueuePair::set_waiter_fd`): a blocked thread or an event loop watches it.
+    Fd(Arc<OwnedFd>),
+    /// A call that wakes an event loop's task (`QueuePair::set_waiter_task`): no descriptor.
+    Task(lightpath_verbs::TaskWake),
+}
+
+impl std::fmt::Debug for PortDoorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortDoorbell::Fd(fd) => f.debug_tuple("Fd").field(fd).finish(),
+            PortDoorbell::Task(_) => f.write_str("Task"),
+        }
+    }
+}
+
+impl PortDoorbell {
+    fn ring(&self) {
+        match self {
+            // Fails only when the counter would overflow: a wake-up is pending anyway.
+            PortDoorbell::Fd(fd) => {
+                let _ = rustix::io::write(&**fd, &1u64.to_ne_bytes());
+            }
+            PortDoorbell::Task(wake) => wake(),
+        }
+    }
+}
+
 /// One queue pair's own receive socket and doorbell.
 #[derive(Debug)]
 pub(crate) struct QpPort {
     pub(crate) qpn: u32,
     pub(crate) socket: Arc<RoceSocket>,
-    /// The waiter's eventfd (`QueuePair::set_waiter_fd`), written when another thread makes
-    /// news for an armed waiter.
-    doorbell: Arc<OwnedFd>,
+    /// The waiter's doorbell, rung when another thread makes news for an armed waiter.
+    doorbell: PortDoorbell,
     /// What the waiter armed for (`NOT_ARMED` once rung).
     armed: AtomicU8,
     /// Receive calls on the socket that returned datagrams, by anyone.
@@ -112,7 +141,7 @@ impl QpPort {
         qpn: u32,
         device: &RoceSocket,
         recv_buffer: usize,
-        doorbell: &Arc<OwnedFd>,
+        doorbell: PortDoorbell,
     ) -> io::Result<Self> {
         let local = SocketAddr::new(device.local().ip(), 0);
         let socket = RoceSocket::bind(local, recv_buffer, PORT_SEND_BUFFER, device.gro())?;
@@ -125,7 +154,7 @@ impl QpPort {
         Ok(Self {
             qpn,
             socket: Arc::new(socket),
-            doorbell: Arc::clone(doorbell),
+            doorbell,
             armed: AtomicU8::new(NOT_ARMED),
             drains: AtomicU32::new(0),
             tick_mark: AtomicU32::new(0),
@@ -158,8 +187,7 @@ impl QpPort {
             _ => true,
         };
         if wanted && self.armed.swap(NOT_ARMED, Ordering::SeqCst) != NOT_ARMED {
-            // Fails only when the counter would overflow: a wake-up is pending anyway.
-            let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
+            self.doorbell.ring();
         }
     }
 
