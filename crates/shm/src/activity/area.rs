@@ -177,15 +177,6 @@ impl OwnArea {
         super::take(&self.word(tasks_offset(self.slots) + index * 8))
     }
 
-    /// Sets the task bit of `slot` as a peer would (tests).
-    #[cfg(test)]
-    pub(crate) fn mark_task(&self, slot: u32) {
-        if slot < self.slots {
-            let (index, _) = slot_position(slot);
-            super::mark_task(&self.word(tasks_offset(self.slots) + index * 8), slot);
-        }
-    }
-
     /// The waiting bits of `slot` (tests): (anything, arrivals).
     #[cfg(test)]
     pub(crate) fn waiter_armed(&self, slot: u32) -> (bool, bool) {
@@ -487,6 +478,38 @@ mod tests {
         own.take(0);
         peer.notify(5, &waiter, true);
         assert_eq!((own_bell(&waiter), device_bell.take(), own.take(0)), (1, 0, 0), "an awake owner");
+    }
+
+    #[test]
+    fn news_for_a_waiting_task_sets_its_bit_and_rings_the_task_doorbell_once_per_dispatch() {
+        let own = OwnArea::create(128).expect("area");
+        let (device_bell, task_bell) = (bell(), bell());
+        let dup = |bell: &EventFd| {
+            EventFd::from_peer(bell.as_fd().try_clone_to_owned().expect("dup")).expect("eventfd")
+        };
+        let peer =
+            PeerAreas::default().get(&peer_memfd(&own), dup(&device_bell), dup(&task_bell)).expect("view");
+        own.announce(state_value(3, true, false));
+        // Nobody armed: the sleeping device is rung, as for any queue pair.
+        peer.notify(70, &PeerWaiter::Task, true);
+        assert_eq!((task_bell.take(), device_bell.take(), own.take_tasks(1)), (0, 1, 0), "an unarmed task");
+        // Armed: its task bit and the task doorbell, not the device's.
+        own.arm_waiter(70, Wake::Arrivals);
+        own.arm_waiter(71, Wake::Anything);
+        peer.notify(70, &PeerWaiter::Task, true);
+        peer.notify(71, &PeerWaiter::Task, false);
+        assert_eq!(task_bell.take(), 1, "two tasks' news before a dispatch: one ring");
+        assert_eq!(device_bell.take(), 0, "the device was rung for a waiting task");
+        own.rearm_task_ring();
+        assert_eq!(own.take_tasks(1), 0b1100_0000, "slots 70 and 71 not named");
+        assert_eq!(own.take_tasks(1), 0, "task bits taken twice");
+        // After the dispatch cleared the pending ring, the next news rings again.
+        own.arm_waiter(70, Wake::Arrivals);
+        peer.notify(70, &PeerWaiter::Task, false);
+        assert_eq!(task_bell.take(), 0, "an acknowledgement rang a reading task");
+        peer.notify(70, &PeerWaiter::Task, true);
+        assert_eq!((task_bell.take(), own.take_tasks(1)), (1, 1 << 6), "no ring after the dispatch");
+        assert_eq!(own.take_tasks(2), 0, "word past the end");
     }
 
     #[test]
