@@ -219,12 +219,14 @@ impl Inbox {
             // Fails only when the counter would overflow, i.e. a wake-up is pending anyway.
             let _ = rustix::io::write(&**event, &1u64.to_ne_bytes());
         }
-        // Pairs with `poll_woken`, which stores its waker (and `task_waits`) before it swaps
-        // the flag: either it sees the flag, or this sees its waker.
+        // Kept for a task's next look even if none has looked yet (a task may arm before its
+        // first `poll_woken`, as the tokio connect's probe wait does). Pairs with
+        // `poll_woken`, which stores its waker and `task_waits` before it swaps the flag:
+        // either it sees the flag, or this sees `task_waits` and wakes its waker.
+        self.task_woken.store(true, Ordering::SeqCst);
         if !self.task_waits.load(Ordering::SeqCst) {
             return;
         }
-        self.task_woken.store(true, Ordering::SeqCst);
         let waker = self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         if let Some(waker) = waker {
             waker.wake();
@@ -458,6 +460,12 @@ mod tests {
         inbox.wake();
         assert!(inbox.poll_woken(&waker));
         assert!(!inbox.has_event(), "waking a task made an eventfd");
+        // So is one before the task's first look (it armed, then looked: the probe's wait).
+        let fresh = Inbox::new().unwrap();
+        fresh.arm();
+        assert!(fresh.push(&[wc(2)]));
+        fresh.wake();
+        assert!(fresh.poll_woken(&waker), "a wake-up before the first look was lost");
     }
 
     #[test]
