@@ -84,14 +84,15 @@ pub struct Options {
     /// `LIGHTPATH_SHM_SPIN_US` sets it (0 turns spinning off). See docs/shm-scaling.md,
     /// "Spinning doorbell waiters".
     pub shm_wait_spin: Duration,
-    /// The connections are driven by an event loop's tasks (set by [`crate::tokio`]'s
+    /// The connections are driven by an event loop's tasks (set by `lightpath::tokio`'s
     /// `connect_with` and `Listener`): where the provider can (shm), a connection's queue pair
     /// wakes its task through the device's task doorbell, one descriptor per device, rather
     /// than through an eventfd of its own that the peer holds a copy of (two descriptors per
     /// connection; issue 15). A blocking call on such a connection still works (its thread
-    /// watches the task doorbell itself), but a blocked thread is woken by every ring of that
-    /// doorbell, for any connection of the device: leave it off for blocking streams.
-    /// Default off.
+    /// watches the task doorbell itself), and so does `Stream::readiness_fd` (it holds the
+    /// doorbell too), but a blocked thread or readiness fd is woken by every ring of that
+    /// doorbell, for any connection of the device, and `Stream::event_fds` does not cover
+    /// it: leave it off for blocking streams. Default off.
     pub event_loop: bool,
     /// UDP port the soft device takes if it is free (default 4791, where hardware and rxe
     /// peers send); otherwise it takes a port the kernel picks, which Lightpath peers learn

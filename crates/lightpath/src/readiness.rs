@@ -29,13 +29,16 @@ pub(crate) struct ReadinessEpoll(OnceLock<OwnedFd>);
 
 impl ReadinessEpoll {
     /// The epoll fd watching `notify` (the connection's completion notification fd), `own`
-    /// (its queue pair's own descriptor, if it has one: `QueuePair::waiter_poll_fd`) and `tcp`
-    /// (the liveness connection) for readability; made on the first call.
+    /// (its queue pair's own descriptor, if it has one: `QueuePair::waiter_poll_fd`), `tcp`
+    /// (the liveness connection) and `tasks` (the device's task doorbell, for a connection made
+    /// with `Options::event_loop`: `Stream::poll_ready` reads and dispatches it) for
+    /// readability; made on the first call.
     pub(crate) fn get_or_create(
         &self,
         notify: Option<RawFd>,
         own: Option<RawFd>,
         tcp: BorrowedFd<'_>,
+        tasks: Option<BorrowedFd<'_>>,
     ) -> io::Result<BorrowedFd<'_>> {
         if let Some(fd) = self.0.get() {
             return Ok(fd.as_fd());
@@ -59,6 +62,9 @@ impl ReadinessEpoll {
             // caller borrows, for this whole call; epoll keeps its own reference to the file.
             let own = unsafe { BorrowedFd::borrow_raw(own) };
             epoll::add(&epoll_fd, own, epoll::EventData::new_u64(2), epoll::EventFlags::IN)?;
+        }
+        if let Some(tasks) = tasks {
+            epoll::add(&epoll_fd, tasks, epoll::EventData::new_u64(3), epoll::EventFlags::IN)?;
         }
         Ok(self.0.get_or_init(|| epoll_fd).as_fd())
     }

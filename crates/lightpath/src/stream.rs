@@ -384,7 +384,9 @@ impl Stream {
     ///    would proceed. Act on it (read or write until `WouldBlock`); wait only when it
     ///    reports nothing you want.
     /// 2. An RDMA stream's fd is an epoll instance holding the completion queue's
-    ///    notification fd and the TCP liveness connection. **Register it for readability
+    ///    notification fd and the TCP liveness connection (and, for a connection made with
+    ///    [`Options::event_loop`](crate::Options::event_loop), its device's task doorbell,
+    ///    which `poll_ready` reads and dispatches). **Register it for readability
     ///    (`EPOLLIN`) only**, level- or edge-triggered: it becomes readable when the stream
     ///    may have become readable *or* writable (data, a peer's wake-up after it freed room,
     ///    an acknowledgement, the peer's close or death). It never reports `EPOLLOUT`; after
@@ -403,7 +405,9 @@ impl Stream {
         use std::os::fd::AsFd;
         match &self.backend {
             Backend::Rdma(conn) => {
-                self.readiness.get_or_create(conn.notify_fd(), conn.poll_fd(), conn.tcp().as_fd())
+                let tasks = conn.task_doorbell();
+                let tasks = tasks.as_ref().map(|doorbell| doorbell.fd());
+                self.readiness.get_or_create(conn.notify_fd(), conn.poll_fd(), conn.tcp().as_fd(), tasks)
             }
             Backend::Tcp(conn) => Ok(conn.tcp().as_fd()),
             Backend::Closed => Err(closed()),
@@ -418,7 +422,9 @@ impl Stream {
     /// the last is a notification, `poll_ready_after(true, ..)`).
     ///
     /// Superseded by [`Stream::readiness_fd`] (one fd per stream); kept for loops that already
-    /// register them all.
+    /// register them all. Not for connections made with
+    /// [`Options::event_loop`](crate::Options::event_loop): their device's task doorbell is
+    /// not among these (use `readiness_fd`, or the tokio driver).
     pub fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match &self.backend {
@@ -492,6 +498,14 @@ impl Stream {
             Backend::Rdma(conn) => {
                 if notified {
                     conn.take_notify();
+                }
+                // A connection made with `Options::event_loop` (its queue pair's news rings the
+                // device's task doorbell, which the readiness fd watches): the doorbell is read
+                // and dispatched here, which writes this connection's notification fd if the
+                // ring was for it (and wakes whoever else it was for).
+                if let Some(doorbell) = conn.task_doorbell() {
+                    doorbell.take_rings();
+                    doorbell.dispatch();
                 }
                 if liveness {
                     conn.poll_tcp();

@@ -48,7 +48,12 @@ fn wait_readable(stream: &mut Stream, legacy: bool) -> usize {
 }
 
 fn ping_pong(options: Options, legacy: bool) {
-    let listener = listener(options.clone());
+    ping_pong_with(options.clone(), options, legacy);
+}
+
+/// [`ping_pong`] with the client's options apart.
+fn ping_pong_with(options: Options, client_options: Options, legacy: bool) {
+    let listener = listener(options);
     let addr = listener.local_addr().unwrap();
     let (answer_tx, answer_rx) = mpsc::channel::<()>();
     let server = std::thread::spawn(move || {
@@ -60,7 +65,7 @@ fn ping_pong(options: Options, legacy: bool) {
         stream.write_all(b"pong").unwrap();
         stream.read_exact(&mut buf).unwrap();
     });
-    let mut stream = Stream::connect_with(addr, &options).unwrap();
+    let mut stream = Stream::connect_with(addr, &client_options).unwrap();
     stream.set_nonblocking(true).unwrap();
     let first = stream.poll_ready().unwrap();
     assert!(!first.readable, "nothing has been sent yet");
@@ -88,6 +93,15 @@ fn single_fd_ping_pong_over_soft() {
 #[test]
 fn single_fd_ping_pong_over_shm() {
     ping_pong(shm(), false);
+}
+
+/// A blocking stream connected with `Options::event_loop` (its queue pair's news rings the
+/// device's task doorbell; no event loop dispatches it here, and the server's thread, whose
+/// connection has a doorbell of its own, does not watch it): the readiness fd watches the task
+/// doorbell and `poll_ready` dispatches it.
+#[test]
+fn single_fd_ping_pong_over_shm_with_event_loop_options() {
+    ping_pong_with(shm(), Options { event_loop: true, ..shm() }, false);
 }
 
 #[test]
