@@ -344,21 +344,20 @@ impl Inbox {
             woken |= fired(own_at);
             watched = fired(watch_at);
             let rung_for_tasks = fired(tasks_at);
-            let fired_event = fired(Some(0));
             if rung_for_tasks {
                 if let Some(doorbell) = tasks {
-                    // Watched level-triggered: consumed first, or it stays readable.
+                    // Watched level-triggered: consumed first, or it stays readable. The
+                    // dispatch writes the eventfd if the ring was for this connection.
                     doorbell.take_rings();
                     doorbell.dispatch();
                 }
-                // The dispatch wrote the eventfd if the ring was for this connection.
-                woken |= self.take_wake();
             }
-            // The eventfd is read only when it fired (a wake-up by the queue pair's own
-            // descriptor alone, or by none, costs no read). A write it missed (after the sleep
-            // ended, or while the arming looked and found work without sleeping) stays
-            // pending: the next sleep returns at once and takes it, one more look at most.
-            if fired_event {
+            // The eventfd is read only when it fired or a dispatch may have written it (a
+            // wake-up by the queue pair's own descriptor alone, or by none, costs no read). A
+            // write it missed (after the sleep ended, or while the arming looked and found work
+            // without sleeping) stays pending: the next sleep returns at once and takes it, one
+            // more look at most.
+            if fired(Some(0)) || rung_for_tasks {
                 woken |= self.take_wake();
             }
         }
