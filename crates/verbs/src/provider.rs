@@ -46,6 +46,12 @@
 //! `take_notify` and poll again. [`CompletionQueue::wait`] packages that loop with a timeout for
 //! blocking callers.
 //!
+//! **Waiting for one queue pair** (extensions a provider may offer; the defaults decline): a
+//! thread gives the queue pair an eventfd of its own ([`QueuePair::set_waiter_fd`]); an event
+//! loop's task gives it a wake-up call instead ([`QueuePair::set_waiter_task`]), and a peer
+//! process then rings the device's [`TaskDoorbell`], one descriptor for all the device's queue
+//! pairs. Either is armed for one wait with [`QueuePair::arm_waiter`].
+//!
 //! **Errors.** A verbs call that is refused returns [`crate::Error`] and changes nothing; a work
 //! request that was accepted always ends in exactly one [`crate::WorkCompletion`] if it was
 //! signaled or failed (errors complete even unsignaled requests), whose
