@@ -500,12 +500,14 @@ impl Stream {
                     conn.take_notify();
                 }
                 // A connection made with `Options::event_loop` (its queue pair's news rings the
-                // device's task doorbell, which the readiness fd watches): the doorbell is read
-                // and dispatched here, which writes this connection's notification fd if the
-                // ring was for it (and wakes whoever else it was for).
+                // device's task doorbell, which the readiness fd watches): rings are read and
+                // dispatched here, which writes this connection's notification fd if one was
+                // for it (and wakes whoever else it was for). No ring, no dispatch: every ring
+                // is dispatched by whoever consumed it (or by an edge-triggered dispatcher).
                 if let Some(doorbell) = conn.task_doorbell() {
-                    doorbell.take_rings();
-                    doorbell.dispatch();
+                    if doorbell.take_rings() {
+                        doorbell.dispatch();
+                    }
                 }
                 if liveness {
                     conn.poll_tcp();
