@@ -67,12 +67,14 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use ::tokio::net::ToSocketAddrs;
 use ::tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use ::tokio::task::{AbortHandle, JoinSet};
+use lightpath_soft::AdaptiveSpin;
 
 use crate::completions::PortLook;
 use crate::negotiate::{advance, Advanced, Handshake, Negotiated};
@@ -276,7 +278,11 @@ impl Drop for Running {
 /// with no descriptor of their own. Any runtime's dispatcher wakes any stream's task, so a
 /// stream used in another runtime is served too; a runtime that shuts down takes its
 /// dispatcher with it, and the next stream registered starts another.
-fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>) -> io::Result<()> {
+///
+/// After each wake-up the task keeps looking for more rings for up to `spin` (the
+/// connection's wait spin, `Options::shm_wait_spin`), with the rings held so that peers do
+/// not write the doorbell meanwhile (see [`spin_for_rings`]).
+fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>, spin: Duration) -> io::Result<()> {
     let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
     let fd = doorbell.fd().as_raw_fd();
     let mut dispatchers = DISPATCHERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -292,6 +298,7 @@ fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>) -> io::R
     let doorbell = Arc::clone(doorbell);
     runtime.spawn(async move {
         let _running = guard;
+        let spin = AdaptiveSpin::new(spin, DISPATCH_SPIN_GIVE_UP_AFTER, DISPATCH_SPIN_RETRY_EVERY);
         loop {
             match watched.readable().await {
                 // Cleared before the dispatch: a ring after this point wakes the task again,
@@ -305,10 +312,69 @@ fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>) -> io::R
                 Err(_) => return,
             }
             doorbell.dispatch();
+            spin_for_rings(&*doorbell, &spin).await;
         }
     });
     dispatchers.push(Dispatcher { fd, runtime: runtime.id(), running });
     Ok(())
+}
+
+/// Spins of a dispatcher that found nothing, in a row, after which it stops spinning (then
+/// spins once every [`DISPATCH_SPIN_RETRY_EVERY`] wake-ups, to see whether it pays again);
+/// as a blocked thread's doorbell wait does.
+const DISPATCH_SPIN_GIVE_UP_AFTER: u32 = 8;
+const DISPATCH_SPIN_RETRY_EVERY: u32 = 64;
+
+/// A yield of the spinning dispatcher that took longer than this ran other tasks: two in a
+/// row and the runtime is busy, so it would not park, and the spin only adds looks.
+const BUSY_YIELD: Duration = Duration::from_micros(5);
+
+/// After a dispatch: keeps dispatching the task doorbell's bits, with its rings held (peers
+/// set their task bits without writing the doorbell, see `TaskDoorbell::hold_rings`), for as
+/// long as news keeps coming within `spin`'s budget of the last, then re-arms the ring (a
+/// plain dispatch) before the dispatcher waits on the doorbell again.
+///
+/// Why: a request/response exchange between two event loops otherwise costs each side, per
+/// message, the peer's eventfd write, its own runtime's park in `epoll_wait` and the kernel's
+/// wake-up of it: on this VM most of a one-connection round trip. A spinning dispatcher keeps
+/// its runtime awake instead: between looks it lets the runtime run its other tasks and poll
+/// its reactor (`yield_now`). It stops when two yields in a row ran other tasks for longer
+/// than [`BUSY_YIELD`] (a busy runtime does not park, and its reactor sees the rings anyway),
+/// or when nothing came within `spin`'s budget; and, adaptively (see `AdaptiveSpin`), a
+/// dispatcher whose spins keep finding nothing stops spinning. It does not give its thread's
+/// core away between looks (`sched_yield`): measured with hyper over shm, that halved the
+/// requests per second at 8 and 64 connections (CPU per request 5.5 -> 10 us).
+async fn spin_for_rings(doorbell: &dyn lightpath_verbs::TaskDoorbell, spin: &AdaptiveSpin) {
+    let budget = spin.budget();
+    if budget.is_zero() {
+        return;
+    }
+    doorbell.hold_rings();
+    let mut last_news = Instant::now();
+    let mut found = false;
+    let mut busy_yields = 0;
+    loop {
+        let yielded = Instant::now();
+        ::tokio::task::yield_now().await;
+        let now = Instant::now();
+        if now - yielded > BUSY_YIELD {
+            busy_yields += 1;
+            if busy_yields >= 2 {
+                break;
+            }
+        } else {
+            busy_yields = 0;
+        }
+        if doorbell.dispatch_held() {
+            found = true;
+            last_news = now;
+        } else if now - last_news >= budget {
+            break;
+        }
+    }
+    spin.record(found);
+    // Re-arms the ring; takes what came since the last look.
+    doorbell.dispatch();
 }
 
 /// Registers `fd` with the current runtime's reactor, which owns it from now on.
@@ -412,7 +478,7 @@ impl Stream {
                         })?),
                     };
                     if let Some(doorbell) = conn.task_doorbell() {
-                        ensure_dispatcher(&doorbell)?;
+                        ensure_dispatcher(&doorbell, conn.wait_spin_limit())?;
                     }
                     (conn.tcp().as_raw_fd(), notify, conn.poll_fd())
                 }
@@ -928,7 +994,7 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
 /// connection that wakes tasks directly, its wake-up of this task).
 async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
     if let Some(doorbell) = conn.task_doorbell() {
-        ensure_dispatcher(&doorbell)?;
+        ensure_dispatcher(&doorbell, conn.wait_spin_limit())?;
     }
     let fds = conn
         .notification_fds()?

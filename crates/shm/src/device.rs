@@ -173,6 +173,14 @@ impl lightpath_verbs::TaskDoorbell for ShmTaskDoorbell {
     fn take_rings(&self) -> bool {
         self.0.ctx.task_doorbell.take() > 0
     }
+
+    fn hold_rings(&self) {
+        self.0.ctx.activity.hold_task_ring();
+    }
+
+    fn dispatch_held(&self) -> bool {
+        self.0.dispatch_task_bits(false)
+    }
 }
 
 impl DeviceShared {
@@ -203,10 +211,21 @@ impl DeviceShared {
     /// run under the table's lock, which they never take (`TaskWake` must not call into the
     /// provider).
     pub(crate) fn dispatch_tasks(&self) {
+        self.dispatch_task_bits(true);
+    }
+
+    /// [`DeviceShared::dispatch_tasks`], re-arming the task doorbell's ring first (`rearm`)
+    /// or leaving it held (a spinning dispatch, see
+    /// [`lightpath_verbs::TaskDoorbell::hold_rings`]); whether any bit was set.
+    pub(crate) fn dispatch_task_bits(&self, rearm: bool) -> bool {
         let wakes = self.task_wakes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.ctx.activity.rearm_task_ring();
+        if rearm {
+            self.ctx.activity.rearm_task_ring();
+        }
+        let mut any = false;
         for index in 0..wakes.words() {
             let mut bits = self.ctx.activity.take_tasks(index);
+            any |= bits != 0;
             while bits != 0 {
                 let slot = index * crate::activity::SLOTS_PER_WORD as usize + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
@@ -215,6 +234,7 @@ impl DeviceShared {
                 }
             }
         }
+        any
     }
 
     /// The engine, locked.

@@ -245,6 +245,20 @@ pub trait TaskDoorbell: Send + Sync + std::fmt::Debug {
     /// (`poll`), before [`TaskDoorbell::dispatch`]; whether there were any. An edge-triggered
     /// watcher (epoll with `EPOLLET`, tokio) need not: every ring is an edge of its own.
     fn take_rings(&self) -> bool;
+    /// For a watcher that keeps looking for a while instead of waiting (an event loop's
+    /// dispatcher spinning after a wake-up): says a ring is pending, so peers set their task
+    /// bits without ringing the doorbell (each ring costs the peer a system call and this side
+    /// a wake-up). The watcher then looks with [`TaskDoorbell::dispatch_held`], and ends with
+    /// [`TaskDoorbell::dispatch`], which re-arms the ring and takes what came meanwhile,
+    /// before it waits on [`TaskDoorbell::fd`] again. The default does nothing.
+    fn hold_rings(&self) {}
+    /// [`TaskDoorbell::dispatch`] without re-arming the ring (see
+    /// [`TaskDoorbell::hold_rings`]); whether any queue pair was rung for. The default
+    /// dispatches and says none (spinning then finds nothing and stops).
+    fn dispatch_held(&self) -> bool {
+        self.dispatch();
+        false
+    }
 }
 
 /// A completion queue.

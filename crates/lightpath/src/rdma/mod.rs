@@ -649,6 +649,12 @@ impl<D: Device> RdmaConn<D> {
         self.cq.task_doorbell().cloned()
     }
 
+    /// How long a wait on this connection spins (see `ConnCompletions::wait_spin_limit`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    pub(crate) fn wait_spin_limit(&self) -> Duration {
+        self.cq.wait_spin_limit()
+    }
+
     /// Whether a wake-up came since the last call; leaves `waker` for the next one otherwise
     /// (see `ConnCompletions::poll_woken`).
     pub(crate) fn poll_woken(&self, waker: &std::task::Waker) -> bool {

@@ -168,6 +168,12 @@ impl OwnArea {
         super::rearm_task_ring(&self.word(OFF_TASK_RUNG));
     }
 
+    /// For a dispatch that spins: peers set task bits without ringing until the next
+    /// [`rearm_task_ring`](Self::rearm_task_ring) (see [`hold_task_ring`](super::hold_task_ring)).
+    pub(crate) fn hold_task_ring(&self) {
+        super::hold_task_ring(&self.word(OFF_TASK_RUNG));
+    }
+
     /// Takes the task bits of word `index` (slots `64 * index ..`, see
     /// [`take`](super::take)); 0 past the end.
     pub(crate) fn take_tasks(&self, index: usize) -> u64 {
@@ -510,6 +516,34 @@ mod tests {
         peer.notify(70, &PeerWaiter::Task, true);
         assert_eq!((task_bell.take(), own.take_tasks(1)), (1, 1 << 6), "no ring after the dispatch");
         assert_eq!(own.take_tasks(2), 0, "word past the end");
+    }
+
+    #[test]
+    fn a_held_task_ring_is_not_rung_until_rearmed() {
+        let own = OwnArea::create(128).expect("area");
+        let (device_bell, task_bell) = (bell(), bell());
+        let dup = |bell: &EventFd| {
+            EventFd::from_peer(bell.as_fd().try_clone_to_owned().expect("dup")).expect("eventfd")
+        };
+        let peer =
+            PeerAreas::default().get(&peer_memfd(&own), dup(&device_bell), dup(&task_bell)).expect("view");
+        own.announce(state_value(3, true, false));
+        // A spinning dispatch holds the ring: news sets the task bit, rings nothing.
+        own.hold_task_ring();
+        own.arm_waiter(5, Wake::Arrivals);
+        peer.notify(5, &PeerWaiter::Task, true);
+        assert_eq!((task_bell.take(), device_bell.take()), (0, 0), "rung while held");
+        assert_eq!(own.take_tasks(0), 1 << 5, "the held news was not marked");
+        // Still held after a look.
+        own.arm_waiter(5, Wake::Arrivals);
+        peer.notify(5, &PeerWaiter::Task, true);
+        assert_eq!(task_bell.take(), 0, "rung while held, after a look");
+        // The spin's end re-arms it: the bit set meanwhile is there, the next news rings.
+        own.rearm_task_ring();
+        assert_eq!(own.take_tasks(0), 1 << 5, "news during the spin lost");
+        own.arm_waiter(5, Wake::Arrivals);
+        peer.notify(5, &PeerWaiter::Task, true);
+        assert_eq!((task_bell.take(), own.take_tasks(0)), (1, 1 << 5), "no ring once re-armed");
     }
 
     #[test]

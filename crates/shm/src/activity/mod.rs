@@ -206,6 +206,19 @@ pub fn rearm_task_ring<W: AtomicWord>(rung: &W) {
     fence(Ordering::SeqCst);
 }
 
+/// Owner side, for a dispatch that keeps looking for a while (spins) instead of waiting for
+/// the doorbell: marks a ring as pending, so producers set task bits without ringing (each
+/// ring costs the producer a system call and the owner a wake-up). The owner then takes the
+/// bits itself, and ends with [`rearm_task_ring`] and one more take before it waits again:
+/// from the producers' side a held ring is one that was rung and not yet dispatched.
+pub fn hold_task_ring<W: AtomicWord>(rung: &W) {
+    // Mostly it is held already (a ring pending, or an earlier hold): a plain load keeps the
+    // line shared.
+    if rung.load(Ordering::Relaxed) == 0 {
+        rung.swap(1, Ordering::Relaxed);
+    }
+}
+
 /// Owner side: publishes a new state. After announcing a sleep, or that it stopped looking
 /// everywhere, the owner must look for news once more before it relies on marks alone (take
 /// the marks; after a change of mode, look everywhere once): the fence makes sure that a
