@@ -279,9 +279,9 @@ impl Drop for Running {
 /// stream used in another runtime is served too; a runtime that shuts down takes its
 /// dispatcher with it, and the next stream registered starts another.
 ///
-/// After each wake-up the task keeps looking for more rings for up to `spin` (the
-/// connection's wait spin, `Options::shm_wait_spin`), with the rings held so that peers do
-/// not write the doorbell meanwhile (see [`spin_for_rings`]).
+/// After each wake-up the task keeps looking for more rings for up to `spin`
+/// (`Options::event_loop_spin` of the connection that started it), with the rings held so
+/// that peers do not write the doorbell meanwhile (see [`spin_for_rings`]).
 fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>, spin: Duration) -> io::Result<()> {
     let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
     let fd = doorbell.fd().as_raw_fd();
@@ -478,7 +478,7 @@ impl Stream {
                         })?),
                     };
                     if let Some(doorbell) = conn.task_doorbell() {
-                        ensure_dispatcher(&doorbell, conn.wait_spin_limit())?;
+                        ensure_dispatcher(&doorbell, conn.event_loop_spin())?;
                     }
                     (conn.tcp().as_raw_fd(), notify, conn.poll_fd())
                 }
@@ -994,7 +994,7 @@ async fn negotiate(mut handshake: Handshake, tcp: std::net::TcpStream) -> io::Re
 /// connection that wakes tasks directly, its wake-up of this task).
 async fn wait_probe(conn: &mut Box<dyn RdmaStream>) -> io::Result<()> {
     if let Some(doorbell) = conn.task_doorbell() {
-        ensure_dispatcher(&doorbell, conn.wait_spin_limit())?;
+        ensure_dispatcher(&doorbell, conn.event_loop_spin())?;
     }
     let fds = conn
         .notification_fds()?
@@ -1150,6 +1150,82 @@ async fn accept_loop(
                 }
                 ::tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A task doorbell that logs what the dispatcher does and has news for its first
+    /// `news` held looks.
+    #[derive(Debug, Default)]
+    struct LoggedDoorbell {
+        log: Mutex<Vec<&'static str>>,
+        news: AtomicUsize,
+    }
+
+    impl lightpath_verbs::TaskDoorbell for LoggedDoorbell {
+        fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+            unreachable!("the spin never waits on the fd")
+        }
+        fn dispatch(&self) {
+            self.log.lock().unwrap().push("dispatch");
+        }
+        fn take_rings(&self) -> bool {
+            false
+        }
+        fn hold_rings(&self) {
+            self.log.lock().unwrap().push("hold");
+        }
+        fn dispatch_held(&self) -> bool {
+            self.log.lock().unwrap().push("held");
+            self.news.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+        }
+    }
+
+    fn take_log(doorbell: &LoggedDoorbell) -> Vec<&'static str> {
+        std::mem::take(&mut *doorbell.log.lock().unwrap())
+    }
+
+    #[test]
+    fn a_spin_holds_the_rings_looks_and_ends_with_a_dispatch_that_rearms_them() {
+        let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let doorbell = LoggedDoorbell { news: AtomicUsize::new(3), ..Default::default() };
+        let spin = AdaptiveSpin::new(Duration::from_micros(200), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        runtime.block_on(spin_for_rings(&doorbell, &spin));
+        let log = take_log(&doorbell);
+        assert_eq!(log.first(), Some(&"hold"), "looked before holding the rings: {log:?}");
+        assert_eq!(log.last(), Some(&"dispatch"), "the rings were left held: {log:?}");
+        let middle = &log[1..log.len() - 1];
+        assert!(middle.iter().all(|&step| step == "held"), "{log:?}");
+        assert!(!middle.is_empty(), "no look while spinning: {log:?}");
+    }
+
+    #[test]
+    fn a_dispatcher_whose_spins_find_nothing_stops_spinning() {
+        let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let doorbell = LoggedDoorbell::default();
+        let spin = AdaptiveSpin::new(Duration::from_micros(50), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        for _ in 0..DISPATCH_SPIN_GIVE_UP_AFTER {
+            runtime.block_on(spin_for_rings(&doorbell, &spin));
+            let log = take_log(&doorbell);
+            assert_eq!((log.first(), log.last()), (Some(&"hold"), Some(&"dispatch")), "{log:?}");
+        }
+        runtime.block_on(spin_for_rings(&doorbell, &spin));
+        assert_eq!(
+            take_log(&doorbell),
+            Vec::<&str>::new(),
+            "spun after {DISPATCH_SPIN_GIVE_UP_AFTER} empty spins"
+        );
+        // Spins that find news keep it spinning.
+        let spin = AdaptiveSpin::new(Duration::from_micros(50), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        for _ in 0..DISPATCH_SPIN_GIVE_UP_AFTER + 2 {
+            doorbell.news.store(1, Ordering::SeqCst);
+            runtime.block_on(spin_for_rings(&doorbell, &spin));
+            assert_eq!(take_log(&doorbell).first(), Some(&"hold"), "gave up spinning that paid");
         }
     }
 }

@@ -31,11 +31,6 @@ impl AdaptiveSpin {
         }
     }
 
-    /// The longest spin (what [`AdaptiveSpin::budget`] gives while spinning pays).
-    pub fn limit(&self) -> Duration {
-        self.limit
-    }
-
     /// How long this wait spins: the limit while spinning pays, else zero except one wait in
     /// `retry_every`.
     pub fn budget(&self) -> Duration {

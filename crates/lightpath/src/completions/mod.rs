@@ -332,13 +332,6 @@ impl<D: Device> ConnCompletions<D> {
         self.wait_spin = wait_spin(limit);
     }
 
-    /// The longest spin of a wait (see [`ConnCompletions::set_wait_spin`]); an event loop's
-    /// dispatcher of the device's task doorbell spins as long.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
-    pub(crate) fn wait_spin_limit(&self) -> Duration {
-        self.wait_spin.limit()
-    }
-
     /// The device's connections, this one included.
     #[cfg(test)]
     pub(crate) fn device_connections(&self) -> usize {

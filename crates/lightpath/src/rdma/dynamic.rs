@@ -53,9 +53,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// See `ConnCompletions::task_doorbell`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn task_doorbell(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>>;
-    /// See `ConnCompletions::wait_spin_limit`.
+    /// See `RdmaConn::event_loop_spin`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
-    fn wait_spin_limit(&self) -> std::time::Duration;
+    fn event_loop_spin(&self) -> std::time::Duration;
     /// See `ConnCompletions::poll_woken`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn poll_woken(&self, waker: &std::task::Waker) -> bool;
@@ -252,8 +252,8 @@ where
     fn task_doorbell(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskDoorbell>> {
         RdmaConn::task_doorbell(self)
     }
-    fn wait_spin_limit(&self) -> std::time::Duration {
-        RdmaConn::wait_spin_limit(self)
+    fn event_loop_spin(&self) -> std::time::Duration {
+        RdmaConn::event_loop_spin(self)
     }
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::poll_fd(self)

@@ -170,6 +170,8 @@ pub(crate) struct RdmaConn<D: Device> {
     read_shut: bool,
     spin: Duration,
     linger: Duration,
+    /// See `Options::event_loop_spin`.
+    event_loop_spin: Duration,
     /// A message being received (kept across calls so nonblocking reads lose nothing).
     message: Vec<u8>,
     /// Large zero-copy transfers (see `rendezvous`).
@@ -649,10 +651,11 @@ impl<D: Device> RdmaConn<D> {
         self.cq.task_doorbell().cloned()
     }
 
-    /// How long a wait on this connection spins (see `ConnCompletions::wait_spin_limit`).
+    /// How long the dispatcher of this connection's task doorbell spins (see
+    /// `Options::event_loop_spin`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
-    pub(crate) fn wait_spin_limit(&self) -> Duration {
-        self.cq.wait_spin_limit()
+    pub(crate) fn event_loop_spin(&self) -> Duration {
+        self.event_loop_spin
     }
 
     /// Whether a wake-up came since the last call; leaves `waker` for the next one otherwise

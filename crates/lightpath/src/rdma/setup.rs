@@ -178,6 +178,7 @@ impl<D: Device + 'static> RdmaSetup<D> {
             read_shut: false,
             spin: self.options.spin,
             linger: self.options.linger,
+            event_loop_spin: self.options.event_loop_spin,
             message: Vec::new(),
             rendezvous: super::rendezvous::Rendezvous::new(&self.options),
             send_state: super::stream_ops::SendState::default(),
