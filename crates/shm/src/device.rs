@@ -140,6 +140,8 @@ pub(crate) struct DeviceShared {
 #[derive(Default)]
 struct TaskWakes {
     by_slot: Vec<Option<lightpath_verbs::TaskWake>>,
+    /// How many entries of `by_slot` are set.
+    registered: usize,
 }
 
 impl TaskWakes {
@@ -174,6 +176,10 @@ impl lightpath_verbs::TaskDoorbell for ShmTaskDoorbell {
         self.0.ctx.task_doorbell.take() > 0
     }
 
+    fn tasks(&self) -> usize {
+        self.0.task_wakes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).registered
+    }
+
     fn hold_rings(&self) {
         self.0.ctx.activity.hold_task_ring();
     }
@@ -192,14 +198,16 @@ impl DeviceShared {
         if wakes.by_slot.len() <= slot {
             wakes.by_slot.resize(slot + 1, None);
         }
-        wakes.by_slot[slot] = Some(wake);
+        if wakes.by_slot[slot].replace(wake).is_none() {
+            wakes.registered += 1;
+        }
     }
 
     /// Forgets the task wake-up of `slot` (its queue pair is gone).
     pub(crate) fn unregister_task(&self, slot: u32) {
         let mut wakes = self.task_wakes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(wake) = wakes.by_slot.get_mut(slot as usize) {
-            *wake = None;
+        if wakes.by_slot.get_mut(slot as usize).and_then(Option::take).is_some() {
+            wakes.registered -= 1;
         }
         while wakes.by_slot.last().is_some_and(Option::is_none) {
             wakes.by_slot.pop();

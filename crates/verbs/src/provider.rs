@@ -245,6 +245,11 @@ pub trait TaskDoorbell: Send + Sync + std::fmt::Debug {
     /// (`poll`), before [`TaskDoorbell::dispatch`]; whether there were any. An edge-triggered
     /// watcher (epoll with `EPOLLET`, tokio) need not: every ring is an edge of its own.
     fn take_rings(&self) -> bool;
+    /// How many queue pairs' tasks the doorbell wakes now (their waiters set with
+    /// [`QueuePair::set_waiter_task`]). The default says none.
+    fn tasks(&self) -> usize {
+        0
+    }
     /// For a watcher that keeps looking for a while instead of waiting (an event loop's
     /// dispatcher spinning after a wake-up): says a ring is pending, so peers set their task
     /// bits without ringing the doorbell (each ring costs the peer a system call and this side
