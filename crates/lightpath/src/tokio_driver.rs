@@ -359,6 +359,12 @@ async fn spin_for_rings(doorbell: &dyn lightpath_verbs::TaskDoorbell, spin: &Ada
         return;
     }
     doorbell.hold_rings();
+    // Re-arms the ring (a plain dispatch, which also takes what came since the last look) when
+    // the spin ends, and also when it is cut short: a runtime that shuts down drops its
+    // dispatcher at a yield, and a ring left held would keep every peer from ringing for the
+    // device's other runtimes for good (seen: tokio_stress, streams of one test stalled after
+    // another test's runtime ended).
+    let _rearm = RearmOnDrop(doorbell);
     let mut last_news = Instant::now();
     let mut found = false;
     let mut busy_yields = 0;
@@ -382,8 +388,15 @@ async fn spin_for_rings(doorbell: &dyn lightpath_verbs::TaskDoorbell, spin: &Ada
         }
     }
     spin.record(found);
-    // Re-arms the ring; takes what came since the last look.
-    doorbell.dispatch();
+}
+
+/// Dispatches its doorbell when dropped (see [`spin_for_rings`]).
+struct RearmOnDrop<'a>(&'a dyn lightpath_verbs::TaskDoorbell);
+
+impl Drop for RearmOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.dispatch();
+    }
 }
 
 /// Registers `fd` with the current runtime's reactor, which owns it from now on.
@@ -1166,6 +1179,7 @@ async fn accept_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
     use std::sync::atomic::AtomicUsize;
 
     /// A task doorbell that logs what the dispatcher does and has news for its first
@@ -1240,6 +1254,22 @@ mod tests {
             runtime.block_on(spin_for_rings(&doorbell, &spin));
             assert_eq!(take_log(&doorbell).first(), Some(&"hold"), "gave up spinning that paid");
         }
+    }
+
+    #[test]
+    fn a_spin_cut_short_rearms_the_rings() {
+        let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let doorbell = LoggedDoorbell::default();
+        let spin = AdaptiveSpin::new(Duration::from_secs(60), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        runtime.block_on(async {
+            // Polled once, it holds the rings and yields; then it is dropped there, as a
+            // runtime that shuts down drops its dispatcher.
+            let mut spinning = std::pin::pin!(spin_for_rings(&doorbell, &spin));
+            let first = poll_fn(|cx| Poll::Ready(spinning.as_mut().poll(cx))).await;
+            assert!(first.is_pending(), "the spin ended at its first poll");
+            assert_eq!(take_log(&doorbell), ["hold"]);
+        });
+        assert_eq!(take_log(&doorbell), ["dispatch"], "a spin cut short left the rings held");
     }
 
     #[test]
