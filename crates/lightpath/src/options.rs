@@ -89,11 +89,11 @@ pub struct Options {
     /// runtime keeps looking for more news after a wake-up, with the peers' rings held, while
     /// the runtime has nothing else to do, before it lets the runtime park (spinning stops by
     /// itself when the runtime is busy, and after spins that found nothing). An answer within
-    /// it costs neither side a wake-up: hyper over shm with one connection went from 15 k to
-    /// 72 k requests per second (20 µs: 15 k). Taken by the first connection that starts the
+    /// it costs neither side a wake-up: hyper over shm with one connection went from 16 k to
+    /// 65 k requests per second (2026-12-07). Taken by the first connection that starts the
     /// runtime's dispatcher. Default 50 µs; the environment variable
     /// `LIGHTPATH_EVENT_LOOP_SPIN_US` sets it (0 turns spinning off). See
-    /// docs/shm-scaling.md, "Event loops wake through a doorbell per device".
+    /// docs/shm-scaling.md, "An event loop's dispatcher spins before its runtime parks".
     pub event_loop_spin: Duration,
     /// The connections are driven by an event loop's tasks (set by `lightpath::tokio`'s
     /// `connect_with` and `Listener`): where the provider can (shm), a connection's queue pair

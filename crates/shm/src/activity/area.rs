@@ -486,8 +486,9 @@ mod tests {
         assert_eq!((own_bell(&waiter), device_bell.take(), own.take(0)), (1, 0, 0), "an awake owner");
     }
 
-    #[test]
-    fn news_for_a_waiting_task_sets_its_bit_and_rings_the_task_doorbell_once_per_dispatch() {
+    /// An area of 128 slots, a peer's view of it, and the device's doorbell and task doorbell
+    /// the peer rings (the owner's copies).
+    fn area_with_task_doorbell() -> (OwnArea, Arc<PeerArea>, EventFd, EventFd) {
         let own = OwnArea::create(128).expect("area");
         let (device_bell, task_bell) = (bell(), bell());
         let dup = |bell: &EventFd| {
@@ -495,6 +496,12 @@ mod tests {
         };
         let peer =
             PeerAreas::default().get(&peer_memfd(&own), dup(&device_bell), dup(&task_bell)).expect("view");
+        (own, peer, device_bell, task_bell)
+    }
+
+    #[test]
+    fn news_for_a_waiting_task_sets_its_bit_and_rings_the_task_doorbell_once_per_dispatch() {
+        let (own, peer, device_bell, task_bell) = area_with_task_doorbell();
         own.announce(state_value(3, true, false));
         // Nobody armed: the sleeping device is rung, as for any queue pair.
         peer.notify(70, &PeerWaiter::Task, true);
@@ -520,13 +527,7 @@ mod tests {
 
     #[test]
     fn a_held_task_ring_is_not_rung_until_rearmed() {
-        let own = OwnArea::create(128).expect("area");
-        let (device_bell, task_bell) = (bell(), bell());
-        let dup = |bell: &EventFd| {
-            EventFd::from_peer(bell.as_fd().try_clone_to_owned().expect("dup")).expect("eventfd")
-        };
-        let peer =
-            PeerAreas::default().get(&peer_memfd(&own), dup(&device_bell), dup(&task_bell)).expect("view");
+        let (own, peer, device_bell, task_bell) = area_with_task_doorbell();
         own.announce(state_value(3, true, false));
         // A spinning dispatch holds the ring: news sets the task bit, rings nothing.
         own.hold_task_ring();
