@@ -298,7 +298,8 @@ fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>, spin: Du
     let doorbell = Arc::clone(doorbell);
     runtime.spawn(async move {
         let _running = guard;
-        let spin = AdaptiveSpin::new(spin, DISPATCH_SPIN_GIVE_UP_AFTER, DISPATCH_SPIN_RETRY_EVERY);
+        // Given up and retried as a blocked thread's doorbell wait is.
+        let spin = crate::completions::wait_spin(spin);
         loop {
             match watched.readable().await {
                 // Cleared before the dispatch: a ring after this point wakes the task again,
@@ -319,16 +320,10 @@ fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>, spin: Du
     Ok(())
 }
 
-/// Spins of a dispatcher that found nothing, in a row, after which it stops spinning (then
-/// spins once every [`DISPATCH_SPIN_RETRY_EVERY`] wake-ups, to see whether it pays again);
-/// as a blocked thread's doorbell wait does.
-const DISPATCH_SPIN_GIVE_UP_AFTER: u32 = 8;
-const DISPATCH_SPIN_RETRY_EVERY: u32 = 64;
-
 /// A dispatcher spins only while its doorbell wakes at most this many connections' tasks:
 /// with more, the runtime mostly has other work when one connection waits, and spins cost
 /// more than the wake-ups they save (hyper over shm, 64 connections: 187 -> 161 k requests/s
-/// with a spin after every wake-up; 8 connections gained 125 -> 132 k).
+/// with a spin after every wake-up; at 8 connections the spin moved the rate within noise).
 const DISPATCH_SPIN_MAX_TASKS: usize = 16;
 
 /// A yield of the spinning dispatcher that took longer than this ran other tasks: two in a
@@ -1179,6 +1174,7 @@ async fn accept_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::completions::SPIN_GIVE_UP_AFTER;
     use std::future::Future;
     use std::sync::atomic::AtomicUsize;
 
@@ -1221,7 +1217,7 @@ mod tests {
     fn a_spin_holds_the_rings_looks_and_ends_with_a_dispatch_that_rearms_them() {
         let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
         let doorbell = LoggedDoorbell { news: AtomicUsize::new(3), ..Default::default() };
-        let spin = AdaptiveSpin::new(Duration::from_micros(200), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        let spin = AdaptiveSpin::new(Duration::from_micros(200), SPIN_GIVE_UP_AFTER, 1000);
         runtime.block_on(spin_for_rings(&doorbell, &spin));
         let log = take_log(&doorbell);
         assert_eq!(log.first(), Some(&"hold"), "looked before holding the rings: {log:?}");
@@ -1235,21 +1231,17 @@ mod tests {
     fn a_dispatcher_whose_spins_find_nothing_stops_spinning() {
         let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
         let doorbell = LoggedDoorbell::default();
-        let spin = AdaptiveSpin::new(Duration::from_micros(50), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
-        for _ in 0..DISPATCH_SPIN_GIVE_UP_AFTER {
+        let spin = AdaptiveSpin::new(Duration::from_micros(50), SPIN_GIVE_UP_AFTER, 1000);
+        for _ in 0..SPIN_GIVE_UP_AFTER {
             runtime.block_on(spin_for_rings(&doorbell, &spin));
             let log = take_log(&doorbell);
             assert_eq!((log.first(), log.last()), (Some(&"hold"), Some(&"dispatch")), "{log:?}");
         }
         runtime.block_on(spin_for_rings(&doorbell, &spin));
-        assert_eq!(
-            take_log(&doorbell),
-            Vec::<&str>::new(),
-            "spun after {DISPATCH_SPIN_GIVE_UP_AFTER} empty spins"
-        );
+        assert_eq!(take_log(&doorbell), Vec::<&str>::new(), "spun after {SPIN_GIVE_UP_AFTER} empty spins");
         // Spins that find news keep it spinning.
-        let spin = AdaptiveSpin::new(Duration::from_micros(50), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
-        for _ in 0..DISPATCH_SPIN_GIVE_UP_AFTER + 2 {
+        let spin = AdaptiveSpin::new(Duration::from_micros(50), SPIN_GIVE_UP_AFTER, 1000);
+        for _ in 0..SPIN_GIVE_UP_AFTER + 2 {
             doorbell.news.store(1, Ordering::SeqCst);
             runtime.block_on(spin_for_rings(&doorbell, &spin));
             assert_eq!(take_log(&doorbell).first(), Some(&"hold"), "gave up spinning that paid");
@@ -1260,7 +1252,7 @@ mod tests {
     fn a_spin_cut_short_rearms_the_rings() {
         let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
         let doorbell = LoggedDoorbell::default();
-        let spin = AdaptiveSpin::new(Duration::from_secs(60), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        let spin = AdaptiveSpin::new(Duration::from_secs(60), SPIN_GIVE_UP_AFTER, 1000);
         runtime.block_on(async {
             // Polled once, it holds the rings and yields; then it is dropped there, as a
             // runtime that shuts down drops its dispatcher.
@@ -1275,7 +1267,7 @@ mod tests {
     #[test]
     fn a_dispatcher_of_many_connections_does_not_spin() {
         let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let spin = AdaptiveSpin::new(Duration::from_micros(50), DISPATCH_SPIN_GIVE_UP_AFTER, 1000);
+        let spin = AdaptiveSpin::new(Duration::from_micros(50), SPIN_GIVE_UP_AFTER, 1000);
         let few = LoggedDoorbell { tasks: DISPATCH_SPIN_MAX_TASKS, ..Default::default() };
         runtime.block_on(spin_for_rings(&few, &spin));
         assert_eq!(take_log(&few).first(), Some(&"hold"), "{DISPATCH_SPIN_MAX_TASKS} tasks: no spin");

@@ -178,8 +178,8 @@ pub(crate) struct ConnCompletions<D: Device> {
 /// at once paid a kernel wake-up per message, where the device's shared socket had its watcher
 /// spin first (`SoftConfig::wait_spin`): it spins too, adaptively (see `AdaptiveSpin`), and so
 /// does one on a doorbell alone (shm, see `spin_on_queue`); given up after this many spins in
-/// a row found nothing...
-const SPIN_GIVE_UP_AFTER: u32 = 8;
+/// a row found nothing (an event loop's dispatcher too, see `tokio_driver::spin_for_rings`)...
+pub(crate) const SPIN_GIVE_UP_AFTER: u32 = 8;
 /// ... and then tried again once every this many waits.
 const SPIN_RETRY_EVERY: u32 = 64;
 
@@ -234,8 +234,9 @@ fn spinning_waiters_limit() -> usize {
     *LIMIT.get_or_init(|| SPIN_WAITERS_PER_CORE * lightpath_verbs::available_cores().max(1))
 }
 
-/// The spin of a wait on a queue pair's doorbell, `limit` long while it pays.
-fn wait_spin(limit: Duration) -> AdaptiveSpin {
+/// The spin of a wait on a queue pair's doorbell (or of an event loop's dispatcher), `limit`
+/// long while it pays.
+pub(crate) fn wait_spin(limit: Duration) -> AdaptiveSpin {
     AdaptiveSpin::new(limit, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY)
 }
 
