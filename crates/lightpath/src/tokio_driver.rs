@@ -200,7 +200,15 @@ enum Registration {
     /// (its queue pair took no doorbell of its own, see `ConnCompletions::wakes_tasks`): the
     /// router wakes the task directly (`RdmaConn::poll_woken`), and the connection has no
     /// notification eventfd at all.
-    Rdma { notify: Option<AsyncFd<StreamFd>>, port: Option<AsyncFd<StreamFd>>, liveness: AsyncFd<StreamFd> },
+    ///
+    /// `spin` wakes the runtime's spinner for the queue pair's device when a side goes to
+    /// wait (soft, see [`ensure_spinner`]).
+    Rdma {
+        notify: Option<AsyncFd<StreamFd>>,
+        port: Option<AsyncFd<StreamFd>>,
+        liveness: AsyncFd<StreamFd>,
+        spin: Option<Arc<SpinKick>>,
+    },
     /// The TCP socket, readable and writable as any socket.
     Tcp(AsyncFd<StreamFd>),
     /// Deregistered: the stream is being dropped.
@@ -360,6 +368,15 @@ async fn spin_for_rings(doorbell: &dyn lightpath_verbs::TaskDoorbell, spin: &Ada
     // device's other runtimes for good (seen: tokio_stress, streams of one test stalled after
     // another test's runtime ended).
     let _rearm = RearmOnDrop(doorbell);
+    let found = keep_looking(budget, || doorbell.dispatch_held()).await;
+    spin.record(found);
+}
+
+/// Calls `look` between yields to the runtime for as long as it finds news within `budget`
+/// of the last (or of the start), unless the runtime is busy: two yields in a row that took
+/// longer than [`BUSY_YIELD`] ran other tasks, and a busy runtime does not park anyway.
+/// Returns whether any look found news.
+async fn keep_looking(budget: Duration, mut look: impl FnMut() -> bool) -> bool {
     let mut last_news = Instant::now();
     let mut found = false;
     let mut busy_yields = 0;
@@ -375,14 +392,14 @@ async fn spin_for_rings(doorbell: &dyn lightpath_verbs::TaskDoorbell, spin: &Ada
         } else {
             busy_yields = 0;
         }
-        if doorbell.dispatch_held() {
+        if look() {
             found = true;
             last_news = now;
         } else if now - last_news >= budget {
             break;
         }
     }
-    spin.record(found);
+    found
 }
 
 /// Dispatches its doorbell when dropped (see [`spin_for_rings`]).
@@ -392,6 +409,94 @@ impl Drop for RearmOnDrop<'_> {
     fn drop(&mut self) {
         self.0.dispatch();
     }
+}
+
+/// Starts a runtime's spinner for one device (see [`ensure_spinner`]): a stream kicks it when
+/// one of its sides goes to wait.
+#[derive(Debug, Default)]
+struct SpinKick {
+    notify: ::tokio::sync::Notify,
+    /// The spinner is spinning: a kick changes nothing.
+    spinning: AtomicBool,
+}
+
+/// Kicks `spin`, if there is one (see [`SpinKick`]).
+fn kick(spin: Option<&SpinKick>) {
+    if let Some(spin) = spin {
+        if !spin.spinning.load(Ordering::Relaxed) {
+            spin.notify.notify_one();
+        }
+    }
+}
+
+/// A task that spins for one device's streams in one runtime (see [`ensure_spinner`]).
+struct Spinner {
+    /// The device's `TaskSpin` (its address): the spinner holds it.
+    device: usize,
+    runtime: ::tokio::runtime::Id,
+    /// Cleared when the task ends (its runtime shut down).
+    running: Arc<AtomicBool>,
+    kick: Arc<SpinKick>,
+}
+
+/// The spinners running, in every runtime.
+static SPINNERS: Mutex<Vec<Spinner>> = Mutex::new(Vec::new());
+
+/// Sees that a task of the current runtime spins for the device behind `task_spin` (one per
+/// device and runtime), and returns what wakes it.
+///
+/// The task dispatcher's spin (see [`spin_for_rings`]) for providers whose news reaches each
+/// task through a descriptor of the queue pair's own (soft: its UDP port), which the runtime's
+/// reactor watches: no doorbell rings the spinner, so a stream kicks it when one of its sides
+/// goes to wait. It then looks at the device's ports between yields to the runtime
+/// (`TaskSpin::look`, one `epoll_wait` with no timeout for all of them), waking the tasks
+/// whose answer came, for as long as answers keep coming within `spin`
+/// (`Options::event_loop_spin` of the connection that started it) of the last, with the same
+/// limits as the dispatcher's spin: not with more than [`DISPATCH_SPIN_MAX_TASKS`] tasks, not
+/// in a busy runtime, and adaptively (spins that keep finding nothing stop). The ports stay
+/// registered with the reactor throughout: the spin only hurries what their readiness would
+/// bring. Measured with hyper over soft, one connection: see docs/shm-scaling.md, "A soft
+/// event loop spins too".
+fn ensure_spinner(task_spin: &Arc<dyn lightpath_verbs::TaskSpin>, spin: Duration) -> io::Result<Arc<SpinKick>> {
+    let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+    let device = Arc::as_ptr(task_spin) as *const () as usize;
+    let mut spinners = SPINNERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    spinners.retain(|s| s.running.load(Ordering::SeqCst));
+    if let Some(spinner) = spinners.iter().find(|s| s.device == device && s.runtime == runtime.id()) {
+        return Ok(Arc::clone(&spinner.kick));
+    }
+    let kick = Arc::new(SpinKick::default());
+    let running = Arc::new(AtomicBool::new(true));
+    let guard = Running(Arc::clone(&running));
+    let task_spin = Arc::clone(task_spin);
+    let task_kick = Arc::clone(&kick);
+    runtime.spawn(async move {
+        let _running = guard;
+        // Given up and retried as a blocked thread's doorbell wait is.
+        let spin = crate::completions::wait_spin(spin);
+        loop {
+            task_kick.notify.notified().await;
+            task_kick.spinning.store(true, Ordering::Relaxed);
+            spin_for_arrivals(&*task_spin, &spin).await;
+            task_kick.spinning.store(false, Ordering::Relaxed);
+        }
+    });
+    spinners.push(Spinner { device, runtime: runtime.id(), running, kick: Arc::clone(&kick) });
+    Ok(kick)
+}
+
+/// After a kick: looks at the device's ports for as long as answers keep coming (see
+/// [`ensure_spinner`]).
+async fn spin_for_arrivals(task_spin: &dyn lightpath_verbs::TaskSpin, spin: &AdaptiveSpin) {
+    if task_spin.tasks() > DISPATCH_SPIN_MAX_TASKS {
+        return;
+    }
+    let budget = spin.budget();
+    if budget.is_zero() {
+        return;
+    }
+    let found = keep_looking(budget, || task_spin.look()).await;
+    spin.record(found);
 }
 
 /// Registers `fd` with the current runtime's reactor, which owns it from now on.
@@ -481,7 +586,7 @@ impl Stream {
     fn registration(inner: &mut crate::Stream) -> io::Result<Registration> {
         inner.set_nonblocking(true)?;
         let registration = if inner.transport().is_rdma() {
-            let (tcp, notify, port) = match inner.backend_mut() {
+            let (tcp, notify, port, spin) = match inner.backend_mut() {
                 Backend::Rdma(conn) => {
                     // `liveness` below: the driver looks at the connection when it has news.
                     conn.set_tcp_watched(true);
@@ -497,7 +602,13 @@ impl Stream {
                     if let Some(doorbell) = conn.task_doorbell() {
                         ensure_dispatcher(&doorbell, conn.event_loop_spin())?;
                     }
-                    (conn.tcp().as_raw_fd(), notify, conn.poll_fd())
+                    let spin = match conn.task_spin() {
+                        Some(task_spin) if !conn.event_loop_spin().is_zero() => {
+                            Some(ensure_spinner(&task_spin, conn.event_loop_spin())?)
+                        }
+                        _ => None,
+                    };
+                    (conn.tcp().as_raw_fd(), notify, conn.poll_fd(), spin)
                 }
                 _ => return Err(io::ErrorKind::NotConnected.into()),
             };
@@ -519,7 +630,7 @@ impl Stream {
             };
             // SAFETY: the stream's TCP socket, open now, kept as said above.
             let liveness = unsafe { register(tcp, Interest::READABLE) }?;
-            Registration::Rdma { notify, port, liveness }
+            Registration::Rdma { notify, port, liveness, spin }
         } else {
             let fd = inner.readiness_fd()?.as_raw_fd();
             // SAFETY: the stream's TCP socket, kept in the `Stream` as above.
@@ -754,7 +865,7 @@ impl Stream {
     /// streams wait in `poll_io_inner`.
     fn poll_ready(&mut self, cx: &mut Context<'_>, side: Side, wait: Wait) -> Poll<io::Result<()>> {
         match (self.inner.backend_mut(), &self.registration) {
-            (Backend::Rdma(conn), Registration::Rdma { notify, port, liveness }) => {
+            (Backend::Rdma(conn), Registration::Rdma { notify, port, liveness, spin }) => {
                 if wait == Wait::Room {
                     // Credit returns raise no completion here unless the peer knows we wait.
                     conn.note_write_blocked();
@@ -820,6 +931,7 @@ impl Stream {
                 // doorbell) changes the count, and an arming by the other side (which may have
                 // narrowed the doorbell to arrivals) changes `armings`: either arms again.
                 if *armed == Some(Armed { wake, events: conn.events(), arming: self.armings }) {
+                    kick(spin.as_deref());
                     return Poll::Pending;
                 }
                 self.armings += 1;
@@ -836,6 +948,7 @@ impl Stream {
                 // Cleared before the retry: an event after this point wakes the task again,
                 // one before it is handled by the retry (the eventfd is not read, as above).
                 if !take_readiness(notify.as_ref(), port.as_ref(), &**conn, &mut shared)? {
+                    kick(spin.as_deref());
                     return Poll::Pending;
                 }
                 self.armed = [None, None];
@@ -1262,6 +1375,79 @@ mod tests {
             assert_eq!(take_log(&doorbell), ["hold"]);
         });
         assert_eq!(take_log(&doorbell), ["dispatch"], "a spin cut short left the rings held");
+    }
+
+    /// A device's spin look that counts its looks and has news for its first `news`.
+    #[derive(Debug, Default)]
+    struct CountedSpin {
+        looks: AtomicUsize,
+        news: AtomicUsize,
+        tasks: usize,
+    }
+
+    impl lightpath_verbs::TaskSpin for CountedSpin {
+        fn look(&self) -> bool {
+            self.looks.fetch_add(1, Ordering::SeqCst);
+            self.news.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+        }
+        fn tasks(&self) -> usize {
+            self.tasks
+        }
+    }
+
+    /// Lets a current-thread runtime's other tasks run until `done` holds (or a second).
+    async fn run_others_until(done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !done() && Instant::now() < deadline {
+            ::tokio::task::yield_now().await;
+        }
+    }
+
+    #[test]
+    fn a_kicked_spinner_looks_while_news_comes_then_waits_for_the_next_kick() {
+        let runtime = ::tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let counted = Arc::new(CountedSpin { news: AtomicUsize::new(5), tasks: 1, ..Default::default() });
+        let task_spin: Arc<dyn lightpath_verbs::TaskSpin> = counted.clone();
+        runtime.block_on(async {
+            let kicker = ensure_spinner(&task_spin, Duration::from_micros(200)).unwrap();
+            let again = ensure_spinner(&task_spin, Duration::from_micros(200)).unwrap();
+            assert!(Arc::ptr_eq(&kicker, &again), "a second spinner for the same device and runtime");
+            ::tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(counted.looks.load(Ordering::SeqCst), 0, "looked before any stream waited");
+            kick(Some(&kicker));
+            run_others_until(|| counted.looks.load(Ordering::SeqCst) > 5 && !kicker.spinning.load(Ordering::SeqCst))
+                .await;
+            let looks = counted.looks.load(Ordering::SeqCst);
+            assert!(looks > 5, "the spin stopped while news came ({looks} looks)");
+            assert!(!kicker.spinning.load(Ordering::SeqCst), "the spin never ended");
+            ::tokio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(counted.looks.load(Ordering::SeqCst), looks, "looked on with no kick");
+            kick(Some(&kicker));
+            run_others_until(|| counted.looks.load(Ordering::SeqCst) > looks).await;
+            assert!(counted.looks.load(Ordering::SeqCst) > looks, "a second kick started no spin");
+        });
+        // The runtime is gone, and its spinner with it: the next runtime starts its own.
+        let other = ::tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        drop(runtime);
+        other.block_on(async {
+            let kicker = ensure_spinner(&task_spin, Duration::from_micros(200)).unwrap();
+            let looks = counted.looks.load(Ordering::SeqCst);
+            kick(Some(&kicker));
+            run_others_until(|| counted.looks.load(Ordering::SeqCst) > looks).await;
+            assert!(counted.looks.load(Ordering::SeqCst) > looks, "no spinner in the second runtime");
+        });
+    }
+
+    #[test]
+    fn a_spinner_for_many_connections_does_not_look() {
+        let runtime = ::tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let spin = AdaptiveSpin::new(Duration::from_micros(50), SPIN_GIVE_UP_AFTER, 1000);
+        let few = CountedSpin { tasks: DISPATCH_SPIN_MAX_TASKS, ..Default::default() };
+        runtime.block_on(spin_for_arrivals(&few, &spin));
+        assert!(few.looks.load(Ordering::SeqCst) > 0, "{DISPATCH_SPIN_MAX_TASKS} tasks: no look");
+        let many = CountedSpin { tasks: DISPATCH_SPIN_MAX_TASKS + 1, ..Default::default() };
+        runtime.block_on(spin_for_arrivals(&many, &spin));
+        assert_eq!(many.looks.load(Ordering::SeqCst), 0, "looked for {} tasks", DISPATCH_SPIN_MAX_TASKS + 1);
     }
 
     #[test]

@@ -189,6 +189,16 @@ impl QueuePair for SoftQp {
         Ok(true)
     }
 
+    /// The device's look at its event loops' ports, for a queue pair whose waiter is a task
+    /// (see `TaskPortSpin`).
+    fn task_spin(&self) -> Option<Arc<dyn lightpath_verbs::TaskSpin>> {
+        let port = self.port.get()?;
+        if !port.wakes_task() {
+            return None;
+        }
+        Some(crate::driver::TaskPortSpin::of(&self.pd.device.shared))
+    }
+
     fn waiter_poll_fd(&self) -> Option<Arc<dyn AsFd + Send + Sync>> {
         let port = self.port.get()?;
         let socket: Arc<dyn AsFd + Send + Sync> = Arc::clone(&port.socket) as _;

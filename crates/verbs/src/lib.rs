@@ -32,7 +32,7 @@ pub use mtu::{
 };
 pub use provider::{
     BatchError, CompletionHook, CompletionQueue, CqOf, Device, MemoryRegion, MrOf, PdOf, ProtectionDomain,
-    Provider, QpOf, QueuePair, TaskDoorbell, TaskWake, WakeFor,
+    Provider, QpOf, QueuePair, TaskDoorbell, TaskSpin, TaskWake, WakeFor,
 };
 pub use qp::{AddressVector, QpAttr, QpCaps, QpState};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -56,6 +56,9 @@ pub(crate) trait RdmaStream: crate::reaper::Parked {
     /// See `RdmaConn::event_loop_spin`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn event_loop_spin(&self) -> std::time::Duration;
+    /// See `RdmaConn::task_spin`.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    fn task_spin(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskSpin>>;
     /// See `ConnCompletions::poll_woken`.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
     fn poll_woken(&self, waker: &std::task::Waker) -> bool;
@@ -254,6 +257,9 @@ where
     }
     fn event_loop_spin(&self) -> std::time::Duration {
         RdmaConn::event_loop_spin(self)
+    }
+    fn task_spin(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskSpin>> {
+        RdmaConn::task_spin(self)
     }
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         RdmaConn::poll_fd(self)

@@ -651,6 +651,13 @@ impl<D: Device> RdmaConn<D> {
         self.cq.task_doorbell().cloned()
     }
 
+    /// The device's look at its event loops' queue pairs, if its provider has one (soft:
+    /// their ports), for an event loop that spins after this connection's task went to wait.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver
+    pub(crate) fn task_spin(&self) -> Option<std::sync::Arc<dyn lightpath_verbs::TaskSpin>> {
+        self.qp.task_spin()
+    }
+
     /// How long the dispatcher of this connection's task doorbell spins (see
     /// `Options::event_loop_spin`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the tokio driver

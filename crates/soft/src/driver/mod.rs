@@ -276,6 +276,13 @@ pub(crate) struct Shared {
     port_set: OnceLock<(PortSet, PortSet)>,
     /// Ports open.
     port_count: AtomicUsize,
+    /// The epoll instance of the ports whose waiters are event loops' tasks (made with the
+    /// first), for [`TaskPortSpin`].
+    task_ports: OnceLock<PortSet>,
+    /// Ports in `task_ports`.
+    task_port_count: AtomicUsize,
+    /// The device's [`TaskPortSpin`], made with the first task port.
+    task_spin: OnceLock<Arc<TaskPortSpin>>,
     /// When a port last received datagrams (nanoseconds since `epoch`).
     last_port_traffic: AtomicU64,
 }
@@ -354,6 +361,9 @@ impl Shared {
             socket_watchers: AtomicU32::new(0),
             watcher_spin,
             port_set: OnceLock::new(),
+            task_ports: OnceLock::new(),
+            task_port_count: AtomicUsize::new(0),
+            task_spin: OnceLock::new(),
             port_count: AtomicUsize::new(0),
             last_port_traffic: AtomicU64::new(0),
         })
@@ -821,6 +831,16 @@ impl Shared {
             all.remove(&port);
             return None;
         }
+        if port.wakes_task() {
+            let task_ports = match self.task_ports.get() {
+                Some(set) => Some(set),
+                None => PortSet::new().ok().map(|set| self.task_ports.get_or_init(|| set)),
+            };
+            // Without the set the port only misses the event loop's spin (see `TaskPortSpin`).
+            if task_ports.is_some_and(|set| set.add(&port).is_ok()) {
+                self.task_port_count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         let mut core = self.lock();
         core.ports.insert(qpn, Arc::clone(&port));
         core.engine.set_qp_news(true);
@@ -832,6 +852,47 @@ impl Shared {
         Some(port)
     }
 
+    /// Takes in what waits in the ports of the device's event-loop tasks and wakes those armed
+    /// for what it completed (see [`TaskPortSpin`]); whether any datagram came. One
+    /// `epoll_wait` for all the ports; the engine is locked only when some are readable.
+    ///
+    /// The owner is woken for a completion, not for each datagram: woken per datagram, a task
+    /// took in a 64 KiB message a datagram at a time (an arming per datagram), as the spin
+    /// finds each one microseconds after it lands. The answers of a queue pair whose port
+    /// gave datagrams are held for its owner's reply, as its own arming holds them (see
+    /// `finish_arming`).
+    fn take_in_for_tasks(&self) -> bool {
+        let Some(set) = self.task_ports.get() else { return false };
+        let mut readable = Vec::new();
+        set.readable(&mut readable);
+        if readable.is_empty() {
+            return false;
+        }
+        let mut core = self.lock();
+        let now = self.now();
+        let mut received = 0;
+        let hold = self.progress_looks_within(PORT_TICK);
+        for qpn in &readable {
+            let Some(port) = core.ports.get(qpn).map(Arc::clone) else { continue };
+            let drain = self.drain_port(&mut core, &port, now);
+            received += drain.received;
+            if drain.received > 0 && hold && core.engine.hold_answers(port.qpn) {
+                port.hold_for_reply();
+            }
+            if !drain.drained {
+                // Its owner (or a burst longer than one look) was receiving: it looks again.
+                port.news(true);
+            }
+        }
+        if received > 0 {
+            run_due_timers(&mut core, now);
+            self.deliver_events(&mut core);
+            self.transmit(&mut core, now);
+            self.check_thread_deadline(&core);
+        }
+        received > 0
+    }
+
     /// Forgets `port` (its queue pair is being destroyed).
     pub(crate) fn close_port(&self, core: &mut Core, port: &QpPort) {
         if let Some((all, fresh)) = self.port_set.get() {
@@ -840,6 +901,13 @@ impl Shared {
         }
         if core.ports.remove(&port.qpn).is_some() {
             self.port_count.fetch_sub(1, Ordering::SeqCst);
+            if port.wakes_task() {
+                if let Some(set) = self.task_ports.get() {
+                    if set.remove(port) {
+                        self.task_port_count.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
         }
     }
 
@@ -1172,6 +1240,39 @@ impl Drop for SocketWatch<'_> {
     }
 }
 
+/// The soft device's [`TaskSpin`](lightpath_verbs::TaskSpin): one look (`epoll_wait` with no
+/// timeout) at the ports of every queue pair whose waiter is an event loop's task, waking the
+/// tasks armed for those where datagrams wait. An event loop that keeps looking for a while
+/// after one of its tasks went to wait catches the answer here instead of parking its
+/// runtime in `epoll_wait` and being woken by the kernel; the ports stay registered with the
+/// runtime all along, so nothing depends on the spin. Holds the device weakly: a runtime's
+/// spinner does not keep a dropped device's socket open.
+pub(crate) struct TaskPortSpin(std::sync::Weak<Shared>);
+
+impl TaskPortSpin {
+    /// The device's spin, made with its first call.
+    pub(crate) fn of(shared: &Arc<Shared>) -> Arc<Self> {
+        Arc::clone(shared.task_spin.get_or_init(|| Arc::new(Self(Arc::downgrade(shared)))))
+    }
+}
+
+impl std::fmt::Debug for TaskPortSpin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.0.upgrade().map(|shared| shared.name.clone());
+        f.debug_tuple("TaskPortSpin").field(&name).finish()
+    }
+}
+
+impl lightpath_verbs::TaskSpin for TaskPortSpin {
+    fn look(&self) -> bool {
+        self.0.upgrade().is_some_and(|shared| shared.take_in_for_tasks())
+    }
+
+    fn tasks(&self) -> usize {
+        self.0.upgrade().map_or(0, |shared| shared.task_port_count.load(Ordering::Relaxed))
+    }
+}
+
 /// The part of a device every object holds: dropping the last one stops the helper thread.
 pub(crate) struct DeviceInner {
     pub(crate) shared: Arc<Shared>,
@@ -1330,6 +1431,65 @@ mod tests {
             shared.owes_answers(&port, WakeFor::Arrivals),
             "kept while the progress thread sleeps past the tick that would send them"
         );
+    }
+
+    /// A port whose waiter is a task, with a counter of its wake-ups, on `shared` (see
+    /// `device_with_port`), and a socket to send to it from.
+    fn task_port(shared: &Shared, qpn: u32) -> (Arc<QpPort>, Arc<AtomicUsize>, std::net::UdpSocket) {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&wakes);
+        let wake: lightpath_verbs::TaskWake = Arc::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let port = shared.open_port(qpn, PortDoorbell::Task(wake)).expect("a port of its own");
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").expect("sender");
+        sender.connect(port.socket.local()).expect("connect");
+        (port, wakes, sender)
+    }
+
+    /// The spin's look (`TaskPortSpin`) serves the ports of task waiters only: it takes in
+    /// what waits there (datagrams that complete nothing wake nobody), leaves other ports to
+    /// their waiters, and has the owner look again when it could not take everything in.
+    #[test]
+    fn a_task_spin_takes_in_the_task_ports_and_wakes_owners_for_news_only() {
+        use lightpath_verbs::TaskSpin;
+        let (shared, fd_port, _doorbell, fd_sender) = device_with_port();
+        let shared = Arc::new(shared);
+        let spin = TaskPortSpin::of(&shared);
+        assert!(Arc::ptr_eq(&spin, &TaskPortSpin::of(&shared)), "one spin per device");
+        assert_eq!(spin.tasks(), 0, "a port with an eventfd doorbell counted as a task's");
+        assert!(!spin.look(), "news with no task port");
+
+        let (port, wakes, sender) = task_port(&shared, 9);
+        assert_eq!(spin.tasks(), 1);
+        port.arm(WakeFor::Anything);
+        assert!(!spin.look(), "news before anything was sent");
+        send_junk(&fd_sender, 2);
+        assert!(!spin.look(), "the look took news of a port whose waiter is not a task");
+        assert!(readable(&fd_port.socket), "the look drained a port whose waiter is not a task");
+
+        send_junk(&sender, 3);
+        assert!(spin.look(), "the look missed datagrams in a task's port");
+        assert!(!readable(&port.socket), "the look left datagrams in the port");
+        assert_eq!(wakes.load(Ordering::SeqCst), 0, "woken for datagrams that completed nothing");
+
+        // More than one look takes: the owner is woken to look itself.
+        send_junk(&sender, (MAX_RX_BATCHES_PER_DRIVE + 1) * RECV_BATCH);
+        assert!(spin.look());
+        assert!(readable(&port.socket), "one look took the whole burst: the test proves nothing");
+        assert_eq!(wakes.load(Ordering::SeqCst), 1, "datagrams were left in the port and nobody was woken");
+
+        let mut core = shared.lock();
+        shared.close_port(&mut core, &port);
+        drop(core);
+        assert_eq!(spin.tasks(), 0, "a closed port still counted");
+        drop(spin);
+        let weak = Arc::downgrade(&shared);
+        let spin = TaskPortSpin::of(&shared);
+        drop(shared);
+        assert!(weak.upgrade().is_none(), "the spin kept the device alive");
+        assert!(!spin.look());
+        assert_eq!(spin.tasks(), 0);
     }
 
     /// A blocked thread watched the socket and left: the socket stays its own for the

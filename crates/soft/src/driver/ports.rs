@@ -180,7 +180,8 @@ impl QpPort {
 
     /// News for this queue pair made by a thread other than its arming owner: rings the
     /// doorbell if the waiter armed for it (once per arming).
-    pub(crate) fn news(&self, arrival: bool) {
+    /// Returns whether it rang.
+    pub(crate) fn news(&self, arrival: bool) -> bool {
         let wanted = match self.armed.load(Ordering::SeqCst) {
             NOT_ARMED => false,
             ARMED_ARRIVALS => arrival,
@@ -188,7 +189,14 @@ impl QpPort {
         };
         if wanted && self.armed.swap(NOT_ARMED, Ordering::SeqCst) != NOT_ARMED {
             self.doorbell.ring();
+            return true;
         }
+        false
+    }
+
+    /// Whether its waiter is an event loop's task ([`PortDoorbell::Task`]).
+    pub(crate) fn wakes_task(&self) -> bool {
+        matches!(self.doorbell, PortDoorbell::Task(_))
     }
 
     /// Takes the right to receive from the socket until [`QpPort::finish_receiving`]: the
@@ -281,9 +289,10 @@ impl PortSet {
     }
 
     /// Stops watching `port` (before its socket may close).
-    pub(crate) fn remove(&self, port: &QpPort) {
+    /// Returns whether it was watched.
+    pub(crate) fn remove(&self, port: &QpPort) -> bool {
         // Fails only if it was never added; nothing to undo then.
-        let _ = epoll::delete(&self.epoll, port.as_fd());
+        epoll::delete(&self.epoll, port.as_fd()).is_ok()
     }
 
     /// The queue pair numbers of the ports readable now, at most [`PORTS_PER_LOOK`] (the
