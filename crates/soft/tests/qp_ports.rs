@@ -248,3 +248,53 @@ fn the_port_is_not_shared_with_a_plain_socket() {
     let taken = std::net::UdpSocket::bind((ip, port));
     assert!(taken.is_err(), "another socket could bind the queue pair's port");
 }
+
+/// A queue pair whose waiter is an event loop's task (`set_waiter_task`) offers the device's
+/// spin (`QueuePair::task_spin`): a look takes in what reached the port and wakes the armed
+/// task once, for the completed message, whose completion is then in the queue. (The
+/// device's progress thread may take the datagrams in first after a quiet spell; it wakes
+/// the task the same way.)
+#[test]
+fn a_task_spin_look_wakes_the_armed_task_once_for_a_message() {
+    let options = PairOptions::default();
+    let (dev_a, dev_b) = common::open_pair(ProgressMode::Thread);
+    let (a, b) = (Side::new(dev_a, &options), Side::new(dev_b, &options));
+    for side in [&a, &b] {
+        side.qp.modify(&QpAttr::to_init(options.qp_access)).expect("INIT");
+    }
+    let wakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&wakes);
+    let wake: lightpath_verbs::TaskWake = Arc::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert!(a.qp.task_spin().is_none(), "a spin for a queue pair without a task waiter");
+    assert!(b.qp.set_waiter_task(wake).expect("set_waiter_task"));
+    let spin = b.qp.task_spin().expect("a task waiter's queue pair offers the device's spin");
+    assert_eq!(spin.tasks(), 1);
+    let port = b.qp.own_udp_port().expect("a port of its own");
+    connect_from_init(&a, &b, port);
+    connect_from_init(&b, &a, a.device.local_addr().port());
+
+    // A message of several datagrams.
+    let len = 3 * 4096 + 100;
+    let src = a.alloc(len, AccessFlags::LOCAL_WRITE);
+    src.write(0, &pattern(len, 3)).expect("fill");
+    let inbox = b.alloc(len, AccessFlags::LOCAL_WRITE);
+    b.post_recv(1, &inbox, 0, len as u32);
+    assert!(b.qp.arm_waiter(WakeFor::Arrivals).expect("arm"));
+    assert!(!spin.look(), "news before anything was sent");
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, &[src.sge(0, len as u32)])).expect("send");
+    let deadline = Instant::now() + DEADLINE;
+    while wakes.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        spin.look();
+        assert!(Instant::now() < deadline, "the armed task was never woken");
+    }
+    let got = poll_all(&b.cq);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].wr_id, got[0].status, got[0].opcode), (1, WcStatus::Success, WcOpcode::Recv));
+    assert_eq!(read_region(&inbox, 0, len), pattern(len, 3));
+    std::thread::sleep(Duration::from_millis(20));
+    spin.look();
+    assert_eq!(wakes.load(std::sync::atomic::Ordering::SeqCst), 1, "woken more than once for one message");
+    assert_eq!(wait_n(&a.cq, 1)[0].status, WcStatus::Success, "the SEND was acknowledged");
+}

@@ -266,19 +266,17 @@ pub trait TaskDoorbell: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// A device's look at news waiting for its event-loop tasks, for an event loop that keeps
-/// its runtime awake for a while after one of them went to wait (see
-/// [`QueuePair::task_spin`]), instead of parking it in `epoll_wait` and being woken by the
-/// kernel for the answer.
+/// A device's look at news waiting for its event-loop tasks (see [`QueuePair::task_spin`]),
+/// for an event loop that keeps its runtime awake for a while after one of them went to
+/// wait, instead of parking it in `epoll_wait` and being woken by the kernel for the answer.
 ///
 /// Where a provider's news reaches each task through a descriptor of the queue pair's own
 /// (soft: datagrams in the queue pair's UDP port, which the event loop watches anyway), one
 /// look at all of them at once costs less than a turn of the runtime's reactor, and needs no
 /// doorbell: the spin only hurries wake-ups that the descriptors would bring anyway.
 pub trait TaskSpin: Send + Sync + std::fmt::Debug {
-    /// Wakes ([`TaskWake`]) the tasks waiting for queue pairs whose news has arrived, and says
-    /// whether news had arrived for any of the device's tasks (woken or still running). Never
-    /// blocks.
+    /// Takes in what waits for the device's tasks, wakes ([`TaskWake`]) those it completed
+    /// work for (or that must look themselves), and says whether it woke any. Never blocks.
     fn look(&self) -> bool;
     /// How many queue pairs' tasks the look serves now.
     fn tasks(&self) -> usize;

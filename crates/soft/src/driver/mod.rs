@@ -135,6 +135,8 @@ pub(crate) struct Core {
     /// no doorbell (it looks right after), and is recorded in `arming_found`.
     arming: Option<u32>,
     arming_found: bool,
+    /// Doorbells news rang (see `Shared::take_in_for_tasks`, which counts its own).
+    rung: u64,
     /// Scratch list of readable ports (the progress thread's look).
     readable_ports: Vec<u32>,
 }
@@ -333,6 +335,7 @@ impl Shared {
             ports: HashMap::default(),
             arming: None,
             arming_found: false,
+            rung: 0,
             readable_ports: Vec::new(),
         };
         let watcher_spin = crate::AdaptiveSpin::new(config.wait_spin, SPIN_GIVE_UP_AFTER, SPIN_RETRY_EVERY);
@@ -778,7 +781,7 @@ impl Shared {
 
     /// [`Shared::deliver_events`] on behalf of a registered waiter of `waiter_of`.
     fn deliver_events_for(&self, core: &mut Core, waiter_of: Option<CqHandle>) {
-        let Core { engine, signals, due_hooks, ports, arming, arming_found, .. } = core;
+        let Core { engine, signals, due_hooks, ports, arming, arming_found, rung, .. } = core;
         while let Some(event) = engine.poll_event() {
             let (qpn, arrival) = match event {
                 EngineEvent::Completion(cq) => {
@@ -799,7 +802,9 @@ impl Shared {
             if *arming == Some(qpn) {
                 *arming_found = true;
             } else if let Some(port) = ports.get(&qpn) {
-                port.news(arrival);
+                if port.news(arrival) {
+                    *rung += 1;
+                }
             }
         }
     }
@@ -853,15 +858,17 @@ impl Shared {
     }
 
     /// Takes in what waits in the ports of the device's event-loop tasks and wakes those armed
-    /// for what it completed (see [`TaskPortSpin`]); whether any datagram came. One
-    /// `epoll_wait` for all the ports; the engine is locked only when some are readable.
+    /// for what it completed (see [`TaskPortSpin`]); whether it woke any. One `epoll_wait` for
+    /// all the ports; the engine is locked only when some are readable.
     ///
     /// The owner is woken for a completion, not for each datagram: woken per datagram, a task
     /// took in a 64 KiB message a datagram at a time (an arming per datagram), as the spin
-    /// finds each one microseconds after it lands. The answers of a queue pair whose port
-    /// gave datagrams are held for its owner's reply, as its own arming holds them (see
+    /// finds each one microseconds after it lands. Datagrams that complete nothing (the
+    /// middle of a message, acknowledgements) are taken in and do not count: a spin is kept
+    /// going by answers, not by the parts of one. The answers of a queue pair whose port gave
+    /// datagrams are held for its owner's reply, as its own arming holds them (see
     /// `finish_arming`).
-    fn take_in_for_tasks(&self) -> bool {
+    pub(crate) fn take_in_for_tasks(&self) -> bool {
         let Some(set) = self.task_ports.get() else { return false };
         let mut readable = Vec::new();
         set.readable(&mut readable);
@@ -870,6 +877,7 @@ impl Shared {
         }
         let mut core = self.lock();
         let now = self.now();
+        let rung_before = core.rung;
         let mut received = 0;
         let hold = self.progress_looks_within(PORT_TICK);
         for qpn in &readable {
@@ -879,9 +887,9 @@ impl Shared {
             if drain.received > 0 && hold && core.engine.hold_answers(port.qpn) {
                 port.hold_for_reply();
             }
-            if !drain.drained {
+            if !drain.drained && port.news(true) {
                 // Its owner (or a burst longer than one look) was receiving: it looks again.
-                port.news(true);
+                core.rung += 1;
             }
         }
         if received > 0 {
@@ -890,7 +898,7 @@ impl Shared {
             self.transmit(&mut core, now);
             self.check_thread_deadline(&core);
         }
-        received > 0
+        core.rung != rung_before
     }
 
     /// Forgets `port` (its queue pair is being destroyed).
@@ -1469,13 +1477,13 @@ mod tests {
         assert!(readable(&fd_port.socket), "the look drained a port whose waiter is not a task");
 
         send_junk(&sender, 3);
-        assert!(spin.look(), "the look missed datagrams in a task's port");
+        assert!(!spin.look(), "news of datagrams that completed nothing");
         assert!(!readable(&port.socket), "the look left datagrams in the port");
         assert_eq!(wakes.load(Ordering::SeqCst), 0, "woken for datagrams that completed nothing");
 
         // More than one look takes: the owner is woken to look itself.
         send_junk(&sender, (MAX_RX_BATCHES_PER_DRIVE + 1) * RECV_BATCH);
-        assert!(spin.look());
+        assert!(spin.look(), "no news of the owner woken");
         assert!(readable(&port.socket), "one look took the whole burst: the test proves nothing");
         assert_eq!(wakes.load(Ordering::SeqCst), 1, "datagrams were left in the port and nobody was woken");
 
