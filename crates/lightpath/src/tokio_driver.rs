@@ -415,7 +415,7 @@ impl Drop for RearmOnDrop<'_> {
 /// one of its sides goes to wait.
 ///
 /// A kick decides whether to spin, so that none wakes the spinner for nothing: not while it
-/// spins, not with more than [`DISPATCH_SPIN_MAX_TASKS`] tasks on the device, and not while
+/// spins, not with more than [`SPINNER_MAX_TASKS`] tasks on the device, and not while
 /// spins keep finding nothing (`spin`, adaptive: one kick in so many tries again). Waking a
 /// task from a stream's poll is not free: tokio then often wakes a second worker (an
 /// eventfd write and futex calls), so a kick that will not spin must not wake.
@@ -434,7 +434,7 @@ struct SpinKick {
 impl SpinKick {
     /// A side of a stream of the device goes to wait: starts a spin if one is due.
     fn kick(&self) {
-        if self.spinning.load(Ordering::Relaxed) || self.task_spin.tasks() > DISPATCH_SPIN_MAX_TASKS {
+        if self.spinning.load(Ordering::Relaxed) || self.task_spin.tasks() > SPINNER_MAX_TASKS {
             return;
         }
         let budget = self.spin.budget();
@@ -453,6 +453,15 @@ fn kick(spin: Option<&SpinKick>) {
         spin.kick();
     }
 }
+
+/// A spinner spins only while its device wakes at most this many connections' tasks. With
+/// more, a spin mostly burns a core that the peer, or the runtime's other worker, needs:
+/// `lightpath perf stream_rr --server loop` (a tokio client against an epoll server, which
+/// does not spin) over soft, 4 connections on one device: 71 k requests/s without the spin,
+/// 50 k with it (CPU per request 22 -> 32 us), 16 connections (8 per device) 75 -> 74 k
+/// (20 -> 23 us); hyper at 4 connections 51 -> 53 k, within the noise. At 1 and 2 it pays
+/// (hyper 2 connections 32 -> 39 k, 1 connection about twice, see [`ensure_spinner`]).
+const SPINNER_MAX_TASKS: usize = 2;
 
 /// A task that spins for one device's streams in one runtime (see [`ensure_spinner`]).
 struct Spinner {
@@ -1479,25 +1488,20 @@ mod tests {
         });
     }
 
-    /// A kick that would not spin wakes nobody: with more than `DISPATCH_SPIN_MAX_TASKS`
+    /// A kick that would not spin wakes nobody: with more than `SPINNER_MAX_TASKS`
     /// tasks, or once spins found nothing `SPIN_GIVE_UP_AFTER` times in a row (then one kick
     /// in so many tries again).
     #[test]
     fn kicks_that_would_not_spin_wake_nobody() {
         let runtime = ::tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let many = Arc::new(CountedSpin { tasks: DISPATCH_SPIN_MAX_TASKS + 1, ..Default::default() });
+        let many = Arc::new(CountedSpin { tasks: SPINNER_MAX_TASKS + 1, ..Default::default() });
         let idle = Arc::new(CountedSpin { tasks: 1, ..Default::default() });
         runtime.block_on(async {
             let task_spin: Arc<dyn lightpath_verbs::TaskSpin> = many.clone();
             let kicker = ensure_spinner(&task_spin, Duration::from_micros(50)).unwrap().unwrap();
             kick(Some(&kicker));
             ::tokio::time::sleep(Duration::from_millis(5)).await;
-            assert_eq!(
-                many.looks.load(Ordering::SeqCst),
-                0,
-                "looked for {} tasks",
-                DISPATCH_SPIN_MAX_TASKS + 1
-            );
+            assert_eq!(many.looks.load(Ordering::SeqCst), 0, "looked for {} tasks", SPINNER_MAX_TASKS + 1);
 
             let task_spin: Arc<dyn lightpath_verbs::TaskSpin> = idle.clone();
             let kicker = ensure_spinner(&task_spin, Duration::from_micros(50)).unwrap().unwrap();
