@@ -84,16 +84,19 @@ pub struct Options {
     /// `LIGHTPATH_SHM_SPIN_US` sets it (0 turns spinning off). See docs/shm-scaling.md,
     /// "Spinning doorbell waiters".
     pub shm_wait_spin: Duration,
-    /// For connections of an event loop woken through their device's task doorbell (shm with
-    /// [`Options::event_loop`]): how long the task that dispatches the doorbell in each
-    /// runtime keeps looking for more news after a wake-up, with the peers' rings held, while
-    /// the runtime has nothing else to do, before it lets the runtime park (spinning stops by
-    /// itself when the runtime is busy, and after spins that found nothing). An answer within
-    /// it costs neither side a wake-up: hyper over shm with one connection went from 16 k to
-    /// 65 k requests per second (2026-12-07). Taken by the first connection that starts the
-    /// runtime's dispatcher. Default 50 µs; the environment variable
-    /// `LIGHTPATH_EVENT_LOOP_SPIN_US` sets it (0 turns spinning off). See
-    /// docs/shm-scaling.md, "An event loop's dispatcher spins before its runtime parks".
+    /// For connections of an event loop ([`Options::event_loop`]): how long a task of each
+    /// runtime keeps looking for their news, while the runtime has nothing else to do,
+    /// before it lets the runtime park (spinning stops by itself when the runtime is busy,
+    /// and after spins that found nothing). Over shm the task that dispatches the device's
+    /// task doorbell looks after each wake-up, with the peers' rings held; over soft a
+    /// spinner per device looks at the ports of its connections' queue pairs after one of
+    /// them went to wait, while the device serves at most two such connections. An answer
+    /// within it costs neither side a wake-up: hyper with one connection went from 16 k to
+    /// 65 k requests per second over shm (2026-12-07) and from 13 k to 25 k over soft
+    /// (2026-12-08). Taken by the first connection that starts the runtime's dispatcher or
+    /// spinner. Default 50 µs; the environment variable `LIGHTPATH_EVENT_LOOP_SPIN_US` sets
+    /// it (0 turns spinning off). See docs/shm-scaling.md, "An event loop's dispatcher spins
+    /// before its runtime parks" and "A soft event loop spins too".
     pub event_loop_spin: Duration,
     /// The connections are driven by an event loop's tasks (set by `lightpath::tokio`'s
     /// `connect_with` and `Listener`): where the provider can (shm), a connection's queue pair
