@@ -1249,12 +1249,13 @@ impl Drop for SocketWatch<'_> {
 }
 
 /// The soft device's [`TaskSpin`](lightpath_verbs::TaskSpin): one look (`epoll_wait` with no
-/// timeout) at the ports of every queue pair whose waiter is an event loop's task, waking the
-/// tasks armed for those where datagrams wait. An event loop that keeps looking for a while
-/// after one of its tasks went to wait catches the answer here instead of parking its
-/// runtime in `epoll_wait` and being woken by the kernel; the ports stay registered with the
-/// runtime all along, so nothing depends on the spin. Holds the device weakly: a runtime's
-/// spinner does not keep a dropped device's socket open.
+/// timeout) at the ports of every queue pair whose waiter is an event loop's task, taking in
+/// what waits there and waking the tasks armed for what it completed (see
+/// [`Shared::take_in_for_tasks`]). An event loop that keeps looking for a while after one of
+/// its tasks went to wait catches the answer here instead of parking its runtime in
+/// `epoll_wait` and being woken by the kernel; the ports stay registered with the runtime
+/// all along, so nothing depends on the spin. Holds the device weakly: a runtime's spinner
+/// does not keep a dropped device's socket open.
 pub(crate) struct TaskPortSpin(std::sync::Weak<Shared>);
 
 impl TaskPortSpin {

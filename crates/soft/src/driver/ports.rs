@@ -179,8 +179,7 @@ impl QpPort {
     }
 
     /// News for this queue pair made by a thread other than its arming owner: rings the
-    /// doorbell if the waiter armed for it (once per arming).
-    /// Returns whether it rang.
+    /// doorbell if the waiter armed for it (once per arming); whether it rang.
     pub(crate) fn news(&self, arrival: bool) -> bool {
         let wanted = match self.armed.load(Ordering::SeqCst) {
             NOT_ARMED => false,
@@ -288,8 +287,7 @@ impl PortSet {
         Ok(())
     }
 
-    /// Stops watching `port` (before its socket may close).
-    /// Returns whether it was watched.
+    /// Stops watching `port` (before its socket may close); whether it was watched.
     pub(crate) fn remove(&self, port: &QpPort) -> bool {
         // Fails only if it was never added; nothing to undo then.
         epoll::delete(&self.epoll, port.as_fd()).is_ok()
