@@ -45,6 +45,11 @@ impl AdaptiveSpin {
         }
     }
 
+    /// Whether spinning was given up (the last spins found nothing): a spin now is a retry.
+    pub fn given_up(&self) -> bool {
+        !self.limit.is_zero() && self.misses.load(Ordering::Relaxed) >= self.give_up_after
+    }
+
     /// Records whether a spin found anything.
     pub fn record(&self, hit: bool) {
         if hit {
@@ -71,7 +76,9 @@ mod tests {
         let budgets: Vec<Duration> = (0..6).map(|_| spin.budget()).collect();
         let z = Duration::ZERO;
         assert_eq!(budgets, [z, z, limit, z, z, limit], "one wait in 3 tries again");
+        assert!(spin.given_up());
         spin.record(true);
+        assert!(!spin.given_up());
         assert_eq!(spin.budget(), limit, "a hit resumes spinning");
         assert_eq!(AdaptiveSpin::new(Duration::ZERO, 2, 3).budget(), Duration::ZERO);
     }
