@@ -281,8 +281,9 @@ pub(crate) struct Shared {
     /// The epoll instance of the ports whose waiters are event loops' tasks (made with the
     /// first), for [`TaskPortSpin`].
     task_ports: OnceLock<PortSet>,
-    /// Ports in `task_ports`.
-    task_port_count: AtomicUsize,
+    /// Ports in `task_ports` (shared with [`TaskPortSpin`], which reads it on every wait of an
+    /// event loop's stream without reaching the device).
+    task_port_count: Arc<AtomicUsize>,
     /// The device's [`TaskPortSpin`], made with the first task port.
     task_spin: OnceLock<Arc<TaskPortSpin>>,
     /// When a port last received datagrams (nanoseconds since `epoch`).
@@ -365,7 +366,7 @@ impl Shared {
             watcher_spin,
             port_set: OnceLock::new(),
             task_ports: OnceLock::new(),
-            task_port_count: AtomicUsize::new(0),
+            task_port_count: Arc::new(AtomicUsize::new(0)),
             task_spin: OnceLock::new(),
             port_count: AtomicUsize::new(0),
             last_port_traffic: AtomicU64::new(0),
@@ -879,13 +880,12 @@ impl Shared {
         let now = self.now();
         let rung_before = core.rung;
         let mut received = 0;
-        let hold = self.progress_looks_within(PORT_TICK);
         for qpn in &readable {
             let Some(port) = core.ports.get(qpn).map(Arc::clone) else { continue };
             let drain = self.drain_port(&mut core, &port, now);
             received += drain.received;
-            if drain.received > 0 && hold && core.engine.hold_answers(port.qpn) {
-                port.hold_for_reply();
+            if drain.received > 0 {
+                self.hold_for_reply(&mut core, &port);
             }
             if !drain.drained && port.news(true) {
                 // Its owner (or a burst longer than one look) was receiving: it looks again.
@@ -1058,12 +1058,8 @@ impl Shared {
     fn finish_arming(&self, core: &mut Core, port: &QpPort, wake: WakeFor, now: Time, drained: bool) {
         run_due_timers(core, now);
         self.deliver_events(core);
-        // Held only while the progress thread looks within a tick: its drive sends what no
-        // reply took (an owner asleep since has nothing else to send them).
-        if core.arming_found && self.progress_looks_within(PORT_TICK) && core.engine.hold_answers(port.qpn) {
-            // The reply carries them; the progress thread's next tick sends them otherwise.
-            port.hold_for_reply();
-        } else {
+        // What this arming found is answered with the owner's reply, or now.
+        if !(core.arming_found && self.hold_for_reply(core, port)) {
             core.engine.release_answers(port.qpn);
             port.clear_reply_hold();
         }
@@ -1074,6 +1070,17 @@ impl Shared {
             port.news(true);
         }
         self.check_thread_deadline(core);
+    }
+
+    /// Holds the answers (ACKs) `port`'s queue pair owes for its owner's reply, which carries
+    /// them; whether any are held. Only while the progress thread looks within a tick: its
+    /// drive sends what no reply took (an owner asleep since has nothing else to send them).
+    fn hold_for_reply(&self, core: &mut Core, port: &QpPort) -> bool {
+        let held = self.progress_looks_within(PORT_TICK) && core.engine.hold_answers(port.qpn);
+        if held {
+            port.hold_for_reply();
+        }
+        held
     }
 
     /// Receives what waits in `port` (up to [`MAX_RX_BATCHES_PER_DRIVE`] batches) into the
@@ -1256,29 +1263,34 @@ impl Drop for SocketWatch<'_> {
 /// `epoll_wait` and being woken by the kernel; the ports stay registered with the runtime
 /// all along, so nothing depends on the spin. Holds the device weakly: a runtime's spinner
 /// does not keep a dropped device's socket open.
-pub(crate) struct TaskPortSpin(std::sync::Weak<Shared>);
+pub(crate) struct TaskPortSpin {
+    shared: std::sync::Weak<Shared>,
+    /// The device's `task_port_count`.
+    tasks: Arc<AtomicUsize>,
+}
 
 impl TaskPortSpin {
     /// The device's spin, made with its first call.
     pub(crate) fn of(shared: &Arc<Shared>) -> Arc<Self> {
-        Arc::clone(shared.task_spin.get_or_init(|| Arc::new(Self(Arc::downgrade(shared)))))
+        let spin = || Self { shared: Arc::downgrade(shared), tasks: Arc::clone(&shared.task_port_count) };
+        Arc::clone(shared.task_spin.get_or_init(|| Arc::new(spin())))
     }
 }
 
 impl std::fmt::Debug for TaskPortSpin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = self.0.upgrade().map(|shared| shared.name.clone());
-        f.debug_tuple("TaskPortSpin").field(&name).finish()
+        let name = self.shared.upgrade().map(|shared| shared.name.clone());
+        f.debug_struct("TaskPortSpin").field("device", &name).field("tasks", &self.tasks).finish()
     }
 }
 
 impl lightpath_verbs::TaskSpin for TaskPortSpin {
     fn look(&self) -> bool {
-        self.0.upgrade().is_some_and(|shared| shared.take_in_for_tasks())
+        self.shared.upgrade().is_some_and(|shared| shared.take_in_for_tasks())
     }
 
     fn tasks(&self) -> usize {
-        self.0.upgrade().map_or(0, |shared| shared.task_port_count.load(Ordering::Relaxed))
+        self.tasks.load(Ordering::Relaxed)
     }
 }
 
