@@ -260,25 +260,50 @@ fn event_loop_options(options: &Options) -> Options {
     Options { event_loop: true, ..options.clone() }
 }
 
-/// A task that watches a device's task doorbell in one runtime (see [`ensure_dispatcher`]).
-struct Dispatcher {
-    /// The doorbell's descriptor number: one device's, while the task holds the doorbell.
-    fd: RawFd,
+/// A task the driver keeps in a runtime for one device: its task doorbell's dispatcher (see
+/// [`ensure_dispatcher`]) or its spinner (see [`ensure_spinner`]).
+struct RuntimeTask<T> {
+    /// The device: its doorbell's descriptor number (one device's, while the task holds the
+    /// doorbell), or its spin's address (the task holds the spin).
+    device: usize,
     runtime: ::tokio::runtime::Id,
     /// Cleared when the task ends (its runtime shut down).
     running: Arc<AtomicBool>,
+    /// What the device's streams are given.
+    handle: T,
 }
 
 /// The dispatchers running, in every runtime.
-static DISPATCHERS: Mutex<Vec<Dispatcher>> = Mutex::new(Vec::new());
+static DISPATCHERS: Mutex<Vec<RuntimeTask<()>>> = Mutex::new(Vec::new());
 
-/// Clears a dispatcher's `running` flag when its task is dropped.
+/// Clears a runtime task's `running` flag when the task is dropped.
 struct Running(Arc<AtomicBool>);
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
     }
+}
+
+/// The handle of `registry`'s task for `device` in the current runtime, started by `start` (given
+/// the runtime, and the guard the task holds while it runs) if there is none: one per device
+/// and runtime. A runtime that shuts down takes its tasks with it, and the next stream
+/// registered there starts another.
+fn runtime_task<T: Clone>(
+    registry: &Mutex<Vec<RuntimeTask<T>>>,
+    device: usize,
+    start: impl FnOnce(&::tokio::runtime::Handle, Running) -> io::Result<T>,
+) -> io::Result<T> {
+    let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+    let mut tasks = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    tasks.retain(|task| task.running.load(Ordering::SeqCst));
+    if let Some(task) = tasks.iter().find(|task| task.device == device && task.runtime == runtime.id()) {
+        return Ok(task.handle.clone());
+    }
+    let running = Arc::new(AtomicBool::new(true));
+    let handle = start(&runtime, Running(Arc::clone(&running)))?;
+    tasks.push(RuntimeTask { device, runtime: runtime.id(), running, handle: handle.clone() });
+    Ok(handle)
 }
 
 /// Sees that a task of the current runtime watches `doorbell` and dispatches its rings (one
@@ -291,41 +316,43 @@ impl Drop for Running {
 /// (`Options::event_loop_spin` of the connection that started it), with the rings held so
 /// that peers do not write the doorbell meanwhile (see [`spin_for_rings`]).
 fn ensure_dispatcher(doorbell: &Arc<dyn lightpath_verbs::TaskDoorbell>, spin: Duration) -> io::Result<()> {
-    let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
-    let fd = doorbell.fd().as_raw_fd();
-    let mut dispatchers = DISPATCHERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    dispatchers.retain(|d| d.running.load(Ordering::SeqCst));
-    if dispatchers.iter().any(|d| d.fd == fd && d.runtime == runtime.id()) {
-        return Ok(());
-    }
-    // A duplicate of its own: the registration owns it, and the doorbell's file stays open
-    // while the task runs.
-    let watched = register_owned(doorbell.fd().try_clone_to_owned()?, Interest::READABLE)?;
-    let running = Arc::new(AtomicBool::new(true));
-    let guard = Running(Arc::clone(&running));
-    let doorbell = Arc::clone(doorbell);
-    runtime.spawn(async move {
-        let _running = guard;
-        // Given up and retried as a blocked thread's doorbell wait is.
-        let spin = crate::completions::wait_spin(spin);
-        loop {
-            match watched.readable().await {
-                // Cleared before the dispatch: a ring after this point wakes the task again,
-                // one before it is dispatched now. The eventfd is not read: the registration
-                // is edge-triggered, and every ring is an edge (the count it keeps cannot
-                // overflow in practice; a blocked thread that watches the doorbell too reads
-                // it, see `TaskDoorbell::take_rings`). Reading it would be one system call
-                // more per wake-up than a stream's own eventfd cost (which it does not read
-                // either).
-                Ok(mut ready) => ready.clear_ready(),
-                Err(_) => return,
-            }
-            doorbell.dispatch();
-            spin_for_rings(&*doorbell, &spin).await;
+    // A descriptor number is not negative.
+    let device = usize::try_from(doorbell.fd().as_raw_fd()).unwrap_or(usize::MAX);
+    runtime_task(&DISPATCHERS, device, |runtime, guard| {
+        // A duplicate of its own: the registration owns it, and the doorbell's file stays open
+        // while the task runs.
+        let watched = register_owned(doorbell.fd().try_clone_to_owned()?, Interest::READABLE)?;
+        let doorbell = Arc::clone(doorbell);
+        runtime.spawn(dispatch(doorbell, watched, spin, guard));
+        Ok(())
+    })
+}
+
+/// The dispatcher's task (see [`ensure_dispatcher`]).
+async fn dispatch(
+    doorbell: Arc<dyn lightpath_verbs::TaskDoorbell>,
+    watched: AsyncFd<OwnedFd>,
+    spin: Duration,
+    guard: Running,
+) {
+    let _running = guard;
+    // Given up and retried as a blocked thread's doorbell wait is.
+    let spin = crate::completions::wait_spin(spin);
+    loop {
+        match watched.readable().await {
+            // Cleared before the dispatch: a ring after this point wakes the task again,
+            // one before it is dispatched now. The eventfd is not read: the registration
+            // is edge-triggered, and every ring is an edge (the count it keeps cannot
+            // overflow in practice; a blocked thread that watches the doorbell too reads
+            // it, see `TaskDoorbell::take_rings`). Reading it would be one system call
+            // more per wake-up than a stream's own eventfd cost (which it does not read
+            // either).
+            Ok(mut ready) => ready.clear_ready(),
+            Err(_) => return,
         }
-    });
-    dispatchers.push(Dispatcher { fd, runtime: runtime.id(), running });
-    Ok(())
+        doorbell.dispatch();
+        spin_for_rings(&*doorbell, &spin).await;
+    }
 }
 
 /// A dispatcher spins only while its doorbell wakes at most this many connections' tasks:
@@ -475,18 +502,8 @@ const RETRY_SPIN_FACTOR: u32 = 4;
 /// (hyper 2 connections 32 -> 39 k, 1 connection about twice, see [`ensure_spinner`]).
 const SPINNER_MAX_TASKS: usize = 2;
 
-/// A task that spins for one device's streams in one runtime (see [`ensure_spinner`]).
-struct Spinner {
-    /// The device's `TaskSpin` (its address): the spinner holds it.
-    device: usize,
-    runtime: ::tokio::runtime::Id,
-    /// Cleared when the task ends (its runtime shut down).
-    running: Arc<AtomicBool>,
-    kick: Arc<SpinKick>,
-}
-
 /// The spinners running, in every runtime.
-static SPINNERS: Mutex<Vec<Spinner>> = Mutex::new(Vec::new());
+static SPINNERS: Mutex<Vec<RuntimeTask<Arc<SpinKick>>>> = Mutex::new(Vec::new());
 
 /// Sees that a task of the current runtime spins for the device behind `task_spin` (one per
 /// device and runtime), and returns what starts it (`None` when `spin` is zero: no spin).
@@ -518,36 +535,32 @@ fn ensure_spinner(
     if spin.is_zero() {
         return Ok(None);
     }
-    let runtime = ::tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
     let device = Arc::as_ptr(task_spin) as *const () as usize;
-    let mut spinners = SPINNERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    spinners.retain(|s| s.running.load(Ordering::SeqCst));
-    if let Some(spinner) = spinners.iter().find(|s| s.device == device && s.runtime == runtime.id()) {
-        return Ok(Some(Arc::clone(&spinner.kick)));
+    runtime_task(&SPINNERS, device, |runtime, guard| {
+        let kick = Arc::new(SpinKick {
+            notify: ::tokio::sync::Notify::new(),
+            spinning: AtomicBool::new(false),
+            // Given up and retried as a blocked thread's doorbell wait is.
+            spin: crate::completions::wait_spin(spin),
+            budget: Default::default(),
+            task_spin: Arc::clone(task_spin),
+        });
+        runtime.spawn(spin_when_kicked(Arc::clone(&kick), guard));
+        Ok(kick)
+    })
+    .map(Some)
+}
+
+/// The spinner's task (see [`ensure_spinner`]).
+async fn spin_when_kicked(kick: Arc<SpinKick>, guard: Running) {
+    let _running = guard;
+    loop {
+        kick.notify.notified().await;
+        let budget = Duration::from_nanos(kick.budget.load(Ordering::Relaxed));
+        let found = keep_looking(budget, || kick.task_spin.look()).await;
+        kick.spin.record(found);
+        kick.spinning.store(false, Ordering::Relaxed);
     }
-    let kick = Arc::new(SpinKick {
-        notify: ::tokio::sync::Notify::new(),
-        spinning: AtomicBool::new(false),
-        // Given up and retried as a blocked thread's doorbell wait is.
-        spin: crate::completions::wait_spin(spin),
-        budget: Default::default(),
-        task_spin: Arc::clone(task_spin),
-    });
-    let running = Arc::new(AtomicBool::new(true));
-    let guard = Running(Arc::clone(&running));
-    let task_kick = Arc::clone(&kick);
-    runtime.spawn(async move {
-        let _running = guard;
-        loop {
-            task_kick.notify.notified().await;
-            let budget = Duration::from_nanos(task_kick.budget.load(Ordering::Relaxed));
-            let found = keep_looking(budget, || task_kick.task_spin.look()).await;
-            task_kick.spin.record(found);
-            task_kick.spinning.store(false, Ordering::Relaxed);
-        }
-    });
-    spinners.push(Spinner { device, runtime: runtime.id(), running, kick: Arc::clone(&kick) });
-    Ok(Some(kick))
 }
 
 /// Registers `fd` with the current runtime's reactor, which owns it from now on.
